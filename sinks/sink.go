@@ -1,0 +1,221 @@
+// Package sinks defines the contract between the relay engine and the
+// systems it publishes to (Kafka, RabbitMQ, HTTP webhooks, stdout, ...).
+//
+// Each backend lives in its own sub-package (sinks/kafkasink,
+// sinks/amqpsink, sinks/httpsink, sinks/stdout, ...) and must pass the
+// shared conformance suite in sinks/sinktest against a real backend. This
+// package has no broker dependencies.
+package sinks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Message is one outbox row as a sink sees it.
+type Message struct {
+	// ID is the stable message id (a UUID). It is the same on every attempt
+	// and after a dead-letter replay; consumers deduplicate on it.
+	ID string
+	// Seq is the row's position in the outbox (the bigint primary key).
+	// Messages that share a key are published in Seq order.
+	Seq int64
+	// Topic is the logical destination written by the application.
+	Topic string
+	// Key orders and partitions messages. Empty means the message had no key
+	// (NULL in the table) and is not ordered relative to anything.
+	Key string
+	// Payload is delivered byte for byte.
+	Payload []byte
+	// Headers are the string headers written by the application.
+	Headers map[string]string
+	// CreatedAt is the database time of the writing transaction.
+	CreatedAt time.Time
+	// Attempt counts deliveries tried so far, this one included (1 on the
+	// first try).
+	Attempt int
+}
+
+// Sink publishes messages to one backend.
+//
+// Send returns nil only when every message in msgs has been durably accepted
+// by the backend (Kafka acks=all, AMQP publisher confirm of a routed
+// message, HTTP 2xx). When some messages fail it returns a *BatchError whose
+// i-th entry belongs to msgs[i]; any other non-nil error means no message may
+// be assumed delivered.
+//
+// Ordering: messages with the same non-empty Key must reach the backend in
+// slice order, never concurrently, and once one of them fails no later
+// message with that Key may be delivered in the same call: the sink reports
+// those later messages with ErrNotAttempted (wrapped or bare). Messages with
+// different keys may be published concurrently.
+//
+// Errors the relay must not retry (the message can never be accepted: too
+// large, unroutable, rejected as malformed) are wrapped with Permanent.
+//
+// Send is safe for concurrent use; after Close it returns ErrClosed. Close is
+// idempotent and waits for in-flight Sends to finish or ctx to end.
+type Sink interface {
+	Send(ctx context.Context, msgs []Message) error
+	Close(ctx context.Context) error
+}
+
+// HealthChecker is implemented by sinks that can tell whether their backend
+// is reachable right now. The relay uses it for readiness.
+type HealthChecker interface {
+	Healthy(ctx context.Context) error
+}
+
+var (
+	// ErrClosed is returned by Send after Close.
+	ErrClosed = errors.New("outbox: sink closed")
+	// ErrNotAttempted marks a message the sink did not try to deliver because
+	// an earlier message with the same key failed in the same batch. The
+	// relay leaves such messages untouched: no attempt is counted.
+	ErrNotAttempted = errors.New("outbox: not attempted: an earlier message with the same key failed")
+)
+
+// PermanentError marks a failure that retrying cannot fix. The relay moves
+// the message to the dead-letter table at once, with Reason.
+type PermanentError struct {
+	Err error
+}
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so that IsPermanent reports true. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, is permanent.
+func IsPermanent(err error) bool {
+	var pe *PermanentError
+	return errors.As(err, &pe)
+}
+
+// RetryAfterError asks the relay not to retry before After has elapsed (an
+// HTTP Retry-After, a broker throttle hint). The relay uses the larger of
+// After and its own backoff delay.
+type RetryAfterError struct {
+	Err   error
+	After time.Duration
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("%v (retry after %s)", e.Err, e.After)
+}
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter returns the delay requested by err, if any.
+func RetryAfter(err error) (time.Duration, bool) {
+	var ra *RetryAfterError
+	if errors.As(err, &ra) {
+		return ra.After, true
+	}
+	return 0, false
+}
+
+// BatchError reports per-message outcomes of a Send. Errs has one entry per
+// message sent; a nil entry means that message was delivered.
+type BatchError struct {
+	Errs []error
+}
+
+// NewBatchError returns a BatchError sized for n messages, all successful.
+func NewBatchError(n int) *BatchError { return &BatchError{Errs: make([]error, n)} }
+
+// Failed reports how many entries are non-nil.
+func (e *BatchError) Failed() int {
+	n := 0
+	for _, err := range e.Errs {
+		if err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Err returns e when at least one message failed, else nil. Sinks end Send
+// with `return be.Err()`.
+func (e *BatchError) Err() error {
+	if e == nil || e.Failed() == 0 {
+		return nil
+	}
+	return e
+}
+
+func (e *BatchError) Error() string {
+	var first error
+	for _, err := range e.Errs {
+		if err != nil && !errors.Is(err, ErrNotAttempted) {
+			first = err
+			break
+		}
+	}
+	if first == nil {
+		for _, err := range e.Errs {
+			if err != nil {
+				first = err
+				break
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "outbox: %d of %d messages failed", e.Failed(), len(e.Errs))
+	if first != nil {
+		b.WriteString(": ")
+		b.WriteString(first.Error())
+	}
+	return b.String()
+}
+
+// Outcome returns the error for message i of a batch of n given the error
+// Send returned: nil when delivered. A non-BatchError error (or a BatchError
+// of the wrong length) applies to every message.
+func Outcome(sendErr error, i, n int) error {
+	if sendErr == nil {
+		return nil
+	}
+	var be *BatchError
+	if errors.As(sendErr, &be) && len(be.Errs) == n {
+		return be.Errs[i]
+	}
+	return sendErr
+}
+
+// KeyGate enforces the ordering rule for sinks that send messages one at a
+// time: a message is blocked (report ErrNotAttempted for it) when an earlier
+// message with the same non-empty key already failed. The zero value is
+// ready; it is not safe for concurrent use.
+type KeyGate struct {
+	failed map[string]bool
+}
+
+// Blocked reports whether m must be skipped because an earlier message with
+// its key failed.
+func (g *KeyGate) Blocked(m Message) bool {
+	return m.Key != "" && g.failed[m.Key]
+}
+
+// Fail records that m failed, blocking later messages with its key.
+func (g *KeyGate) Fail(m Message) {
+	if m.Key == "" {
+		return
+	}
+	if g.failed == nil {
+		g.failed = make(map[string]bool)
+	}
+	g.failed[m.Key] = true
+}
