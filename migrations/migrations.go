@@ -1,0 +1,224 @@
+// Package migrations holds the outbox schema as numbered SQL files embedded
+// in the binary, and applies them under an advisory lock.
+//
+// Files are named NNN_name.up.sql. They are templates: {{.Schema}} becomes
+// the quoted schema name and {{.Channel}} the NOTIFY channel as a string
+// literal, so one set of files serves any schema name, however odd.
+// Applied versions are recorded in <schema>.schema_migrations.
+package migrations
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed *.up.sql
+var files embed.FS
+
+// DefaultSchema is the schema used when none is configured.
+const DefaultSchema = "outbox"
+
+// maxSchemaLen keeps Channel(schema) within Postgres' 63-byte identifier
+// limit.
+const maxSchemaLen = 54
+
+// Migration is one rendered migration.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// ValidateSchema reports whether name can be used as the outbox schema.
+// Any characters are allowed (names are always quoted); the length is
+// limited by the NOTIFY channel derived from it.
+func ValidateSchema(name string) error {
+	switch {
+	case name == "":
+		return errors.New("outbox: schema: must not be empty")
+	case len(name) > maxSchemaLen:
+		return fmt.Errorf("outbox: schema: %d bytes is longer than the %d allowed", len(name), maxSchemaLen)
+	case strings.ContainsRune(name, 0):
+		return errors.New("outbox: schema: must not contain NUL")
+	}
+	return nil
+}
+
+// Channel is the LISTEN/NOTIFY channel on which inserts into schema's
+// outbox are announced.
+func Channel(schema string) string { return schema + ".messages" }
+
+// Ident quotes schema as an SQL identifier.
+func Ident(schema string) string { return pgx.Identifier{schema}.Sanitize() }
+
+// Literal quotes s as an SQL string literal.
+func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Load renders every migration for schema, in version order.
+func Load(schema string) ([]Migration, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	names, err := fs.Glob(files, "*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	data := struct{ Schema, Channel string }{Ident(schema), Literal(Channel(schema))}
+	var out []Migration
+	for _, name := range names {
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("outbox: migration file %q: name must start with a number", name)
+		}
+		raw, err := files.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("outbox: migration %s: %w", name, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("outbox: migration %s: %w", name, err)
+		}
+		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: buf.String()})
+	}
+	return out, nil
+}
+
+// Latest is the highest migration version shipped in this binary.
+func Latest() int {
+	ms, err := Load(DefaultSchema)
+	if err != nil || len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].Version
+}
+
+func versionTableDDL(schema string) string {
+	return "CREATE SCHEMA IF NOT EXISTS " + Ident(schema) + ";\n" +
+		"CREATE TABLE IF NOT EXISTS " + Ident(schema) + ".schema_migrations (\n" +
+		"    version    integer     PRIMARY KEY,\n" +
+		"    name       text        NOT NULL,\n" +
+		"    applied_at timestamptz NOT NULL DEFAULT now()\n" +
+		");\n"
+}
+
+func recordSQL(schema string, m Migration) string {
+	return fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name) VALUES (%d, %s);\n",
+		Ident(schema), m.Version, Literal(m.Name))
+}
+
+// Script returns every migration for schema as one plain SQL script, with
+// the version bookkeeping, for teams that apply migrations with their own
+// tool. It is what Apply runs, minus the lock.
+func Script(schema string) (string, error) {
+	ms, err := Load(schema)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("-- outbox-relay schema for " + Ident(schema) + "; apply in one transaction.\n")
+	b.WriteString("BEGIN;\n")
+	b.WriteString(versionTableDDL(schema))
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- %03d_%s\n", m.Version, m.Name)
+		b.WriteString(m.SQL)
+		b.WriteString(recordSQL(schema, m))
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String(), nil
+}
+
+// Conn is what Apply needs: a *pgx.Conn, a *pgxpool.Pool or a
+// *pgxpool.Conn.
+type Conn interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// lockKey namespaces the migration advisory lock (two-int form: this
+// constant and a hash of the schema name).
+const lockKey = 0x6f757462 // "outb"
+
+// Apply brings schema up to the latest version and returns the versions it
+// applied (none when already current). It runs in one transaction under an
+// advisory lock, so concurrent callers are safe: the second waits, then
+// finds nothing to do.
+func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
+	ms, err := Load(schema)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrate: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", lockKey, schema); err != nil {
+		return nil, fmt.Errorf("outbox: migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, versionTableDDL(schema)); err != nil {
+		return nil, fmt.Errorf("outbox: migrate: version table: %w", err)
+	}
+	done := map[int]bool{}
+	rows, err := tx.Query(ctx, "SELECT version FROM "+Ident(schema)+".schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrate: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrate: %w", err)
+	}
+	for _, v := range vs {
+		done[int(v)] = true
+	}
+	var applied []int
+	for _, m := range ms {
+		if done[m.Version] {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return nil, fmt.Errorf("outbox: migrate: %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, recordSQL(schema, m)); err != nil {
+			return nil, fmt.Errorf("outbox: migrate: record %d: %w", m.Version, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: migrate: commit: %w", err)
+	}
+	return applied, nil
+}
+
+// Current returns the highest applied version of schema, 0 when the schema
+// has never been migrated.
+func Current(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string) (int, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", Ident(schema)+".schema_migrations").Scan(&exists); err != nil {
+		return 0, fmt.Errorf("outbox: migration version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := db.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+Ident(schema)+".schema_migrations").Scan(&v); err != nil {
+		return 0, fmt.Errorf("outbox: migration version: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,65 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// The canonical use: the business row and the event commit together, or
+// neither does.
+func Example() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		fmt.Println("connect:", err)
+		os.Exit(1)
+	}
+	defer conn.Close(ctx)
+	// Normally done once by `outbox-relay migrate`.
+	if _, err := migrations.Apply(ctx, conn, "outbox"); err != nil {
+		fmt.Println("migrate:", err)
+		return
+	}
+	_, _ = conn.Exec(ctx, `CREATE TEMP TABLE orders (id text PRIMARY KEY, total int)`)
+
+	placeOrder := func(id string, commit bool) error {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, 42)`, id); err != nil {
+			return err
+		}
+		err = outbox.Write(ctx, tx, outbox.Message{
+			Topic:   "example.orders",
+			Key:     id, // events of one order are delivered in order
+			Payload: []byte(`{"order":"` + id + `","total":42}`),
+			Headers: map[string]string{"type": "OrderPlaced"},
+		})
+		if err != nil {
+			return err
+		}
+		if !commit {
+			return tx.Rollback(ctx)
+		}
+		return tx.Commit(ctx)
+	}
+	fmt.Println(placeOrder("o-1", true), placeOrder("o-2", false))
+
+	var orders, events int
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders)
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM outbox.messages WHERE topic = 'example.orders'`).Scan(&events)
+	fmt.Println("orders:", orders, "events:", events)
+	_, _ = conn.Exec(ctx, `DELETE FROM outbox.messages WHERE topic = 'example.orders'`)
+	// Output:
+	// <nil> <nil>
+	// orders: 1 events: 1
+}
