@@ -18,7 +18,9 @@ func TestApplyIsIdempotentAndConcurrent(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := pgtest.SchemaName(t)
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+migrations.Ident(schema)+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+migrations.Ident(schema)+" CASCADE")
+	})
 
 	var wg sync.WaitGroup
 	results := make([][]int, 4)
@@ -101,7 +103,9 @@ func TestScriptMatchesApply(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(script, "-- outbox-relay schema"))
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+migrations.Ident(schema)+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+migrations.Ident(schema)+" CASCADE")
+	})
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()

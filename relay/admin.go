@@ -1,0 +1,290 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// Admin runs the operator commands: status and dead-letter inspection,
+// replay and purge.
+type Admin struct {
+	pool *pgxpool.Pool
+	s    string
+}
+
+// NewAdmin returns an Admin for schema.
+func NewAdmin(pool *pgxpool.Pool, schema string) (*Admin, error) {
+	if schema == "" {
+		schema = migrations.DefaultSchema
+	}
+	if err := migrations.ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	return &Admin{pool: pool, s: migrations.Ident(schema)}, nil
+}
+
+// DeadLetter is one row of the dead-letter table.
+type DeadLetter struct {
+	ID            int64             `json:"id"`
+	MessageID     string            `json:"message_id"`
+	Topic         string            `json:"topic"`
+	Key           *string           `json:"key"`
+	Payload       []byte            `json:"payload"`
+	Headers       map[string]string `json:"headers"`
+	CreatedAt     time.Time         `json:"created_at"`
+	Attempts      int               `json:"attempts"`
+	Reason        string            `json:"reason"`
+	FirstError    *string           `json:"first_error"`
+	LastError     *string           `json:"last_error"`
+	FirstFailedAt *time.Time        `json:"first_failed_at"`
+	DeadAt        time.Time         `json:"dead_at"`
+}
+
+// Selection picks dead letters. Replay and Purge refuse an empty selection
+// (set All to mean everything).
+type Selection struct {
+	IDs   []int64
+	Topic string
+	// DeadBefore selects dead letters that died before this time.
+	DeadBefore time.Time
+	All        bool
+	// Limit caps List (default 100); Replay and Purge ignore it.
+	Limit int
+}
+
+// ErrEmptySelection is returned by Replay and Purge for a selection that
+// names nothing.
+var ErrEmptySelection = errors.New("outbox: select dead letters by id, topic or age, or pass all")
+
+func (s Selection) empty() bool {
+	return len(s.IDs) == 0 && s.Topic == "" && s.DeadBefore.IsZero() && !s.All
+}
+
+func (s Selection) args() []any {
+	var ids any
+	if len(s.IDs) > 0 {
+		ids = s.IDs
+	}
+	var topic any
+	if s.Topic != "" {
+		topic = s.Topic
+	}
+	var before any
+	if !s.DeadBefore.IsZero() {
+		before = s.DeadBefore
+	}
+	return []any{ids, topic, before}
+}
+
+const selWhere = ` WHERE ($1::bigint[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR topic = $2) AND ($3::timestamptz IS NULL OR dead_at < $3)`
+
+const dlColumns = `id, message_id::text, topic, key, payload, headers, created_at, attempts, reason, first_error, last_error, first_failed_at, dead_at`
+
+func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
+	err := row.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &d.Headers, &d.CreatedAt, &d.Attempts,
+		&d.Reason, &d.FirstError, &d.LastError, &d.FirstFailedAt, &d.DeadAt)
+	return d, err
+}
+
+// List returns dead letters in id order.
+func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
+	if sel.Limit <= 0 {
+		sel.Limit = 100
+	}
+	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id LIMIT $4`,
+		append(sel.args(), sel.Limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanDeadLetter)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// ErrNotFound is returned by Show for an unknown id.
+var ErrNotFound = errors.New("outbox: no such dead letter")
+
+// Show returns one dead letter.
+func (a *Admin) Show(ctx context.Context, id int64) (DeadLetter, error) {
+	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters WHERE id = $1`, id)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("outbox: show dead letter: %w", err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return DeadLetter{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	return d, err
+}
+
+// Replay moves the selected dead letters back into the outbox under their
+// original id and message id, with a fresh attempt count. Rows another
+// operator is replaying at the same moment are skipped, so two concurrent
+// replays never publish a message twice. With dryRun it only returns the
+// ids it would replay.
+func (a *Admin) Replay(ctx context.Context, sel Selection, dryRun bool) ([]int64, error) {
+	if sel.empty() {
+		return nil, ErrEmptySelection
+	}
+	if dryRun {
+		return a.ids(ctx, sel)
+	}
+	rows, err := a.pool.Query(ctx, `
+WITH d AS (
+    DELETE FROM `+a.s+`.dead_letters WHERE id IN (
+        SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id FOR UPDATE SKIP LOCKED)
+    RETURNING id, message_id, topic, key, payload, headers, created_at
+)
+INSERT INTO `+a.s+`.messages (id, message_id, topic, key, payload, headers, created_at)
+SELECT id, message_id, topic, key, payload, headers, created_at FROM d ORDER BY id
+RETURNING id`, sel.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replay: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replay: %w", err)
+	}
+	return ids, nil
+}
+
+// Purge deletes the selected dead letters for good and returns how many.
+func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, error) {
+	if sel.empty() {
+		return 0, ErrEmptySelection
+	}
+	if dryRun {
+		ids, err := a.ids(ctx, sel)
+		return int64(len(ids)), err
+	}
+	tag, err := a.pool.Exec(ctx, `DELETE FROM `+a.s+`.dead_letters`+selWhere, sel.args()...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (a *Admin) ids(ctx context.Context, sel Selection) ([]int64, error) {
+	rows, err := a.pool.Query(ctx, `SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id`, sel.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: select dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// Status is a snapshot of the outbox for operators.
+type Status struct {
+	Now          time.Time     `json:"now"`
+	Pending      int64         `json:"pending"`
+	Retrying     int64         `json:"retrying"`
+	OldestAge    time.Duration `json:"oldest_pending_age_ns"`
+	DeadLetters  int64         `json:"dead_letters"`
+	Topics       []TopicStatus `json:"topics"`
+	DeadByReason []DeadCount   `json:"dead_letters_by_reason"`
+	Relays       []RelayStatus `json:"relays"`
+	FreeLanes    int           `json:"free_lanes"`
+}
+
+// TopicStatus is the backlog of one topic.
+type TopicStatus struct {
+	Topic       string        `json:"topic"`
+	Pending     int64         `json:"pending"`
+	Retrying    int64         `json:"retrying"`
+	OldestAge   time.Duration `json:"oldest_pending_age_ns"`
+	DeadLetters int64         `json:"dead_letters"`
+}
+
+// DeadCount counts dead letters by topic and reason.
+type DeadCount struct {
+	Topic  string `json:"topic"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// RelayStatus is one live relay process.
+type RelayStatus struct {
+	ID          string    `json:"id"`
+	Hostname    string    `json:"hostname"`
+	PID         int       `json:"pid"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	Lanes       int       `json:"lanes"`
+}
+
+// Status reads the backlog per topic, dead letters and live relays. It
+// scans the outbox, so it is for operators, not for scraping every second.
+func (a *Admin) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&st.Now); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+SELECT coalesce(p.topic, d.topic), coalesce(p.n, 0), coalesce(p.retrying, 0),
+       coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)
+FROM (SELECT topic, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(created_at) oldest
+      FROM `+a.s+`.messages GROUP BY topic) p
+FULL JOIN (SELECT topic, count(*) n FROM `+a.s+`.dead_letters GROUP BY topic) d ON d.topic = p.topic
+ORDER BY 1`)
+		if err != nil {
+			return err
+		}
+		st.Topics, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TopicStatus, error) {
+			var t TopicStatus
+			var age float64
+			err := r.Scan(&t.Topic, &t.Pending, &t.Retrying, &age, &t.DeadLetters)
+			t.OldestAge = time.Duration(age * float64(time.Second))
+			return t, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, t := range st.Topics {
+			st.Pending += t.Pending
+			st.Retrying += t.Retrying
+			st.DeadLetters += t.DeadLetters
+			st.OldestAge = max(st.OldestAge, t.OldestAge)
+		}
+		rows, err = tx.Query(ctx, `SELECT topic, reason, count(*) FROM `+a.s+`.dead_letters GROUP BY 1, 2 ORDER BY 1, 2`)
+		if err != nil {
+			return err
+		}
+		st.DeadByReason, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCount, error) {
+			var d DeadCount
+			return d, r.Scan(&d.Topic, &d.Reason, &d.Count)
+		})
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `
+SELECT r.id, r.hostname, r.pid, r.version, r.started_at, r.heartbeat_at,
+       (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.owner = r.id AND l.lease_until > now())::int
+FROM `+a.s+`.relays r ORDER BY r.id`)
+		if err != nil {
+			return err
+		}
+		st.Relays, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayStatus, error) {
+			var x RelayStatus
+			return x, r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &x.StartedAt, &x.HeartbeatAt, &x.Lanes)
+		})
+		if err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.lanes WHERE owner IS NULL OR lease_until <= now()`).Scan(&st.FreeLanes)
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("outbox: status: %w", err)
+	}
+	return st, nil
+}

@@ -1,0 +1,184 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// Config configures a Relay. The zero value of every field means "use the
+// default" given in its comment.
+type Config struct {
+	// ID names this relay process in the relays table and in logs.
+	// Default: hostname-pid-random.
+	ID string
+	// Schema holds the outbox tables. Default "outbox".
+	Schema string
+	// Workers is the number of claim loops, each with its own share of the
+	// lanes this process owns and one database connection. Default 2.
+	Workers int
+	// BatchSize is the most messages claimed and handed to the sink at
+	// once. Default 500.
+	BatchSize int
+	// PollInterval is how often an idle worker looks for work when no
+	// notification arrives (LISTEN/NOTIFY is best effort). Default 1s.
+	PollInterval time.Duration
+	// PublishTimeout bounds one Send to the sink; a Send that takes longer
+	// counts as a failed attempt. Default 30s.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many failed deliveries move a message to the
+	// dead-letter table. Default 20.
+	MaxAttempts int
+	// RetryInitial is the delay after the first failure. Default 1s.
+	RetryInitial time.Duration
+	// RetryMax caps the delay between attempts. Default 10m.
+	RetryMax time.Duration
+	// RetryMultiplier grows the delay after each failure. Default 2.
+	RetryMultiplier float64
+	// RetryJitter randomizes each delay by ± this fraction. Default 0.2;
+	// negative disables jitter.
+	RetryJitter float64
+	// LeaseTTL is how long a relay owns its lanes without renewing them: the
+	// longest a dead relay's lanes wait before another relay takes them
+	// (sooner when the dead relay's connection is seen closed, see
+	// FastFailover). Default 15s.
+	LeaseTTL time.Duration
+	// Heartbeat is how often lanes are renewed and rebalanced. Default
+	// LeaseTTL/3.
+	Heartbeat time.Duration
+	// DisableFastFailover turns off treating a relay whose lease connection
+	// is gone from pg_stat_activity as dead. Set it when the relay reaches
+	// Postgres through a transaction-pooling proxy (PgBouncer), where
+	// backend pids change under a session. Default false.
+	DisableFastFailover bool
+	// DrainTimeout is how long Run waits for in-flight batches after its
+	// context is cancelled before rolling them back (their messages come
+	// back untouched). Default PublishTimeout.
+	DrainTimeout time.Duration
+	// Version is recorded in the relays table. Default "dev".
+	Version string
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Hooks observe the relay (metrics). Default none.
+	Hooks Hooks
+}
+
+// Defaults, exported for documentation and flags.
+const (
+	DefaultWorkers         = 2
+	DefaultBatchSize       = 500
+	DefaultPollInterval    = time.Second
+	DefaultPublishTimeout  = 30 * time.Second
+	DefaultMaxAttempts     = 20
+	DefaultRetryInitial    = time.Second
+	DefaultRetryMax        = 10 * time.Minute
+	DefaultRetryMultiplier = 2.0
+	DefaultRetryJitter     = 0.2
+	DefaultLeaseTTL        = 15 * time.Second
+)
+
+// WithDefaults returns c with every unset field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.ID == "" {
+		c.ID = defaultID()
+	}
+	if c.Schema == "" {
+		c.Schema = migrations.DefaultSchema
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RetryInitial == 0 {
+		c.RetryInitial = DefaultRetryInitial
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultRetryMax
+	}
+	if c.RetryMultiplier == 0 {
+		c.RetryMultiplier = DefaultRetryMultiplier
+	}
+	if c.RetryJitter == 0 {
+		c.RetryJitter = DefaultRetryJitter
+	} else if c.RetryJitter < 0 {
+		c.RetryJitter = 0
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = c.LeaseTTL / 3
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = c.PublishTimeout
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Hooks == nil {
+		c.Hooks = NopHooks{}
+	}
+	return c
+}
+
+// Validate reports the first invalid field, by name.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("outbox: %s: "+format, append([]any{field}, args...)...))
+	}
+	if err := migrations.ValidateSchema(c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Workers < 1 || c.Workers > numLanes {
+		bad("workers", "must be between 1 and %d, got %d", numLanes, c.Workers)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		bad("batch-size", "must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	if c.PollInterval < time.Millisecond {
+		bad("poll-interval", "must be at least 1ms, got %s", c.PollInterval)
+	}
+	if c.PublishTimeout < time.Millisecond {
+		bad("publish-timeout", "must be at least 1ms, got %s", c.PublishTimeout)
+	}
+	if c.MaxAttempts < 1 {
+		bad("max-attempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.RetryInitial < 0 || c.RetryMax < c.RetryInitial {
+		bad("retry-max", "must be at least retry-initial (%s), got %s", c.RetryInitial, c.RetryMax)
+	}
+	if c.RetryMultiplier < 1 {
+		bad("retry-multiplier", "must be at least 1, got %g", c.RetryMultiplier)
+	}
+	if c.RetryJitter > 1 {
+		bad("retry-jitter", "must be between 0 and 1, got %g", c.RetryJitter)
+	}
+	if c.LeaseTTL < time.Second {
+		bad("lease-ttl", "must be at least 1s, got %s", c.LeaseTTL)
+	}
+	if c.Heartbeat <= 0 || c.Heartbeat > c.LeaseTTL/2 {
+		bad("heartbeat", "must be positive and at most half of lease-ttl (%s), got %s", c.LeaseTTL, c.Heartbeat)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain-timeout", "must not be negative, got %s", c.DrainTimeout)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,42 @@
+package relay
+
+import (
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// BatchEvent describes one claim-publish-settle cycle of a worker.
+type BatchEvent struct {
+	Worker int
+	// Claimed is how many messages the claim returned.
+	Claimed int
+	// Delivered, Retried and DeadLettered count the settled outcomes;
+	// Untouched counts messages held back because an earlier message of
+	// their key failed in the same batch.
+	Delivered, Retried, DeadLettered, Untouched int
+	// DeliveredMessages are the messages the sink accepted (for latency).
+	DeliveredMessages []sinks.Message
+	// DeadReasons has one entry per dead-lettered message: "permanent" or
+	// "max_attempts".
+	DeadReasons                                 []string
+	ClaimDuration, SendDuration, SettleDuration time.Duration
+	// SendErr is what the sink returned (nil when all were delivered).
+	SendErr error
+	// Committed is false when settling failed: delivered messages will be
+	// delivered again (at-least-once).
+	Committed bool
+}
+
+// Hooks observe a relay. Implementations must be fast and safe for
+// concurrent use; they run on the workers' goroutines.
+type Hooks interface {
+	Batch(ev BatchEvent)
+	Lanes(owned int)
+}
+
+// NopHooks ignores everything.
+type NopHooks struct{}
+
+func (NopHooks) Batch(BatchEvent) {}
+func (NopHooks) Lanes(int)        {}

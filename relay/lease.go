@@ -1,0 +1,153 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// leaser keeps this relay registered and owning its fair share of lanes.
+// It holds one connection for its whole life: the server-side identity of
+// that connection (pid, start time) is how other relays tell that this one
+// died without waiting for the lease to expire.
+type leaser struct {
+	r     *Relay
+	conn  *pgx.Conn
+	owned int
+}
+
+func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
+
+func (l *leaser) run(ctx context.Context) {
+	bo := newReconnectBackoff()
+	t := time.NewTicker(l.r.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		if err := l.tick(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			l.r.log.Warn("lane lease heartbeat failed", "error", err)
+			l.closeConn(ctx)
+			sleep(ctx, bo.NextBackOff())
+			continue
+		}
+		bo.Reset()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			continue
+		}
+		break
+	}
+}
+
+func (l *leaser) closeConn(ctx context.Context) {
+	if l.conn != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = l.conn.Close(cctx)
+		cancel()
+		l.conn = nil
+	}
+}
+
+// tick registers the heartbeat, reaps dead relays, renews this relay's
+// lanes and moves it towards its fair share.
+func (l *leaser) tick(ctx context.Context) error {
+	cfg := l.r.cfg
+	q := l.r.q
+	if l.conn == nil {
+		pc, err := l.r.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		l.conn = pc.Hijack()
+	}
+	ttl := cfg.LeaseTTL.Milliseconds()
+	owned := l.owned
+	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
+		host, _ := os.Hostname()
+		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version); err != nil {
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
+			return fmt.Errorf("reap: %w", err)
+		}
+		tag, err := tx.Exec(ctx, q.renew, cfg.ID, ttl)
+		if err != nil {
+			return fmt.Errorf("renew: %w", err)
+		}
+		owned = int(tag.RowsAffected())
+		var alive, rank int
+		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID).Scan(&alive, &rank); err != nil {
+			return fmt.Errorf("count relays: %w", err)
+		}
+		if alive < 1 {
+			alive = 1
+		}
+		target := numLanes / alive
+		if rank < numLanes%alive {
+			target++
+		}
+		switch {
+		case owned < target:
+			rows, err := tx.Query(ctx, q.acquire, cfg.ID, ttl, target-owned)
+			if err != nil {
+				return fmt.Errorf("acquire: %w", err)
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+			if err != nil {
+				return fmt.Errorf("acquire: %w", err)
+			}
+			owned += len(got)
+		case owned > target:
+			rows, err := tx.Query(ctx, q.release, cfg.ID, owned-target)
+			if err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			gone, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+			if err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			owned -= len(gone)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if owned != l.owned {
+		l.r.log.Info("lanes rebalanced", "owned", owned, "was", l.owned)
+		if owned > l.owned {
+			l.r.wakeAll()
+		}
+	}
+	l.owned = owned
+	l.r.ownedLane.Store(int64(owned))
+	l.r.cfg.Hooks.Lanes(owned)
+	return nil
+}
+
+// releaseAll hands every lane back and unregisters, so other relays take
+// over at their next heartbeat instead of after the lease TTL.
+func (l *leaser) releaseAll(ctx context.Context) {
+	defer l.closeConn(ctx)
+	if l.conn == nil {
+		pc, err := l.r.pool.Acquire(ctx)
+		if err != nil {
+			l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
+			return
+		}
+		l.conn = pc.Hijack()
+	}
+	if _, err := l.conn.Exec(ctx, l.r.q.releaseAll, l.r.cfg.ID); err != nil {
+		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
+	}
+	if _, err := l.conn.Exec(ctx, l.r.q.unregister, l.r.cfg.ID); err != nil {
+		l.r.log.Warn("could not unregister relay", "error", err)
+	}
+	l.r.ownedLane.Store(0)
+}

@@ -1,0 +1,131 @@
+package relay
+
+import "github.com/outbox-relay/outbox-relay/migrations"
+
+// numLanes is fixed by migration 001 (the lanes table and the lane column).
+const numLanes = 256
+
+// queries holds every SQL statement the relay runs, rendered once for a
+// schema. The schema name is quoted with pgx.Identifier; nothing else is
+// ever spliced into SQL.
+type queries struct {
+	claim, deleteDelivered, scheduleRetry, deadLetter string
+
+	heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+}
+
+func newQueries(schema string) queries {
+	s := migrations.Ident(schema)
+	return queries{
+		// Claim up to $5 deliverable messages from the lanes this worker
+		// owns ($1 = relay id, lanes with lane % $2 = $3), starting at lane
+		// $4 so that every lane gets its turn.
+		//
+		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
+		// can change owner (which takes FOR UPDATE) only between two claim
+		// transactions, so two relays never work on one lane at once. Within
+		// a lane, messages come in id order; a message is held back while an
+		// earlier message of its key waits for a retry (the NOT EXISTS probes
+		// a partial index that is empty unless something is failing).
+		claim: `
+SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts
+FROM (
+    SELECT l.lane FROM ` + s + `.lanes l
+    WHERE l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
+    ORDER BY (l.lane + 256 - $4) % 256
+    FOR KEY SHARE
+) o
+CROSS JOIN LATERAL (
+    SELECT m.* FROM ` + s + `.messages m
+    WHERE m.lane = o.lane
+      AND (m.available_at IS NULL OR m.available_at <= now())
+      AND NOT EXISTS (
+          SELECT 1 FROM ` + s + `.messages w
+          WHERE w.key = m.key AND w.id < m.id
+            AND w.available_at IS NOT NULL AND w.available_at > now())
+    ORDER BY m.id
+    LIMIT $5
+    FOR UPDATE
+) m
+LIMIT $5`,
+
+		deleteDelivered: `DELETE FROM ` + s + `.messages WHERE id = ANY($1)`,
+
+		scheduleRetry: `
+UPDATE ` + s + `.messages m SET
+    attempts = m.attempts + 1,
+    available_at = now() + f.delay_ms * interval '1 millisecond',
+    last_error = f.err,
+    first_error = coalesce(m.first_error, f.err),
+    first_failed_at = coalesce(m.first_failed_at, now())
+FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS f(id, delay_ms, err)
+WHERE m.id = f.id`,
+
+		deadLetter: `
+WITH f AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[]) AS f(id, reason, err)
+), d AS (
+    DELETE FROM ` + s + `.messages m USING f WHERE m.id = f.id
+    RETURNING m.*, f.reason, f.err
+)
+INSERT INTO ` + s + `.dead_letters
+    (id, message_id, topic, key, payload, headers, created_at, attempts, reason,
+     first_error, last_error, first_failed_at)
+SELECT id, message_id, topic, key, payload, headers, created_at, attempts + 1, reason,
+       coalesce(first_error, err), err, coalesce(first_failed_at, now())
+FROM d
+ON CONFLICT (id) DO UPDATE SET
+    message_id = EXCLUDED.message_id, topic = EXCLUDED.topic, key = EXCLUDED.key,
+    payload = EXCLUDED.payload, headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
+    attempts = EXCLUDED.attempts, reason = EXCLUDED.reason, first_error = EXCLUDED.first_error,
+    last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at, dead_at = now()`,
+
+		heartbeat: `
+INSERT INTO ` + s + `.relays (id, hostname, pid, version, backend_pid, backend_start)
+SELECT $1, $2, $3, $4, pg_backend_pid(), a.backend_start
+FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(),
+    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
+
+		// A relay is dead when its heartbeat is older than the lease TTL or,
+		// with fast failover, when its lease connection no longer exists
+		// (its process died and the server noticed the closed socket).
+		reap: `
+DELETE FROM ` + s + `.relays r
+WHERE r.id <> $1 AND (
+    r.heartbeat_at < now() - $2 * interval '1 millisecond'
+    OR ($3 AND NOT EXISTS (
+        SELECT 1 FROM pg_stat_activity a
+        WHERE a.pid = r.backend_pid AND a.backend_start IS NOT DISTINCT FROM r.backend_start)))`,
+
+		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE owner = $1`,
+
+		// Relays alive, and this relay's rank among them, for the fair share.
+		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays`,
+
+		acquire: `
+UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
+WHERE lane IN (
+    SELECT l.lane FROM ` + s + `.lanes l
+    WHERE l.owner IS NULL OR l.lease_until < now()
+       OR NOT EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner)
+    ORDER BY l.lane
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+RETURNING lane`,
+
+		// Hand lanes back, skipping any that a claim transaction is using
+		// right now (they go on a later heartbeat).
+		release: `
+UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL
+WHERE lane IN (
+    SELECT l.lane FROM ` + s + `.lanes l WHERE l.owner = $1
+    ORDER BY l.lane DESC
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+RETURNING lane`,
+
+		releaseAll: `UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL WHERE owner = $1`,
+		unregister: `DELETE FROM ` + s + `.relays WHERE id = $1`,
+	}
+}

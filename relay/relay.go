@@ -1,0 +1,454 @@
+// Package relay is the engine of outbox-relay: workers claim committed
+// outbox rows, hand them to a sink, and delete what the sink accepted, in
+// one transaction per batch ("lock while publishing").
+//
+// Ordering. Every message belongs to one of 256 lanes (a hash of its key).
+// Relay processes lease lanes through the lanes table, each taking a fair
+// share; a lane is worked on by one worker of one process at a time, and in
+// id order. Messages with the same key therefore reach the sink in the
+// order they were written, never concurrently, whatever the number of
+// relay processes. A message whose delivery failed waits for its retry in
+// the row (attempts, available_at) and holds back the later messages of its
+// key, and only of its key.
+//
+// Failure. A relay that dies mid-batch loses nothing: its transaction
+// aborts and the rows are claimable again. Its lanes go to other relays
+// when its lease connection is seen closed, or at the latest after LeaseTTL.
+// Idle-in-transaction and statement timeouts on the relay's sessions bound
+// how long a relay cut off from the database can hold rows.
+//
+// This package does not parse flags or know any concrete sink.
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// Relay moves messages from the outbox to a sink.
+type Relay struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	sink sinks.Sink
+	q    queries
+	log  *slog.Logger
+
+	wake      []chan struct{}
+	ownedLane atomic.Int64
+	draining  atomic.Bool
+	stats     Stats
+}
+
+// Stats are running totals, read with Relay.Stats.
+type Stats struct {
+	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures atomic.Int64
+}
+
+// StatsSnapshot is a copy of Stats.
+type StatsSnapshot struct {
+	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures int64
+}
+
+// New returns a relay that reads the outbox through pool and publishes to
+// sink. The pool needs at least Workers+1 connections (one is held for the
+// lane lease); use NewPool to get one with the session settings the relay
+// wants.
+func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || sink == nil {
+		return nil, errors.New("outbox: relay: pool and sink are required")
+	}
+	if max := int(pool.Config().MaxConns); max < cfg.Workers+1 {
+		return nil, fmt.Errorf("outbox: workers: %d workers need a pool of at least %d connections, have %d", cfg.Workers, cfg.Workers+1, max)
+	}
+	r := &Relay{
+		cfg:  cfg,
+		pool: pool,
+		sink: sink,
+		q:    newQueries(cfg.Schema),
+		log:  cfg.Logger.With("relay_id", cfg.ID),
+		wake: make([]chan struct{}, cfg.Workers),
+	}
+	for i := range r.wake {
+		r.wake[i] = make(chan struct{}, 1)
+	}
+	return r, nil
+}
+
+// ID returns the relay's id.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// OwnedLanes returns how many lanes this relay holds right now.
+func (r *Relay) OwnedLanes() int { return int(r.ownedLane.Load()) }
+
+// Draining reports whether Run's context has been cancelled.
+func (r *Relay) Draining() bool { return r.draining.Load() }
+
+// Stats returns running totals.
+func (r *Relay) Stats() StatsSnapshot {
+	return StatsSnapshot{
+		Claimed: r.stats.Claimed.Load(), Delivered: r.stats.Delivered.Load(),
+		Retried: r.stats.Retried.Load(), DeadLettered: r.stats.DeadLettered.Load(),
+		Batches: r.stats.Batches.Load(), CommitFailures: r.stats.CommitFailures.Load(),
+	}
+}
+
+// Run relays messages until ctx is cancelled, then drains: it stops
+// claiming, lets in-flight batches finish (rolling them back after
+// DrainTimeout), hands its lanes back and returns nil. It does not close
+// the sink or the pool.
+func (r *Relay) Run(ctx context.Context) error {
+	v, err := migrations.Current(ctx, r.pool, r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	if v < migrations.Latest() {
+		return fmt.Errorf("outbox: schema %q is at version %d, this relay needs %d: run `outbox-relay migrate`", r.cfg.Schema, v, migrations.Latest())
+	}
+
+	// hard is cancelled DrainTimeout after ctx: in-flight work then rolls
+	// back instead of holding the shutdown.
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	stopDrainTimer := context.AfterFunc(ctx, func() {
+		r.draining.Store(true)
+		r.log.Info("draining: no new claims", "drain_timeout", r.cfg.DrainTimeout)
+		time.AfterFunc(r.cfg.DrainTimeout, cancelHard)
+	})
+	defer stopDrainTimer()
+
+	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize)
+	lease := newLeaser(r)
+	leaseDone := make(chan struct{})
+	go func() {
+		defer close(leaseDone)
+		lease.run(ctx)
+	}()
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		r.listen(ctx)
+	}()
+
+	var wg sync.WaitGroup
+	for i := 0; i < r.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(ctx, hard, i)
+		}()
+	}
+	wg.Wait()
+	<-listenDone
+	<-leaseDone
+	// Hand the lanes to the other relays now rather than after LeaseTTL.
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	lease.releaseAll(relCtx)
+	s := r.Stats()
+	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
+	return nil
+}
+
+func (r *Relay) wakeAll() {
+	for _, c := range r.wake {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// listen wakes the workers on every NOTIFY from writers. Notifications are
+// an optimization: workers poll anyway, so a lost connection only costs
+// latency until it is back.
+func (r *Relay) listen(ctx context.Context) {
+	channel := pgx.Identifier{migrations.Channel(r.cfg.Schema)}.Sanitize()
+	bo := newReconnectBackoff()
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := r.pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			// The connection carries LISTEN state: never give it back.
+			pc := conn.Hijack()
+			defer pc.Close(context.WithoutCancel(ctx))
+			if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
+				return err
+			}
+			bo.Reset()
+			r.wakeAll() // anything written while we were not listening
+			for {
+				if _, err := pc.WaitForNotification(ctx); err != nil {
+					return err
+				}
+				r.wakeAll()
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		d := bo.NextBackOff()
+		r.log.Warn("listen connection lost; polling until it is back", "error", err, "retry_in", d)
+		sleep(ctx, d)
+	}
+}
+
+// work is one worker's loop.
+func (r *Relay) work(ctx, hard context.Context, worker int) {
+	log := r.log.With("worker", worker)
+	bo := newReconnectBackoff()
+	rotation := worker
+	for ctx.Err() == nil {
+		n, err := r.cycle(ctx, hard, worker, rotation)
+		rotation = (rotation + r.cfg.Workers) % numLanes
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := bo.NextBackOff()
+			log.Warn("batch failed; retrying", "error", err, "retry_in", d)
+			sleep(ctx, d)
+			continue
+		}
+		bo.Reset()
+		if n >= r.cfg.BatchSize {
+			continue // likely more waiting
+		}
+		if n > 0 {
+			// Others may be waiting in lanes this claim did not reach.
+			continue
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-r.wake[worker]:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// claimed is one claimed row.
+type claimed struct {
+	msg      sinks.Message
+	attempts int
+}
+
+// cycle claims one batch, publishes it and settles the outcome, all in one
+// transaction. It returns how many messages it claimed.
+func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, error) {
+	start := time.Now()
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	// From here on the batch belongs to the hard context: a drain lets it
+	// finish.
+	tx, err := conn.Begin(hard)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(hard)) //nolint:errcheck // no-op after commit
+
+	rows, err := tx.Query(hard, r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	batch := make([]claimed, 0, r.cfg.BatchSize)
+	for rows.Next() {
+		var c claimed
+		m := &c.msg
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &m.Headers, &m.CreatedAt, &c.attempts); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
+		}
+		m.Attempt = c.attempts + 1
+		batch = append(batch, c)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	claimDur := time.Since(start)
+	if len(batch) == 0 {
+		return 0, tx.Commit(hard)
+	}
+	r.stats.Claimed.Add(int64(len(batch)))
+
+	msgs := make([]sinks.Message, len(batch))
+	for i := range batch {
+		msgs[i] = batch[i].msg
+	}
+	sendStart := time.Now()
+	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
+	sendErr := r.sink.Send(sendCtx, msgs)
+	cancel()
+	sendDur := time.Since(sendStart)
+	if hard.Err() != nil {
+		// Drain deadline passed mid-publish: roll back so the messages come
+		// back untouched (some may be delivered twice, never lost).
+		return len(batch), fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+	}
+
+	ev := BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: claimDur, SendDuration: sendDur, SendErr: sendErr}
+	s := r.settle(batch, sendErr, &ev)
+
+	settleStart := time.Now()
+	b := &pgx.Batch{}
+	if len(s.delivered) > 0 {
+		b.Queue(r.q.deleteDelivered, s.delivered)
+	}
+	if len(s.retryIDs) > 0 {
+		b.Queue(r.q.scheduleRetry, s.retryIDs, s.retryDelays, s.retryErrs)
+	}
+	if len(s.deadIDs) > 0 {
+		b.Queue(r.q.deadLetter, s.deadIDs, s.deadReasons, s.deadErrs)
+	}
+	err = tx.SendBatch(hard, b).Close()
+	if err == nil {
+		err = tx.Commit(hard)
+	}
+	ev.SettleDuration = time.Since(settleStart)
+	ev.Committed = err == nil
+	r.stats.Batches.Add(1)
+	if err != nil {
+		r.stats.CommitFailures.Add(1)
+		r.cfg.Hooks.Batch(ev)
+		return len(batch), fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+	}
+	r.stats.Delivered.Add(int64(len(s.delivered)))
+	r.stats.Retried.Add(int64(len(s.retryIDs)))
+	r.stats.DeadLettered.Add(int64(len(s.deadIDs)))
+	r.cfg.Hooks.Batch(ev)
+	return len(batch), nil
+}
+
+type settlement struct {
+	delivered   []int64
+	retryIDs    []int64
+	retryDelays []int64
+	retryErrs   []string
+	deadIDs     []int64
+	deadReasons []string
+	deadErrs    []string
+}
+
+// Dead-letter reasons.
+const (
+	ReasonPermanent   = "permanent"
+	ReasonMaxAttempts = "max_attempts"
+)
+
+// settle decides what happens to each message of a batch given the sink's
+// answer. Walking in batch order, the first failure of a key decides that
+// key: later messages of the key stay untouched (no attempt counted), held
+// back by the failed one.
+func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlement {
+	var s settlement
+	held := map[string]bool{}
+	for i, c := range batch {
+		m := c.msg
+		err := sinks.Outcome(sendErr, i, len(batch))
+		if m.Key != "" && held[m.Key] {
+			if err == nil {
+				// The sink broke the ordering contract and delivered a later
+				// message of a failed key. It was delivered: do not deliver
+				// it twice, but say so loudly.
+				r.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
+					"message_id", m.ID, "topic", m.Topic)
+				s.delivered = append(s.delivered, m.Seq)
+				ev.DeliveredMessages = append(ev.DeliveredMessages, m)
+			} else {
+				ev.Untouched++
+			}
+			continue
+		}
+		switch {
+		case err == nil:
+			s.delivered = append(s.delivered, m.Seq)
+			ev.DeliveredMessages = append(ev.DeliveredMessages, m)
+		case errors.Is(err, sinks.ErrNotAttempted):
+			// Not tried (an earlier failure of the same key, which we
+			// have handled above, or a sink that stopped early): leave it.
+			ev.Untouched++
+			if m.Key != "" {
+				held[m.Key] = true
+			}
+		case sinks.IsPermanent(err) || c.attempts+1 >= r.cfg.MaxAttempts:
+			reason := ReasonMaxAttempts
+			if sinks.IsPermanent(err) {
+				reason = ReasonPermanent
+			}
+			s.deadIDs = append(s.deadIDs, m.Seq)
+			s.deadReasons = append(s.deadReasons, reason)
+			s.deadErrs = append(s.deadErrs, errText(err))
+			ev.DeadReasons = append(ev.DeadReasons, reason)
+			r.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
+			// The key moves on: later messages of it may go in this same
+			// batch, which the sink has already tried in order.
+		default:
+			delay := r.retryDelay(c.attempts + 1)
+			if ra, ok := sinks.RetryAfter(err); ok && ra > delay {
+				delay = min(ra, r.cfg.RetryMax)
+			}
+			s.retryIDs = append(s.retryIDs, m.Seq)
+			s.retryDelays = append(s.retryDelays, delay.Milliseconds())
+			s.retryErrs = append(s.retryErrs, errText(err))
+			if m.Key != "" {
+				held[m.Key] = true
+			}
+			r.log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", delay, "error", err)
+		}
+	}
+	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retryIDs), len(s.deadIDs)
+	return s
+}
+
+// errText bounds what is stored of an error.
+func errText(err error) string {
+	const max = 2000
+	s := err.Error()
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
+}
+
+func defaultID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "relay"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,525 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+)
+
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	schema string
+	w      *outbox.Writer
+	sink   *memory.Sink
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	pool, schema := pgtest.Schema(t)
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	return &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
+}
+
+func (e *env) table(name string) string { return migrations.Ident(e.schema) + "." + name }
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// config is a fast-moving relay configuration for tests.
+func (e *env) config() relay.Config {
+	return relay.Config{
+		Schema:       e.schema,
+		Workers:      2,
+		BatchSize:    50,
+		PollInterval: 50 * time.Millisecond,
+		RetryInitial: 10 * time.Millisecond,
+		RetryMax:     50 * time.Millisecond,
+		MaxAttempts:  5,
+		LeaseTTL:     3 * time.Second,
+		Heartbeat:    200 * time.Millisecond,
+		Logger:       testLogger(e.t),
+	}
+}
+
+// start runs a relay until the test ends (or stop is called) and returns
+// a stop function that drains it.
+func (e *env) start(cfg relay.Config, sink sinks.Sink) (*relay.Relay, func()) {
+	e.t.Helper()
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), Workers: cfg.Workers})
+	require.NoError(e.t, err)
+	r, err := relay.New(pool, sink, cfg)
+	require.NoError(e.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(e.t, err)
+			case <-time.After(30 * time.Second):
+				e.t.Error("relay did not stop within 30s")
+			}
+			pool.Close()
+		})
+	}
+	e.t.Cleanup(stop)
+	return r, stop
+}
+
+func (e *env) write(msgs ...outbox.Message) {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(e.t, err)
+	require.NoError(e.t, e.w.Write(ctx, tx, msgs...))
+	require.NoError(e.t, tx.Commit(ctx))
+}
+
+func msg(topic, key string, payload string) outbox.Message {
+	return outbox.Message{Topic: topic, Key: key, Payload: []byte(payload)}
+}
+
+func (e *env) count(table string) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)).Scan(&n))
+	return n
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: "+format, append([]any{d}, args...)...)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// checkOrder asserts that, per key, first deliveries are in write (Seq)
+// order and that any message seen again is a re-delivery of one already
+// delivered.
+func checkOrder(t *testing.T, delivered []sinks.Message) {
+	t.Helper()
+	last := map[string]int64{}
+	seen := map[int64]bool{}
+	for _, m := range delivered {
+		if seen[m.Seq] {
+			continue
+		}
+		seen[m.Seq] = true
+		if m.Key == "" {
+			continue
+		}
+		require.Greater(t, m.Seq, last[m.Key], "key %q: message %d delivered after %d", m.Key, m.Seq, last[m.Key])
+		last[m.Key] = m.Seq
+	}
+}
+
+func TestDeliversEverythingOnceInKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 3000
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		key := fmt.Sprintf("k%d", i%37)
+		if i%10 == 0 {
+			key = "" // some keyless messages
+		}
+		msgs = append(msgs, msg("orders", key, fmt.Sprint(i)))
+	}
+	e.write(msgs[:n/2]...)
+	cfg := e.config()
+	cfg.Workers = 4
+	e.start(cfg, e.sink)
+	e.write(msgs[n/2:]...)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), n))
+	eventually(t, 10*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not empty")
+
+	got := e.sink.Delivered()
+	require.Len(t, got, n, "nothing fails, so nothing is delivered twice")
+	ids := map[string]bool{}
+	for _, m := range got {
+		require.False(t, ids[m.ID], "message %s delivered twice", m.ID)
+		ids[m.ID] = true
+		require.Equal(t, 1, m.Attempt)
+	}
+	checkOrder(t, got)
+	require.Empty(t, e.sink.Violations())
+}
+
+func TestTwoRelaysShareLanesAndKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.config()
+	r1, _ := e.start(cfg, e.sink)
+	r2, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool {
+		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
+	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+
+	const n = 4000
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%50), fmt.Sprint(i)))
+	}
+	for i := 0; i < n; i += 100 {
+		e.write(msgs[i : i+100]...)
+	}
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), n))
+	checkOrder(t, e.sink.Delivered())
+	require.Empty(t, e.sink.Violations())
+	require.Positive(t, r1.Stats().Delivered)
+	require.Positive(t, r2.Stats().Delivered)
+}
+
+func TestRetryThenSuccessHoldsBackOnlyThatKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var mu sync.Mutex
+	failures := 0
+	e.sink.SetFail(func(m sinks.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if string(m.Payload) == "a1" && failures < 3 {
+			failures++
+			return errors.New("broker busy")
+		}
+		return nil
+	})
+	e.write(msg("t", "a", "a1"), msg("t", "a", "a2"), msg("t", "b", "b1"), msg("t", "a", "a3"), msg("t", "b", "b2"))
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 5))
+
+	var order []string
+	for _, m := range e.sink.Delivered() {
+		order = append(order, string(m.Payload))
+		if string(m.Payload) == "a1" {
+			require.Equal(t, 4, m.Attempt)
+		}
+	}
+	require.Equal(t, []string{"a1", "a2", "a3"}, filter(order, "a"))
+	require.Equal(t, []string{"b1", "b2"}, filter(order, "b"))
+	require.Less(t, index(order, "b2"), index(order, "a1"), "key b is not held back by key a's retries")
+	require.Equal(t, 0, e.count("dead_letters"))
+	require.Equal(t, 8, e.sink.Attempts(), "3 failures of a1 and 5 deliveries: a2 and a3 never tried while a1 waited")
+}
+
+func filter(xs []string, prefix string) []string {
+	var out []string
+	for _, x := range xs {
+		if x[:1] == prefix {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func index(xs []string, x string) int {
+	for i, y := range xs {
+		if y == x {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestDeadLetterAfterMaxAttemptsThenKeyMovesOn(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetFail(func(m sinks.Message) error {
+		if string(m.Payload) == "bad" {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	e.write(msg("t", "k", "bad"), msg("t", "k", "after"))
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 1))
+	require.Equal(t, "after", string(e.sink.Delivered()[0].Payload))
+	eventually(t, 5*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not empty")
+
+	admin, err := relay.NewAdmin(e.pool, e.schema)
+	require.NoError(t, err)
+	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	d := dls[0]
+	require.Equal(t, "bad", string(d.Payload))
+	require.Equal(t, 5, d.Attempts)
+	require.Equal(t, relay.ReasonMaxAttempts, d.Reason)
+	require.Equal(t, "boom", *d.FirstError)
+	require.Equal(t, "boom", *d.LastError)
+	require.NotNil(t, d.FirstFailedAt)
+}
+
+func TestPermanentErrorSkipsRetries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetFail(func(m sinks.Message) error {
+		if string(m.Payload) == "poison" {
+			return sinks.Permanent(errors.New("message too large"))
+		}
+		return nil
+	})
+	e.write(msg("t", "k", "poison"), msg("t", "k", "next"), msg("t", "other", "x"))
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 2))
+	eventually(t, 5*time.Second, func() bool { return e.count("dead_letters") == 1 }, "no dead letter")
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	require.NoError(t, err)
+	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
+	require.Equal(t, 1, dls[0].Attempts)
+	require.Contains(t, *dls[0].LastError, "message too large")
+}
+
+func TestReplayKeepsMessageIDAndConcurrentReplaysDoNotDuplicate(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var failing sync.Map
+	failing.Store("on", true)
+	e.sink.SetFail(func(m sinks.Message) error {
+		if _, ok := failing.Load("on"); ok {
+			return sinks.Permanent(errors.New("rejected"))
+		}
+		return nil
+	})
+	const n = 200
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, msg("replay", fmt.Sprintf("k%d", i%7), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+	_, stop := e.start(e.config(), e.sink)
+	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == n }, "not all dead-lettered")
+	stop()
+
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	before, err := admin.List(context.Background(), relay.Selection{All: true, Limit: n})
+	require.NoError(t, err)
+	ids := map[int64]string{}
+	for _, d := range before {
+		ids[d.ID] = d.MessageID
+	}
+
+	dry, err := admin.Replay(context.Background(), relay.Selection{Topic: "replay"}, true)
+	require.NoError(t, err)
+	require.Len(t, dry, n)
+	require.Equal(t, n, e.count("dead_letters"), "dry run changes nothing")
+	_, err = admin.Replay(context.Background(), relay.Selection{}, false)
+	require.ErrorIs(t, err, relay.ErrEmptySelection)
+
+	// Five operators replay everything at once.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var replayed []int64
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := admin.Replay(context.Background(), relay.Selection{All: true}, false)
+			require.NoError(t, err)
+			mu.Lock()
+			replayed = append(replayed, got...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	sort.Slice(replayed, func(i, j int) bool { return replayed[i] < replayed[j] })
+	require.Len(t, replayed, n, "every dead letter replayed exactly once")
+	for i := 1; i < len(replayed); i++ {
+		require.NotEqual(t, replayed[i-1], replayed[i])
+	}
+	require.Equal(t, 0, e.count("dead_letters"))
+
+	failing.Delete("on")
+	sink2 := memory.New()
+	e.start(e.config(), sink2)
+	require.NoError(t, sink2.WaitFor(waitCtx(t, 20*time.Second), n))
+	for _, m := range sink2.Delivered() {
+		require.Equal(t, ids[m.Seq], m.ID, "replay keeps the message id")
+		require.Equal(t, 1, m.Attempt, "replay starts a fresh attempt count")
+	}
+	checkOrder(t, sink2.Delivered())
+}
+
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetFail(func(m sinks.Message) error { return sinks.Permanent(errors.New("no")) })
+	e.write(msg("a", "", "1"), msg("b", "", "2"))
+	e.start(e.config(), e.sink)
+	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == 2 }, "not dead-lettered")
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	n, err := admin.Purge(context.Background(), relay.Selection{Topic: "a"}, true)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = admin.Purge(context.Background(), relay.Selection{DeadBefore: time.Now().Add(-time.Hour)}, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 0, n, "nothing older than an hour")
+	n, err = admin.Purge(context.Background(), relay.Selection{Topic: "a"}, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, 1, e.count("dead_letters"))
+}
+
+func TestNotifyWakesIdleRelay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.config()
+	cfg.PollInterval = time.Hour // only a notification can wake it
+	r, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 256 }, "lanes not acquired")
+	// Let the workers go idle, waiting on the hour-long poll.
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	e.write(msg("t", "k", "wake"))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 1))
+	t.Logf("commit to delivery: %s", time.Since(start))
+}
+
+func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.start(e.config(), e.sink)
+	ctx := context.Background()
+	// tx1 takes the lower id but commits last.
+	tx1, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.w.Write(ctx, tx1, msg("t", "x", "first-id")))
+	for i := 0; i < 20; i++ {
+		e.write(msg("t", fmt.Sprintf("y%d", i), "later-id"))
+	}
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 20))
+	require.NoError(t, tx1.Commit(ctx))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 21))
+	eventually(t, 5*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not empty")
+}
+
+func TestCrashMidBatchLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// A slow sink keeps the batch transaction open while we kill the
+	// relay's connections from the server side.
+	e.sink.SetDelay(300 * time.Millisecond)
+	const n = 300
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%10), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+	cfg := e.config()
+	cfg.ID = "crash-" + e.schema
+	r, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.Stats().Claimed > 0 }, "nothing claimed")
+	var killed int
+	require.NoError(t, e.pool.QueryRow(context.Background(), `
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = 'outbox-relay' AND state = 'idle in transaction' AND pid <> pg_backend_pid()
+  AND query LIKE '%`+e.schema+`%'`).Scan(&killed))
+	t.Logf("terminated %d relay backends mid-batch", killed)
+	require.Positive(t, killed)
+	e.sink.SetDelay(0)
+	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not drained after crash")
+
+	seen := map[int64]int{}
+	for _, m := range e.sink.Delivered() {
+		seen[m.Seq]++
+	}
+	require.Len(t, seen, n, "every message delivered")
+	dups := 0
+	for _, c := range seen {
+		dups += c - 1
+	}
+	t.Logf("%d re-deliveries after the crash", dups)
+	require.Positive(t, r.Stats().CommitFailures)
+	checkOrder(t, e.sink.Delivered())
+}
+
+func TestGracefulShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetDelay(500 * time.Millisecond)
+	var msgs []outbox.Message
+	for i := 0; i < 40; i++ {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+	cfg := e.config()
+	cfg.BatchSize = 10
+	r, stop := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.Stats().Claimed > 0 }, "nothing claimed")
+	stop() // waits for Run to return
+	st := r.Stats()
+	require.Equal(t, st.Claimed, st.Delivered, "in-flight batches finished, none abandoned")
+	require.EqualValues(t, 0, st.CommitFailures)
+	require.Equal(t, 40-int(st.Delivered), e.count("messages"))
+	require.Equal(t, int(st.Delivered), e.sink.Len())
+	var owned int
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("lanes")+" WHERE owner IS NOT NULL").Scan(&owned))
+	require.Zero(t, owned, "lanes handed back on shutdown")
+	require.Zero(t, e.count("relays"))
+}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.write(msg("a", "k", "1"), msg("a", "k", "2"), msg("b", "", "3"))
+	admin, err := relay.NewAdmin(e.pool, e.schema)
+	require.NoError(t, err)
+	st, err := admin.Status(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 3, st.Pending)
+	require.Len(t, st.Topics, 2)
+	require.Equal(t, "a", st.Topics[0].Topic)
+	require.EqualValues(t, 2, st.Topics[0].Pending)
+	require.Equal(t, 256, st.FreeLanes)
+}
+
+func TestConfigValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	for field, cfg := range map[string]relay.Config{
+		"workers":    {Workers: -1},
+		"batch-size": {BatchSize: 100000},
+		"heartbeat":  {LeaseTTL: 3 * time.Second, Heartbeat: 10 * time.Second},
+		"schema":     {Schema: string(make([]byte, 80))},
+	} {
+		err := cfg.WithDefaults().Validate()
+		require.ErrorContains(t, err, field)
+	}
+	require.NoError(t, relay.Config{}.WithDefaults().Validate())
+}
