@@ -63,7 +63,8 @@ type Selection struct {
 // names nothing.
 var ErrEmptySelection = errors.New("outbox: select dead letters by id, topic or age, or pass all")
 
-func (s Selection) empty() bool {
+// Empty reports whether s selects nothing.
+func (s Selection) Empty() bool {
 	return len(s.IDs) == 0 && s.Topic == "" && s.DeadBefore.IsZero() && !s.All
 }
 
@@ -133,7 +134,7 @@ func (a *Admin) Show(ctx context.Context, id int64) (DeadLetter, error) {
 // replays never publish a message twice. With dryRun it only returns the
 // ids it would replay.
 func (a *Admin) Replay(ctx context.Context, sel Selection, dryRun bool) ([]int64, error) {
-	if sel.empty() {
+	if sel.Empty() {
 		return nil, ErrEmptySelection
 	}
 	if dryRun {
@@ -160,7 +161,7 @@ RETURNING id`, sel.args()...)
 
 // Purge deletes the selected dead letters for good and returns how many.
 func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, error) {
-	if sel.empty() {
+	if sel.Empty() {
 		return 0, ErrEmptySelection
 	}
 	if dryRun {

@@ -1,0 +1,51 @@
+# outbox-relay — `make help` lists the targets.
+SHELL := /usr/bin/env bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+export DATABASE_URL
+export TEST_DATABASE_URL ?= $(DATABASE_URL)
+export TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
+
+GO_TEST := go test -race -count=1 -timeout 20m
+BIN := bin
+
+.PHONY: help build demo test test-disruptive vet chaos bench fuzz services compose-check clean
+
+help: ## list targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+build: ## build bin/outbox-relay and bin/outbox-demo
+	go build -o $(BIN)/ ./cmd/...
+
+services: ## start (or install) Postgres and RabbitMQ for the tests
+	scripts/services.sh postgres rabbitmq
+
+demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
+	scripts/services.sh postgres
+	scripts/demo.sh
+
+vet:
+	go vet ./...
+
+test: services vet ## the whole test suite, with -race (what CI runs)
+	$(GO_TEST) ./...
+	$(MAKE) test-disruptive
+
+test-disruptive: ## tests that restart the RabbitMQ broker; run alone, after the rest
+	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'Disruptive' ./sinks/amqpsink/
+
+chaos: services build ## long chaos run (kills relays, restarts Postgres)
+	CHAOS_LONG=1 $(GO_TEST) -timeout 60m -run 'Chaos' -v ./internal/chaos/
+
+bench: services build ## benchmark suite (BENCH_QUICK=1 for a short run)
+	go run ./bench
+
+fuzz: ## run every fuzz target for FUZZTIME (default 20s)
+	@for pkg in $$(go list ./...); do \
+	  for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; go test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZTIME:-20s} $$pkg || exit 1; \
+	  done; done
+
+clean: ## remove build output
+	rm -rf $(BIN)

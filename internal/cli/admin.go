@@ -1,0 +1,338 @@
+package cli
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+func newStatus(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the backlog per topic, dead letters and live relays",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			admin, err := relay.NewAdmin(pool, g.schema)
+			if err != nil {
+				return &usageError{err}
+			}
+			st, err := admin.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(g.stdout, st)
+			}
+			printStatus(g.stdout, st)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printStatus(out io.Writer, st relay.Status) {
+	fmt.Fprintf(out, "pending %d (retrying %d), oldest %s, dead letters %d\n\n",
+		st.Pending, st.Retrying, st.OldestAge.Round(time.Millisecond), st.DeadLetters)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOPIC\tPENDING\tRETRYING\tOLDEST\tDEAD")
+	for _, t := range st.Topics {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\n", t.Topic, t.Pending, t.Retrying, t.OldestAge.Round(time.Millisecond), t.DeadLetters)
+	}
+	_ = tw.Flush()
+	if len(st.DeadByReason) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(tw, "DEAD TOPIC\tREASON\tCOUNT")
+		for _, d := range st.DeadByReason {
+			fmt.Fprintf(tw, "%s\t%s\t%d\n", d.Topic, d.Reason, d.Count)
+		}
+		_ = tw.Flush()
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tVERSION\tLANES\tHEARTBEAT")
+	for _, r := range st.Relays {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s ago\n", r.ID, r.Hostname, r.PID, r.Version, r.Lanes, st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(out, "unowned lanes: %d of 256\n", st.FreeLanes)
+}
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// selectionFlags are shared by dlq list, replay and purge.
+type selectionFlags struct {
+	ids       []string
+	topic     string
+	olderThan time.Duration
+	all       bool
+}
+
+func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
+	f := cmd.Flags()
+	f.StringSliceVar(&s.ids, "id", nil, "dead letter id (repeat or comma-separate)")
+	f.StringVar(&s.topic, "topic", "", "only dead letters of this topic")
+	f.DurationVar(&s.olderThan, "older-than", 0, "only dead letters that died longer ago than this, e.g. 720h")
+	if withAll {
+		f.BoolVar(&s.all, "all", false, "every dead letter (required when no other selector is given)")
+	}
+}
+
+func (s *selectionFlags) selection(now time.Time) (relay.Selection, error) {
+	sel := relay.Selection{Topic: s.topic, All: s.all}
+	for _, raw := range s.ids {
+		id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
+		if err != nil || id <= 0 {
+			return sel, usagef("outbox: id: %q is not a positive integer", raw)
+		}
+		sel.IDs = append(sel.IDs, id)
+	}
+	if s.olderThan < 0 {
+		return sel, usagef("outbox: older-than: must not be negative")
+	}
+	if s.olderThan > 0 {
+		sel.DeadBefore = now.Add(-s.olderThan)
+	}
+	return sel, nil
+}
+
+func newDLQ(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect, replay and purge dead letters",
+		Long: `Dead letters are messages that failed permanently or ran out of attempts.
+They keep their full content, attempts and errors. Replay puts them back in
+the outbox under their original message id; two operators replaying at once
+never publish a message twice.`,
+	}
+	cmd.AddCommand(newDLQList(g), newDLQShow(g), newDLQReplay(g), newDLQPurge(g))
+	return cmd
+}
+
+func (g *globals) admin(cmd *cobra.Command) (*relay.Admin, func(), error) {
+	pool, err := g.connect(cmd.Context())
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := relay.NewAdmin(pool, g.schema)
+	if err != nil {
+		pool.Close()
+		return nil, nil, &usageError{err}
+	}
+	return a, pool.Close, nil
+}
+
+func newDLQList(g *globals) *cobra.Command {
+	var sel selectionFlags
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters (oldest first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := sel.selection(time.Now())
+			if err != nil {
+				return err
+			}
+			if limit < 1 {
+				return usagef("outbox: limit: must be at least 1")
+			}
+			s.Limit = limit
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			dls, err := a.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(g.stdout, dls)
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tKEY\tATTEMPTS\tREASON\tDEAD AT\tLAST ERROR")
+			for _, d := range dls {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.MessageID, d.Topic, deref(d.Key), d.Attempts,
+					d.Reason, d.DeadAt.Format(time.RFC3339), oneLine(deref(d.LastError), 80))
+			}
+			return tw.Flush()
+		},
+	}
+	sel.add(cmd, false)
+	cmd.Flags().IntVar(&limit, "limit", 100, "most dead letters to list")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (payload base64)")
+	return cmd
+}
+
+func newDLQShow(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one dead letter in full, as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return usagef("outbox: id: %q is not an integer", args[0])
+			}
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			d, err := a.Show(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			type shown struct {
+				relay.DeadLetter
+				Payload         any    `json:"payload"`
+				PayloadEncoding string `json:"payload_encoding"`
+			}
+			s := shown{DeadLetter: d}
+			if utf8.Valid(d.Payload) {
+				s.Payload, s.PayloadEncoding = string(d.Payload), "text"
+			} else {
+				s.Payload, s.PayloadEncoding = base64.StdEncoding.EncodeToString(d.Payload), "base64"
+			}
+			return writeJSON(g.stdout, s)
+		},
+	}
+}
+
+func newDLQReplay(g *globals) *cobra.Command {
+	var sel selectionFlags
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Put dead letters back in the outbox (same message id)",
+		Example: `  outbox-relay dlq replay --id 42
+  outbox-relay dlq replay --topic orders --dry-run
+  outbox-relay dlq replay --all`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := sel.selection(time.Now())
+			if err != nil {
+				return err
+			}
+			if s.Empty() {
+				return &usageError{relay.ErrEmptySelection}
+			}
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ids, err := a.Replay(cmd.Context(), s, dry)
+			if err != nil {
+				if err == relay.ErrEmptySelection {
+					return &usageError{err}
+				}
+				return err
+			}
+			verb := "replayed"
+			if dry {
+				verb = "would replay"
+			}
+			fmt.Fprintf(g.stdout, "%s %d dead letters%s\n", verb, len(ids), idList(ids))
+			return nil
+		},
+	}
+	sel.add(cmd, true)
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "only show what would be replayed")
+	return cmd
+}
+
+func newDLQPurge(g *globals) *cobra.Command {
+	var sel selectionFlags
+	var dry bool
+	cmd := &cobra.Command{
+		Use:     "purge",
+		Short:   "Delete dead letters for good",
+		Example: `  outbox-relay dlq purge --older-than 720h`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := sel.selection(time.Now())
+			if err != nil {
+				return err
+			}
+			if s.Empty() {
+				return &usageError{relay.ErrEmptySelection}
+			}
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			n, err := a.Purge(cmd.Context(), s, dry)
+			if err != nil {
+				if err == relay.ErrEmptySelection {
+					return &usageError{err}
+				}
+				return err
+			}
+			verb := "purged"
+			if dry {
+				verb = "would purge"
+			}
+			fmt.Fprintf(g.stdout, "%s %d dead letters\n", verb, n)
+			return nil
+		},
+	}
+	sel.add(cmd, true)
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "only count what would be purged")
+	return cmd
+}
+
+func idList(ids []int64) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(":")
+	for i, id := range ids {
+		if i == 20 {
+			fmt.Fprintf(&b, " … (%d more)", len(ids)-20)
+			break
+		}
+		fmt.Fprintf(&b, " %d", id)
+	}
+	return b.String()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) > max {
+		r := []rune(s)
+		s = string(r[:max-1]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,412 @@
+// Package cli implements the outbox-relay command line: flag, environment
+// and config-file handling, and the migrate, run, status, dlq and version
+// commands. cmd/outbox-relay only calls Main.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
+var Version = ""
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// globals are the options every command shares.
+type globals struct {
+	configPath  string
+	databaseURL string
+	schema      string
+	logLevel    string
+	logFormat   string
+
+	file   *fileConfig
+	stdout io.Writer
+	stderr io.Writer
+	log    *slog.Logger
+}
+
+// Main runs the command line and returns the process exit status: 0 on
+// success, 2 for invalid configuration or usage, 1 for other failures.
+func Main(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "outbox-relay:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "outbox-relay",
+		Short: "Publish Postgres outbox rows to Kafka, RabbitMQ, webhooks and more",
+		Long: `outbox-relay moves events that applications commit into a Postgres outbox
+table (in the same transaction as their business data) to a message sink,
+at least once, in order per key, with persisted retries and a dead-letter
+table.
+
+Every option can be given as a flag, as an environment variable (shown in
+each flag's help) or as a key of the YAML file named by --config, in that
+order of precedence. Config-file keys are the long flag names.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return g.prepare(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configPath, "config", "", "YAML config file; keys are long flag names (env OUTBOX_CONFIG)")
+	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres URL, e.g. postgres://user:pass@host:5432/db")
+	pf.StringVar(&g.schema, "schema", migrations.DefaultSchema, "schema holding the outbox tables")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
+
+	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newVersion(g))
+	root.CompletionOptions.DisableDefaultCmd = true
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		envHelp(c.LocalNonPersistentFlags())
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	envHelp(pf)
+	// --config's own env var is handled before the file is read.
+	pf.Lookup("config").Usage = "YAML config file; keys are long flag names (env OUTBOX_CONFIG)"
+	return root
+}
+
+// prepare applies env and file values, validates the shared options and
+// sets up logging.
+func (g *globals) prepare(cmd *cobra.Command) error {
+	if !cmd.Flags().Changed("config") {
+		if v, ok, err := lookupEnv("OUTBOX_CONFIG"); err != nil {
+			return err
+		} else if ok {
+			g.configPath = v
+		}
+	}
+	fc, err := loadFile(g.configPath, allFlagNames(cmd.Root()))
+	if err != nil {
+		return err
+	}
+	g.file = fc
+	if err := resolve(cmd, fc); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return usagef("outbox: log-level: %q is not one of debug, info, warn, error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch g.logFormat {
+	case "text":
+		g.log = slog.New(slog.NewTextHandler(g.stderr, opts))
+	case "json":
+		g.log = slog.New(slog.NewJSONHandler(g.stderr, opts))
+	default:
+		return usagef("outbox: log-format: %q is not text or json", g.logFormat)
+	}
+	if err := migrations.ValidateSchema(g.schema); err != nil {
+		return &usageError{err}
+	}
+	return nil
+}
+
+func (g *globals) requireDatabase() error {
+	if g.databaseURL == "" {
+		return usagef("outbox: database-url: required (flag --database-url, env DATABASE_URL or OUTBOX_DATABASE_URL)")
+	}
+	if _, err := pgxpool.ParseConfig(g.databaseURL); err != nil {
+		return usagef("outbox: database-url: cannot parse %s", redactURL(g.databaseURL))
+	}
+	return nil
+}
+
+// connect opens a small pool for the admin commands.
+func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if err := g.requireDatabase(); err != nil {
+		return nil, err
+	}
+	cfg, _ := pgxpool.ParseConfig(g.databaseURL)
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-relay-admin"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: connect to %s: %w", redactURL(g.databaseURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("outbox: connect to %s: %w", redactURL(g.databaseURL), err)
+	}
+	return pool, nil
+}
+
+func newMigrate(g *globals) *cobra.Command {
+	var print bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox schema (safe to run concurrently)",
+		Long: `Applies the embedded SQL migrations to the schema under an advisory lock, in
+one transaction; running it twice, or from two places at once, is safe.
+With --print it writes the SQL to stdout instead, for teams that apply
+migrations with their own tool.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if print {
+				s, err := migrations.Script(g.schema)
+				if err != nil {
+					return &usageError{err}
+				}
+				_, err = io.WriteString(g.stdout, s)
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := migrations.Apply(ctx, pool, g.schema)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				g.log.Info("schema is up to date", "schema", g.schema, "version", migrations.Latest())
+			} else {
+				g.log.Info("schema migrated", "schema", g.schema, "applied", applied)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the migration SQL instead of applying it")
+	return cmd
+}
+
+type runOptions struct {
+	sink            string
+	workers         int
+	batchSize       int
+	pollInterval    time.Duration
+	publishTimeout  time.Duration
+	maxAttempts     int
+	retryInitial    time.Duration
+	retryMax        time.Duration
+	retryMultiplier float64
+	retryJitter     float64
+	leaseTTL        time.Duration
+	heartbeat       time.Duration
+	drainTimeout    time.Duration
+	syncCommit      bool
+	noFastFailover  bool
+	migrate         bool
+	exitWhenEmpty   bool
+	id              string
+}
+
+func newRun(g *globals) *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Relay outbox messages to a sink until SIGTERM/SIGINT",
+		Long: `Claims committed outbox messages, publishes them to the sink and deletes
+what the sink accepted. Failed deliveries are retried with exponential
+backoff; after --max-attempts, or on a permanent error, a message moves to
+the dead-letter table. On SIGTERM or SIGINT the relay stops claiming,
+finishes in-flight batches (up to --drain-timeout), hands its lanes to
+other relays and exits 0.
+
+Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
+		Example: `  outbox-relay run --database-url postgres://localhost/app --sink stdout`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, https://host/path (see README for each sink's options)")
+	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
+	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
+	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work without a notification")
+	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
+	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
+	f.DurationVar(&o.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay after the first failure")
+	f.DurationVar(&o.retryMax, "retry-max", relay.DefaultRetryMax, "longest delay between attempts")
+	f.Float64Var(&o.retryMultiplier, "retry-multiplier", relay.DefaultRetryMultiplier, "growth of the delay after each failure")
+	f.Float64Var(&o.retryJitter, "retry-jitter", relay.DefaultRetryJitter, "randomization of each delay, 0 to 1")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "how long a dead relay's lanes wait before others take them")
+	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often lanes are renewed and rebalanced (default lease-ttl/3)")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", 0, "on shutdown, how long in-flight batches may finish before they are rolled back (default publish-timeout)")
+	f.BoolVar(&o.syncCommit, "synchronous-commit", false, "keep synchronous_commit on for the relay's sessions (off costs only redeliveries after a database crash)")
+	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead (needed behind PgBouncer transaction pooling)")
+	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
+	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
+	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
+	return cmd
+}
+
+func (g *globals) run(parent context.Context, o runOptions) error {
+	openSink, sinkName, err := parseSink(o.sink, g)
+	if err != nil {
+		return err
+	}
+	// Zero means "default" in relay.Config; on the command line it is a
+	// mistake.
+	for name, v := range map[string]int64{
+		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
+		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
+		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL),
+	} {
+		if v <= 0 {
+			return usagef("outbox: %s: must be positive", name)
+		}
+	}
+	if o.heartbeat < 0 || o.drainTimeout < 0 || o.retryInitial < 0 {
+		return usagef("outbox: heartbeat, drain-timeout and retry-initial must not be negative")
+	}
+	if err := g.requireDatabase(); err != nil {
+		return err
+	}
+	cfg := relay.Config{
+		ID:                  o.id,
+		Schema:              g.schema,
+		Workers:             o.workers,
+		BatchSize:           o.batchSize,
+		PollInterval:        o.pollInterval,
+		PublishTimeout:      o.publishTimeout,
+		MaxAttempts:         o.maxAttempts,
+		RetryInitial:        o.retryInitial,
+		RetryMax:            o.retryMax,
+		RetryMultiplier:     o.retryMultiplier,
+		RetryJitter:         o.retryJitter,
+		LeaseTTL:            o.leaseTTL,
+		Heartbeat:           o.heartbeat,
+		DrainTimeout:        o.drainTimeout,
+		DisableFastFailover: o.noFastFailover,
+		Version:             version(),
+		Logger:              g.log,
+	}
+	if o.retryJitter == 0 {
+		cfg.RetryJitter = -1 // an explicit 0 means no jitter
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return &usageError{err}
+	}
+	sink, err := openSink()
+	if err != nil {
+		return fmt.Errorf("outbox: sink %s: %w", sinkName, err)
+	}
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
+		defer cancel()
+		if err := sink.Close(cctx); err != nil {
+			g.log.Warn("closing sink", "error", err)
+		}
+	}()
+
+	pool, err := relay.NewPool(parent, relay.PoolConfig{
+		URL: g.databaseURL, Workers: cfg.Workers, PublishTimeout: cfg.PublishTimeout, SynchronousCommit: o.syncCommit,
+	})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if o.migrate {
+		if _, err := migrations.Apply(ctx, pool, g.schema); err != nil {
+			return err
+		}
+	}
+	r, err := relay.New(pool, sink, cfg)
+	if err != nil {
+		return &usageError{err}
+	}
+	g.log.Info("relaying", "sink", sinkName, "database", redactURL(g.databaseURL))
+	if o.exitWhenEmpty {
+		runCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go g.cancelWhenEmpty(runCtx, pool, cancel)
+		ctx = runCtx
+	}
+	return r.Run(ctx)
+}
+
+// cancelWhenEmpty cancels the run once the outbox holds no message.
+func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cancel func()) {
+	q := "SELECT NOT EXISTS (SELECT 1 FROM " + migrations.Ident(g.schema) + ".messages)"
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var empty bool
+		if err := pool.QueryRow(ctx, q).Scan(&empty); err == nil && empty {
+			g.log.Info("outbox is empty; exiting")
+			cancel()
+			return
+		}
+	}
+}
+
+func newVersion(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version and the schema version it needs",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(g.stdout, "outbox-relay %s (schema version %d, %s)\n", version(), migrations.Latest(), goVersion())
+			return nil
+		},
+	}
+}
+
+func goVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.GoVersion
+	}
+	return "go"
+}
+
+// exitCodeFor is exported for tests through Main.
+var _ = os.Exit

@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"bytes"
+	"reflect"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
+	"net/url"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/discard"
+	"github.com/outbox-relay/outbox-relay/sinks/stdout"
+)
+
+// sinkSchemes lists the --sink URL schemes this build understands.
+var sinkSchemes = []string{"stdout", "discard", "http", "https"}
+
+func sinkScheme(raw string) string {
+	if !strings.Contains(raw, ":") {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		scheme, _, _ := strings.Cut(raw, ":")
+		return scheme
+	}
+	return u.Scheme
+}
+
+// opener creates the sink once configuration is known to be valid.
+type opener func() (sinks.Sink, error)
+
+// parseSink validates the sink named by a --sink URL (and its config-file
+// section, for options that do not fit in a URL) without connecting, and
+// returns how to open it and its name with secrets redacted.
+func parseSink(raw string, g *globals) (opener, string, error) {
+	log := g.log
+	if raw == "" {
+		return nil, "", usagef("outbox: sink: required (one of %s URLs; see --help)", strings.Join(sinkSchemes, ", "))
+	}
+	scheme := sinkScheme(raw)
+	switch scheme {
+	case "stdout":
+		cfg, err := stdout.ParseURL(raw)
+		if err != nil {
+			return nil, "", &usageError{err}
+		}
+		cfg.Output = g.stdout
+		return func() (sinks.Sink, error) { return stdout.New(cfg, log) }, cfg.Redacted(), nil
+	case "discard":
+		cfg, err := discard.ParseURL(raw)
+		if err != nil {
+			return nil, "", &usageError{err}
+		}
+		return func() (sinks.Sink, error) { return discard.New(cfg, log) }, cfg.Redacted(), nil
+	case "http", "https":
+		cfg, err := sinkConfig(raw, g, "http", httpsink.ParseURL)
+		if err != nil {
+			return nil, "", err
+		}
+		return func() (sinks.Sink, error) { return httpsink.New(cfg, log) }, cfg.Redacted(), nil
+	}
+	return nil, "", usagef("outbox: sink: unsupported sink %q (scheme %q); supported schemes: %s",
+		redactURL(raw), scheme, strings.Join(sinkSchemes, ", "))
+}
+
+// sinkConfig parses a sink URL and, when the config file has a section for
+// the sink, decodes it strictly (unknown keys are errors). Options given in
+// the URL win over the same options in the file. The result is validated.
+func sinkConfig[T interface{ Validate() error }](raw string, g *globals, section string, parse func(string) (T, error)) (T, error) {
+	cfg, err := parse(raw)
+	if err != nil {
+		return cfg, &usageError{err}
+	}
+	if node := g.file.sections[section]; node != nil {
+		var fromFile T
+		b, err := yaml.Marshal(node)
+		if err != nil {
+			return cfg, usagef("outbox: config %s: %s: %v", g.file.path, section, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&fromFile); err != nil {
+			return cfg, usagef("outbox: config %s: %s: %v", g.file.path, section, err)
+		}
+		overlay(reflect.ValueOf(&fromFile).Elem(), reflect.ValueOf(cfg))
+		cfg = fromFile
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, &usageError{err}
+	}
+	return cfg, nil
+}
+
+// overlay copies every non-zero exported field of src onto dst.
+func overlay(dst, src reflect.Value) {
+	for i := 0; i < src.NumField(); i++ {
+		if !src.Type().Field(i).IsExported() {
+			continue
+		}
+		if f := src.Field(i); !f.IsZero() {
+			dst.Field(i).Set(f)
+		}
+	}
+}

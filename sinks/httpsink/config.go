@@ -1,0 +1,369 @@
+package httpsink
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultContentType           = "application/octet-stream"
+	DefaultTimeout               = 30 * time.Second
+	DefaultDialTimeout           = 5 * time.Second
+	DefaultTLSHandshakeTimeout   = 10 * time.Second
+	DefaultResponseHeaderTimeout = 30 * time.Second
+	DefaultMaxRetryAfter         = 10 * time.Minute
+	DefaultMaxConcurrency        = 16
+)
+
+// Config configures the HTTP webhook sink. The zero value of every field
+// means "use the default" documented on it; New applies the defaults.
+type Config struct {
+	// URL receives every message whose topic matches no route. Optional when
+	// Routes is set; a message that matches no route and has no default URL
+	// fails permanently. Query parameters and userinfo (basic auth) are
+	// sent as written. Default: none.
+	URL string `yaml:"url"`
+	// Routes maps topic patterns to URLs; the first matching route wins.
+	// Default: none (every message goes to URL).
+	Routes []Route `yaml:"routes"`
+	// ContentType is the Content-Type of every request whose message has no
+	// "content-type" header of its own. Default: application/octet-stream.
+	ContentType string `yaml:"content_type"`
+	// Secrets are Standard Webhooks signing secrets ("whsec_" followed by
+	// the base64 key, at least 24 bytes). Each request carries one v1
+	// signature per secret in webhook-signature, so a receiver can rotate
+	// its secret without downtime: list the new secret and the old one
+	// until the receiver has switched. Default: none (no signature header).
+	Secrets []string `yaml:"secrets"`
+	// Timeout bounds one request from dial to the end of the response
+	// body. Default: 30s.
+	Timeout time.Duration `yaml:"timeout"`
+	// DialTimeout bounds establishing the TCP connection. Default: 5s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// TLSHandshakeTimeout bounds the TLS handshake. Default: 10s.
+	TLSHandshakeTimeout time.Duration `yaml:"tls_handshake_timeout"`
+	// ResponseHeaderTimeout bounds the wait for the response headers after
+	// the request was written. Default: 30s (Timeout still applies).
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+	// MaxRetryAfter caps the delay a receiver can ask for with Retry-After.
+	// Default: 10m.
+	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
+	// MaxConcurrency is the maximum number of requests in flight to one
+	// host (scheme, host and port), shared by all concurrent Sends.
+	// Default: 16.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// RetryStatuses lists extra status codes (400-599) treated as retriable
+	// instead of permanent, for receivers that answer 404 or 409 while
+	// they deploy. Default: none.
+	RetryStatuses []int `yaml:"retry_statuses"`
+	// Retry4xx treats every 4xx answer as retriable. Default: false (only
+	// 408, 425 and 429 are retried).
+	Retry4xx bool `yaml:"retry_4xx"`
+	// AllowInsecureHTTP permits http:// URLs to hosts other than loopback
+	// addresses and "localhost". Default: false.
+	AllowInsecureHTTP bool `yaml:"allow_insecure_http"`
+	// BlockPrivateNetworks refuses to connect to loopback, private,
+	// link-local, carrier-grade NAT, multicast and other non-public
+	// addresses, checked on the resolved address at dial time (so DNS
+	// cannot be used to reach internal services). Default: false.
+	BlockPrivateNetworks bool `yaml:"block_private_networks"`
+}
+
+// Route sends messages whose topic matches Topic to URL.
+type Route struct {
+	// Topic is a path.Match pattern, for example "orders.*". Required.
+	Topic string `yaml:"topic"`
+	// URL receives the matching messages. Required.
+	URL string `yaml:"url"`
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.ContentType == "" {
+		c.ContentType = DefaultContentType
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.TLSHandshakeTimeout == 0 {
+		c.TLSHandshakeTimeout = DefaultTLSHandshakeTimeout
+	}
+	if c.ResponseHeaderTimeout == 0 {
+		c.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
+	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = DefaultMaxConcurrency
+	}
+	return c
+}
+
+// Validate reports the first problem in c, naming the field. Zero values
+// are valid (they select the defaults). Errors never contain secrets.
+func (c Config) Validate() error {
+	if c.URL == "" && len(c.Routes) == 0 {
+		return errors.New("outbox: http: url: required when routes is empty")
+	}
+	if c.URL != "" {
+		if err := c.checkURL(c.URL); err != nil {
+			return fmt.Errorf("outbox: http: url: %w", err)
+		}
+	}
+	for i, r := range c.Routes {
+		if r.Topic == "" {
+			return fmt.Errorf("outbox: http: routes[%d].topic: required", i)
+		}
+		if _, err := path.Match(r.Topic, ""); err != nil {
+			return fmt.Errorf("outbox: http: routes[%d].topic: invalid pattern %q: %w", i, r.Topic, err)
+		}
+		if r.URL == "" {
+			return fmt.Errorf("outbox: http: routes[%d].url: required", i)
+		}
+		if err := c.checkURL(r.URL); err != nil {
+			return fmt.Errorf("outbox: http: routes[%d].url: %w", i, err)
+		}
+	}
+	if c.ContentType != "" && !validHeaderValue(c.ContentType) {
+		return errors.New("outbox: http: content_type: contains control characters")
+	}
+	for i, s := range c.Secrets {
+		if _, err := decodeSecret(s); err != nil {
+			return fmt.Errorf("outbox: http: secrets[%d]: %w", i, err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"timeout", c.Timeout},
+		{"dial_timeout", c.DialTimeout},
+		{"tls_handshake_timeout", c.TLSHandshakeTimeout},
+		{"response_header_timeout", c.ResponseHeaderTimeout},
+		{"max_retry_after", c.MaxRetryAfter},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("outbox: http: %s: must not be negative, got %s", d.name, d.v)
+		}
+	}
+	if c.MaxConcurrency < 0 {
+		return fmt.Errorf("outbox: http: max_concurrency: must not be negative, got %d", c.MaxConcurrency)
+	}
+	for i, code := range c.RetryStatuses {
+		if code < 400 || code > 599 {
+			return fmt.Errorf("outbox: http: retry_statuses[%d]: %d is not a 4xx or 5xx status", i, code)
+		}
+	}
+	return nil
+}
+
+// checkURL validates one destination URL. The error never repeats the URL
+// because its path, query or userinfo may hold a credential.
+func (c Config) checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("not a valid URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("scheme must be http or https, got %q", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return errors.New("host is missing")
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return errors.New("must not contain a fragment (it is never sent)")
+	}
+	if u.Scheme == "http" && !c.AllowInsecureHTTP && !isLoopbackHost(u.Hostname()) {
+		return fmt.Errorf("http:// to %s is refused (payloads and signatures would cross the network in clear text); use https:// or set allow_insecure_http", u.Hostname())
+	}
+	if c.BlockPrivateNetworks {
+		// Catch the obvious case when the config is loaded; names are
+		// checked after resolution, at dial time.
+		if ip, err := netip.ParseAddr(u.Hostname()); err == nil && blockedAddr(ip) {
+			return fmt.Errorf("%s is a non-public address and block_private_networks is set", ip)
+		}
+	}
+	return nil
+}
+
+func isLoopbackHost(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// Redacted returns a one-line description of c that is safe to log:
+// secrets are replaced by "whsec_***" and URLs are reduced to scheme and
+// host, because webhook URLs often carry a token in their path, query or
+// userinfo.
+func (c Config) Redacted() string {
+	c = c.withDefaults()
+	var b strings.Builder
+	b.WriteString("http sink{")
+	if c.URL != "" {
+		fmt.Fprintf(&b, "url=%s ", redactURL(c.URL))
+	}
+	for i, r := range c.Routes {
+		fmt.Fprintf(&b, "routes[%d]=%q->%s ", i, r.Topic, redactURL(r.URL))
+	}
+	fmt.Fprintf(&b, "content_type=%q secrets=%d timeout=%s dial_timeout=%s tls_handshake_timeout=%s response_header_timeout=%s max_retry_after=%s max_concurrency=%d retry_statuses=%v retry_4xx=%t allow_insecure_http=%t block_private_networks=%t}",
+		c.ContentType, len(c.Secrets), c.Timeout, c.DialTimeout, c.TLSHandshakeTimeout, c.ResponseHeaderTimeout,
+		c.MaxRetryAfter, c.MaxConcurrency, c.RetryStatuses, c.Retry4xx, c.AllowInsecureHTTP, c.BlockPrivateNetworks)
+	return b.String()
+}
+
+// String returns Redacted, so printing a Config with %v never leaks a
+// secret.
+func (c Config) String() string { return c.Redacted() }
+
+// GoString returns Redacted, for %#v.
+func (c Config) GoString() string { return c.Redacted() }
+
+// LogValue implements slog.LogValuer so that slog handlers (the JSON one
+// would otherwise marshal every field) log the redacted form.
+func (c Config) LogValue() slog.Value { return slog.StringValue(c.Redacted()) }
+
+// redactURL reduces raw to scheme://host[:port]; everything after the host
+// is replaced by "/…" so that tokens in the path, query or userinfo never
+// reach logs or errors.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "<invalid url>"
+	}
+	s := u.Scheme + "://" + u.Host
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		s += "/…"
+	}
+	return s
+}
+
+// urlOptions are the query parameters ParseURL accepts; every other
+// parameter is an error.
+var urlOptions = []string{
+	"secret", "content_type", "timeout", "dial_timeout", "tls_handshake_timeout",
+	"response_header_timeout", "max_retry_after", "max_concurrency", "retry_statuses",
+	"retry_4xx", "allow_insecure_http", "block_private_networks",
+}
+
+// ParseURL parses the --sink URL: an http:// or https:// webhook URL whose
+// query parameters are sink options (the names of the Config yaml keys;
+// "secret" may repeat, "retry_statuses" is a comma-separated list). Any
+// other parameter is an error naming it. Because the query holds options,
+// a webhook URL that needs its own query string must be set in the config
+// file instead. The returned Config is not yet validated.
+func ParseURL(raw string) (Config, error) {
+	var c Config
+	u, err := url.Parse(raw)
+	if err != nil {
+		return c, errors.New("outbox: http: --sink: not a valid URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return c, fmt.Errorf("outbox: http: --sink: scheme must be http or https, got %q", u.Scheme)
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return c, errors.New("outbox: http: --sink: must not contain a fragment")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return c, errors.New("outbox: http: --sink: malformed query string")
+	}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		vals := q[name]
+		if !slices.Contains(urlOptions, name) {
+			return c, fmt.Errorf("outbox: http: --sink: unknown query parameter %q (a webhook URL with its own query string belongs in the config file)", name)
+		}
+		if name == "secret" {
+			c.Secrets = append(c.Secrets, vals...)
+			continue
+		}
+		if len(vals) != 1 {
+			return c, fmt.Errorf("outbox: http: --sink: query parameter %q given %d times", name, len(vals))
+		}
+		v := vals[0]
+		switch name {
+		case "content_type":
+			c.ContentType = v
+		case "timeout", "dial_timeout", "tls_handshake_timeout", "response_header_timeout", "max_retry_after":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a duration like 30s", name, v)
+			}
+			switch name {
+			case "timeout":
+				c.Timeout = d
+			case "dial_timeout":
+				c.DialTimeout = d
+			case "tls_handshake_timeout":
+				c.TLSHandshakeTimeout = d
+			case "response_header_timeout":
+				c.ResponseHeaderTimeout = d
+			case "max_retry_after":
+				c.MaxRetryAfter = d
+			}
+		case "max_concurrency":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not an integer", name, v)
+			}
+			c.MaxConcurrency = n
+		case "retry_statuses":
+			for _, f := range strings.Split(v, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil {
+					return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a status code", name, f)
+				}
+				c.RetryStatuses = append(c.RetryStatuses, n)
+			}
+		case "retry_4xx", "allow_insecure_http", "block_private_networks":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not true or false", name, v)
+			}
+			switch name {
+			case "retry_4xx":
+				c.Retry4xx = b
+			case "allow_insecure_http":
+				c.AllowInsecureHTTP = b
+			case "block_private_networks":
+				c.BlockPrivateNetworks = b
+			}
+		}
+	}
+	u.RawQuery = ""
+	u.ForceQuery = false
+	c.URL = u.String()
+	return c, nil
+}
+
+// hostKey identifies the connection pool a URL uses: the concurrency limit
+// is per scheme, host and port.
+func hostKey(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return u.Scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
