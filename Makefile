@@ -30,7 +30,6 @@ vet:
 
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
-	$(MAKE) test-disruptive
 
 test-disruptive: ## tests that restart the RabbitMQ broker; run alone, after the rest
 	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'Disruptive' ./sinks/amqpsink/
