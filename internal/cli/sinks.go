@@ -7,6 +7,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
+	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"net/url"
 	"strings"
 
@@ -16,7 +17,7 @@ import (
 )
 
 // sinkSchemes lists the --sink URL schemes this build understands.
-var sinkSchemes = []string{"stdout", "discard", "http", "https"}
+var sinkSchemes = []string{"stdout", "discard", "kafka", "http", "https"}
 
 func sinkScheme(raw string) string {
 	if !strings.Contains(raw, ":") {
@@ -56,6 +57,12 @@ func parseSink(raw string, g *globals) (opener, string, error) {
 			return nil, "", &usageError{err}
 		}
 		return func() (sinks.Sink, error) { return discard.New(cfg, log) }, cfg.Redacted(), nil
+	case "kafka":
+		cfg, err := sinkConfig(raw, g, "kafka", kafkasink.ParseURL)
+		if err != nil {
+			return nil, "", err
+		}
+		return func() (sinks.Sink, error) { return kafkasink.New(cfg, log) }, cfg.Redacted(), nil
 	case "http", "https":
 		cfg, err := sinkConfig(raw, g, "http", httpsink.ParseURL)
 		if err != nil {

@@ -1,0 +1,530 @@
+package kafkasink
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	franzsasl "github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultClientID        = "outbox-relay"
+	DefaultBalancer        = BalancerMurmur2
+	DefaultMaxMessageBytes = 1 << 20 // 1 MiB, the Java producer's max.request.size
+	DefaultWriteTimeout    = 10 * time.Second
+	DefaultDialTimeout     = 5 * time.Second
+	DefaultMetadataTTL     = 6 * time.Second
+)
+
+// Balancer names accepted in Config.Balancer.
+const (
+	// BalancerMurmur2 hashes keys exactly like the Java client's default
+	// partitioner (murmur2, high bit masked, modulo the partition count), so
+	// a key lands on the same partition whichever client wrote it.
+	BalancerMurmur2 = "murmur2"
+	// BalancerCRC32 matches librdkafka's "consistent_random" partitioner.
+	BalancerCRC32 = "crc32"
+	// BalancerFNV1a matches Sarama's default hash partitioner.
+	BalancerFNV1a = "fnv1a"
+)
+
+// SASL mechanism names accepted in SASLConfig.Mechanism.
+const (
+	SASLPlain       = "plain"
+	SASLScramSHA256 = "scram-sha-256"
+	SASLScramSHA512 = "scram-sha-512"
+)
+
+// Secret is a string that never prints: fmt, slog and YAML/JSON encoding
+// show "xxxxx" instead of the value, so a Config can be logged safely.
+type Secret string
+
+const redacted = "xxxxx"
+
+// String implements fmt.Stringer.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString implements fmt.GoStringer (%#v).
+func (s Secret) GoString() string { return strconv.Quote(s.String()) }
+
+// MarshalText implements encoding.TextMarshaler (JSON, slog's JSON handler).
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// MarshalYAML implements yaml.Marshaler.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// Config configures the Kafka sink. The zero value of every optional field
+// means "use the default" documented on the field.
+type Config struct {
+	// Brokers are the bootstrap brokers as host:port. Required.
+	Brokers []string `yaml:"brokers"`
+	// ClientID is sent to the brokers with every request (quotas, logs).
+	// Default "outbox-relay".
+	ClientID string `yaml:"client_id"`
+	// TopicPrefix is prepended to every outbox topic that TopicMap does not
+	// name. Default "" (the Kafka topic is the outbox topic).
+	TopicPrefix string `yaml:"topic_prefix"`
+	// TopicMap maps an outbox topic to a Kafka topic. A mapped topic is used
+	// as is (TopicPrefix is not applied). Default: no mapping.
+	TopicMap map[string]string `yaml:"topic_map"`
+	// Balancer chooses the partition of a keyed message: "murmur2" (the
+	// Java client's partitioner), "crc32" (librdkafka) or "fnv1a" (Sarama).
+	// Messages without a key go to a random partition. Default "murmur2".
+	Balancer string `yaml:"balancer"`
+	// MaxMessageBytes is the largest record batch the sink sends to one
+	// partition, and so the largest single message it accepts (estimated
+	// encoded size, key, value and headers included). Keep it at or below
+	// the broker's message.max.bytes (and the topic's max.message.bytes).
+	// A message above it is failed as permanent without a round trip.
+	// Default 1048576.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// WriteTimeout bounds one produce request, including the broker's wait
+	// for acks=all. Default 10s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// DialTimeout bounds connecting to a broker, TLS and SASL included.
+	// Default 5s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// MetadataTTL is how long cluster metadata (partition counts, leaders)
+	// is cached before it is refreshed. After a leader change, sends to the
+	// moved partitions fail (retriably) until the next refresh. Default 6s.
+	MetadataTTL time.Duration `yaml:"metadata_ttl"`
+	// AllowAutoTopicCreation asks the brokers to create missing topics (the
+	// brokers' auto.create.topics.enable must allow it too). When false, a
+	// message for a topic that does not exist fails as permanent.
+	// Default false.
+	AllowAutoTopicCreation bool `yaml:"allow_auto_topic_creation"`
+	// TLS configures encrypted connections. Default: plaintext.
+	TLS TLSConfig `yaml:"tls"`
+	// SASL configures authentication. Default: none.
+	SASL SASLConfig `yaml:"sasl"`
+}
+
+// TLSConfig configures TLS to the brokers.
+type TLSConfig struct {
+	// Enable turns TLS on. Default false. Setting any file below without
+	// Enable is an error (it would silently be ignored otherwise).
+	Enable bool `yaml:"enable"`
+	// CAFile is a PEM bundle of CAs that sign the brokers' certificates.
+	// Default: the system roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the PEM client certificate and key for
+	// mutual TLS; set both or neither. Default: no client certificate.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// InsecureSkipVerify disables verification of the brokers'
+	// certificates. For tests only. Default false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// SASLConfig configures SASL authentication.
+type SASLConfig struct {
+	// Mechanism is "plain", "scram-sha-256" or "scram-sha-512"; "" turns
+	// SASL off. Default "".
+	Mechanism string `yaml:"mechanism"`
+	// Username is required when Mechanism is set.
+	Username string `yaml:"username"`
+	// Password is required when Mechanism is set. It is never printed.
+	Password Secret `yaml:"password"`
+}
+
+// ParseURL parses a --sink URL of the form
+//
+//	kafka://[user:password@]host1:9092,host2:9092[?param=value&...]
+//
+// The user info, when present, sets SASL.Username and SASL.Password (and
+// SASL.Mechanism defaults to "scram-sha-512" unless sasl_mechanism is
+// given). Query parameters, each at most once; any other is an error:
+//
+//	client_id, topic_prefix, topic_map (out1:kafka1,out2:kafka2), balancer,
+//	max_message_bytes, write_timeout, dial_timeout, metadata_ttl (Go
+//	durations), allow_auto_topic_creation (bool), tls (bool), tls_ca_file,
+//	tls_cert_file, tls_key_file, tls_insecure_skip_verify (bool),
+//	sasl_mechanism.
+//
+// ParseURL does not apply defaults; New does.
+func ParseURL(raw string) (Config, error) {
+	var cfg Config
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Error quotes the whole URL, password included: do not wrap it.
+		return cfg, errors.New("outbox: kafka: sink URL does not parse (expected kafka://host:port[,host:port...][?param=value])")
+	}
+	if u.Scheme != "kafka" {
+		return cfg, fmt.Errorf("outbox: kafka: sink URL scheme is %q, want \"kafka\"", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return cfg, errors.New("outbox: kafka: sink URL has no brokers (expected kafka://host:port[,host:port...])")
+	}
+	if u.Path != "" && u.Path != "/" {
+		return cfg, fmt.Errorf("outbox: kafka: sink URL has a path %q; the Kafka sink takes none", u.Path)
+	}
+	if u.Fragment != "" {
+		return cfg, errors.New("outbox: kafka: sink URL has a fragment; the Kafka sink takes none")
+	}
+	for _, b := range strings.Split(u.Host, ",") {
+		cfg.Brokers = append(cfg.Brokers, strings.TrimSpace(b))
+	}
+	if u.User != nil {
+		cfg.SASL.Username = u.User.Username()
+		if p, ok := u.User.Password(); ok {
+			cfg.SASL.Password = Secret(p)
+		}
+		cfg.SASL.Mechanism = SASLScramSHA512
+	}
+
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return cfg, fmt.Errorf("outbox: kafka: sink URL query: %w", err)
+	}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	sort.Strings(names) // report the same error for the same URL
+	for _, name := range names {
+		vals := q[name]
+		if len(vals) != 1 {
+			return cfg, fmt.Errorf("outbox: kafka: sink URL parameter %q is given %d times", name, len(vals))
+		}
+		v := vals[0]
+		if err := setParam(&cfg, name, v); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+func setParam(cfg *Config, name, v string) error {
+	bad := func(err error) error {
+		return fmt.Errorf("outbox: kafka: sink URL parameter %s=%q: %w", name, v, err)
+	}
+	var err error
+	switch name {
+	case "client_id":
+		cfg.ClientID = v
+	case "topic_prefix":
+		cfg.TopicPrefix = v
+	case "topic_map":
+		cfg.TopicMap = map[string]string{}
+		for _, pair := range strings.Split(v, ",") {
+			from, to, ok := strings.Cut(pair, ":")
+			if !ok || from == "" || to == "" {
+				return bad(errors.New("want outbox_topic:kafka_topic[,outbox_topic:kafka_topic...]"))
+			}
+			if _, dup := cfg.TopicMap[from]; dup {
+				return bad(fmt.Errorf("topic %q mapped twice", from))
+			}
+			cfg.TopicMap[from] = to
+		}
+	case "balancer":
+		cfg.Balancer = v
+	case "max_message_bytes":
+		cfg.MaxMessageBytes, err = strconv.Atoi(v)
+	case "write_timeout":
+		cfg.WriteTimeout, err = time.ParseDuration(v)
+	case "dial_timeout":
+		cfg.DialTimeout, err = time.ParseDuration(v)
+	case "metadata_ttl":
+		cfg.MetadataTTL, err = time.ParseDuration(v)
+	case "allow_auto_topic_creation":
+		cfg.AllowAutoTopicCreation, err = strconv.ParseBool(v)
+	case "tls":
+		cfg.TLS.Enable, err = strconv.ParseBool(v)
+	case "tls_ca_file":
+		cfg.TLS.CAFile = v
+	case "tls_cert_file":
+		cfg.TLS.CertFile = v
+	case "tls_key_file":
+		cfg.TLS.KeyFile = v
+	case "tls_insecure_skip_verify":
+		cfg.TLS.InsecureSkipVerify, err = strconv.ParseBool(v)
+	case "sasl_mechanism":
+		cfg.SASL.Mechanism = v
+	default:
+		return fmt.Errorf("outbox: kafka: unknown sink URL parameter %q", name)
+	}
+	if err != nil {
+		return bad(err)
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero optional field set to its default.
+func (c Config) withDefaults() Config {
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.Balancer == "" {
+		c.Balancer = DefaultBalancer
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.MetadataTTL == 0 {
+		c.MetadataTTL = DefaultMetadataTTL
+	}
+	return c
+}
+
+// Validate reports the first invalid field, by its YAML name. Zero optional
+// fields are valid (New applies defaults).
+func (c Config) Validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("outbox: kafka: brokers: at least one broker is required")
+	}
+	for _, b := range c.Brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return fmt.Errorf("outbox: kafka: brokers: %q is not host:port", b)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return fmt.Errorf("outbox: kafka: brokers: %q has an invalid port", b)
+		}
+	}
+	if err := validTopicName(c.TopicPrefix, true); err != nil {
+		return fmt.Errorf("outbox: kafka: topic_prefix: %w", err)
+	}
+	for from, to := range c.TopicMap {
+		if from == "" {
+			return errors.New("outbox: kafka: topic_map: empty outbox topic")
+		}
+		if err := validTopicName(to, false); err != nil {
+			return fmt.Errorf("outbox: kafka: topic_map: %q: %w", from, err)
+		}
+	}
+	switch c.Balancer {
+	case "", BalancerMurmur2, BalancerCRC32, BalancerFNV1a:
+	default:
+		return fmt.Errorf("outbox: kafka: balancer: %q is not one of murmur2, crc32, fnv1a", c.Balancer)
+	}
+	if c.MaxMessageBytes < 0 || (c.MaxMessageBytes > 0 && c.MaxMessageBytes < recordBatchOverhead+64) {
+		return fmt.Errorf("outbox: kafka: max_message_bytes: %d is too small (minimum %d)", c.MaxMessageBytes, recordBatchOverhead+64)
+	}
+	if c.WriteTimeout < 0 {
+		return fmt.Errorf("outbox: kafka: write_timeout: %s is negative", c.WriteTimeout)
+	}
+	if c.DialTimeout < 0 {
+		return fmt.Errorf("outbox: kafka: dial_timeout: %s is negative", c.DialTimeout)
+	}
+	if c.MetadataTTL < 0 {
+		return fmt.Errorf("outbox: kafka: metadata_ttl: %s is negative", c.MetadataTTL)
+	}
+	if !c.TLS.Enable && (c.TLS.CAFile != "" || c.TLS.CertFile != "" || c.TLS.KeyFile != "" || c.TLS.InsecureSkipVerify) {
+		return errors.New("outbox: kafka: tls.enable: TLS options are set but TLS is not enabled")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return errors.New("outbox: kafka: tls.cert_file: cert_file and key_file must be set together")
+	}
+	switch c.SASL.Mechanism {
+	case "":
+		if c.SASL.Username != "" || c.SASL.Password != "" {
+			return errors.New("outbox: kafka: sasl.mechanism: credentials are set but no mechanism")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.SASL.Username == "" {
+			return errors.New("outbox: kafka: sasl.username: required with sasl.mechanism")
+		}
+		if c.SASL.Password == "" {
+			return errors.New("outbox: kafka: sasl.password: required with sasl.mechanism")
+		}
+	default:
+		return fmt.Errorf("outbox: kafka: sasl.mechanism: %q is not one of plain, scram-sha-256, scram-sha-512", c.SASL.Mechanism)
+	}
+	return nil
+}
+
+// Redacted returns the configuration as a sink URL with the password
+// replaced by "xxxxx", for logs and error messages.
+func (c Config) Redacted() string {
+	u := url.URL{Scheme: "kafka", Host: strings.Join(c.Brokers, ",")}
+	if c.SASL.Username != "" || c.SASL.Password != "" {
+		if c.SASL.Password != "" {
+			u.User = url.UserPassword(c.SASL.Username, redacted)
+		} else {
+			u.User = url.User(c.SASL.Username)
+		}
+	}
+	q := url.Values{}
+	set := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	set("client_id", c.ClientID)
+	set("topic_prefix", c.TopicPrefix)
+	if len(c.TopicMap) > 0 {
+		pairs := make([]string, 0, len(c.TopicMap))
+		for from, to := range c.TopicMap {
+			pairs = append(pairs, from+":"+to)
+		}
+		sort.Strings(pairs)
+		q.Set("topic_map", strings.Join(pairs, ","))
+	}
+	set("balancer", c.Balancer)
+	if c.MaxMessageBytes != 0 {
+		q.Set("max_message_bytes", strconv.Itoa(c.MaxMessageBytes))
+	}
+	for k, d := range map[string]time.Duration{"write_timeout": c.WriteTimeout, "dial_timeout": c.DialTimeout, "metadata_ttl": c.MetadataTTL} {
+		if d != 0 {
+			q.Set(k, d.String())
+		}
+	}
+	if c.AllowAutoTopicCreation {
+		q.Set("allow_auto_topic_creation", "true")
+	}
+	if c.TLS.Enable {
+		q.Set("tls", "true")
+	}
+	set("tls_ca_file", c.TLS.CAFile)
+	set("tls_cert_file", c.TLS.CertFile)
+	set("tls_key_file", c.TLS.KeyFile)
+	if c.TLS.InsecureSkipVerify {
+		q.Set("tls_insecure_skip_verify", "true")
+	}
+	set("sasl_mechanism", c.SASL.Mechanism)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// String redacts, so printing a Config with %v or logging it is safe.
+func (c Config) String() string { return c.Redacted() }
+
+// kafkaTopic maps an outbox topic to the Kafka topic it is published to.
+func (c Config) kafkaTopic(topic string) string {
+	if t, ok := c.TopicMap[topic]; ok {
+		return t
+	}
+	return c.TopicPrefix + topic
+}
+
+func (c Config) balancer() kafka.Balancer {
+	switch c.Balancer {
+	case BalancerCRC32:
+		return kafka.CRC32Balancer{}
+	case BalancerFNV1a:
+		return &kafka.Hash{}
+	default:
+		return kafka.Murmur2Balancer{}
+	}
+}
+
+func (c Config) tlsConfig() (*tls.Config, error) {
+	if !c.TLS.Enable {
+		return nil, nil
+	}
+	tc := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // opt-in, documented as test-only
+	}
+	if c.TLS.CAFile != "" {
+		pem, err := os.ReadFile(c.TLS.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: kafka: tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("outbox: kafka: tls.ca_file: %s holds no PEM certificate", c.TLS.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: kafka: tls.cert_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+func (c Config) saslMechanism() sasl.Mechanism {
+	user, pass := c.SASL.Username, string(c.SASL.Password)
+	switch c.SASL.Mechanism {
+	case SASLPlain:
+		return plain.Mechanism{Username: user, Password: pass}
+	case SASLScramSHA256:
+		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()}
+	case SASLScramSHA512:
+		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()}
+	}
+	return nil
+}
+
+// scramMechanism adapts franz-go's SCRAM client to kafka-go's sasl interface.
+// kafka-go's own sasl/scram package depends on github.com/xdg-go/scram,
+// which this module does not carry; franz-go's implementation uses only the
+// standard library and both client state machines have the same shape
+// (client-first, client-final, verify server-final).
+type scramMechanism struct{ m franzsasl.Mechanism }
+
+func (s scramMechanism) Name() string { return s.m.Name() }
+
+func (s scramMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	host := ""
+	if md := sasl.MetadataFromContext(ctx); md != nil {
+		host = net.JoinHostPort(md.Host, strconv.Itoa(md.Port))
+	}
+	sess, first, err := s.m.Authenticate(ctx, host)
+	if err != nil {
+		return nil, nil, err
+	}
+	return scramSession{sess}, first, nil
+}
+
+type scramSession struct{ s franzsasl.Session }
+
+func (s scramSession) Next(_ context.Context, challenge []byte) (bool, []byte, error) {
+	return s.s.Challenge(challenge)
+}
+
+// validTopicName applies Kafka's topic name rules (1–249 characters of
+// [a-zA-Z0-9._-], not "." or ".."); a prefix may be empty.
+func validTopicName(name string, prefix bool) error {
+	if name == "" {
+		if prefix {
+			return nil
+		}
+		return errors.New("empty topic name")
+	}
+	if len(name) > maxTopicLen {
+		return fmt.Errorf("topic name %q is longer than %d characters", name, maxTopicLen)
+	}
+	if !prefix && (name == "." || name == "..") {
+		return fmt.Errorf("topic name %q is not allowed", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || slices.Contains([]rune("._-"), r)) {
+			return fmt.Errorf("topic name %q has the character %q (allowed: a-z A-Z 0-9 . _ -)", name, r)
+		}
+	}
+	return nil
+}
+
+const maxTopicLen = 249

@@ -1,0 +1,117 @@
+package kafkasink
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
+)
+
+// confPrefix exercises topic_prefix: the suite sees logical topics, Kafka
+// sees prefixed ones, and Read maps them back.
+const confPrefix = "conformance."
+
+// restartable is a kfake cluster that can be closed and started again on
+// the same port with the same data directory, so topics and records survive
+// and the sink's connections really break.
+type restartable struct {
+	mu   sync.Mutex
+	c    *kfake.Cluster
+	port int
+	dir  string
+}
+
+func (r *restartable) cluster() *kfake.Cluster {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.c
+}
+
+func (r *restartable) restart() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.c.Close()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(r.port), kfake.DataDir(r.dir))
+	if err != nil {
+		return err
+	}
+	r.c = c
+	return nil
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	sinktest.Run(t, sinktest.Harness{
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true},
+		Setup:    conformanceEnv,
+	})
+}
+
+func conformanceEnv(t *testing.T) *sinktest.Env {
+	dir := t.TempDir()
+	first := newCluster(t, kfake.DataDir(dir))
+	_, portStr, err := net.SplitHostPort(first.ListenAddrs()[0])
+	require.NoError(t, err)
+	port, err := strconv.Atoi(portStr)
+	require.NoError(t, err)
+	rc := &restartable{c: first, port: port, dir: dir}
+	t.Cleanup(func() { rc.cluster().Close() })
+
+	s := newSink(t, first, func(cfg *Config) {
+		cfg.TopicPrefix = confPrefix
+		cfg.DialTimeout = 2 * time.Second
+	})
+	cons := newConsumer(t, first.ListenAddrs())
+
+	return &sinktest.Env{
+		Sink: s,
+		Topic: func(suffix string) string {
+			logical := "t." + suffix
+			require.NoError(t, rc.cluster().CreateTopic(confPrefix+logical, 3, nil))
+			return logical
+		},
+		Read: func(ctx context.Context, n int) ([]sinktest.Delivered, error) {
+			recs, err := cons.read(ctx, n)
+			out := make([]sinktest.Delivered, 0, len(recs))
+			for _, r := range recs {
+				d := sinktest.Delivered{
+					Topic:     strings.TrimPrefix(r.Topic, confPrefix),
+					Key:       string(r.Key),
+					Payload:   r.Value,
+					Headers:   map[string]string{},
+					Partition: int(r.Partition),
+				}
+				for _, h := range r.Headers {
+					if h.Key == HeaderMessageID {
+						d.ID = string(h.Value)
+						continue
+					}
+					d.Headers[h.Key] = string(h.Value)
+				}
+				out = append(out, d)
+			}
+			return out, err
+		},
+		Poison: func(topic string) sinks.Message {
+			// Bigger than max_message_bytes (and the broker's default
+			// message.max.bytes): refused before any round trip.
+			return sinktest.Msg(topic, "", 0, make([]byte, DefaultMaxMessageBytes+1))
+		},
+		BreakTransient: func() func() {
+			// Every produce is answered NOT_LEADER_FOR_PARTITION, nothing
+			// appended, until restore.
+			return failProduce(rc.cluster(), kerr.NotLeaderForPartition.Code)
+		},
+		Restart: rc.restart,
+	}
+}

@@ -1,0 +1,61 @@
+package kafkasink
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// permanentCodes are the broker answers that say this record can never be
+// accepted as it is: retrying the same bytes gives the same answer.
+//
+// Every code here is one kafka-go reports as not Temporary(). The reverse
+// does not hold on purpose: other non-temporary codes (authentication and
+// authorization failures, UNSUPPORTED_VERSION, UNKNOWN_SERVER_ERROR,
+// cluster-level errors) describe the client's credentials, ACLs or the
+// cluster, not the message. Dead-lettering on them would move a whole
+// stream to the dead-letter table during a misconfiguration; kept
+// retriable, the rows wait (and the relay's max attempts still bounds
+// them).
+//
+// UNKNOWN_TOPIC_OR_PARTITION is deliberately absent: in a produce response
+// it is transient (partition moving, metadata propagating). A topic is
+// reported missing, permanently, only from fresh metadata and only when
+// allow_auto_topic_creation is off (see Sink.resolveTopics).
+var permanentCodes = map[kafka.Error]bool{
+	kafka.MessageSizeTooLarge:         true, // record batch above message.max.bytes
+	kafka.RecordListTooLarge:          true, // request above the broker's limit
+	kafka.InvalidTopic:                true,
+	kafka.InvalidRecord:               true, // e.g. a compacted topic and no key
+	kafka.InvalidTimestamp:            true,
+	kafka.UnsupportedForMessageFormat: true,
+}
+
+// isPermanentCode reports whether a produce error rejects the records
+// themselves. It unwraps, so it works on errors built by produceError.
+func isPermanentCode(err error) bool {
+	var ke kafka.Error
+	return errors.As(err, &ke) && permanentCodes[ke]
+}
+
+// produceError describes a per-partition error code from a produce
+// response. It wraps kafka.Error, so errors.Is(err, kafka.MessageSizeTooLarge)
+// works for callers.
+func produceError(topic string, partition int32, code int16, msg string) error {
+	ke := kafka.Error(code)
+	if msg != "" && msg != ke.Description() {
+		return fmt.Errorf("outbox: kafka: produce to %s[%d]: %w (%s)", topic, partition, ke, msg)
+	}
+	return fmt.Errorf("outbox: kafka: produce to %s[%d]: %w", topic, partition, ke)
+}
+
+// classify marks err permanent when retrying cannot help.
+func classify(err error) error {
+	if isPermanentCode(err) {
+		return sinks.Permanent(err)
+	}
+	return err
+}
