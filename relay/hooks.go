@@ -26,6 +26,10 @@ type BatchEvent struct {
 	// Committed is false when settling failed: delivered messages will be
 	// delivered again (at-least-once).
 	Committed bool
+	// AckedAt is when the sink accepted the batch, on the database's clock
+	// (the relay's clock corrected by the offset seen at claim time), so
+	// AckedAt.Sub(m.CreatedAt) is a commit-to-ack latency free of clock skew.
+	AckedAt time.Time
 }
 
 // Hooks observe a relay. Implementations must be fast and safe for

@@ -28,7 +28,7 @@ func newQueries(schema string) queries {
 		// earlier message of its key waits for a retry (the NOT EXISTS probes
 		// a partial index that is empty unless something is failing).
 		claim: `
-SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts
+SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now()
 FROM (
     SELECT l.lane FROM ` + s + `.lanes l
     WHERE l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3

@@ -49,6 +49,7 @@ type Relay struct {
 	log  *slog.Logger
 
 	wake      []chan struct{}
+	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
 	ownedLane atomic.Int64
 	draining  atomic.Bool
 	stats     Stats
@@ -85,7 +86,8 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		sink: sink,
 		q:    newQueries(cfg.Schema),
 		log:  cfg.Logger.With("relay_id", cfg.ID),
-		wake: make([]chan struct{}, cfg.Workers),
+		wake:     make([]chan struct{}, cfg.Workers),
+		lastLoop: make([]atomic.Int64, cfg.Workers),
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
@@ -168,6 +170,42 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// Live reports whether every worker's loop has turned recently. A worker
+// may legitimately spend up to PublishTimeout in the sink plus the
+// statement timeouts in the database, so "recently" is generous. It does
+// not touch the database.
+func (r *Relay) Live() error {
+	limit := r.cfg.PublishTimeout + r.cfg.PollInterval + 2*time.Minute
+	now := time.Now()
+	for i := range r.lastLoop {
+		last := r.lastLoop[i].Load()
+		if last == 0 {
+			continue // not started yet
+		}
+		if age := now.Sub(time.Unix(0, last)); age > limit {
+			return fmt.Errorf("outbox: worker %d stuck for %s", i, age.Round(time.Second))
+		}
+	}
+	return nil
+}
+
+// Ready reports whether the relay can do its job right now: not draining,
+// the database reachable, the sink healthy (when it can tell).
+func (r *Relay) Ready(ctx context.Context) error {
+	if r.draining.Load() {
+		return errors.New("outbox: draining")
+	}
+	if err := r.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("outbox: database: %w", err)
+	}
+	if hc, ok := r.sink.(sinks.HealthChecker); ok {
+		if err := hc.Healthy(ctx); err != nil {
+			return fmt.Errorf("outbox: sink: %w", err)
+		}
+	}
+	return nil
+}
+
 func (r *Relay) wakeAll() {
 	for _, c := range r.wake {
 		select {
@@ -219,6 +257,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 	bo := newReconnectBackoff()
 	rotation := worker
 	for ctx.Err() == nil {
+		r.lastLoop[worker].Store(time.Now().UnixNano())
 		n, err := r.cycle(ctx, hard, worker, rotation)
 		rotation = (rotation + r.cfg.Workers) % numLanes
 		if err != nil {
@@ -276,10 +315,11 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
 	batch := make([]claimed, 0, r.cfg.BatchSize)
+	var dbNow time.Time
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &m.Headers, &m.CreatedAt, &c.attempts); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &m.Headers, &m.CreatedAt, &c.attempts, &dbNow); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
 		}
@@ -304,13 +344,15 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 	sendErr := r.sink.Send(sendCtx, msgs)
 	cancel()
 	sendDur := time.Since(sendStart)
+	// The claim ran at dbNow (database clock), roughly at start.
+	ackedAt := dbNow.Add(time.Since(start))
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
 		return len(batch), fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
 
-	ev := BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: claimDur, SendDuration: sendDur, SendErr: sendErr}
+	ev := BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: claimDur, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
 	s := r.settle(batch, sendErr, &ev)
 
 	settleStart := time.Now()
