@@ -81,11 +81,11 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("outbox: workers: %d workers need a pool of at least %d connections, have %d", cfg.Workers, cfg.Workers+1, max)
 	}
 	r := &Relay{
-		cfg:  cfg,
-		pool: pool,
-		sink: sink,
-		q:    newQueries(cfg.Schema),
-		log:  cfg.Logger.With("relay_id", cfg.ID),
+		cfg:      cfg,
+		pool:     pool,
+		sink:     sink,
+		q:        newQueries(cfg.Schema),
+		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
 	}

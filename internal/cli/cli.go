@@ -17,7 +17,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
+	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -96,7 +101,7 @@ order of precedence. Config-file keys are the long flag names.`,
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
 
-	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newVersion(g))
+	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newHealthcheck(g), newVersion(g))
 	root.CompletionOptions.DisableDefaultCmd = true
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
@@ -238,6 +243,8 @@ type runOptions struct {
 	migrate         bool
 	exitWhenEmpty   bool
 	id              string
+	adminAddr       string
+	metricsInterval time.Duration
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -278,6 +285,8 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
+	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez and /readyz (empty disables)")
+	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database")
 	return cmd
 }
 
@@ -291,7 +300,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	for name, v := range map[string]int64{
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
-		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL),
+		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -355,10 +364,30 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			return err
 		}
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		relayprom.NewPoolCollector(pool))
+	metrics := relayprom.New(reg, relayprom.SinkLabel(o.sink), version())
+	cfg.Hooks = metrics
 	r, err := relay.New(pool, sink, cfg)
 	if err != nil {
 		return &usageError{err}
 	}
+	if o.adminAddr != "" {
+		srv, err := adminhttp.Start(o.adminAddr, reg, r, g.log)
+		if err != nil {
+			return &usageError{err}
+		}
+		g.log.Info("admin listener", "addr", srv.Addr())
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+			defer cancel()
+			_ = srv.Close(cctx)
+		}()
+	}
+	watchCtx, stopWatch := context.WithCancel(parent)
+	defer stopWatch()
+	go metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
 	g.log.Info("relaying", "sink", sinkName, "database", redactURL(g.databaseURL))
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
@@ -387,6 +416,32 @@ func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cance
 			return
 		}
 	}
+}
+
+func newHealthcheck(g *globals) *cobra.Command {
+	var addr, path string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "healthcheck",
+		Short: "Exit 0 when the relay on this host is ready (for images without a shell)",
+		Long: `Asks the admin listener of a relay running on this host (--admin-addr) for
+/readyz and exits 0 when it answers 200, 1 otherwise. Use it as a Docker
+HEALTHCHECK in the distroless image.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if err := adminhttp.Probe(ctx, addr, path); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "ok")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "admin-addr", ":9090", "the relay's admin listener")
+	cmd.Flags().StringVar(&path, "path", "/readyz", "endpoint to check: /readyz or /livez")
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "how long to wait for an answer")
+	return cmd
 }
 
 func newVersion(g *globals) *cobra.Command {

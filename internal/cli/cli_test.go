@@ -149,7 +149,7 @@ func TestRunEndToEnd(t *testing.T) {
 	require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "orders", Key: "o2", Payload: []byte(`{"rolled":"back"}`)}))
 	require.NoError(t, tx.Rollback(ctx))
 
-	code, out, stderr := run(t, "run", "--sink", "stdout", "--exit-when-empty", "--poll-interval", "20ms")
+	code, out, stderr := run(t, "run", "--sink", "stdout", "--exit-when-empty", "--poll-interval", "20ms", "--admin-addr", "127.0.0.1:0")
 	require.Equal(t, 0, code, stderr)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)

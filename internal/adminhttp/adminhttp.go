@@ -1,0 +1,105 @@
+// Package adminhttp serves the relay's admin endpoints: /metrics
+// (Prometheus), /livez (the worker loops turn; no database access) and
+// /readyz (database reachable, sink healthy, not draining).
+package adminhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Checker is what the endpoints ask; *relay.Relay implements it.
+type Checker interface {
+	Live() error
+	Ready(ctx context.Context) error
+}
+
+// Server is a running admin listener.
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Start listens on addr and serves in the background.
+func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: admin-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		answer(w, c.Live())
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		answer(w, c.Ready(ctx))
+	})
+	s := &Server{ln: ln, srv: &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+	}}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin listener stopped", "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address actually listened on (useful with port 0).
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the listener.
+func (s *Server) Close(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+func answer(w http.ResponseWriter, err error) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, err)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// Probe GETs path on the admin listener at addr (":9090" means this host)
+// and returns nil for a 200 answer. It is what `outbox-relay healthcheck`
+// runs in images without a shell.
+func Probe(ctx context.Context, addr, path string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("outbox: admin-addr: %w", err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	url := "http://" + net.JoinHostPort(host, port) + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("outbox: %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body := make([]byte, 512)
+	n, _ := resp.Body.Read(body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("outbox: %s: %s: %s", url, resp.Status, string(body[:n]))
+	}
+	return nil
+}

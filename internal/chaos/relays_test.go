@@ -1,0 +1,473 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// proc is one outbox-relay process. A slot ("r1") is restarted under a new
+// generation ("r1.3") each time its process dies.
+type proc struct {
+	slot    string
+	gen     int
+	id      string
+	cmd     *exec.Cmd
+	logPath string
+	started time.Time
+	done    chan struct{}
+
+	// Set before the signal is sent, read after done is closed.
+	killed bool // SIGKILL from the test
+	termed bool // SIGTERM from the test
+	exited time.Time
+	code   int // exit code, -1 when killed by a signal
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// cluster runs and supervises relay processes like an orchestrator would:
+// a process that dies is started again under the same slot, unless the
+// test stopped it on purpose.
+type cluster struct {
+	t       *testing.T
+	bin     string
+	dir     string
+	dbURL   string
+	schema  string
+	appName string
+	args    []string
+
+	mu         sync.Mutex
+	current    map[string]*proc
+	all        []*proc
+	stopped    map[string]bool // slots stopped on purpose: not restarted
+	unexpected []string        // processes that exited without being told to
+	// tolerateExit says whether an exit the test did not cause is expected
+	// (a relay started while PostgreSQL is down exits 1).
+	tolerateExit func(p *proc) bool
+	wg           sync.WaitGroup
+	kills        int
+	pauses       int
+}
+
+// relayArgs is how the relays run in both tests: small batches and fast
+// leases so that failover and rebalancing happen within the test, and
+// retries fast and plentiful so that nothing is dead-lettered during a
+// sink outage or a database restart.
+func relayArgs(sinkURL string) []string {
+	return []string{
+		"--sink", sinkURL,
+		"--workers", "2",
+		"--batch-size", "200",
+		"--poll-interval", "100ms",
+		"--lease-ttl", "3s",
+		"--retry-initial", "50ms",
+		"--retry-max", "500ms",
+		"--max-attempts", "1000",
+		"--publish-timeout", "10s",
+		"--drain-timeout", strconv.Itoa(int(drainTimeout/time.Second)) + "s",
+		"--log-level", "info",
+	}
+}
+
+// drainTimeout is the relays' --drain-timeout: SIGTERM must end a relay
+// within it (plus exitSlack for releasing lanes and closing the sink).
+const (
+	drainTimeout = 5 * time.Second
+	exitSlack    = 5 * time.Second
+)
+
+func newCluster(t *testing.T, bin, baseURL, schema string, args []string) *cluster {
+	t.Helper()
+	app := "chaos-" + schema
+	if len(app) > 63 {
+		t.Fatalf("application_name %q is longer than Postgres keeps (63)", app)
+	}
+	c := &cluster{
+		t: t, bin: bin, dir: t.TempDir(), schema: schema, appName: app,
+		dbURL:   withAppName(baseURL, app),
+		args:    args,
+		current: map[string]*proc{},
+		stopped: map[string]bool{},
+	}
+	t.Cleanup(c.cleanup)
+	return c
+}
+
+// withAppName gives the relays' sessions an application_name of their own,
+// so that the test terminates its relays' backends and nobody else's.
+// relay.NewPool keeps an application_name given in the URL.
+func withAppName(raw, app string) string {
+	if u, err := url.Parse(raw); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("application_name", app)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return raw + " application_name=" + app
+}
+
+// env is the relays' environment without OUTBOX_* and DATABASE_URL, which
+// would otherwise add options the test does not control.
+func relayEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OUTBOX_") || strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "DATABASE_URL_FILE=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// start launches slot and keeps it running until stop or the end of the
+// test.
+func (c *cluster) start(slot string) {
+	c.t.Helper()
+	p, err := c.launch(slot)
+	if err != nil {
+		c.t.Fatalf("start relay %s: %v", slot, err)
+	}
+	c.wg.Add(1)
+	go c.supervise(slot, p)
+}
+
+func (c *cluster) launch(slot string) (*proc, error) {
+	// Under the lock, so that a slot being stopped is never started again.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped[slot] {
+		return nil, errStopped
+	}
+	gen := 1
+	if old := c.current[slot]; old != nil {
+		gen = old.gen + 1
+	}
+	id := fmt.Sprintf("%s.%d", slot, gen)
+	p := &proc{slot: slot, gen: gen, id: id, logPath: filepath.Join(c.dir, id+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.logPath)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"run", "--id", id, "--database-url", c.dbURL, "--schema", c.schema}, c.args...)
+	cmd := exec.Command(c.bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = relayEnv()
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	p.cmd, p.started = cmd, time.Now()
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		c.mu.Lock()
+		p.exited = time.Now()
+		p.code = cmd.ProcessState.ExitCode()
+		c.mu.Unlock()
+		close(p.done)
+	}()
+	c.current[slot] = p
+	c.all = append(c.all, p)
+	return p, nil
+}
+
+var errStopped = errors.New("slot stopped")
+
+// supervise restarts slot whenever its process dies, until the slot is
+// stopped on purpose.
+func (c *cluster) supervise(slot string, p *proc) {
+	defer c.wg.Done()
+	for {
+		<-p.done
+		c.mu.Lock()
+		stop := c.stopped[slot] || p.termed
+		if !p.killed && !p.termed && !(c.tolerateExit != nil && c.tolerateExit(p)) {
+			c.unexpected = append(c.unexpected, fmt.Sprintf("%s exited by itself with code %d after %s (log %s)",
+				p.id, p.code, p.exited.Sub(p.started).Round(time.Millisecond), filepath.Base(p.logPath)))
+		}
+		c.mu.Unlock()
+		if stop {
+			return
+		}
+		if !p.killed && p.exited.Sub(p.started) < time.Second {
+			time.Sleep(200 * time.Millisecond) // do not spin on a relay that cannot start
+		}
+		np, err := c.launch(slot)
+		if errors.Is(err, errStopped) {
+			return
+		}
+		if err != nil {
+			c.mu.Lock()
+			c.unexpected = append(c.unexpected, fmt.Sprintf("restart %s: %v", slot, err))
+			c.mu.Unlock()
+			return
+		}
+		p = np
+	}
+}
+
+// proc returns the current process of slot.
+func (c *cluster) proc(slot string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.current[slot]
+}
+
+// kill SIGKILLs the current process of slot; its supervisor starts a new
+// one.
+func (c *cluster) kill(slot string) {
+	c.mu.Lock()
+	p := c.current[slot]
+	if p == nil || !p.alive() || p.termed {
+		c.mu.Unlock()
+		return
+	}
+	p.killed = true
+	c.kills++
+	c.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// pause freezes slot's process with SIGSTOP for d (a GC pause, a frozen
+// VM): its lease expires while its sessions stay open.
+func (c *cluster) pause(ctx context.Context, slot string, d time.Duration) {
+	c.mu.Lock()
+	p := c.current[slot]
+	if p == nil || !p.alive() {
+		c.mu.Unlock()
+		return
+	}
+	c.pauses++
+	c.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	if p.alive() {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// stop sends SIGTERM to slot's process and requires a clean exit (status
+// 0) within the drain timeout plus exitSlack. It returns how long the
+// process took.
+func (c *cluster) stop(slot string) time.Duration {
+	c.t.Helper()
+	c.mu.Lock()
+	c.stopped[slot] = true
+	p := c.current[slot]
+	if p != nil {
+		p.termed = true
+	}
+	c.mu.Unlock()
+	if p == nil || !p.alive() {
+		c.t.Errorf("relay %s is not running when asked to stop", slot)
+		return 0
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(drainTimeout + exitSlack)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		c.t.Errorf("relay %s did not exit within %s of SIGTERM; killing it", p.id, drainTimeout+exitSlack)
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		return time.Since(start)
+	}
+	took := time.Since(start)
+	if p.code != 0 {
+		c.t.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.code, filepath.Base(p.logPath))
+	}
+	return took
+}
+
+// stopAll stops every running slot concurrently and returns the longest
+// time a relay took to exit.
+func (c *cluster) stopAll() time.Duration {
+	c.mu.Lock()
+	var slots []string
+	for slot, p := range c.current {
+		if !c.stopped[slot] && p.alive() {
+			slots = append(slots, slot)
+		}
+	}
+	c.mu.Unlock()
+	var mu sync.Mutex
+	var longest time.Duration
+	var wg sync.WaitGroup
+	for _, s := range slots {
+		wg.Go(func() {
+			d := c.stop(s)
+			mu.Lock()
+			longest = max(longest, d)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return longest
+}
+
+// slots lists the slots that are running (not stopped on purpose).
+func (c *cluster) slots() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for s := range c.current {
+		if !c.stopped[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (c *cluster) unexpectedExits() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.unexpected...)
+}
+
+func (c *cluster) counts() (kills, pauses, started int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kills, c.pauses, len(c.all)
+}
+
+// cleanup kills whatever still runs and, when the test failed, prints the
+// relays' log tails and every error they logged.
+func (c *cluster) cleanup() {
+	c.mu.Lock()
+	for s := range c.current {
+		c.stopped[s] = true
+	}
+	var live []*proc
+	for _, p := range c.current {
+		if p.alive() {
+			p.killed = true
+			live = append(live, p)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range live {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	}
+	c.wg.Wait()
+	if !c.t.Failed() {
+		return
+	}
+	c.mu.Lock()
+	all := append([]*proc(nil), c.all...)
+	current := map[*proc]bool{}
+	for _, p := range c.current {
+		current[p] = true
+	}
+	c.mu.Unlock()
+	var errs []string
+	for _, p := range all {
+		for _, l := range grepFile(p.logPath, "level=ERROR") {
+			errs = append(errs, p.id+": "+l)
+		}
+	}
+	if len(errs) > 40 {
+		errs = append(errs[:40], fmt.Sprintf("… and %d more", len(errs)-40))
+	}
+	if len(errs) > 0 {
+		c.t.Logf("errors logged by the relays:\n%s", strings.Join(errs, "\n"))
+	}
+	for _, p := range all {
+		if current[p] || (!p.killed && !p.termed) {
+			c.t.Logf("tail of %s (exit %d):\n%s", p.id, p.code, tailFile(p.logPath, 25))
+		}
+	}
+}
+
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func grepFile(path, substr string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), substr) {
+			out = append(out, sc.Text())
+		}
+	}
+	return out
+}
+
+var deliveredRe = regexp.MustCompile(`msg="relay stopped".* delivered=(\d+)`)
+
+// deliveredBy reads the delivered count a relay logs when it stops.
+func deliveredBy(p *proc) (int64, bool) {
+	for _, l := range grepFile(p.logPath, "relay stopped") {
+		if m := deliveredRe.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// status runs `outbox-relay status --json`.
+func (c *cluster) status(ctx context.Context) (relay.Status, error) {
+	var st relay.Status
+	cmd := exec.CommandContext(ctx, c.bin, "status", "--json", "--database-url", c.dbURL, "--schema", c.schema)
+	cmd.Env = relayEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return st, fmt.Errorf("outbox-relay status: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("outbox-relay status: bad JSON: %v", err)
+	}
+	return st, nil
+}

@@ -1,0 +1,296 @@
+// Package relayprom exports a relay's activity as Prometheus metrics. It
+// implements relay.Hooks, adds gauges computed by a cheap periodic query of
+// the outbox (backlog, oldest pending age, dead letters), and a collector
+// for the pgx pool. The relay package itself knows nothing of Prometheus.
+//
+// No metric is labelled by message id or key.
+package relayprom
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+const ns = "outbox_relay"
+
+// Metrics implements relay.Hooks.
+type Metrics struct {
+	sink string
+
+	published     *prometheus.CounterVec
+	publishErrors *prometheus.CounterVec
+	deadLettered  *prometheus.CounterVec
+	retried       *prometheus.CounterVec
+	untouched     *prometheus.CounterVec
+	commitFails   *prometheus.CounterVec
+	publishDur    *prometheus.HistogramVec
+	latency       *prometheus.HistogramVec
+	batchSize     *prometheus.HistogramVec
+	claimDur      prometheus.Histogram
+	settleDur     prometheus.Histogram
+	lanes         prometheus.Gauge
+
+	pending      prometheus.Gauge
+	oldestAge    prometheus.Gauge
+	retrying     prometheus.Gauge
+	deadLetters  prometheus.Gauge
+	scrapeErrors prometheus.Counter
+}
+
+// New registers the relay metrics on reg. sinkName labels the sink-related
+// series (for example "kafka").
+func New(reg prometheus.Registerer, sinkName, version string) *Metrics {
+	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+	m := &Metrics{
+		sink: sinkName,
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "messages_published_total",
+			Help: "Messages the sink accepted.",
+		}, []string{"sink"}),
+		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "publish_errors_total",
+			Help: "Failed delivery attempts, by kind: retriable, permanent or timeout.",
+		}, []string{"sink", "reason"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "messages_dead_lettered_total",
+			Help: "Messages moved to the dead-letter table, by reason: permanent or max_attempts.",
+		}, []string{"sink", "reason"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "retries_scheduled_total",
+			Help: "Failed deliveries scheduled for another attempt.",
+		}, []string{"sink"}),
+		untouched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "messages_held_back_total",
+			Help: "Messages not attempted because an earlier message of their key failed in the same batch.",
+		}, []string{"sink"}),
+		commitFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "settle_failures_total",
+			Help: "Batches whose outcome could not be committed; their delivered messages will be delivered again.",
+		}, []string{"sink"}),
+		publishDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "publish_duration_seconds",
+			Help:    "Time the sink took to accept or reject a batch.",
+			Buckets: latencyBuckets,
+		}, []string{"sink"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "delivery_latency_seconds",
+			Help:    "From the writing transaction's start to the sink's acceptance, on the database clock.",
+			Buckets: latencyBuckets,
+		}, []string{"sink"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "batch_size_messages",
+			Help:    "Messages per claimed batch.",
+			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000},
+		}, []string{"sink"}),
+		claimDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "claim_duration_seconds",
+			Help:    "Time to claim a batch (connection, transaction start, claim query).",
+			Buckets: latencyBuckets,
+		}),
+		settleDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "settle_duration_seconds",
+			Help:    "Time to record a batch's outcome and commit.",
+			Buckets: latencyBuckets,
+		}),
+		lanes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "lanes_owned",
+			Help: "Lanes (of 256) this relay currently owns.",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "pending_messages",
+			Help: "Messages in the outbox (all relays), as of the last periodic check.",
+		}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "oldest_pending_age_seconds",
+			Help: "Age of the oldest message in the outbox: the main lag signal. 0 when empty.",
+		}),
+		retrying: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "retrying_messages",
+			Help: "Messages in the outbox waiting for a retry.",
+		}),
+		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "dead_letters",
+			Help: "Messages in the dead-letter table.",
+		}),
+		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "outbox_check_errors_total",
+			Help: "Failed periodic outbox checks (the backlog gauges keep their last value).",
+		}),
+	}
+	goVersion := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "build_info",
+		Help:        "Build information; the value is always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails,
+		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes,
+		m.pending, m.oldestAge, m.retrying, m.deadLetters, m.scrapeErrors, buildInfo)
+	// Series that should read 0 rather than be absent before the first event.
+	m.published.WithLabelValues(sinkName)
+	m.retried.WithLabelValues(sinkName)
+	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
+		m.deadLettered.WithLabelValues(sinkName, r)
+	}
+	for _, r := range []string{"retriable", "permanent", "timeout"} {
+		m.publishErrors.WithLabelValues(sinkName, r)
+	}
+	return m
+}
+
+var _ relay.Hooks = (*Metrics)(nil)
+
+// Batch implements relay.Hooks.
+func (m *Metrics) Batch(ev relay.BatchEvent) {
+	m.claimDur.Observe(ev.ClaimDuration.Seconds())
+	if ev.Claimed == 0 {
+		return
+	}
+	m.batchSize.WithLabelValues(m.sink).Observe(float64(ev.Claimed))
+	m.publishDur.WithLabelValues(m.sink).Observe(ev.SendDuration.Seconds())
+	m.settleDur.Observe(ev.SettleDuration.Seconds())
+	if !ev.Committed {
+		m.commitFails.WithLabelValues(m.sink).Inc()
+		return
+	}
+	m.published.WithLabelValues(m.sink).Add(float64(ev.Delivered))
+	m.retried.WithLabelValues(m.sink).Add(float64(ev.Retried))
+	m.untouched.WithLabelValues(m.sink).Add(float64(ev.Untouched))
+	for _, r := range ev.DeadReasons {
+		m.deadLettered.WithLabelValues(m.sink, r).Inc()
+	}
+	if failed := ev.Retried + ev.DeadLettered; failed > 0 {
+		reason := "retriable"
+		switch {
+		case errors.Is(ev.SendErr, context.DeadlineExceeded):
+			reason = "timeout"
+		case ev.Retried == 0:
+			reason = "permanent"
+		}
+		if ev.Retried > 0 && ev.DeadLettered > 0 {
+			m.publishErrors.WithLabelValues(m.sink, "retriable").Add(float64(ev.Retried))
+			m.publishErrors.WithLabelValues(m.sink, "permanent").Add(float64(ev.DeadLettered))
+		} else {
+			m.publishErrors.WithLabelValues(m.sink, reason).Add(float64(failed))
+		}
+	}
+	if !ev.AckedAt.IsZero() {
+		h := m.latency.WithLabelValues(m.sink)
+		for _, msg := range ev.DeliveredMessages {
+			h.Observe(ev.AckedAt.Sub(msg.CreatedAt).Seconds())
+		}
+	}
+}
+
+// Lanes implements relay.Hooks.
+func (m *Metrics) Lanes(owned int) { m.lanes.Set(float64(owned)) }
+
+// WatchOutbox refreshes the backlog gauges every interval until ctx ends.
+// The query counts rows (bounded by a statement timeout) rather than
+// running on every scrape.
+func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
+	s := migrations.Ident(schema)
+	q := `SELECT
+    (SELECT count(*) FROM ` + s + `.messages),
+    (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL),
+    coalesce((SELECT extract(epoch FROM now() - created_at) FROM ` + s + `.messages ORDER BY id LIMIT 1), 0)::float8,
+    (SELECT count(*) FROM ` + s + `.dead_letters)`
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := m.refresh(ctx, pool, q); err != nil && ctx.Err() == nil {
+			m.scrapeErrors.Inc()
+			log.Warn("outbox metrics check failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, q string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var pending, retrying, dead int64
+	var age float64
+	if err := pool.QueryRow(ctx, q).Scan(&pending, &retrying, &age, &dead); err != nil {
+		return err
+	}
+	m.pending.Set(float64(pending))
+	m.retrying.Set(float64(retrying))
+	m.oldestAge.Set(max(age, 0))
+	m.deadLetters.Set(float64(dead))
+	return nil
+}
+
+// SinkLabel derives the sink label from a sink URL's scheme.
+func SinkLabel(url string) string {
+	scheme, _, ok := strings.Cut(url, ":")
+	if !ok {
+		return url
+	}
+	switch scheme {
+	case "https":
+		return "http"
+	case "amqps":
+		return "amqp"
+	}
+	return scheme
+}
+
+// poolCollector exports pgxpool statistics.
+type poolCollector struct {
+	pool                                         *pgxpool.Pool
+	total, idle, acquired, max, acquires, waited *prometheus.Desc
+	waitDur                                      *prometheus.Desc
+}
+
+// NewPoolCollector returns a collector of pool's statistics.
+func NewPoolCollector(pool *pgxpool.Pool) prometheus.Collector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(ns+"_db_pool_"+name, help, nil, nil)
+	}
+	return &poolCollector{
+		pool:     pool,
+		total:    d("connections", "Connections open in the pool."),
+		idle:     d("idle_connections", "Idle connections in the pool."),
+		acquired: d("acquired_connections", "Connections in use."),
+		max:      d("max_connections", "Pool size limit."),
+		acquires: d("acquires_total", "Connections acquired from the pool."),
+		waited:   d("empty_acquires_total", "Acquires that had to wait for a connection."),
+		waitDur:  d("acquire_wait_seconds_total", "Time spent waiting for a connection."),
+	}
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.total, c.idle, c.acquired, c.max, c.acquires, c.waited, c.waitDur} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.pool.Stat()
+	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(s.TotalConns()))
+	ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, float64(s.IdleConns()))
+	ch <- prometheus.MustNewConstMetric(c.acquired, prometheus.GaugeValue, float64(s.AcquiredConns()))
+	ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(s.MaxConns()))
+	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(s.AcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.waited, prometheus.CounterValue, float64(s.EmptyAcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.waitDur, prometheus.CounterValue, s.AcquireDuration().Seconds())
+}
