@@ -386,8 +386,12 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		}()
 	}
 	watchCtx, stopWatch := context.WithCancel(parent)
-	defer stopWatch()
-	go metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
+	}()
+	defer func() { stopWatch(); <-watchDone }()
 	g.log.Info("relaying", "sink", sinkName, "database", redactURL(g.databaseURL))
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
