@@ -1,0 +1,192 @@
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// e2e prepares a migrated schema and the environment for in-process runs
+// of the real command line.
+func e2e(t *testing.T) (*pgxpool.Pool, string, *outbox.Writer) {
+	t.Helper()
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	t.Setenv("OUTBOX_ADMIN_ADDR", "127.0.0.1:0")
+	t.Setenv("OUTBOX_POLL_INTERVAL", "20ms")
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	return pool, schema, w
+}
+
+// appOrders commits n orders over keys k0..k9 (payload = key:seq), plus a
+// poison message on key "poison" followed by a good one, and a rolled-back
+// transaction that must never arrive.
+func appOrders(t *testing.T, pool *pgxpool.Pool, w *outbox.Writer, n int, poison outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		key := fmt.Sprintf("k%d", i%10)
+		msgs = append(msgs, outbox.Message{
+			Topic: "orders", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i)),
+			Headers: map[string]string{"type": "OrderPlaced", "trace": "ü-✓"},
+		})
+	}
+	msgs = append(msgs, poison, outbox.Message{Topic: "orders", Key: poison.Key, Payload: []byte("after-poison")})
+	require.NoError(t, w.Write(ctx, tx, msgs...))
+	require.NoError(t, tx.Commit(ctx))
+
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "orders", Key: "k1", Payload: []byte("rolled-back")}))
+	require.NoError(t, tx.Rollback(ctx))
+}
+
+func deadLetters(t *testing.T, pool *pgxpool.Pool, schema string) []relay.DeadLetter {
+	t.Helper()
+	admin, err := relay.NewAdmin(pool, schema)
+	require.NoError(t, err)
+	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	require.NoError(t, err)
+	return dls
+}
+
+func checkSeqOrder(t *testing.T, payloads []string) {
+	t.Helper()
+	last := map[string]int{}
+	for _, p := range payloads {
+		key, seq, ok := strings.Cut(p, ":")
+		if !ok {
+			continue
+		}
+		var n int
+		_, err := fmt.Sscan(seq, &n)
+		require.NoError(t, err)
+		if prev, seen := last[key]; seen {
+			require.Greater(t, n, prev, "key %s out of order", key)
+		}
+		last[key] = n
+	}
+}
+
+func TestRunKafkaEndToEnd(t *testing.T) {
+	pool, schema, w := e2e(t)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"))
+	require.NoError(t, err)
+	defer cluster.Close()
+	broker := cluster.ListenAddrs()[0]
+
+	const n = 300
+	poison := outbox.Message{Topic: "orders", Key: "poison", Payload: make([]byte, 2000)}
+	appOrders(t, pool, w, n, poison)
+
+	code, _, stderr := run(t, "run", "--sink", "kafka://"+broker+"?max_message_bytes=1000", "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n+1 {
+		fs := cl.PollFetches(ctx)
+		require.NoError(t, ctx.Err(), "got %d of %d records", len(recs), n+1)
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	partitionOf := map[string]int32{}
+	byPartition := map[int32][]string{}
+	for _, r := range recs {
+		key := string(r.Key)
+		if p, ok := partitionOf[key]; ok {
+			require.Equal(t, p, r.Partition, "same key, same partition")
+		}
+		partitionOf[key] = r.Partition
+		byPartition[r.Partition] = append(byPartition[r.Partition], string(r.Value))
+		headers := map[string]string{}
+		for _, h := range r.Headers {
+			headers[h.Key] = string(h.Value)
+		}
+		require.Len(t, headers["outbox-message-id"], 36)
+		if key != "poison" {
+			require.Equal(t, "OrderPlaced", headers["type"])
+			require.Equal(t, "ü-✓", headers["trace"])
+		}
+		require.NotEqual(t, "rolled-back", string(r.Value))
+	}
+	for _, vals := range byPartition {
+		checkSeqOrder(t, vals)
+	}
+	dls := deadLetters(t, pool, schema)
+	require.Len(t, dls, 1)
+	require.Equal(t, "poison", *dls[0].Key)
+	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
+	require.Contains(t, *dls[0].LastError, "max_message_bytes", "the reason names the limit")
+}
+
+func TestRunHTTPEndToEnd(t *testing.T) {
+	pool, schema, w := e2e(t)
+	var mu sync.Mutex
+	var got []string
+	ids := map[string]bool{}
+	badHeaders := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		key, _ := url.PathUnescape(r.Header.Get("outbox-key"))
+		if key == "poison" && string(body) != "after-poison" {
+			http.Error(rw, "schema validation failed: field total is required", http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if string(body) != "after-poison" && r.Header.Get("Type") != "OrderPlaced" {
+			badHeaders++
+		}
+		ids[r.Header.Get("webhook-id")] = true
+		got = append(got, string(body))
+	}))
+	defer srv.Close()
+
+	const n = 200
+	appOrders(t, pool, w, n, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("{}")})
+	code, _, stderr := run(t, "run", "--sink", srv.URL+"/hook", "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, n+1, "every committed message except the poison one; never the rolled-back one")
+	require.Len(t, ids, n+1, "one webhook-id per message")
+	require.Zero(t, badHeaders, "application headers arrive as HTTP headers")
+	require.NotContains(t, got, "rolled-back")
+	require.Contains(t, got, "after-poison", "the poison message's key moved on")
+	checkSeqOrder(t, got)
+	dls := deadLetters(t, pool, schema)
+	require.Len(t, dls, 1)
+	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
+	require.Contains(t, *dls[0].LastError, "400")
+	require.Contains(t, *dls[0].LastError, "field total is required", "the receiver's reason is kept")
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&left))
+	require.Zero(t, left)
+}
