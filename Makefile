@@ -30,9 +30,10 @@ vet:
 
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
+	$(MAKE) test-disruptive
 
-test-disruptive: ## tests that restart the RabbitMQ broker; run alone, after the rest
-	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'Disruptive' ./sinks/amqpsink/
+test-disruptive: ## tests that restart RabbitMQ (and later Postgres); run alone, after the rest
+	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'TestBrokerRestart|TestBrokerMemoryAlarm' ./sinks/amqpsink/
 
 chaos: services build ## long chaos run (kills relays, restarts Postgres)
 	CHAOS_LONG=1 $(GO_TEST) -timeout 60m -run 'Chaos' -v ./internal/chaos/

@@ -267,7 +267,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, https://host/path (see README for each sink's options)")
+	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
 	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work without a notification")

@@ -7,12 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -189,4 +191,59 @@ func TestRunHTTPEndToEnd(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&left))
 	require.Zero(t, left)
+}
+
+func TestRunAMQPEndToEnd(t *testing.T) {
+	pool, schema, w := e2e(t)
+	amqpURL := os.Getenv("TEST_AMQP_URL")
+	if amqpURL == "" {
+		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		pgtest.Unavailable(t, "rabbitmq at %s: %v", amqpURL, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	exchange := "e2e-" + schema
+	require.NoError(t, ch.ExchangeDeclare(exchange, "topic", false, true, false, false, nil))
+	defer ch.ExchangeDelete(exchange, false, false)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, "orders", exchange, false, nil))
+
+	const n = 200
+	appOrders(t, pool, w, n, outbox.Message{Topic: "nowhere", Key: "poison", Payload: []byte("{}")})
+	sinkURL := strings.TrimSuffix(amqpURL, "/") + "/?exchange=" + url.QueryEscape(exchange)
+	code, _, stderr := run(t, "run", "--sink", sinkURL, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stderr, "guest:guest", "the password is redacted in logs")
+
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+	var got []string
+	ids := map[string]bool{}
+	timeout := time.After(20 * time.Second)
+	for len(got) < n+1 {
+		select {
+		case d := <-deliveries:
+			got = append(got, string(d.Body))
+			ids[d.MessageId] = true
+			require.Equal(t, uint8(2), d.DeliveryMode, "persistent")
+			if string(d.Body) != "after-poison" {
+				require.Equal(t, "OrderPlaced", d.Headers["type"])
+			}
+		case <-timeout:
+			t.Fatalf("received %d of %d messages", len(got), n+1)
+		}
+	}
+	require.Len(t, ids, n+1)
+	require.NotContains(t, got, "rolled-back")
+	checkSeqOrder(t, got)
+	dls := deadLetters(t, pool, schema)
+	require.Len(t, dls, 1)
+	require.Equal(t, "nowhere", dls[0].Topic)
+	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
+	require.Contains(t, *dls[0].LastError, "unroutable")
 }

@@ -6,6 +6,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"net/url"
@@ -17,7 +18,7 @@ import (
 )
 
 // sinkSchemes lists the --sink URL schemes this build understands.
-var sinkSchemes = []string{"stdout", "discard", "kafka", "http", "https"}
+var sinkSchemes = []string{"stdout", "discard", "kafka", "amqp", "amqps", "http", "https"}
 
 func sinkScheme(raw string) string {
 	if !strings.Contains(raw, ":") {
@@ -63,6 +64,12 @@ func parseSink(raw string, g *globals) (opener, string, error) {
 			return nil, "", err
 		}
 		return func() (sinks.Sink, error) { return kafkasink.New(cfg, log) }, cfg.Redacted(), nil
+	case "amqp", "amqps":
+		cfg, err := sinkConfig(raw, g, "amqp", amqpsink.ParseURL)
+		if err != nil {
+			return nil, "", err
+		}
+		return func() (sinks.Sink, error) { return amqpsink.New(cfg, log) }, cfg.Redacted(), nil
 	case "http", "https":
 		cfg, err := sinkConfig(raw, g, "http", httpsink.ParseURL)
 		if err != nil {

@@ -1,0 +1,769 @@
+// Package amqpsink publishes outbox messages to RabbitMQ (AMQP 0-9-1) with
+// publisher confirms and mandatory routing, so that Send reports success
+// only for messages the broker confirmed and routed to at least one queue.
+//
+// The sink keeps one connection, redialed with backoff when it is lost, and
+// a small pool of confirm-mode channels: each Send owns one channel while it
+// runs, which keeps its confirms and returns apart from other Sends. It never
+// declares queues or bindings; topology belongs to the operator.
+//
+// It does not consume, and it does not retry by itself: every failure goes
+// back to the relay, which persists the retry schedule in the outbox row.
+package amqpsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// returnBuffer is the capacity of each channel's basic.return queue and so
+// the most messages published before the sink stops to collect confirms.
+// The client library blocks its frame reader (for up to 5 s, then drops the
+// return) when that queue is full; bounding what is in flight by its size
+// means no return can be dropped, so no unroutable message can pass for a
+// success.
+const returnBuffer = 512
+
+var (
+	// ErrUnroutable is wrapped by the error of a message the broker
+	// returned because no queue is bound for its routing key.
+	ErrUnroutable = errors.New("outbox: amqp: unroutable")
+	// ErrNotConnected is wrapped by the error of a Send that found no
+	// connection to the broker within its deadline.
+	ErrNotConnected = errors.New("outbox: amqp: not connected")
+	// ErrNacked is wrapped by the error of a message the broker refused
+	// with basic.nack.
+	ErrNacked = errors.New("outbox: amqp: nacked by broker")
+	// ErrNotConfirmed is wrapped by the error of a message whose confirm
+	// never came: the channel or connection closed, or the publish
+	// timeout expired. The message may or may not have been enqueued.
+	ErrNotConfirmed = errors.New("outbox: amqp: not confirmed")
+	// ErrBlocked is returned by a Send that starts while the broker blocks
+	// publishers (connection.blocked: a memory or disk alarm).
+	ErrBlocked = errors.New("outbox: amqp: connection blocked by the broker")
+)
+
+// stuckGrace is how long a publish may stay stuck in a socket write after
+// the Send's context ended before the sink closes the connection to free
+// it. A broker under a resource alarm stops reading from publishers'
+// sockets, and the client library's writes do not honour contexts.
+const stuckGrace = 500 * time.Millisecond
+
+// Sink publishes to one exchange of one RabbitMQ broker. It implements
+// sinks.Sink and sinks.HealthChecker and is safe for concurrent use.
+type Sink struct {
+	cfg      Config
+	exchange string // "" for the default exchange
+	route    template
+	url      string
+	addr     string // url without the password, for logs and errors
+	dialCfg  amqp.Config
+	log      *slog.Logger
+
+	sem      chan struct{} // one token per channel in use
+	stopping chan struct{} // closed when Close starts: no new work
+	kill     chan struct{} // closed when in-flight Sends are over
+	runDone  chan struct{} // closed when the connection loop has exited
+	stopOnce sync.Once
+	killOnce sync.Once
+	bg       sync.WaitGroup // background channel closes
+
+	mu      sync.Mutex
+	closed  bool
+	sends   sync.WaitGroup
+	conn    *connState    // nil while disconnected
+	ready   chan struct{} // closed when conn becomes non-nil
+	lastErr error         // why the sink is disconnected
+	blocked string        // broker's connection.blocked reason, "" if not
+	idle    []*pubChannel
+}
+
+// connState is one live connection.
+type connState struct {
+	c    *amqp.Connection
+	done chan struct{} // closed by the connection loop once c is gone
+}
+
+// pubChannel is a confirm-mode channel owned by at most one Send at a time,
+// so its confirm sequence and returns belong to that Send alone.
+type pubChannel struct {
+	cs       *connState
+	ch       *amqp.Channel
+	returns  chan amqp.Return // nil once the library closed it
+	closes   chan *amqp.Error
+	gone     bool
+	closeErr *amqp.Error
+}
+
+// dead reports whether the channel was closed, remembering the broker's
+// reason.
+func (pc *pubChannel) dead() bool {
+	if pc.gone {
+		return true
+	}
+	select {
+	case e, ok := <-pc.closes:
+		pc.gone = true
+		if ok {
+			pc.closeErr = e
+		}
+		return true
+	default:
+	}
+	if pc.ch.IsClosed() || pc.cs.c.IsClosed() {
+		// The library marks the channel closed before it notifies the
+		// listeners; wait for that (it always ends by closing pc.closes)
+		// to learn the broker's reason.
+		t := time.NewTimer(2 * time.Second)
+		defer t.Stop()
+		select {
+		case e, ok := <-pc.closes:
+			if ok {
+				pc.closeErr = e
+			}
+		case <-t.C:
+		}
+		pc.gone = true
+		return true
+	}
+	return false
+}
+
+// New returns a sink for cfg. It validates cfg, applies the defaults and
+// starts connecting in the background: New does not fail when the broker is
+// down (Send waits for the connection, Healthy reports it). logger may be
+// nil.
+func New(cfg Config, logger *slog.Logger) (*Sink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	route, err := parseTemplate(cfg.RoutingKey)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: amqp: routing_key: %w", err)
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(cfg.ConnectionName)
+	s := &Sink{
+		cfg:      cfg,
+		exchange: cfg.Exchange,
+		route:    route,
+		url:      cfg.URL,
+		addr:     Config{URL: cfg.URL}.Redacted(),
+		dialCfg: amqp.Config{
+			Heartbeat:       cfg.Heartbeat,
+			TLSClientConfig: tc,
+			Properties:      props,
+			Locale:          "en_US",
+			Dial:            amqp.DefaultDial(cfg.DialTimeout),
+		},
+		log:      logger.With("sink", "amqp", "exchange", cfg.Exchange),
+		sem:      make(chan struct{}, cfg.Channels),
+		stopping: make(chan struct{}),
+		kill:     make(chan struct{}),
+		runDone:  make(chan struct{}),
+		ready:    make(chan struct{}),
+		lastErr:  errors.New("connecting"),
+	}
+	if s.exchange == DefaultExchangeName {
+		s.exchange = ""
+	}
+	go s.run()
+	return s, nil
+}
+
+// run keeps one connection open until Close, redialing with backoff.
+func (s *Sink) run() {
+	defer close(s.runDone)
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = s.cfg.ReconnectInitial
+	b.MaxInterval = s.cfg.ReconnectMax
+	b.MaxElapsedTime = 0
+	b.Reset()
+	wait := func() bool {
+		t := time.NewTimer(b.NextBackOff())
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-s.stopping:
+			return false
+		}
+	}
+	for {
+		select {
+		case <-s.stopping:
+			return
+		default:
+		}
+		c, err := s.dial()
+		if err != nil {
+			s.mu.Lock()
+			s.lastErr = err
+			s.mu.Unlock()
+			s.log.Warn("amqp connect failed", "err", err)
+			if !wait() {
+				return
+			}
+			continue
+		}
+		b.Reset()
+		cs := &connState{c: c, done: make(chan struct{})}
+		closes := c.NotifyClose(make(chan *amqp.Error, 1))
+		blocks := c.NotifyBlocked(make(chan amqp.Blocking, 4))
+		s.mu.Lock()
+		s.conn, s.lastErr, s.blocked = cs, nil, ""
+		close(s.ready)
+		s.mu.Unlock()
+		s.log.Info("amqp connected", "url", s.addr)
+
+		var reason error
+	connected:
+		for {
+			select {
+			case e, ok := <-closes:
+				if ok && e != nil {
+					reason = e
+				} else {
+					reason = errors.New("connection closed")
+				}
+				break connected
+			case bl := <-blocks:
+				s.mu.Lock()
+				s.blocked = ""
+				if bl.Active {
+					s.blocked = bl.Reason
+				}
+				s.mu.Unlock()
+				s.log.Warn("amqp connection flow control", "blocked", bl.Active, "reason", bl.Reason)
+			case <-s.kill:
+				s.mu.Lock()
+				s.conn, s.idle, s.lastErr = nil, nil, sinks.ErrClosed
+				s.mu.Unlock()
+				// Also ends every channel still open. The deadline bounds the
+				// close handshake when the broker stopped reading.
+				_ = c.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
+				close(cs.done)
+				return
+			}
+		}
+		s.mu.Lock()
+		s.conn, s.idle, s.blocked = nil, nil, ""
+		s.lastErr = fmt.Errorf("connection lost: %w", reason)
+		s.ready = make(chan struct{})
+		s.mu.Unlock()
+		close(cs.done)
+		s.log.Warn("amqp connection lost; reconnecting", "err", reason)
+		if !wait() {
+			return
+		}
+	}
+}
+
+// dial opens a connection and, with declare_exchange=passive, checks the
+// exchange.
+func (s *Sink) dial() (*amqp.Connection, error) {
+	c, err := amqp.DialConfig(s.url, s.dialCfg)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", s.addr, err)
+	}
+	if s.cfg.DeclareExchange == DeclarePassive && s.exchange != "" {
+		ch, err := c.Channel()
+		if err == nil {
+			err = ch.ExchangeDeclarePassive(s.exchange, "topic", true, false, false, false, nil)
+			if err == nil {
+				err = ch.Close()
+			}
+		}
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("check exchange %q: %w", s.exchange, err)
+		}
+	}
+	return c, nil
+}
+
+// Healthy reports whether the sink is connected and not blocked by the
+// broker's flow control.
+func (s *Sink) Healthy(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: amqp: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return sinks.ErrClosed
+	case s.conn == nil:
+		return fmt.Errorf("%w: %w", ErrNotConnected, s.lastErr)
+	case s.conn.c.IsClosed():
+		return fmt.Errorf("%w: connection closing", ErrNotConnected)
+	case s.blocked != "":
+		return fmt.Errorf("%w: %s", ErrBlocked, s.blocked)
+	}
+	return nil
+}
+
+// Close stops new Sends, waits for in-flight Sends or ctx, then closes the
+// connection. It is idempotent.
+func (s *Sink) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.stopOnce.Do(func() { close(s.stopping) })
+
+	done := make(chan struct{})
+	go func() { s.sends.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		// Closing the connection below ends the stragglers: their
+		// unconfirmed messages fail as retriable.
+		err = fmt.Errorf("outbox: amqp: close: in-flight sends still running: %w", ctx.Err())
+	}
+	s.killOnce.Do(func() { close(s.kill) })
+	<-s.runDone
+	s.bg.Wait()
+	return err
+}
+
+// acquire returns a channel for the caller's exclusive use, waiting for a
+// connection and a free slot until ctx ends.
+func (s *Sink) acquire(ctx context.Context) (*pubChannel, error) {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("outbox: amqp: waiting for a free channel: %w", ctx.Err())
+	case <-s.stopping:
+		return nil, sinks.ErrClosed
+	}
+	for {
+		s.mu.Lock()
+		cs, ready, lastErr := s.conn, s.ready, s.lastErr
+		for cs != nil && len(s.idle) > 0 {
+			pc := s.idle[len(s.idle)-1]
+			s.idle = s.idle[:len(s.idle)-1]
+			if pc.cs == cs && !pc.dead() {
+				s.mu.Unlock()
+				return pc, nil
+			}
+			s.discard(pc)
+		}
+		s.mu.Unlock()
+
+		// While disconnected, wait for the next connection; when the
+		// connection just died, wait for the loop to notice (it then
+		// clears s.conn and installs a fresh ready channel).
+		wake := ready
+		if cs != nil {
+			pc, err := s.open(cs)
+			if err == nil {
+				return pc, nil
+			}
+			if !cs.c.IsClosed() {
+				<-s.sem
+				return nil, fmt.Errorf("outbox: amqp: open channel: %w", err)
+			}
+			wake, lastErr = cs.done, err
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			<-s.sem
+			s.mu.Lock()
+			if s.lastErr != nil {
+				lastErr = s.lastErr // the latest reason, not the one from before the wait
+			}
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w (%w): %w", ErrNotConnected, lastErr, ctx.Err())
+		case <-s.stopping:
+			<-s.sem
+			return nil, sinks.ErrClosed
+		}
+	}
+}
+
+func (s *Sink) open(cs *connState) (*pubChannel, error) {
+	ch, err := cs.c.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return &pubChannel{
+		cs:      cs,
+		ch:      ch,
+		returns: ch.NotifyReturn(make(chan amqp.Return, returnBuffer)),
+		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
+}
+
+// release gives pc back to the pool when it is clean (every publish
+// confirmed, every return collected), else closes it.
+func (s *Sink) release(pc *pubChannel, clean bool) {
+	s.mu.Lock()
+	if clean && pc.cs == s.conn && !s.closed && !pc.dead() {
+		s.idle = append(s.idle, pc)
+	} else {
+		s.discard(pc)
+	}
+	s.mu.Unlock()
+	<-s.sem
+}
+
+// discard closes pc in the background: channel.close waits for the broker's
+// answer, which a stalled broker may never send (the connection close in
+// Close ends that wait).
+//
+// Callers hold s.mu. A channel of a connection that is no longer current
+// needs no close: that connection is gone or being closed, which ends its
+// channels; skipping it also keeps bg.Add from racing Close's bg.Wait.
+func (s *Sink) discard(pc *pubChannel) {
+	if pc.cs != s.conn || pc.dead() {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		_ = pc.ch.Close()
+	}()
+}
+
+// Send publishes msgs and waits for their confirms. See sinks.Sink for the
+// contract and docs/sinks/amqp.md for the failure classes.
+//
+// Messages that share a key are published one at a time per key: message n
+// of key k goes out only after message n-1 of k was confirmed and not
+// returned. Publishing both at once would let the broker route n while n-1
+// is returned as unroutable or nacked (a queue at its length limit with
+// overflow=reject-publish does exactly that), which breaks per-key order.
+// So the batch is sent in rounds: round r holds the r-th message of every
+// key plus, in round 0, every message without a key; each round is
+// published in full on the channel and then its confirms are collected.
+func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return sinks.ErrClosed
+	}
+	s.sends.Add(1)
+	s.mu.Unlock()
+	defer s.sends.Done()
+
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: amqp: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+
+	be := sinks.NewBatchError(len(msgs))
+	b := &batch{
+		s:    s,
+		msgs: msgs,
+		be:   be,
+		keys: make([]string, len(msgs)),
+		pubs: make([]amqp.Publishing, len(msgs)),
+	}
+	var rounds [][]int
+	seen := make(map[string]int)
+	prepFailed := false
+	for i, m := range msgs {
+		if err := b.prepare(i); err != nil {
+			be.Errs[i] = sinks.Permanent(err)
+			prepFailed = true
+		}
+		r := 0
+		if m.Key != "" {
+			r = seen[m.Key]
+			seen[m.Key] = r + 1
+		}
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], i)
+	}
+
+	pc, err := s.acquire(ctx)
+	if err == nil {
+		s.mu.Lock()
+		if reason := s.blocked; reason != "" {
+			err = fmt.Errorf("%w: %s", ErrBlocked, reason)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.release(pc, true)
+		}
+	}
+	if err != nil {
+		if !prepFailed {
+			return err
+		}
+		for _, round := range rounds {
+			for _, i := range round {
+				b.fail(i, err)
+			}
+		}
+		return be.Err()
+	}
+	b.pc = pc
+	b.done = make(chan struct{})
+	defer close(b.done)
+	// Free a publish stuck in a socket write once ctx is over (see
+	// stuckGrace).
+	defer context.AfterFunc(ctx, b.unstick)()
+	for _, round := range rounds {
+		for start := 0; start < len(round); start += returnBuffer {
+			b.publish(ctx, round[start:min(start+returnBuffer, len(round))])
+		}
+	}
+	s.release(pc, b.broken == nil)
+	return be.Err()
+}
+
+// batch is the state of one Send.
+type batch struct {
+	done     chan struct{} // closed when Send returns
+	pubState atomic.Uint64 // odd while inside a publish call
+	s        *Sink
+	pc       *pubChannel
+	msgs     []sinks.Message
+	be       *sinks.BatchError
+	keys     []string // routing keys
+	pubs     []amqp.Publishing
+	gate     sinks.KeyGate
+	broken   error // set once pc must not be used any more
+}
+
+// fail records the outcome of message i that was not published because of
+// err (or a prepare error already recorded), honouring the key gate.
+func (b *batch) fail(i int, err error) {
+	m := b.msgs[i]
+	switch {
+	case b.gate.Blocked(m):
+		b.be.Errs[i] = sinks.ErrNotAttempted
+	case b.be.Errs[i] != nil: // prepare failed: already permanent
+		b.gate.Fail(m)
+	default:
+		b.be.Errs[i] = err
+		b.gate.Fail(m)
+	}
+}
+
+// prepare builds the routing key and properties of message i, rejecting
+// what the broker or the AMQP encoding can never accept.
+func (b *batch) prepare(i int) error {
+	s, m := b.s, b.msgs[i]
+	if len(m.Payload) > s.cfg.MaxMessageSize {
+		return fmt.Errorf("outbox: amqp: message of %d bytes exceeds max_message_size %d", len(m.Payload), s.cfg.MaxMessageSize)
+	}
+	rk := s.route.render(m.Topic, m.Key, m.Headers)
+	if len(rk) > 255 {
+		return fmt.Errorf("outbox: amqp: routing key of %d bytes exceeds the AMQP limit of 255", len(rk))
+	}
+	for _, f := range []struct{ name, v string }{{"message id", m.ID}, {"topic", m.Topic}} {
+		if len(f.v) > 255 {
+			return fmt.Errorf("outbox: amqp: %s of %d bytes exceeds the AMQP limit of 255", f.name, len(f.v))
+		}
+	}
+	headers := make(amqp.Table, len(m.Headers)+1)
+	contentType := s.cfg.ContentType
+	for k, v := range m.Headers {
+		if len(k) > 255 {
+			return fmt.Errorf("outbox: amqp: header name of %d bytes exceeds the AMQP limit of 255", len(k))
+		}
+		if strings.EqualFold(k, "content-type") && v != "" {
+			if len(v) > 255 {
+				return fmt.Errorf("outbox: amqp: content-type header of %d bytes exceeds the AMQP limit of 255", len(v))
+			}
+			contentType = v
+		}
+		headers[k] = v
+	}
+	if m.Key != "" {
+		headers[HeaderKey] = m.Key
+	}
+	b.keys[i] = rk
+	b.pubs[i] = amqp.Publishing{
+		Headers:      headers,
+		ContentType:  contentType,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.ID,
+		Timestamp:    m.CreatedAt,
+		Type:         m.Topic,
+		AppId:        "outbox-relay",
+		Body:         m.Payload,
+	}
+	return nil
+}
+
+type inflight struct {
+	i  int
+	dc *amqp.DeferredConfirmation
+}
+
+// publish sends the messages at idx (at most returnBuffer, no two with the
+// same key) and collects their confirms and returns.
+func (b *batch) publish(ctx context.Context, idx []int) {
+	fl := make([]inflight, 0, len(idx))
+	byID := make(map[string][]int, len(idx)) // message id -> positions in fl, in publish order
+	for _, i := range idx {
+		m := b.msgs[i]
+		if b.gate.Blocked(m) || b.be.Errs[i] != nil {
+			b.fail(i, nil)
+			continue
+		}
+		if b.broken != nil {
+			b.fail(i, fmt.Errorf("%w: not sent: %w", ErrNotConfirmed, b.broken))
+			continue
+		}
+		b.pubState.Add(1)
+		dc, err := b.pc.ch.PublishWithDeferredConfirmWithContext(ctx, b.s.exchange, b.keys[i], true, false, b.pubs[i])
+		b.pubState.Add(1)
+		if err != nil {
+			b.broken = b.channelErr(err)
+			b.fail(i, fmt.Errorf("%w: publish: %w", ErrNotConfirmed, b.broken))
+			continue
+		}
+		byID[m.ID] = append(byID[m.ID], len(fl))
+		fl = append(fl, inflight{i: i, dc: dc})
+	}
+	if len(fl) == 0 {
+		return
+	}
+
+	returned := make(map[int]amqp.Return)
+	record := func(r amqp.Return, ok bool) {
+		if !ok {
+			b.pc.returns = nil // closed with the channel
+			return
+		}
+		q := byID[r.MessageId]
+		if len(q) == 0 {
+			// Cannot be ours: every earlier publish on this channel was
+			// settled before this round started.
+			b.s.log.Warn("amqp return for an unknown message", "message_id", r.MessageId)
+			return
+		}
+		returned[q[0]] = r
+		byID[r.MessageId] = q[1:]
+	}
+	var timeout error
+wait:
+	for k := range fl {
+		for {
+			select {
+			case <-fl[k].dc.Done():
+				continue wait
+			case r, ok := <-b.pc.returns:
+				record(r, ok)
+			case <-ctx.Done():
+				timeout = ctx.Err()
+				break wait
+			}
+		}
+	}
+	// The library hands a basic.return to the returns queue before it
+	// processes the basic.ack that follows it, so once a confirm is done
+	// its return (if any) is already queued.
+	for drained := false; !drained && b.pc.returns != nil; {
+		select {
+		case r, ok := <-b.pc.returns:
+			record(r, ok)
+		default:
+			drained = true
+		}
+	}
+
+	for k, f := range fl {
+		i, m := f.i, b.msgs[f.i]
+		if r, ok := returned[k]; ok {
+			err := fmt.Errorf("%w: exchange %q routing key %q: %d %s", ErrUnroutable, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+			if b.s.cfg.Unroutable == UnroutablePermanent {
+				err = sinks.Permanent(err)
+			}
+			b.be.Errs[i] = err
+			b.gate.Fail(m)
+			continue
+		}
+		select {
+		case <-f.dc.Done():
+			if f.dc.Acked() {
+				continue
+			}
+			if b.pc.dead() {
+				// The library nacks every pending confirm when the
+				// channel or connection closes.
+				b.broken = b.channelErr(amqp.ErrClosed)
+				b.be.Errs[i] = fmt.Errorf("%w: %w", ErrNotConfirmed, b.broken)
+			} else {
+				b.be.Errs[i] = ErrNacked
+			}
+		default:
+			b.be.Errs[i] = fmt.Errorf("%w: no confirm within the publish timeout or ctx: %w", ErrNotConfirmed, timeout)
+		}
+		b.gate.Fail(m)
+	}
+	if timeout != nil && b.broken == nil {
+		// Late confirms and returns would land in the next Send's round.
+		b.broken = timeout
+	}
+}
+
+// unstick runs when the Send's context ends. If a publish call is in
+// progress and still the same one stuckGrace later, its socket write is
+// stuck (the broker stopped reading): closing the connection with an
+// immediate deadline makes the write fail. Every Send on the connection
+// then fails as retriable and the sink reconnects.
+func (b *batch) unstick() {
+	v := b.pubState.Load()
+	if v%2 == 0 {
+		return
+	}
+	t := time.NewTimer(stuckGrace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-b.done:
+		return
+	}
+	if b.pubState.Load() == v {
+		b.s.log.Warn("amqp publish stuck after the send's deadline; closing the connection")
+		_ = b.pc.cs.c.CloseDeadline(time.Now())
+	}
+}
+
+// channelErr explains a failed publish or a lost channel, preferring the
+// broker's close reason.
+func (b *batch) channelErr(err error) error {
+	if b.pc.dead() && b.pc.closeErr != nil {
+		return fmt.Errorf("channel closed: %w", b.pc.closeErr)
+	}
+	if b.pc.cs.c.IsClosed() {
+		return fmt.Errorf("connection lost: %w", err)
+	}
+	return err
+}

@@ -1,0 +1,520 @@
+package amqpsink
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultRoutingKey       = "{topic}"
+	DefaultUnroutable       = UnroutablePermanent
+	DefaultContentType      = "application/octet-stream"
+	DefaultConnectionName   = "outbox-relay"
+	DefaultPublishTimeout   = 30 * time.Second
+	DefaultDialTimeout      = 10 * time.Second
+	DefaultHeartbeat        = 10 * time.Second
+	DefaultReconnectInitial = 500 * time.Millisecond
+	DefaultReconnectMax     = 30 * time.Second
+	DefaultChannels         = 8
+	// DefaultMaxMessageSize matches RabbitMQ's own default max_message_size
+	// (128 MiB).
+	DefaultMaxMessageSize = 128 << 20
+)
+
+// Values of Config.Unroutable.
+const (
+	// UnroutablePermanent dead-letters a message no queue is bound for.
+	UnroutablePermanent = "permanent"
+	// UnroutableRetry retries it with backoff, for topologies whose queues
+	// appear later than the messages.
+	UnroutableRetry = "retry"
+)
+
+// Values of Config.DeclareExchange.
+const (
+	// DeclareNone leaves the exchange alone.
+	DeclareNone = "none"
+	// DeclarePassive checks on every (re)connect that the exchange exists.
+	DeclarePassive = "passive"
+)
+
+// DefaultExchangeName selects the broker's nameless default exchange, which
+// routes a message to the queue named by its routing key.
+const DefaultExchangeName = "amq.default"
+
+// HeaderKey carries the outbox key of a message (AMQP has no key of its
+// own). It is set only when the key is not empty.
+const HeaderKey = "outbox-key"
+
+// Config configures the RabbitMQ (AMQP 0-9-1) sink. The zero value of every
+// field but URL and Exchange means "use the default" documented on it; New
+// applies the defaults. Every field can also be set as a query parameter of
+// the --sink URL under its yaml name (TLS fields as tls_ca_file, ...).
+type Config struct {
+	// URL is the broker address, amqp://user:pass@host:port/vhost or
+	// amqps://... The vhost is the percent-decoded path ("/" when the path
+	// is empty or "/"). Credentials must be percent-encoded. It has no
+	// query string: options are the fields below. Required.
+	URL string `yaml:"url"`
+	// Exchange receives every message. "amq.default" selects the nameless
+	// default exchange (routing key = queue name). Required: there is no
+	// default, because publishing to the wrong exchange dead-letters
+	// every message as unroutable.
+	Exchange string `yaml:"exchange"`
+	// RoutingKey is a template for each message's routing key: literal
+	// text plus {topic}, {key} and {header:NAME} (empty when the message
+	// has no such header). Default: "{topic}".
+	RoutingKey string `yaml:"routing_key"`
+	// Unroutable says what a message that reached no queue is: "permanent"
+	// (dead-lettered at once) or "retry". Default: "permanent".
+	Unroutable string `yaml:"unroutable"`
+	// ContentType is the content-type property of messages that have no
+	// "content-type" header of their own. Default: application/octet-stream.
+	ContentType string `yaml:"content_type"`
+	// DeclareExchange is "none" or "passive" (check on every connect that
+	// the exchange exists; a missing exchange keeps the sink disconnected
+	// and unhealthy until it is created). The sink never creates or
+	// changes topology. Default: "none".
+	DeclareExchange string `yaml:"declare_exchange"`
+	// ConnectionName is the connection_name client property shown by the
+	// broker (rabbitmqctl list_connections, management UI). Default:
+	// "outbox-relay".
+	ConnectionName string `yaml:"connection_name"`
+	// PublishTimeout bounds one Send: waiting for a connection and a
+	// channel, publishing and waiting for every confirm. Default: 30s.
+	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// DialTimeout bounds TCP connect, TLS and AMQP handshakes. Default: 10s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// Heartbeat is the AMQP heartbeat interval the sink proposes; a dead
+	// broker is noticed after about three intervals. Default: 10s.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// ReconnectInitial is the first delay before redialing after the
+	// connection was lost or a dial failed; it doubles (with jitter) up to
+	// ReconnectMax and resets after a successful dial. Default: 500ms.
+	ReconnectInitial time.Duration `yaml:"reconnect_initial"`
+	// ReconnectMax caps the delay between dial attempts. Default: 30s.
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// Channels is the number of AMQP channels on the one connection, that
+	// is the number of Sends that publish at the same time; further Sends
+	// wait for a free channel. Default: 8.
+	Channels int `yaml:"channels"`
+	// MaxMessageSize is the largest payload the sink publishes; a larger
+	// message fails permanently without being sent. Set it to the broker's
+	// max_message_size. Default: 134217728 (128 MiB, RabbitMQ's default).
+	MaxMessageSize int `yaml:"max_message_size"`
+	// TLS configures amqps:// connections. Default: system roots, no
+	// client certificate, server name from the URL.
+	TLS TLSConfig `yaml:"tls"`
+}
+
+// TLSConfig holds the TLS settings of an amqps:// connection.
+type TLSConfig struct {
+	// CAFile is a PEM bundle of CAs trusted for the broker's certificate.
+	// Default: the system roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile is the PEM client certificate (for EXTERNAL or mutual TLS).
+	// Requires KeyFile. Default: none.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the PEM private key of CertFile. Default: none.
+	KeyFile string `yaml:"key_file"`
+	// ServerName overrides the name verified in the broker's certificate.
+	// Default: the URL's host.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify disables certificate verification. For tests
+	// only. Default: false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+func (t TLSConfig) isZero() bool { return t == TLSConfig{} }
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.RoutingKey == "" {
+		c.RoutingKey = DefaultRoutingKey
+	}
+	if c.Unroutable == "" {
+		c.Unroutable = DefaultUnroutable
+	}
+	if c.ContentType == "" {
+		c.ContentType = DefaultContentType
+	}
+	if c.DeclareExchange == "" {
+		c.DeclareExchange = DeclareNone
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = DefaultConnectionName
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ReconnectInitial == 0 {
+		c.ReconnectInitial = DefaultReconnectInitial
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectInitial)
+	}
+	if c.Channels == 0 {
+		c.Channels = DefaultChannels
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = DefaultMaxMessageSize
+	}
+	return c
+}
+
+// Validate reports the first problem in c, naming the field. Zero values
+// other than URL and Exchange are valid (they select the defaults). Errors
+// never contain the password.
+func (c Config) Validate() error {
+	if c.URL == "" {
+		return errors.New("outbox: amqp: url: required")
+	}
+	u, err := checkURL(c.URL)
+	if err != nil {
+		return fmt.Errorf("outbox: amqp: url: %w", err)
+	}
+	if c.Exchange == "" {
+		return fmt.Errorf("outbox: amqp: exchange: required (use %q for the default exchange)", DefaultExchangeName)
+	}
+	if len(c.Exchange) > 255 {
+		return errors.New("outbox: amqp: exchange: longer than 255 bytes")
+	}
+	if c.RoutingKey != "" {
+		if _, err := parseTemplate(c.RoutingKey); err != nil {
+			return fmt.Errorf("outbox: amqp: routing_key: %w", err)
+		}
+	}
+	switch c.Unroutable {
+	case "", UnroutablePermanent, UnroutableRetry:
+	default:
+		return fmt.Errorf("outbox: amqp: unroutable: must be %q or %q, got %q", UnroutablePermanent, UnroutableRetry, c.Unroutable)
+	}
+	if len(c.ContentType) > 255 || strings.ContainsFunc(c.ContentType, isControl) {
+		return errors.New("outbox: amqp: content_type: longer than 255 bytes or contains control characters")
+	}
+	switch c.DeclareExchange {
+	case "", DeclareNone, DeclarePassive:
+	default:
+		return fmt.Errorf("outbox: amqp: declare_exchange: must be %q or %q, got %q", DeclareNone, DeclarePassive, c.DeclareExchange)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"publish_timeout", c.PublishTimeout},
+		{"dial_timeout", c.DialTimeout},
+		{"heartbeat", c.Heartbeat},
+		{"reconnect_initial", c.ReconnectInitial},
+		{"reconnect_max", c.ReconnectMax},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("outbox: amqp: %s: must not be negative, got %s", d.name, d.v)
+		}
+	}
+	if c.ReconnectMax != 0 && c.ReconnectMax < c.ReconnectInitial {
+		return fmt.Errorf("outbox: amqp: reconnect_max: %s is less than reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+	}
+	if c.Channels < 0 || c.Channels > 2047 {
+		return fmt.Errorf("outbox: amqp: channels: must be between 1 and 2047, got %d", c.Channels)
+	}
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("outbox: amqp: max_message_size: must not be negative, got %d", c.MaxMessageSize)
+	}
+	if !c.TLS.isZero() && u.Scheme != "amqps" {
+		return errors.New("outbox: amqp: tls: set, but the url scheme is amqp; use amqps://")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return errors.New("outbox: amqp: tls.cert_file: cert_file and key_file must be set together")
+	}
+	return nil
+}
+
+// checkURL validates the broker address. Its errors never repeat the URL,
+// which holds the password.
+func checkURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New(`not a valid URL (percent-encode reserved characters such as "?", "#", "@", "/" in the user name and password)`)
+	}
+	if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		return nil, fmt.Errorf("scheme must be amqp or amqps, got %q", u.Scheme)
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		return nil, errors.New("must not have a query string (options are config fields)")
+	}
+	if u.Fragment != "" {
+		return nil, errors.New("must not have a fragment")
+	}
+	if u.Hostname() == "" {
+		return nil, errors.New("host is missing")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("port must be between 1 and 65535, got %q", p)
+		}
+	}
+	if _, err := amqp.ParseURI(raw); err != nil {
+		return nil, errors.New("not a valid AMQP URI (check the port and vhost)")
+	}
+	return u, nil
+}
+
+// ParseURL parses a --sink URL such as
+// amqp://guest:guest@127.0.0.1:5672/?exchange=events&routing_key=orders.{topic}
+// into a Config. Every Config field is accepted as a query parameter under
+// its yaml name (TLS fields as tls_ca_file, tls_cert_file, tls_key_file,
+// tls_server_name, tls_insecure_skip_verify); any other parameter is an
+// error naming it. The result is validated.
+func ParseURL(raw string) (Config, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return Config{}, errors.New(`outbox: amqp: url: not a valid URL (percent-encode reserved characters such as "?", "#", "@", "/" in the user name and password)`)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return Config{}, errors.New("outbox: amqp: url: malformed query string")
+	}
+	var c Config
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	slices.Sort(names) // report problems deterministically
+	for _, name := range names {
+		vals := q[name]
+		if len(vals) != 1 {
+			return Config{}, fmt.Errorf("outbox: amqp: url: query parameter %q given %d times", name, len(vals))
+		}
+		if err := c.setParam(name, vals[0]); err != nil {
+			return Config{}, err
+		}
+	}
+	u.RawQuery = ""
+	u.ForceQuery = false
+	c.URL = u.String()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func (c *Config) setParam(name, v string) error {
+	dur := func(dst *time.Duration) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a duration: %q", name, v)
+		}
+		*dst = d
+		return nil
+	}
+	num := func(dst *int) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not an integer: %q", name, v)
+		}
+		*dst = n
+		return nil
+	}
+	switch name {
+	case "exchange":
+		c.Exchange = v
+	case "routing_key":
+		c.RoutingKey = v
+	case "unroutable":
+		c.Unroutable = v
+	case "content_type":
+		c.ContentType = v
+	case "declare_exchange":
+		c.DeclareExchange = v
+	case "connection_name":
+		c.ConnectionName = v
+	case "publish_timeout":
+		return dur(&c.PublishTimeout)
+	case "dial_timeout":
+		return dur(&c.DialTimeout)
+	case "heartbeat":
+		return dur(&c.Heartbeat)
+	case "reconnect_initial":
+		return dur(&c.ReconnectInitial)
+	case "reconnect_max":
+		return dur(&c.ReconnectMax)
+	case "channels":
+		return num(&c.Channels)
+	case "max_message_size":
+		return num(&c.MaxMessageSize)
+	case "tls_ca_file":
+		c.TLS.CAFile = v
+	case "tls_cert_file":
+		c.TLS.CertFile = v
+	case "tls_key_file":
+		c.TLS.KeyFile = v
+	case "tls_server_name":
+		c.TLS.ServerName = v
+	case "tls_insecure_skip_verify":
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a boolean: %q", name, v)
+		}
+		c.TLS.InsecureSkipVerify = b
+	default:
+		return fmt.Errorf("outbox: amqp: url: unknown query parameter %q", name)
+	}
+	return nil
+}
+
+// Redacted returns the configuration as a --sink URL with the password
+// replaced by "xxxxx", for logs and error messages.
+func (c Config) Redacted() string {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return "amqp://(invalid url)"
+	}
+	u.RawQuery = ""
+	redacted := u.Redacted()
+	q := url.Values{}
+	add := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	add("exchange", c.Exchange)
+	add("routing_key", c.RoutingKey)
+	add("unroutable", c.Unroutable)
+	add("content_type", c.ContentType)
+	add("declare_exchange", c.DeclareExchange)
+	add("connection_name", c.ConnectionName)
+	add("tls_ca_file", c.TLS.CAFile)
+	add("tls_cert_file", c.TLS.CertFile)
+	add("tls_key_file", c.TLS.KeyFile)
+	add("tls_server_name", c.TLS.ServerName)
+	if len(q) == 0 {
+		return redacted
+	}
+	return redacted + "?" + q.Encode()
+}
+
+// tlsConfig builds the client TLS configuration, or nil for amqp://.
+func (c Config) tlsConfig() (*tls.Config, error) {
+	u, err := url.Parse(c.URL)
+	if err != nil || u.Scheme != "amqps" {
+		return nil, nil
+	}
+	tc := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         c.TLS.ServerName,
+		InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // documented as tests only
+	}
+	if tc.ServerName == "" {
+		tc.ServerName = u.Hostname()
+	}
+	if c.TLS.CAFile != "" {
+		pem, err := os.ReadFile(c.TLS.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: amqp: tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("outbox: amqp: tls.ca_file: no PEM certificate in %s", c.TLS.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: amqp: tls.cert_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// template is a parsed routing-key template: literal parts and
+// placeholders, in order.
+type template []tmplPart
+
+type tmplPart struct {
+	kind   int // partLiteral, partTopic, partKey, partHeader
+	text   string
+	header string
+}
+
+const (
+	partLiteral = iota
+	partTopic
+	partKey
+	partHeader
+)
+
+func parseTemplate(s string) (template, error) {
+	var t template
+	for s != "" {
+		open := strings.IndexByte(s, '{')
+		closeIdx := strings.IndexByte(s, '}')
+		if closeIdx >= 0 && (open < 0 || closeIdx < open) {
+			return nil, errors.New(`unmatched "}"`)
+		}
+		if open < 0 {
+			t = append(t, tmplPart{kind: partLiteral, text: s})
+			break
+		}
+		if open > 0 {
+			t = append(t, tmplPart{kind: partLiteral, text: s[:open]})
+		}
+		end := strings.IndexByte(s[open:], '}')
+		if end < 0 {
+			return nil, errors.New(`unmatched "{"`)
+		}
+		name := s[open+1 : open+end]
+		switch {
+		case name == "topic":
+			t = append(t, tmplPart{kind: partTopic})
+		case name == "key":
+			t = append(t, tmplPart{kind: partKey})
+		case strings.HasPrefix(name, "header:") && len(name) > len("header:") && !strings.ContainsAny(name, "{"):
+			t = append(t, tmplPart{kind: partHeader, header: name[len("header:"):]})
+		default:
+			return nil, fmt.Errorf("unknown placeholder {%s} (use {topic}, {key} or {header:NAME})", name)
+		}
+		s = s[open+end+1:]
+	}
+	return t, nil
+}
+
+func (t template) render(topic, key string, headers map[string]string) string {
+	if len(t) == 1 && t[0].kind == partTopic {
+		return topic
+	}
+	var b strings.Builder
+	for _, p := range t {
+		switch p.kind {
+		case partLiteral:
+			b.WriteString(p.text)
+		case partTopic:
+			b.WriteString(topic)
+		case partKey:
+			b.WriteString(key)
+		case partHeader:
+			b.WriteString(headers[p.header])
+		}
+	}
+	return b.String()
+}

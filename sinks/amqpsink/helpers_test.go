@@ -1,0 +1,269 @@
+package amqpsink
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func testURL() string {
+	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// unavailable fails the test under CI=true, else skips it, with reason.
+func unavailable(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(msg)
+	}
+	tb.Skip(msg)
+}
+
+func randName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+// testEnv is one sink publishing to its own exchange, with its own queue
+// and a real consumer reading that queue.
+type testEnv struct {
+	t        testing.TB
+	sink     *Sink
+	cfg      Config
+	admin    *amqp.Connection
+	adminCh  *amqp.Channel
+	exchange string
+	queue    string
+	prefix   string // routing keys of bound topics start with prefix + "."
+	durable  bool
+	noReader bool // no consumer: messages stay in the queue
+	deliv    <-chan amqp.Delivery
+
+	mu    sync.Mutex
+	bound map[string]bool
+}
+
+type envOpt func(*testEnv)
+
+func withConfig(f func(*Config)) envOpt { return func(e *testEnv) { f(&e.cfg) } }
+func durable() envOpt                   { return func(e *testEnv) { e.durable = true } }
+func noReader() envOpt                  { return func(e *testEnv) { e.noReader = true } }
+
+// setup declares a direct exchange and a queue with random names, starts a
+// consumer and a sink. Topics are bound on demand by topic().
+func setup(tb testing.TB, opts ...envOpt) *testEnv {
+	tb.Helper()
+	url := testURL()
+	admin, err := amqp.Dial(url)
+	if err != nil {
+		unavailable(tb, "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", redactURL(url), err)
+	}
+	e := &testEnv{
+		t:        tb,
+		admin:    admin,
+		exchange: randName("outbox-test-x"),
+		queue:    randName("outbox-test-q"),
+		prefix:   randName("t"),
+		bound:    map[string]bool{},
+	}
+	e.cfg = Config{
+		URL:              url,
+		Exchange:         e.exchange,
+		ConnectionName:   randName("outbox-test-conn"),
+		PublishTimeout:   10 * time.Second,
+		ReconnectInitial: 20 * time.Millisecond,
+		ReconnectMax:     200 * time.Millisecond,
+		// The Poison message of the conformance harness carries this
+		// header to get a routing key no queue is bound for.
+		RoutingKey: "{topic}{header:x-test-route}",
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	ch, err := admin.Channel()
+	require.NoError(tb, err)
+	e.adminCh = ch
+	require.NoError(tb, ch.ExchangeDeclare(e.exchange, "direct", e.durable, false, false, false, nil))
+	_, err = ch.QueueDeclare(e.queue, e.durable, false, false, false, nil)
+	require.NoError(tb, err)
+	// A consumer on its own channel, so that deleting the exchange (which
+	// is fine) or a failed declare on the admin channel cannot stop it.
+	if !e.noReader {
+		cch, err := admin.Channel()
+		require.NoError(tb, err)
+		e.deliv, err = cch.Consume(e.queue, "", true, false, false, false, nil)
+		require.NoError(tb, err)
+	}
+	tb.Cleanup(func() {
+		_ = admin.Close()
+		// A fresh connection: the admin one may be gone with a broker
+		// restart, its channel closed by a failed operation.
+		c, err := amqp.Dial(url)
+		if err != nil {
+			tb.Errorf("cleanup: %v", err)
+			return
+		}
+		defer c.Close()
+		if ch, err := c.Channel(); err == nil {
+			_, _ = ch.QueueDelete(e.queue, false, false, false)
+			_ = ch.ExchangeDelete(e.exchange, false, false)
+		}
+	})
+
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	require.NoError(tb, err)
+	e.sink = s
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(tb, s.Close(ctx))
+	})
+	return e
+}
+
+// tWriter sends the sink's logs to t.Log.
+type tWriter struct{ tb testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func redactURL(raw string) string {
+	c := Config{URL: raw}
+	return c.Redacted()
+}
+
+// topic returns a topic whose routing key is bound to the env's queue.
+func (e *testEnv) topic(suffix string) string {
+	suffix = strings.NewReplacer(".", "_", " ", "_").Replace(suffix)
+	t := e.prefix + "." + suffix
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.bound[t] {
+		require.NoError(e.t, e.adminCh.QueueBind(e.queue, t, e.exchange, false, nil))
+		e.bound[t] = true
+	}
+	return t
+}
+
+// unboundTopic returns a topic no queue is bound for.
+func (e *testEnv) unboundTopic() string { return e.prefix + ".nowhere" }
+
+// breakExchange deletes the exchange; restore declares it and its bindings
+// again.
+func (e *testEnv) breakExchange() (restore func()) {
+	require.NoError(e.t, e.adminCh.ExchangeDelete(e.exchange, false, false))
+	return func() {
+		require.NoError(e.t, e.adminCh.ExchangeDeclare(e.exchange, "direct", e.durable, false, false, false, nil))
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for t := range e.bound {
+			require.NoError(e.t, e.adminCh.QueueBind(e.queue, t, e.exchange, false, nil))
+		}
+	}
+}
+
+// read returns the next n deliveries.
+func (e *testEnv) read(ctx context.Context, n int) ([]amqp.Delivery, error) {
+	out := make([]amqp.Delivery, 0, n)
+	for len(out) < n {
+		select {
+		case d, ok := <-e.deliv:
+			if !ok {
+				return out, fmt.Errorf("consumer closed after %d of %d messages", len(out), n)
+			}
+			out = append(out, d)
+		case <-ctx.Done():
+			return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
+		}
+	}
+	return out, nil
+}
+
+func (e *testEnv) mustRead(n int) []amqp.Delivery {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ds, err := e.read(ctx, n)
+	require.NoError(e.t, err)
+	return ds
+}
+
+// restartConn closes the sink's connection from the broker side, found by
+// its unique connection_name. Only this sink's connection is touched:
+// other packages' tests share the broker.
+func (e *testEnv) restartConn() error {
+	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl list_connections: %v: %s", err, out)
+	}
+	needle := fmt.Sprintf(`{"connection_name","%s"}`, e.cfg.ConnectionName)
+	var closed int
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, needle) {
+			continue
+		}
+		pid, _, _ := strings.Cut(line, "\t")
+		if out, err := exec.Command("rabbitmqctl", "close_connection", pid, "outbox-relay test restart").CombinedOutput(); err != nil {
+			return fmt.Errorf("rabbitmqctl close_connection: %v: %s", err, out)
+		}
+		closed++
+	}
+	if closed == 0 {
+		return fmt.Errorf("no connection named %s", e.cfg.ConnectionName)
+	}
+	return nil
+}
+
+func needRabbitmqctl(tb testing.TB) {
+	tb.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		unavailable(tb, "rabbitmqctl not in PATH (needed to close connections from the broker side): %v", err)
+	}
+}
+
+// msgs returns n messages of ~size bytes on topic, keys cycling over keys
+// ("" when keys is 0).
+func msgs(topic string, n, keys, size int) []sinks.Message {
+	out := make([]sinks.Message, n)
+	for i := range out {
+		key := ""
+		if keys > 0 {
+			key = fmt.Sprintf("k%d", i%keys)
+		}
+		payload := make([]byte, size)
+		copy(payload, fmt.Sprintf("payload-%d-", i))
+		out[i] = sinktest.Msg(topic, key, int64(i+1), payload)
+	}
+	return out
+}
+
+func headerString(d amqp.Delivery, name string) string {
+	v, _ := d.Headers[name].(string)
+	return v
+}
