@@ -13,8 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -33,6 +36,31 @@ type Message struct {
 	Payload []byte
 	// Headers are delivered as message headers.
 	Headers map[string]string
+
+	// ID is the stable message id consumers deduplicate on. Empty: the
+	// writer generates one (a UUIDv7). Must be a UUID when set.
+	ID string
+	// DedupKey makes the write idempotent: while a message with the same
+	// DedupKey is pending (written and not yet delivered or
+	// dead-lettered), writing another is a no-op and Insert reports the
+	// pending message's id. Empty: no deduplication.
+	DedupKey string
+	// DeliverAt delays delivery until this time. A delayed message holds
+	// back the later messages of its key until it is delivered.
+	DeliverAt time.Time
+	// DeliverAfter delays delivery by this long after the writing
+	// transaction started, on the database clock. Ignored when DeliverAt
+	// is set.
+	DeliverAfter time.Duration
+}
+
+// Written reports the outcome of one message of an Insert.
+type Written struct {
+	// MessageID is the id of the message written, or of the pending
+	// message that had the same DedupKey.
+	MessageID string
+	// Duplicate is true when nothing was written because of DedupKey.
+	Duplicate bool
 }
 
 // Validation errors. Write wraps them with the index of the offending
@@ -45,6 +73,8 @@ var (
 	ErrInvalidHeader   = errors.New("outbox: invalid header")
 	ErrInvalidKey      = errors.New("outbox: invalid key")
 	ErrUnsupportedTx   = errors.New("outbox: unsupported transaction type")
+	ErrInvalidDelay    = errors.New("outbox: invalid delay")
+	ErrInvalidID       = errors.New("outbox: invalid message id")
 )
 
 // MaxTopicLen is the longest topic accepted (Kafka's limit is 249).
@@ -74,6 +104,15 @@ func (m Message) validate(maxPayload int) error {
 		return ErrNilPayload
 	case maxPayload > 0 && len(m.Payload) > maxPayload:
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(m.Payload), maxPayload)
+	case !utf8.ValidString(m.DedupKey) || strings.ContainsRune(m.DedupKey, 0):
+		return fmt.Errorf("%w: dedup key must be valid UTF-8 without NUL", ErrInvalidKey)
+	case m.DeliverAfter < 0:
+		return fmt.Errorf("%w: DeliverAfter is negative", ErrInvalidDelay)
+	}
+	if m.ID != "" {
+		if _, err := uuid.Parse(m.ID); err != nil {
+			return fmt.Errorf("%w: ID %q is not a UUID", ErrInvalidID, m.ID)
+		}
 	}
 	for k, v := range m.Headers {
 		switch {
@@ -93,9 +132,13 @@ func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 // Writer writes messages into one outbox schema.
 type Writer struct {
 	schema     string
+	table      string
 	maxPayload int
-	insertPgx  string
-	insertSQL  string
+	// Two variants of each insert: the plain one, and the one that skips
+	// duplicates of pending dedup keys (ON CONFLICT costs a little, so it
+	// is used only for batches that carry dedup keys).
+	insertPgx, insertPgxDedup string
+	insertSQL, insertSQLDedup string
 }
 
 // WriterConfig configures a Writer.
@@ -119,17 +162,29 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	table := migrations.Ident(cfg.Schema) + ".messages"
+	// available_at stays NULL unless delivery really is delayed, so that
+	// only delayed rows enter the relay's "waiting" index.
+	const availableAt = "CASE WHEN at > now() THEN at WHEN after_ms > 0 THEN now() + after_ms * interval '1 millisecond' END"
+	const conflict = " ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING message_id::text"
+	// One statement, one round trip, whatever the number of messages.
+	pgxInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at)" +
+		" SELECT id, t, k, p, h::jsonb, d, " + availableAt +
+		" FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])" +
+		" AS u(id, t, k, p, h, d, at, after_ms)"
+	// database/sql drivers differ in how they pass arrays, so the portable
+	// form sends the batch as one JSON document.
+	sqlInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at)" +
+		" SELECT id, topic, key, decode(payload, 'base64'), coalesce(headers, '{}'), d, " + availableAt +
+		" FROM jsonb_to_recordset($1::jsonb)" +
+		" AS m(id uuid, topic text, key text, payload text, headers jsonb, d text, at timestamptz, after_ms bigint)"
 	return &Writer{
-		schema:     cfg.Schema,
-		maxPayload: cfg.MaxPayloadBytes,
-		// One statement, one round trip, whatever the number of messages.
-		insertPgx: "INSERT INTO " + table + " (topic, key, payload, headers)" +
-			" SELECT t, k, p, h::jsonb FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) AS u(t, k, p, h)",
-		// database/sql drivers differ in how they pass arrays, so the
-		// portable form sends the batch as one JSON document.
-		insertSQL: "INSERT INTO " + table + " (topic, key, payload, headers)" +
-			" SELECT m.topic, m.key, decode(m.payload, 'base64'), coalesce(m.headers, '{}')" +
-			" FROM jsonb_to_recordset($1::jsonb) AS m(topic text, key text, payload text, headers jsonb)",
+		schema:         cfg.Schema,
+		table:          table,
+		maxPayload:     cfg.MaxPayloadBytes,
+		insertPgx:      pgxInsert,
+		insertPgxDedup: pgxInsert + conflict,
+		insertSQL:      sqlInsert,
+		insertSQLDedup: sqlInsert + conflict,
 	}, nil
 }
 
@@ -157,31 +212,113 @@ func Write(ctx context.Context, tx any, msgs ...Message) error {
 
 // Write inserts msgs through tx; see the package-level Write.
 func (w *Writer) Write(ctx context.Context, tx any, msgs ...Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	for i, m := range msgs {
-		if err := m.validate(w.maxPayload); err != nil {
-			return fmt.Errorf("message %d: %w", i, err)
-		}
-	}
-	switch tx := tx.(type) {
-	case PgxExecer:
-		return w.writePgx(ctx, tx, msgs)
-	case SQLExecer:
-		return w.writeSQL(ctx, tx, msgs)
-	default:
-		return fmt.Errorf("%w: %T (want a pgx.Tx or *sql.Tx)", ErrUnsupportedTx, tx)
-	}
+	_, err := w.Insert(ctx, tx, msgs...)
+	return err
 }
 
-func (w *Writer) writePgx(ctx context.Context, tx PgxExecer, msgs []Message) error {
-	topics := make([]string, len(msgs))
-	keys := make([]*string, len(msgs))
-	payloads := make([][]byte, len(msgs))
-	headers := make([]string, len(msgs))
+// Insert is Write that also reports, for each message, its id and whether
+// it was skipped as a duplicate of a pending message with the same
+// DedupKey. Batches without dedup keys take one round trip; batches with
+// duplicates take a second one to look up the pending ids.
+func Insert(ctx context.Context, tx any, msgs ...Message) ([]Written, error) {
+	return defaultWriter.Insert(ctx, tx, msgs...)
+}
+
+// Insert writes msgs through tx; see the package-level Insert.
+func (w *Writer) Insert(ctx context.Context, tx any, msgs ...Message) ([]Written, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	b := batch{msgs: msgs, ids: make([]string, len(msgs))}
 	for i := range msgs {
 		m := &msgs[i]
+		if err := m.validate(w.maxPayload); err != nil {
+			return nil, fmt.Errorf("message %d: %w", i, err)
+		}
+		b.ids[i] = m.ID
+		if b.ids[i] == "" {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return nil, fmt.Errorf("outbox: generate message id: %w", err)
+			}
+			b.ids[i] = id.String()
+		}
+		if m.DedupKey != "" {
+			b.dedup = true
+		}
+	}
+	var q querier
+	switch tx := tx.(type) {
+	case PgxExecer:
+		q = pgxQuerier{tx}
+	case SQLExecer:
+		q = sqlQuerier{tx}
+	default:
+		return nil, fmt.Errorf("%w: %T (want a pgx.Tx or *sql.Tx)", ErrUnsupportedTx, tx)
+	}
+	inserted, err := q.insert(ctx, w, &b)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: write %d messages: %w", len(msgs), err)
+	}
+	out := make([]Written, len(msgs))
+	var dupKeys []string
+	for i, id := range b.ids {
+		out[i].MessageID = id
+		if b.dedup && !inserted[id] {
+			out[i].Duplicate = true
+			dupKeys = append(dupKeys, msgs[i].DedupKey)
+		}
+	}
+	if len(dupKeys) == 0 {
+		return out, nil
+	}
+	pending, err := q.pendingIDs(ctx, w, dupKeys)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: look up duplicates: %w", err)
+	}
+	for i := range out {
+		if out[i].Duplicate {
+			if id, ok := pending[msgs[i].DedupKey]; ok {
+				out[i].MessageID = id
+			}
+		}
+	}
+	return out, nil
+}
+
+type batch struct {
+	msgs  []Message
+	ids   []string
+	dedup bool
+}
+
+// querier runs the writer's two statements through one kind of
+// transaction.
+type querier interface {
+	// insert returns the ids actually inserted (only computed for
+	// batches with dedup keys).
+	insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error)
+	pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error)
+}
+
+// pgxQueryer is the part of pgx's shape needed for dedup keys.
+type pgxQueryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+type pgxQuerier struct{ tx PgxExecer }
+
+func (p pgxQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error) {
+	n := len(b.msgs)
+	topics := make([]string, n)
+	keys := make([]*string, n)
+	payloads := make([][]byte, n)
+	headers := make([]string, n)
+	dedup := make([]*string, n)
+	at := make([]*time.Time, n)
+	after := make([]int64, n)
+	for i := range b.msgs {
+		m := &b.msgs[i]
 		topics[i] = m.Topic
 		if m.Key != "" {
 			keys[i] = &m.Key
@@ -189,40 +326,135 @@ func (w *Writer) writePgx(ctx context.Context, tx PgxExecer, msgs []Message) err
 		payloads[i] = m.Payload
 		h, err := encodeHeaders(m.Headers)
 		if err != nil {
-			return fmt.Errorf("message %d: %w", i, err)
+			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
 		headers[i] = h
+		if m.DedupKey != "" {
+			dedup[i] = &m.DedupKey
+		}
+		if !m.DeliverAt.IsZero() {
+			at[i] = &m.DeliverAt
+		}
+		after[i] = m.DeliverAfter.Milliseconds()
 	}
-	if _, err := tx.Exec(ctx, w.insertPgx, topics, keys, payloads, headers); err != nil {
-		return fmt.Errorf("outbox: write %d messages: %w", len(msgs), err)
+	args := []any{b.ids, topics, keys, payloads, headers, dedup, at, after}
+	if !b.dedup {
+		_, err := p.tx.Exec(ctx, w.insertPgx, args...)
+		return nil, err
 	}
-	return nil
+	qr, ok := p.tx.(pgxQueryer)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T has no Query method, needed for dedup keys", ErrUnsupportedTx, p.tx)
+	}
+	rows, err := qr.Query(ctx, w.insertPgxDedup, args...)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return toSet(ids), nil
 }
 
+func (p pgxQuerier) pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error) {
+	qr := p.tx.(pgxQueryer) // checked by insert
+	rows, err := qr.Query(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+" WHERE dedup_key = ANY($1)", keys)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	var k, id string
+	_, err = pgx.ForEachRow(rows, []any{&k, &id}, func() error { out[k] = id; return nil })
+	return out, err
+}
+
+type sqlQueryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+type sqlQuerier struct{ tx SQLExecer }
+
 type jsonMessage struct {
+	ID      string            `json:"id"`
 	Topic   string            `json:"topic"`
 	Key     *string           `json:"key"`
 	Payload []byte            `json:"payload"` // base64 by encoding/json
 	Headers map[string]string `json:"headers"`
+	Dedup   *string           `json:"d,omitempty"`
+	At      *time.Time        `json:"at,omitempty"`
+	AfterMS int64             `json:"after_ms,omitempty"`
 }
 
-func (w *Writer) writeSQL(ctx context.Context, tx SQLExecer, msgs []Message) error {
-	batch := make([]jsonMessage, len(msgs))
-	for i := range msgs {
-		m := &msgs[i]
-		batch[i] = jsonMessage{Topic: m.Topic, Payload: m.Payload, Headers: m.Headers}
+func (s sqlQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error) {
+	docs := make([]jsonMessage, len(b.msgs))
+	for i := range b.msgs {
+		m := &b.msgs[i]
+		docs[i] = jsonMessage{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: m.Headers, AfterMS: m.DeliverAfter.Milliseconds()}
 		if m.Key != "" {
-			batch[i].Key = &m.Key
+			docs[i].Key = &m.Key
+		}
+		if m.DedupKey != "" {
+			docs[i].Dedup = &m.DedupKey
+		}
+		if !m.DeliverAt.IsZero() {
+			docs[i].At = &m.DeliverAt
 		}
 	}
-	doc, err := json.Marshal(batch)
+	doc, err := json.Marshal(docs)
 	if err != nil {
-		return fmt.Errorf("outbox: encode messages: %w", err)
+		return nil, fmt.Errorf("encode messages: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, w.insertSQL, string(doc)); err != nil {
-		return fmt.Errorf("outbox: write %d messages: %w", len(msgs), err)
+	if !b.dedup {
+		_, err := s.tx.ExecContext(ctx, w.insertSQL, string(doc))
+		return nil, err
 	}
-	return nil
+	qr, ok := s.tx.(sqlQueryer)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T has no QueryContext method, needed for dedup keys", ErrUnsupportedTx, s.tx)
+	}
+	rows, err := qr.QueryContext(ctx, w.insertSQLDedup, string(doc))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	set := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		set[id] = true
+	}
+	return set, rows.Err()
+}
+
+func (s sqlQuerier) pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error) {
+	qr := s.tx.(sqlQueryer)
+	doc, _ := json.Marshal(keys)
+	rows, err := qr.QueryContext(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+
+		" WHERE dedup_key IN (SELECT jsonb_array_elements_text($1::jsonb))", string(doc))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var k, id string
+		if err := rows.Scan(&k, &id); err != nil {
+			return nil, err
+		}
+		out[k] = id
+	}
+	return out, rows.Err()
+}
+
+func toSet(xs []string) map[string]bool {
+	m := make(map[string]bool, len(xs))
+	for _, x := range xs {
+		m[x] = true
+	}
+	return m
 }
 
 func encodeHeaders(h map[string]string) (string, error) {

@@ -70,15 +70,16 @@ WITH f AS (
 )
 INSERT INTO ` + s + `.dead_letters
     (id, message_id, topic, key, payload, headers, created_at, attempts, reason,
-     first_error, last_error, first_failed_at)
+     first_error, last_error, first_failed_at, dedup_key)
 SELECT id, message_id, topic, key, payload, headers, created_at, attempts + 1, reason,
-       coalesce(first_error, err), err, coalesce(first_failed_at, now())
+       coalesce(first_error, err), err, coalesce(first_failed_at, now()), dedup_key
 FROM d
 ON CONFLICT (id) DO UPDATE SET
     message_id = EXCLUDED.message_id, topic = EXCLUDED.topic, key = EXCLUDED.key,
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
     attempts = EXCLUDED.attempts, reason = EXCLUDED.reason, first_error = EXCLUDED.first_error,
-    last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at, dead_at = now()`,
+    last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
+    dedup_key = EXCLUDED.dedup_key, dead_at = now()`,
 
 		heartbeat: `
 INSERT INTO ` + s + `.relays (id, hostname, pid, version, backend_pid, backend_start)

@@ -523,3 +523,52 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	require.NoError(t, relay.Config{}.WithDefaults().Validate())
 }
+
+func TestDelayedMessageHoldsBackItsKeyOnly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	delay := 1500 * time.Millisecond
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.w.Write(ctx, tx,
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("a1-delayed"), DeliverAfter: delay},
+		msg("t", "a", "a2"),
+		msg("t", "b", "b1"),
+	))
+	require.NoError(t, tx.Commit(ctx))
+	written := time.Now()
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 1))
+	require.Equal(t, "b1", string(e.sink.Delivered()[0].Payload), "other keys are not held back")
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 3))
+	got := e.sink.Delivered()
+	require.Equal(t, "a1-delayed", string(got[1].Payload))
+	require.Equal(t, "a2", string(got[2].Payload), "a later message of the delayed key waits for it")
+	require.GreaterOrEqual(t, time.Since(written), delay-100*time.Millisecond, "not delivered before its time")
+}
+
+func TestReplayRestoresDedupKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetFail(func(m sinks.Message) error { return sinks.Permanent(errors.New("no")) })
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.w.Write(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("x"), DedupKey: "d1"}))
+	require.NoError(t, tx.Commit(ctx))
+	_, stop := e.start(e.config(), e.sink)
+	eventually(t, 10*time.Second, func() bool { return e.count("dead_letters") == 1 }, "not dead-lettered")
+	stop()
+	// While dead, the key is free: a new write goes through.
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	ids, err := admin.Replay(ctx, relay.Selection{All: true}, false)
+	require.NoError(t, err)
+	require.Len(t, ids, 1)
+	tx, err = e.pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := e.w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("y"), DedupKey: "d1"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.True(t, res[0].Duplicate, "the replayed message is pending again under its dedup key")
+}
