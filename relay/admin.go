@@ -289,3 +289,48 @@ FROM `+a.s+`.relays r ORDER BY r.id`)
 	}
 	return st, nil
 }
+
+// ArchiveSelection picks archived messages to publish again.
+type ArchiveSelection struct {
+	// From and To bound the messages' creation time (To exclusive; zero
+	// means no bound).
+	From, To time.Time
+	// Topic limits the replay to one topic (empty: all).
+	Topic string
+	// NewIDs gives the replayed messages fresh message ids, for consumers
+	// that would drop them as duplicates. By default they keep their id.
+	NewIDs bool
+}
+
+// ReplayArchive copies archived messages back into the outbox, in their
+// original order, and returns how many. With dryRun it only counts.
+func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun bool) (int64, error) {
+	where := ` WHERE ($1::timestamptz IS NULL OR (created_at >= $1 AND delivered_at >= $1))
+  AND ($2::timestamptz IS NULL OR created_at < $2) AND ($3::text IS NULL OR topic = $3)`
+	var from, to, topic any
+	if !sel.From.IsZero() {
+		from = sel.From
+	}
+	if !sel.To.IsZero() {
+		to = sel.To
+	}
+	if sel.Topic != "" {
+		topic = sel.Topic
+	}
+	if dryRun {
+		var n int64
+		err := a.pool.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.archive`+where, from, to, topic).Scan(&n)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: replay archive: %w", err)
+		}
+		return n, nil
+	}
+	tag, err := a.pool.Exec(ctx, `
+INSERT INTO `+a.s+`.messages (message_id, topic, key, payload, headers)
+SELECT CASE WHEN $4 THEN gen_random_uuid() ELSE message_id END, topic, key, payload, headers
+FROM `+a.s+`.archive`+where+` ORDER BY id`, from, to, topic, sel.NewIDs)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: replay archive: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

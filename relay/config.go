@@ -58,6 +58,13 @@ type Config struct {
 	// context is cancelled before rolling them back (their messages come
 	// back untouched). Default PublishTimeout.
 	DrainTimeout time.Duration
+	// Archive keeps delivered messages in the archive table (partitioned
+	// by delivery day) instead of only deleting them, for replays.
+	// Default false.
+	Archive bool
+	// ArchiveRetention is how long archived messages are kept; older
+	// daily partitions are dropped. Default 7 days.
+	ArchiveRetention time.Duration
 	// Version is recorded in the relays table. Default "dev".
 	Version string
 	// Logger receives the relay's logs. Default slog.Default().
@@ -126,6 +133,9 @@ func (c Config) WithDefaults() Config {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = c.PublishTimeout
 	}
+	if c.ArchiveRetention == 0 {
+		c.ArchiveRetention = 7 * 24 * time.Hour
+	}
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -176,6 +186,9 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat <= 0 || c.Heartbeat > c.LeaseTTL/2 {
 		bad("heartbeat", "must be positive and at most half of lease-ttl (%s), got %s", c.LeaseTTL, c.Heartbeat)
+	}
+	if c.ArchiveRetention < 24*time.Hour {
+		bad("archive-retention", "must be at least 24h (partitions are daily), got %s", c.ArchiveRetention)
 	}
 	if c.DrainTimeout < 0 {
 		bad("drain-timeout", "must not be negative, got %s", c.DrainTimeout)

@@ -9,7 +9,7 @@ const numLanes = 256
 // schema. The schema name is quoted with pgx.Identifier; nothing else is
 // ever spliced into SQL.
 type queries struct {
-	claim, deleteDelivered, scheduleRetry, deadLetter string
+	claim, deleteDelivered, archiveDelivered, scheduleRetry, deadLetter string
 
 	heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 }
@@ -50,6 +50,16 @@ CROSS JOIN LATERAL (
 LIMIT $5`,
 
 		deleteDelivered: `DELETE FROM ` + s + `.messages WHERE id = ANY($1)`,
+
+		// With --archive, delivered rows move to the day's archive
+		// partition in the same statement.
+		archiveDelivered: `
+WITH d AS (
+    DELETE FROM ` + s + `.messages WHERE id = ANY($1)
+    RETURNING id, message_id, topic, key, payload, headers, created_at
+)
+INSERT INTO ` + s + `.archive (id, message_id, topic, key, payload, headers, created_at, delivered_at)
+SELECT id, message_id, topic, key, payload, headers, created_at, now() FROM d`,
 
 		scheduleRetry: `
 UPDATE ` + s + `.messages m SET

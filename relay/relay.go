@@ -137,7 +137,30 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrainTimer()
 
-	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize)
+	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "archive", r.cfg.Archive)
+	if r.cfg.Archive {
+		// Partitions must exist before the first delivery is archived.
+		if err := r.maintainArchive(ctx); err != nil {
+			return err
+		}
+		archiveDone := make(chan struct{})
+		defer func() { <-archiveDone }()
+		go func() {
+			defer close(archiveDone)
+			t := time.NewTicker(10 * time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				if err := r.maintainArchive(ctx); err != nil && ctx.Err() == nil {
+					r.log.Warn("archive maintenance failed", "error", err)
+				}
+			}
+		}()
+	}
 	lease := newLeaser(r)
 	leaseDone := make(chan struct{})
 	go func() {
@@ -358,7 +381,11 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 	settleStart := time.Now()
 	b := &pgx.Batch{}
 	if len(s.delivered) > 0 {
-		b.Queue(r.q.deleteDelivered, s.delivered)
+		if r.cfg.Archive {
+			b.Queue(r.q.archiveDelivered, s.delivered)
+		} else {
+			b.Queue(r.q.deleteDelivered, s.delivered)
+		}
 	}
 	if len(s.retryIDs) > 0 {
 		b.Queue(r.q.scheduleRetry, s.retryIDs, s.retryDelays, s.retryErrs)

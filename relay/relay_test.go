@@ -572,3 +572,51 @@ func TestReplayRestoresDedupKey(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.True(t, res[0].Duplicate, "the replayed message is pending again under its dedup key")
 }
+
+func TestArchiveAndReplay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	// A stale partition from long ago, which retention must drop.
+	old := time.Now().UTC().AddDate(0, 0, -30).Truncate(24 * time.Hour)
+	_, err := e.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+		e.table("archive_p"+old.Format("20060102")), e.table("archive"),
+		old.Format(time.RFC3339), old.AddDate(0, 0, 1).Format(time.RFC3339)))
+	require.NoError(t, err)
+
+	e.write(msg("orders", "k", "1"), msg("orders", "k", "2"), msg("billing", "k", "3"))
+	cfg := e.config()
+	cfg.Archive = true
+	r, stop := e.start(cfg, e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 3))
+	eventually(t, 5*time.Second, func() bool { return e.count("archive") == 3 }, "not archived")
+	stop()
+	require.EqualValues(t, 3, r.Stats().Delivered)
+	require.Equal(t, 0, e.count("messages"))
+	var parts []string
+	rows, err := e.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY 1`, e.schema)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		parts = append(parts, p)
+	}
+	require.Len(t, parts, 3, "today and two days ahead; the 30-day-old partition is gone: %v", parts)
+
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	n, err := admin.ReplayArchive(ctx, relay.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, true)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	n, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	sink2 := memory.New()
+	e.start(e.config(), sink2)
+	require.NoError(t, sink2.WaitFor(waitCtx(t, 10*time.Second), 2))
+	first := e.sink.Delivered()
+	again := sink2.Delivered()
+	require.Equal(t, "1", string(again[0].Payload))
+	require.Equal(t, "2", string(again[1].Payload))
+	require.Equal(t, first[0].ID, again[0].ID, "a replay keeps the message id")
+}

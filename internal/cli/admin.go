@@ -45,7 +45,7 @@ func newStatus(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return cmd
+	return cliOnly(cmd)
 }
 
 func printStatus(out io.Writer, st relay.Status) {
@@ -183,7 +183,7 @@ func newDLQList(g *globals) *cobra.Command {
 	sel.add(cmd, false)
 	cmd.Flags().IntVar(&limit, "limit", 100, "most dead letters to list")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (payload base64)")
-	return cmd
+	return cliOnly(cmd)
 }
 
 func newDLQShow(g *globals) *cobra.Command {
@@ -261,7 +261,7 @@ func newDLQReplay(g *globals) *cobra.Command {
 	}
 	sel.add(cmd, true)
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "only show what would be replayed")
-	return cmd
+	return cliOnly(cmd)
 }
 
 func newDLQPurge(g *globals) *cobra.Command {
@@ -302,7 +302,7 @@ func newDLQPurge(g *globals) *cobra.Command {
 	}
 	sel.add(cmd, true)
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "only count what would be purged")
-	return cmd
+	return cliOnly(cmd)
 }
 
 func idList(ids []int64) string {
@@ -335,4 +335,63 @@ func oneLine(s string, max int) string {
 		s = string(r[:max-1]) + "…"
 	}
 	return s
+}
+
+func newReplay(g *globals) *cobra.Command {
+	var from, to, topic string
+	var newIDs, dry bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Publish archived messages again (needs run --archive)",
+		Long: `Copies messages from the archive (kept when relays run with --archive) back
+into the outbox, in their original order, so that consumers rebuilding their
+state receive them again. Messages keep their message id unless --new-ids is
+given.`,
+		Example: `  outbox-relay replay --from 2026-11-01T00:00:00Z --topic orders --dry-run
+  outbox-relay replay --from 24h`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			now := time.Now()
+			sel := relay.ArchiveSelection{Topic: topic, NewIDs: newIDs}
+			var err error
+			if sel.From, err = parseWhen(from, now); err != nil || from == "" {
+				return usagef("outbox: from: want an RFC 3339 time or a duration ago such as 24h, got %q", from)
+			}
+			if to != "" {
+				if sel.To, err = parseWhen(to, now); err != nil {
+					return usagef("outbox: to: want an RFC 3339 time or a duration ago, got %q", to)
+				}
+			}
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			n, err := a.ReplayArchive(cmd.Context(), sel, dry)
+			if err != nil {
+				return err
+			}
+			verb := "replayed"
+			if dry {
+				verb = "would replay"
+			}
+			fmt.Fprintf(g.stdout, "%s %d archived messages\n", verb, n)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&from, "from", "", "replay messages created at or after this time (RFC 3339, or a duration ago like 24h); required")
+	f.StringVar(&to, "to", "", "and before this time")
+	f.StringVar(&topic, "topic", "", "only this topic")
+	f.BoolVar(&newIDs, "new-ids", false, "give replayed messages fresh message ids")
+	f.BoolVar(&dry, "dry-run", false, "only count")
+	return cliOnly(cmd)
+}
+
+// parseWhen accepts an RFC 3339 time or a duration before now.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Parse(time.RFC3339, s)
 }

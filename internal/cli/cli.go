@@ -101,7 +101,7 @@ order of precedence. Config-file keys are the long flag names.`,
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
 
-	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newHealthcheck(g), newVersion(g))
+	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newReplay(g), newHealthcheck(g), newVersion(g))
 	root.CompletionOptions.DisableDefaultCmd = true
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
@@ -221,7 +221,7 @@ migrations with their own tool.`,
 		},
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the migration SQL instead of applying it")
-	return cmd
+	return cliOnly(cmd)
 }
 
 type runOptions struct {
@@ -245,6 +245,8 @@ type runOptions struct {
 	id              string
 	adminAddr       string
 	metricsInterval time.Duration
+	archive         bool
+	archiveRetain   time.Duration
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -285,6 +287,8 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
+	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for `outbox-relay replay`")
+	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
 	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez and /readyz (empty disables)")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database")
 	return cmd
@@ -328,6 +332,8 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		Heartbeat:           o.heartbeat,
 		DrainTimeout:        o.drainTimeout,
 		DisableFastFailover: o.noFastFailover,
+		Archive:             o.archive,
+		ArchiveRetention:    o.archiveRetain,
 		Version:             version(),
 		Logger:              g.log,
 	}

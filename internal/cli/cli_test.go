@@ -190,3 +190,14 @@ func TestRunEndToEnd(t *testing.T) {
 	code, _, _ = run(t, "dlq", "show", "99")
 	require.Equal(t, 1, code, "replayed dead letter is gone from the table")
 }
+
+func TestOperatorSelectorsIgnoreEnvironment(t *testing.T) {
+	t.Setenv("OUTBOX_ALL", "true")
+	t.Setenv("OUTBOX_PRINT", "true")
+	code, _, stderr := run(t, "dlq", "purge", "--database-url", "postgres://x@127.0.0.1:1/d")
+	require.Equal(t, 2, code, "OUTBOX_ALL must not select every dead letter")
+	require.Contains(t, stderr, "select dead letters")
+	code, out, _ := run(t, "dlq", "purge", "--help")
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, "OUTBOX_ALL")
+}

@@ -134,8 +134,13 @@ func allFlagNames(root *cobra.Command) map[string]bool {
 	known := map[string]bool{}
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
-		c.Flags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
-		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
+		add := func(f *pflag.Flag) {
+			if !isCLIOnly(f) {
+				known[f.Name] = true
+			}
+		}
+		c.Flags().VisitAll(add)
+		c.PersistentFlags().VisitAll(add)
 		for _, sub := range c.Commands() {
 			walk(sub)
 		}
@@ -146,12 +151,28 @@ func allFlagNames(root *cobra.Command) map[string]bool {
 	return known
 }
 
+// cliOnlyAnnotation marks flags that must be given on the command line:
+// selectors and switches of operator commands, which an environment
+// variable or a config file must never supply by accident (an OUTBOX_ALL
+// in the environment must not make `dlq purge` purge everything).
+const cliOnlyAnnotation = "outbox-cli-only"
+
+// cliOnly marks every local flag of cmd as command-line only.
+func cliOnly(cmd *cobra.Command) *cobra.Command {
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		_ = cmd.Flags().SetAnnotation(f.Name, cliOnlyAnnotation, []string{"true"})
+	})
+	return cmd
+}
+
+func isCLIOnly(f *pflag.Flag) bool { return len(f.Annotations[cliOnlyAnnotation]) > 0 }
+
 // resolve fills every flag the user did not set on the command line from
 // the environment, then from the config file: flags > env > file.
 func resolve(cmd *cobra.Command, fc *fileConfig) error {
 	var errs []error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Changed || f.Name == "help" || f.Name == "config" {
+		if f.Changed || f.Name == "help" || f.Name == "config" || isCLIOnly(f) {
 			return
 		}
 		for _, env := range envNames(f.Name) {
@@ -201,7 +222,7 @@ func redactURL(raw string) string {
 // envHelp appends the environment variable names to every flag's usage.
 func envHelp(fs *pflag.FlagSet) {
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" {
+		if f.Name == "help" || isCLIOnly(f) {
 			return
 		}
 		names := envNames(f.Name)
