@@ -17,6 +17,16 @@ type Config struct {
 	ID string
 	// Schema holds the outbox tables. Default "outbox".
 	Schema string
+	// Route names the route this relay serves when one process runs
+	// several (each route leases its own lanes). Default "": the single
+	// route of a relay without a routes table.
+	Route string
+	// Topics are the glob patterns ('*' any run of characters, '?' one
+	// character) of the topics this route takes. Default: every topic.
+	Topics []string
+	// ExcludeTopics are patterns taken by earlier routes (first match
+	// wins). Default none.
+	ExcludeTopics []string
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int
@@ -156,6 +166,12 @@ func (c Config) Validate() error {
 	}
 	if err := migrations.ValidateSchema(c.Schema); err != nil {
 		errs = append(errs, err)
+	}
+	for _, p := range append(append([]string(nil), c.Topics...), c.ExcludeTopics...) {
+		if p == "" {
+			bad("topics", "patterns must not be empty")
+			break
+		}
 	}
 	if c.Workers < 1 || c.Workers > numLanes {
 		bad("workers", "must be between 1 and %d, got %d", numLanes, c.Workers)

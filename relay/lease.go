@@ -14,9 +14,10 @@ import (
 // that connection (pid, start time) is how other relays tell that this one
 // died without waiting for the lease to expire.
 type leaser struct {
-	r     *Relay
-	conn  *pgx.Conn
-	owned int
+	r          *Relay
+	conn       *pgx.Conn
+	owned      int
+	lanesReady bool
 }
 
 func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
@@ -68,21 +69,27 @@ func (l *leaser) tick(ctx context.Context) error {
 	}
 	ttl := cfg.LeaseTTL.Milliseconds()
 	owned := l.owned
+	if !l.lanesReady {
+		if _, err := l.conn.Exec(ctx, q.ensureLanes, cfg.Route); err != nil {
+			return fmt.Errorf("create lanes of route %q: %w", cfg.Route, err)
+		}
+		l.lanesReady = true
+	}
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
 		host, _ := os.Hostname()
-		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version); err != nil {
+		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
 			return fmt.Errorf("reap: %w", err)
 		}
-		tag, err := tx.Exec(ctx, q.renew, cfg.ID, ttl)
+		tag, err := tx.Exec(ctx, q.renew, cfg.ID, ttl, cfg.Route)
 		if err != nil {
 			return fmt.Errorf("renew: %w", err)
 		}
 		owned = int(tag.RowsAffected())
 		var alive, rank int
-		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID).Scan(&alive, &rank); err != nil {
+		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank); err != nil {
 			return fmt.Errorf("count relays: %w", err)
 		}
 		if alive < 1 {
@@ -94,7 +101,7 @@ func (l *leaser) tick(ctx context.Context) error {
 		}
 		switch {
 		case owned < target:
-			rows, err := tx.Query(ctx, q.acquire, cfg.ID, ttl, target-owned)
+			rows, err := tx.Query(ctx, q.acquire, cfg.ID, ttl, target-owned, cfg.Route)
 			if err != nil {
 				return fmt.Errorf("acquire: %w", err)
 			}
@@ -104,7 +111,7 @@ func (l *leaser) tick(ctx context.Context) error {
 			}
 			owned += len(got)
 		case owned > target:
-			rows, err := tx.Query(ctx, q.release, cfg.ID, owned-target)
+			rows, err := tx.Query(ctx, q.release, cfg.ID, owned-target, cfg.Route)
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
 			}
@@ -143,7 +150,7 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		}
 		l.conn = pc.Hijack()
 	}
-	if _, err := l.conn.Exec(ctx, l.r.q.releaseAll, l.r.cfg.ID); err != nil {
+	if _, err := l.conn.Exec(ctx, l.r.q.releaseAll, l.r.cfg.ID, l.r.cfg.Route); err != nil {
 		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
 	}
 	if _, err := l.conn.Exec(ctx, l.r.q.unregister, l.r.cfg.ID); err != nil {

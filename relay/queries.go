@@ -11,27 +11,31 @@ const numLanes = 256
 type queries struct {
 	claim, deleteDelivered, archiveDelivered, scheduleRetry, deadLetter string
 
-	heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 }
 
 func newQueries(schema string) queries {
 	s := migrations.Ident(schema)
 	return queries{
 		// Claim up to $5 deliverable messages from the lanes this worker
-		// owns ($1 = relay id, lanes with lane % $2 = $3), starting at lane
-		// $4 so that every lane gets its turn.
+		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
+		// starting at lane $4 so that every lane gets its turn. $7 and $8
+		// are the route's topic patterns (LIKE form) and those of earlier
+		// routes; NULL means no filter.
 		//
 		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
 		// can change owner (which takes FOR UPDATE) only between two claim
 		// transactions, so two relays never work on one lane at once. Within
 		// a lane, messages come in id order; a message is held back while an
 		// earlier message of its key waits for a retry (the NOT EXISTS probes
-		// a partial index that is empty unless something is failing).
+		// a partial index that is empty unless something is failing). Only
+		// this route's waiting messages count: another route's failing sink
+		// holds back nothing here.
 		claim: `
 SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now()
 FROM (
     SELECT l.lane FROM ` + s + `.lanes l
-    WHERE l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
+    WHERE l.route = $6 AND l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
     ORDER BY (l.lane + 256 - $4) % 256
     FOR KEY SHARE
 ) o
@@ -39,10 +43,14 @@ CROSS JOIN LATERAL (
     SELECT m.* FROM ` + s + `.messages m
     WHERE m.lane = o.lane
       AND (m.available_at IS NULL OR m.available_at <= now())
+      AND ($7::text[] IS NULL OR m.topic LIKE ANY($7))
+      AND ($8::text[] IS NULL OR NOT m.topic LIKE ANY($8))
       AND NOT EXISTS (
           SELECT 1 FROM ` + s + `.messages w
           WHERE w.key = m.key AND w.id < m.id
-            AND w.available_at IS NOT NULL AND w.available_at > now())
+            AND w.available_at IS NOT NULL AND w.available_at > now()
+            AND ($7::text[] IS NULL OR w.topic LIKE ANY($7))
+            AND ($8::text[] IS NULL OR NOT w.topic LIKE ANY($8)))
     ORDER BY m.id
     LIMIT $5
     FOR UPDATE
@@ -91,9 +99,11 @@ ON CONFLICT (id) DO UPDATE SET
     last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
     dedup_key = EXCLUDED.dedup_key, dead_at = now()`,
 
+		ensureLanes: `INSERT INTO ` + s + `.lanes (route, lane) SELECT $1, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`,
+
 		heartbeat: `
-INSERT INTO ` + s + `.relays (id, hostname, pid, version, backend_pid, backend_start)
-SELECT $1, $2, $3, $4, pg_backend_pid(), a.backend_start
+INSERT INTO ` + s + `.relays (id, hostname, pid, version, route, backend_pid, backend_start)
+SELECT $1, $2, $3, $4, $5, pg_backend_pid(), a.backend_start
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(),
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
@@ -109,20 +119,22 @@ WHERE r.id <> $1 AND (
         SELECT 1 FROM pg_stat_activity a
         WHERE a.pid = r.backend_pid AND a.backend_start IS NOT DISTINCT FROM r.backend_start)))`,
 
-		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE owner = $1`,
+		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1`,
 
-		// Relays alive, and this relay's rank among them, for the fair share.
-		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays`,
+		// Relays alive in this route, and this relay's rank among them, for
+		// the fair share.
+		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays WHERE route = $2`,
 
 		acquire: `
 UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
 WHERE lane IN (
     SELECT l.lane FROM ` + s + `.lanes l
-    WHERE l.owner IS NULL OR l.lease_until < now()
-       OR NOT EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner)
+    WHERE l.route = $4 AND (l.owner IS NULL OR l.lease_until < now()
+       OR NOT EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner))
     ORDER BY l.lane
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
+  AND route = $4
 RETURNING lane`,
 
 		// Hand lanes back, skipping any that a claim transaction is using
@@ -130,13 +142,14 @@ RETURNING lane`,
 		release: `
 UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL
 WHERE lane IN (
-    SELECT l.lane FROM ` + s + `.lanes l WHERE l.owner = $1
+    SELECT l.lane FROM ` + s + `.lanes l WHERE l.route = $3 AND l.owner = $1
     ORDER BY l.lane DESC
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
+  AND route = $3
 RETURNING lane`,
 
-		releaseAll: `UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL WHERE owner = $1`,
+		releaseAll: `UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL WHERE route = $2 AND owner = $1`,
 		unregister: `DELETE FROM ` + s + `.relays WHERE id = $1`,
 	}
 }

@@ -29,9 +29,11 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,6 +49,10 @@ type Relay struct {
 	sink sinks.Sink
 	q    queries
 	log  *slog.Logger
+
+	// topics and exclude are the route's patterns in LIKE form (nil: no
+	// filter).
+	topics, exclude []string
 
 	wake      []chan struct{}
 	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
@@ -91,6 +97,11 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
+	}
+	r.topics = likePatterns(cfg.Topics)
+	r.exclude = likePatterns(cfg.ExcludeTopics)
+	if cfg.Route != "" {
+		r.log = r.log.With("route", cfg.Route)
 	}
 	return r, nil
 }
@@ -333,7 +344,8 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 	}
 	defer tx.Rollback(context.WithoutCancel(hard)) //nolint:errcheck // no-op after commit
 
-	rows, err := tx.Query(hard, r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize)
+	rows, err := tx.Query(hard, r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
+		r.cfg.Route, r.topics, r.exclude)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -520,4 +532,61 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// likePatterns turns glob patterns ('*' any run, '?' one character) into
+// LIKE patterns with '\' as the escape character. nil stays nil (no
+// filter).
+func likePatterns(globs []string) []string {
+	if len(globs) == 0 {
+		return nil
+	}
+	out := make([]string, len(globs))
+	for i, g := range globs {
+		var b strings.Builder
+		for _, c := range g {
+			switch c {
+			case '\\', '%', '_':
+				b.WriteByte('\\')
+				b.WriteRune(c)
+			case '*':
+				b.WriteByte('%')
+			case '?':
+				b.WriteByte('_')
+			default:
+				b.WriteRune(c)
+			}
+		}
+		out[i] = b.String()
+	}
+	return out
+}
+
+// MatchTopic reports whether topic matches the glob pattern the way a
+// route's Topics do.
+func MatchTopic(pattern, topic string) bool {
+	if pattern == "" {
+		return topic == ""
+	}
+	switch pattern[0] {
+	case '*':
+		for i := 0; i <= len(topic); i++ {
+			if MatchTopic(pattern[1:], topic[i:]) {
+				return true
+			}
+		}
+		return false
+	case '?':
+		if topic == "" {
+			return false
+		}
+		_, n := utf8.DecodeRuneInString(topic)
+		return MatchTopic(pattern[1:], topic[n:])
+	}
+	if topic == "" {
+		return false
+	}
+	pr, pn := utf8.DecodeRuneInString(pattern)
+	tr, tn := utf8.DecodeRuneInString(topic)
+	return pr == tr && MatchTopic(pattern[pn:], topic[tn:])
 }

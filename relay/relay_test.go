@@ -620,3 +620,78 @@ func TestArchiveAndReplay(t *testing.T) {
 	require.Equal(t, "2", string(again[1].Payload))
 	require.Equal(t, first[0].ID, again[0].ID, "a replay keeps the message id")
 }
+
+func TestRoutesAreIndependent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	orders, billing := memory.New(), memory.New()
+	var tried sync.Map
+	billing.SetFail(func(m sinks.Message) error {
+		tried.Store(string(m.Payload), true)
+		return errors.New("billing webhook down")
+	})
+
+	a := e.config()
+	a.Route, a.Topics = "orders", []string{"orders.*"}
+	b := e.config()
+	b.Route, b.Topics, b.ExcludeTopics = "billing", []string{"billing.*", "orders.refund*"}, a.Topics
+	b.MaxAttempts = 1000
+	ra, _ := e.start(a, orders)
+	rb, _ := e.start(b, billing)
+	eventually(t, 10*time.Second, func() bool { return ra.OwnedLanes() == 256 && rb.OwnedLanes() == 256 },
+		"each route leases all 256 lanes: %d, %d", ra.OwnedLanes(), rb.OwnedLanes())
+
+	// The same key on both routes: billing's failures must not hold back
+	// orders.
+	e.write(msg("billing.invoice", "cust-1", "b1"), msg("orders.placed", "cust-1", "o1"),
+		msg("billing.invoice", "cust-1", "b2"), msg("orders.refunded", "cust-1", "o2"), msg("other", "x", "unrouted"))
+	require.NoError(t, orders.WaitFor(waitCtx(t, 10*time.Second), 2))
+	got := orders.Delivered()
+	require.Equal(t, "o1", string(got[0].Payload))
+	require.Equal(t, "o2", string(got[1].Payload), "first matching route wins: orders.* before orders.refund*")
+	eventually(t, 5*time.Second, func() bool { return billing.Attempts() >= 2 }, "billing retried")
+	require.Zero(t, billing.Len())
+	require.Zero(t, e.count("dead_letters"))
+	var pending int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+e.table("messages")+" WHERE topic LIKE 'billing.%'").Scan(&pending))
+	require.Equal(t, 2, pending, "billing messages wait for their sink")
+	_, b2Tried := tried.Load("b2")
+	require.False(t, b2Tried, "b2 waits behind b1 within its own route")
+}
+
+func TestRoutePatternsAreLiteralExceptGlobs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	sink := memory.New()
+	cfg := e.config()
+	cfg.Route, cfg.Topics = "literal", []string{"a_c", "100%"}
+	e.start(cfg, sink)
+	e.write(msg("abc", "", "no"), msg("1000", "", "no"), msg("a_c", "", "yes"), msg("100%", "", "yes"))
+	require.NoError(t, sink.WaitFor(waitCtx(t, 10*time.Second), 2))
+	time.Sleep(200 * time.Millisecond) // give a wrong match the chance to show
+	for _, m := range sink.Delivered() {
+		require.Equal(t, "yes", string(m.Payload), "topic %q", m.Topic)
+	}
+	require.Equal(t, 2, e.count("messages"))
+}
+
+func TestMatchTopic(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		pattern, topic string
+		want           bool
+	}{
+		{"orders.*", "orders.placed", true},
+		{"orders.*", "orders", false},
+		{"orders.*", "orders.a.b", true},
+		{"*", "", true},
+		{"a?c", "abc", true},
+		{"a?c", "ac", false},
+		{"a_c", "abc", false},
+		{"100%", "100%", true},
+		{"100%", "1000", false},
+	} {
+		require.Equal(t, tc.want, relay.MatchTopic(tc.pattern, tc.topic), "%q %q", tc.pattern, tc.topic)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
+	"github.com/outbox-relay/outbox-relay/sinks"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -295,10 +297,6 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 }
 
 func (g *globals) run(parent context.Context, o runOptions) error {
-	openSink, sinkName, err := parseSink(o.sink, g)
-	if err != nil {
-		return err
-	}
 	// Zero means "default" in relay.Config; on the command line it is a
 	// mistake.
 	for name, v := range map[string]int64{
@@ -313,10 +311,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.heartbeat < 0 || o.drainTimeout < 0 || o.retryInitial < 0 {
 		return usagef("outbox: heartbeat, drain-timeout and retry-initial must not be negative")
 	}
-	if err := g.requireDatabase(); err != nil {
-		return err
-	}
-	cfg := relay.Config{
+	base := relay.Config{
 		ID:                  o.id,
 		Schema:              g.schema,
 		Workers:             o.workers,
@@ -338,28 +333,54 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		Logger:              g.log,
 	}
 	if o.retryJitter == 0 {
-		cfg.RetryJitter = -1 // an explicit 0 means no jitter
+		base.RetryJitter = -1 // an explicit 0 means no jitter
 	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	base = base.WithDefaults()
+	if err := base.Validate(); err != nil {
 		return &usageError{err}
 	}
-	sink, err := openSink()
+	routes, err := parseRoutes(g, base)
 	if err != nil {
-		return fmt.Errorf("outbox: sink %s: %w", sinkName, err)
+		return err
 	}
+	switch {
+	case routes != nil && o.sink != "":
+		return usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
+	case routes == nil:
+		open, name, err := parseSink(o.sink, g)
+		if err != nil {
+			return err
+		}
+		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink)}}
+	}
+	if err := g.requireDatabase(); err != nil {
+		return err
+	}
+
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	opened := make([]sinks.Sink, 0, len(routes))
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
 		defer cancel()
-		if err := sink.Close(cctx); err != nil {
-			g.log.Warn("closing sink", "error", err)
+		for _, s := range opened {
+			if err := s.Close(cctx); err != nil {
+				g.log.Warn("closing sink", "error", err)
+			}
 		}
 	}()
+	conns := 0
+	for _, rt := range routes {
+		s, err := rt.open()
+		if err != nil {
+			return fmt.Errorf("outbox: sink %s: %w", rt.sinkName, err)
+		}
+		opened = append(opened, s)
+		conns += rt.cfg.Workers + 1
+	}
 
 	pool, err := relay.NewPool(parent, relay.PoolConfig{
-		URL: g.databaseURL, Workers: cfg.Workers, PublishTimeout: cfg.PublishTimeout, SynchronousCommit: o.syncCommit,
+		URL: g.databaseURL, Workers: conns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
 	})
 	if err != nil {
 		return err
@@ -373,14 +394,19 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		relayprom.NewPoolCollector(pool))
-	metrics := relayprom.New(reg, relayprom.SinkLabel(o.sink), version())
-	cfg.Hooks = metrics
-	r, err := relay.New(pool, sink, cfg)
-	if err != nil {
-		return &usageError{err}
+	metrics := relayprom.New(reg, version())
+	relays := make(relaySet, len(routes))
+	for i, rt := range routes {
+		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
+		r, err := relay.New(pool, opened[i], rt.cfg)
+		if err != nil {
+			return &usageError{err}
+		}
+		relays[i] = r
+		g.log.Info("relaying", "route", rt.cfg.Route, "topics", rt.cfg.Topics, "sink", rt.sinkName)
 	}
 	if o.adminAddr != "" {
-		srv, err := adminhttp.Start(o.adminAddr, reg, r, g.log)
+		srv, err := adminhttp.Start(o.adminAddr, reg, relays, g.log)
 		if err != nil {
 			return &usageError{err}
 		}
@@ -398,14 +424,55 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
 	}()
 	defer func() { stopWatch(); <-watchDone }()
-	g.log.Info("relaying", "sink", sinkName, "database", redactURL(g.databaseURL))
+	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(routes))
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go g.cancelWhenEmpty(runCtx, pool, cancel)
 		ctx = runCtx
 	}
-	return r.Run(ctx)
+	return relays.run(ctx)
+}
+
+// relaySet runs one relay per route and answers health checks for all.
+type relaySet []*relay.Relay
+
+func (rs relaySet) run(ctx context.Context) error {
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	// One route failing to start stops the others: the process must not
+	// half-run.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, r := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = r.Run(ctx); errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (rs relaySet) Live() error {
+	for _, r := range rs {
+		if err := r.Live(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rs relaySet) Ready(ctx context.Context) error {
+	for _, r := range rs {
+		if err := r.Ready(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // cancelWhenEmpty cancels the run once the outbox holds no message.

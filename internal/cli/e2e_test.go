@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -246,4 +247,126 @@ func TestRunAMQPEndToEnd(t *testing.T) {
 	require.Equal(t, "nowhere", dls[0].Topic)
 	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
 	require.Contains(t, *dls[0].LastError, "unroutable")
+}
+
+// TestRunRoutes routes orders.* to Kafka and billing.* to a webhook that
+// is down for a while, from one relay process: orders flow during the
+// outage, billing catches up afterwards, and a topic no route matches is
+// dead-lettered with the reason.
+func TestRunRoutes(t *testing.T) {
+	pool, schema, w := e2e(t)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.placed"))
+	require.NoError(t, err)
+	defer cluster.Close()
+
+	var mu sync.Mutex
+	var billing []string
+	var ordersDoneBeforeBillingUp bool
+	up := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		select {
+		case <-up:
+		default:
+			http.Error(rw, "maintenance", http.StatusServiceUnavailable)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		billing = append(billing, string(body))
+		mu.Unlock()
+	}))
+	defer srv.Close()
+
+	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
+retry-initial: 20ms
+retry-max: 100ms
+routes:
+  - name: orders
+    topics: ["orders.*"]
+    sink: kafka://%s
+  - name: billing
+    topics: ["billing.*"]
+    sink: %s/hook
+    max-attempts: 1000
+`, cluster.ListenAddrs()[0], srv.URL)), 0o600))
+
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for i := 0; i < 50; i++ {
+		key := fmt.Sprintf("c%d", i%5) // the same customers on both routes
+		msgs = append(msgs,
+			outbox.Message{Topic: "orders.placed", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))},
+			outbox.Message{Topic: "billing.invoiced", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))})
+	}
+	msgs = append(msgs, outbox.Message{Topic: "audit.login", Key: "u", Payload: []byte("nobody routes me")})
+	require.NoError(t, w.Write(ctx, tx, msgs...))
+	require.NoError(t, tx.Commit(ctx))
+
+	// Bring billing back once every order has left the outbox.
+	go func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int
+			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE topic LIKE 'orders.%'").Scan(&n)
+			if n == 0 {
+				mu.Lock()
+				ordersDoneBeforeBillingUp = len(billing) == 0
+				mu.Unlock()
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		close(up)
+	}()
+	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.True(t, ordersDoneBeforeBillingUp, "orders were all delivered while the billing webhook was down")
+	require.Len(t, billing, 50)
+	checkSeqOrder(t, billing)
+	dls := deadLetters(t, pool, schema)
+	require.Len(t, dls, 1)
+	require.Equal(t, "audit.login", dls[0].Topic)
+	require.Contains(t, *dls[0].LastError, `no route matches topic "audit.login"`)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()[0]), kgo.ConsumeTopics("orders.placed"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n := 0
+	for n < 50 {
+		fs := cl.PollFetches(pctx)
+		require.NoError(t, pctx.Err())
+		n += fs.NumRecords()
+	}
+}
+
+func TestRunRoutesConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ yaml, want string }{
+		{"routes:\n  - name: a\n    topics: [x]\n", "routes[0].sink: required"},
+		{"routes:\n  - name: A\n    topics: [x]\n    sink: stdout\n", "routes[0].name"},
+		{"routes:\n  - name: a\n    sink: stdout\n", "routes[0].topics"},
+		{"routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    colour: red\n", "field colour not found"},
+		{"routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n  - name: a\n    topics: [y]\n    sink: stdout\n", "used twice"},
+		{"routes:\n  - name: a\n    topics: [x]\n    sink: nonsense://\n", "routes[0]: outbox: sink: unsupported"},
+	} {
+		f := filepath.Join(dir, "c.yaml")
+		require.NoError(t, os.WriteFile(f, []byte(tc.yaml), 0o600))
+		code, _, stderr := run(t, "run", "--config", f, "--database-url", "postgres://x@127.0.0.1:1/d")
+		require.Equal(t, 2, code, stderr)
+		require.Contains(t, stderr, tc.want)
+	}
+	f := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(f, []byte("routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n"), 0o600))
+	code, _, stderr := run(t, "run", "--config", f, "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "not both")
 }

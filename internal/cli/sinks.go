@@ -39,6 +39,12 @@ type opener func() (sinks.Sink, error)
 // section, for options that do not fit in a URL) without connecting, and
 // returns how to open it and its name with secrets redacted.
 func parseSink(raw string, g *globals) (opener, string, error) {
+	return parseSinkWith(raw, g, g.file.sections)
+}
+
+// parseSinkWith is parseSink with the sink sections to use (a route may
+// carry its own).
+func parseSinkWith(raw string, g *globals, sections map[string]*yaml.Node) (opener, string, error) {
 	log := g.log
 	if raw == "" {
 		return nil, "", usagef("outbox: sink: required (one of %s URLs; see --help)", strings.Join(sinkSchemes, ", "))
@@ -59,19 +65,19 @@ func parseSink(raw string, g *globals) (opener, string, error) {
 		}
 		return func() (sinks.Sink, error) { return discard.New(cfg, log) }, cfg.Redacted(), nil
 	case "kafka":
-		cfg, err := sinkConfig(raw, g, "kafka", kafkasink.ParseURL)
+		cfg, err := sinkConfig(raw, g, sections, "kafka", kafkasink.ParseURL)
 		if err != nil {
 			return nil, "", err
 		}
 		return func() (sinks.Sink, error) { return kafkasink.New(cfg, log) }, cfg.Redacted(), nil
 	case "amqp", "amqps":
-		cfg, err := sinkConfig(raw, g, "amqp", amqpsink.ParseURL)
+		cfg, err := sinkConfig(raw, g, sections, "amqp", amqpsink.ParseURL)
 		if err != nil {
 			return nil, "", err
 		}
 		return func() (sinks.Sink, error) { return amqpsink.New(cfg, log) }, cfg.Redacted(), nil
 	case "http", "https":
-		cfg, err := sinkConfig(raw, g, "http", httpsink.ParseURL)
+		cfg, err := sinkConfig(raw, g, sections, "http", httpsink.ParseURL)
 		if err != nil {
 			return nil, "", err
 		}
@@ -84,12 +90,12 @@ func parseSink(raw string, g *globals) (opener, string, error) {
 // sinkConfig parses a sink URL and, when the config file has a section for
 // the sink, decodes it strictly (unknown keys are errors). Options given in
 // the URL win over the same options in the file. The result is validated.
-func sinkConfig[T interface{ Validate() error }](raw string, g *globals, section string, parse func(string) (T, error)) (T, error) {
+func sinkConfig[T interface{ Validate() error }](raw string, g *globals, sections map[string]*yaml.Node, section string, parse func(string) (T, error)) (T, error) {
 	cfg, err := parse(raw)
 	if err != nil {
 		return cfg, &usageError{err}
 	}
-	if node := g.file.sections[section]; node != nil {
+	if node := sections[section]; node != nil {
 		var fromFile T
 		b, err := yaml.Marshal(node)
 		if err != nil {
@@ -118,5 +124,17 @@ func overlay(dst, src reflect.Value) {
 		if f := src.Field(i); !f.IsZero() {
 			dst.Field(i).Set(f)
 		}
+	}
+}
+
+// sinkLabel is the metrics label of a sink URL: its scheme.
+func sinkLabel(raw string) string {
+	switch s := sinkScheme(raw); s {
+	case "https":
+		return "http"
+	case "amqps":
+		return "amqp"
+	default:
+		return s
 	}
 }

@@ -23,10 +23,9 @@ import (
 
 const ns = "outbox_relay"
 
-// Metrics implements relay.Hooks.
+// Metrics holds the relay metrics of one process; Hooks gives the
+// relay.Hooks of one route.
 type Metrics struct {
-	sink string
-
 	published     *prometheus.CounterVec
 	publishErrors *prometheus.CounterVec
 	deadLettered  *prometheus.CounterVec
@@ -38,7 +37,7 @@ type Metrics struct {
 	batchSize     *prometheus.HistogramVec
 	claimDur      prometheus.Histogram
 	settleDur     prometheus.Histogram
-	lanes         prometheus.Gauge
+	lanes         *prometheus.GaugeVec
 
 	pending      prometheus.Gauge
 	oldestAge    prometheus.Gauge
@@ -47,51 +46,51 @@ type Metrics struct {
 	scrapeErrors prometheus.Counter
 }
 
-// New registers the relay metrics on reg. sinkName labels the sink-related
-// series (for example "kafka").
-func New(reg prometheus.Registerer, sinkName, version string) *Metrics {
+// New registers the relay metrics on reg. Series about deliveries are
+// labelled by route ("" for a relay without routes) and sink (the sink
+// URL's scheme, for example "kafka").
+func New(reg prometheus.Registerer, version string) *Metrics {
 	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
 	m := &Metrics{
-		sink: sinkName,
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "messages_published_total",
 			Help: "Messages the sink accepted.",
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "publish_errors_total",
 			Help: "Failed delivery attempts, by kind: retriable, permanent or timeout.",
-		}, []string{"sink", "reason"}),
+		}, []string{"route", "sink", "reason"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "messages_dead_lettered_total",
 			Help: "Messages moved to the dead-letter table, by reason: permanent or max_attempts.",
-		}, []string{"sink", "reason"}),
+		}, []string{"route", "sink", "reason"}),
 		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "retries_scheduled_total",
 			Help: "Failed deliveries scheduled for another attempt.",
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		untouched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "messages_held_back_total",
 			Help: "Messages not attempted because an earlier message of their key failed in the same batch.",
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		commitFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "settle_failures_total",
 			Help: "Batches whose outcome could not be committed; their delivered messages will be delivered again.",
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		publishDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "publish_duration_seconds",
 			Help:    "Time the sink took to accept or reject a batch.",
 			Buckets: latencyBuckets,
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "delivery_latency_seconds",
 			Help:    "From the writing transaction's start to the sink's acceptance, on the database clock.",
 			Buckets: latencyBuckets,
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "batch_size_messages",
 			Help:    "Messages per claimed batch.",
 			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000},
-		}, []string{"sink"}),
+		}, []string{"route", "sink"}),
 		claimDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "claim_duration_seconds",
 			Help:    "Time to claim a batch (connection, transaction start, claim query).",
@@ -102,10 +101,10 @@ func New(reg prometheus.Registerer, sinkName, version string) *Metrics {
 			Help:    "Time to record a batch's outcome and commit.",
 			Buckets: latencyBuckets,
 		}),
-		lanes: prometheus.NewGauge(prometheus.GaugeOpts{
+		lanes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "lanes_owned",
-			Help: "Lanes (of 256) this relay currently owns.",
-		}),
+			Help: "Lanes (of 256 per route) this process currently owns.",
+		}, []string{"route"}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "pending_messages",
 			Help: "Messages in the outbox (all relays), as of the last periodic check.",
@@ -140,38 +139,49 @@ func New(reg prometheus.Registerer, sinkName, version string) *Metrics {
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails,
 		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes,
 		m.pending, m.oldestAge, m.retrying, m.deadLetters, m.scrapeErrors, buildInfo)
-	// Series that should read 0 rather than be absent before the first event.
-	m.published.WithLabelValues(sinkName)
-	m.retried.WithLabelValues(sinkName)
-	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
-		m.deadLettered.WithLabelValues(sinkName, r)
-	}
-	for _, r := range []string{"retriable", "permanent", "timeout"} {
-		m.publishErrors.WithLabelValues(sinkName, r)
-	}
 	return m
 }
 
-var _ relay.Hooks = (*Metrics)(nil)
+// Hooks returns the relay.Hooks that record the activity of one route
+// publishing to one sink.
+func (m *Metrics) Hooks(route, sink string) relay.Hooks {
+	// Series that should read 0 rather than be absent before the first
+	// event.
+	m.published.WithLabelValues(route, sink)
+	m.retried.WithLabelValues(route, sink)
+	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
+		m.deadLettered.WithLabelValues(route, sink, r)
+	}
+	for _, r := range []string{"retriable", "permanent", "timeout"} {
+		m.publishErrors.WithLabelValues(route, sink, r)
+	}
+	return &routeHooks{m: m, route: route, sink: sink}
+}
+
+type routeHooks struct {
+	m           *Metrics
+	route, sink string
+}
 
 // Batch implements relay.Hooks.
-func (m *Metrics) Batch(ev relay.BatchEvent) {
+func (h *routeHooks) Batch(ev relay.BatchEvent) {
+	m := h.m
 	m.claimDur.Observe(ev.ClaimDuration.Seconds())
 	if ev.Claimed == 0 {
 		return
 	}
-	m.batchSize.WithLabelValues(m.sink).Observe(float64(ev.Claimed))
-	m.publishDur.WithLabelValues(m.sink).Observe(ev.SendDuration.Seconds())
+	m.batchSize.WithLabelValues(h.route, h.sink).Observe(float64(ev.Claimed))
+	m.publishDur.WithLabelValues(h.route, h.sink).Observe(ev.SendDuration.Seconds())
 	m.settleDur.Observe(ev.SettleDuration.Seconds())
 	if !ev.Committed {
-		m.commitFails.WithLabelValues(m.sink).Inc()
+		m.commitFails.WithLabelValues(h.route, h.sink).Inc()
 		return
 	}
-	m.published.WithLabelValues(m.sink).Add(float64(ev.Delivered))
-	m.retried.WithLabelValues(m.sink).Add(float64(ev.Retried))
-	m.untouched.WithLabelValues(m.sink).Add(float64(ev.Untouched))
+	m.published.WithLabelValues(h.route, h.sink).Add(float64(ev.Delivered))
+	m.retried.WithLabelValues(h.route, h.sink).Add(float64(ev.Retried))
+	m.untouched.WithLabelValues(h.route, h.sink).Add(float64(ev.Untouched))
 	for _, r := range ev.DeadReasons {
-		m.deadLettered.WithLabelValues(m.sink, r).Inc()
+		m.deadLettered.WithLabelValues(h.route, h.sink, r).Inc()
 	}
 	if failed := ev.Retried + ev.DeadLettered; failed > 0 {
 		reason := "retriable"
@@ -182,14 +192,14 @@ func (m *Metrics) Batch(ev relay.BatchEvent) {
 			reason = "permanent"
 		}
 		if ev.Retried > 0 && ev.DeadLettered > 0 {
-			m.publishErrors.WithLabelValues(m.sink, "retriable").Add(float64(ev.Retried))
-			m.publishErrors.WithLabelValues(m.sink, "permanent").Add(float64(ev.DeadLettered))
+			m.publishErrors.WithLabelValues(h.route, h.sink, "retriable").Add(float64(ev.Retried))
+			m.publishErrors.WithLabelValues(h.route, h.sink, "permanent").Add(float64(ev.DeadLettered))
 		} else {
-			m.publishErrors.WithLabelValues(m.sink, reason).Add(float64(failed))
+			m.publishErrors.WithLabelValues(h.route, h.sink, reason).Add(float64(failed))
 		}
 	}
 	if !ev.AckedAt.IsZero() {
-		h := m.latency.WithLabelValues(m.sink)
+		h := m.latency.WithLabelValues(h.route, h.sink)
 		for _, msg := range ev.DeliveredMessages {
 			h.Observe(ev.AckedAt.Sub(msg.CreatedAt).Seconds())
 		}
@@ -197,7 +207,7 @@ func (m *Metrics) Batch(ev relay.BatchEvent) {
 }
 
 // Lanes implements relay.Hooks.
-func (m *Metrics) Lanes(owned int) { m.lanes.Set(float64(owned)) }
+func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(float64(owned)) }
 
 // WatchOutbox refreshes the backlog gauges every interval until ctx ends.
 // The query counts rows (bounded by a statement timeout) rather than

@@ -87,7 +87,7 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 		return nil
 	})
 	reg := prometheus.NewRegistry()
-	m := relayprom.New(reg, "memory", "test")
+	m := relayprom.New(reg, "test")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	ctx := context.Background()
@@ -114,7 +114,7 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 	r, err := relay.New(rpool, sink, relay.Config{
 		Schema: schema, PollInterval: 20 * time.Millisecond, RetryInitial: 10 * time.Millisecond,
 		RetryMax: 20 * time.Millisecond, LeaseTTL: 3 * time.Second, Heartbeat: 100 * time.Millisecond,
-		Hooks: m, Logger: log,
+		Hooks: m.Hooks("", "memory"), Logger: log,
 	})
 	require.NoError(t, err)
 	srv, err := adminhttp.Start("127.0.0.1:0", reg, r, log)
