@@ -19,7 +19,7 @@ build: ## build bin/outbox-relay and bin/outbox-demo
 	go build -o $(BIN)/ ./cmd/...
 
 services: ## start (or install) Postgres and RabbitMQ for the tests
-	scripts/services.sh postgres rabbitmq
+	scripts/services.sh postgres rabbitmq docker-compose
 
 demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
 	scripts/services.sh postgres

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,7 +41,7 @@ func main() {
 		id text PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		log.Fatalf("create demo_orders: %v", err)
 	}
-	run := time.Now().Format("150405")
+	run := strconv.FormatInt(time.Now().UnixNano()%1e10, 36)
 	for i := 1; i <= *orders; i++ {
 		id := fmt.Sprintf("o-%s-%d", run, i)
 		customer := fmt.Sprintf("c-%d", i%2)
