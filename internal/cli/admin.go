@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -221,56 +222,16 @@ func newDLQShow(g *globals) *cobra.Command {
 	}
 }
 
-func newDLQReplay(g *globals) *cobra.Command {
+// dlqChange builds dlq replay and dlq purge: both take a non-empty
+// selection and --dry-run, and report what they did (or would do).
+func dlqChange(g *globals, use, short, example, verb, dryVerb string,
+	do func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error)) *cobra.Command {
 	var sel selectionFlags
 	var dry bool
 	cmd := &cobra.Command{
-		Use:   "replay",
-		Short: "Put dead letters back in the outbox (same message id)",
-		Example: `  outbox-relay dlq replay --id 42
-  outbox-relay dlq replay --topic orders --dry-run
-  outbox-relay dlq replay --all`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := sel.selection(time.Now())
-			if err != nil {
-				return err
-			}
-			if s.Empty() {
-				return &usageError{relay.ErrEmptySelection}
-			}
-			a, done, err := g.admin(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ids, err := a.Replay(cmd.Context(), s, dry)
-			if err != nil {
-				if err == relay.ErrEmptySelection {
-					return &usageError{err}
-				}
-				return err
-			}
-			verb := "replayed"
-			if dry {
-				verb = "would replay"
-			}
-			fmt.Fprintf(g.stdout, "%s %d dead letters%s\n", verb, len(ids), idList(ids))
-			return nil
-		},
-	}
-	sel.add(cmd, true)
-	cmd.Flags().BoolVar(&dry, "dry-run", false, "only show what would be replayed")
-	return cliOnly(cmd)
-}
-
-func newDLQPurge(g *globals) *cobra.Command {
-	var sel selectionFlags
-	var dry bool
-	cmd := &cobra.Command{
-		Use:     "purge",
-		Short:   "Delete dead letters for good",
-		Example: `  outbox-relay dlq purge --older-than 720h`,
+		Use:     use,
+		Short:   short,
+		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := sel.selection(time.Now())
@@ -285,24 +246,40 @@ func newDLQPurge(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			n, err := a.Purge(cmd.Context(), s, dry)
+			n, detail, err := do(cmd.Context(), a, s, dry)
 			if err != nil {
-				if err == relay.ErrEmptySelection {
-					return &usageError{err}
-				}
 				return err
 			}
-			verb := "purged"
 			if dry {
-				verb = "would purge"
+				verb = dryVerb
 			}
-			fmt.Fprintf(g.stdout, "%s %d dead letters\n", verb, n)
+			fmt.Fprintf(g.stdout, "%s %d dead letters%s\n", verb, n, detail)
 			return nil
 		},
 	}
 	sel.add(cmd, true)
-	cmd.Flags().BoolVar(&dry, "dry-run", false, "only count what would be purged")
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "only show what would be done")
 	return cliOnly(cmd)
+}
+
+func newDLQReplay(g *globals) *cobra.Command {
+	return dlqChange(g, "replay", "Put dead letters back in the outbox (same message id)",
+		`  outbox-relay dlq replay --id 42
+  outbox-relay dlq replay --topic orders --dry-run
+  outbox-relay dlq replay --all`, "replayed", "would replay",
+		func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error) {
+			ids, err := a.Replay(ctx, s, dry)
+			return len(ids), idList(ids), err
+		})
+}
+
+func newDLQPurge(g *globals) *cobra.Command {
+	return dlqChange(g, "purge", "Delete dead letters for good", `  outbox-relay dlq purge --older-than 720h`,
+		"purged", "would purge",
+		func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error) {
+			n, err := a.Purge(ctx, s, dry)
+			return int(n), "", err
+		})
 }
 
 func idList(ids []int64) string {
