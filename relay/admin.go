@@ -220,7 +220,9 @@ type RelayStatus struct {
 	Version     string    `json:"version"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	Route       string    `json:"route"`
 	Lanes       int       `json:"lanes"`
+	InFlight    int       `json:"in_flight"`
 }
 
 // Status reads the backlog per topic, dead letters and live relays. It
@@ -269,15 +271,15 @@ ORDER BY 1`)
 			return err
 		}
 		rows, err = tx.Query(ctx, `
-SELECT r.id, r.hostname, r.pid, r.version, r.started_at, r.heartbeat_at,
-       (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.owner = r.id AND l.lease_until > now())::int
-FROM `+a.s+`.relays r ORDER BY r.id`)
+SELECT r.id, r.hostname, r.pid, r.version, r.started_at, r.heartbeat_at, r.route,
+       (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight
+FROM `+a.s+`.relays r ORDER BY r.route, r.id`)
 		if err != nil {
 			return err
 		}
 		st.Relays, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayStatus, error) {
 			var x RelayStatus
-			return x, r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &x.StartedAt, &x.HeartbeatAt, &x.Lanes)
+			return x, r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &x.StartedAt, &x.HeartbeatAt, &x.Route, &x.Lanes, &x.InFlight)
 		})
 		if err != nil {
 			return err

@@ -77,7 +77,7 @@ func (l *leaser) tick(ctx context.Context) error {
 	}
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
 		host, _ := os.Hostname()
-		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route); err != nil {
+		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route, l.r.inFlight.Load()); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {

@@ -102,10 +102,10 @@ ON CONFLICT (id) DO UPDATE SET
 		ensureLanes: `INSERT INTO ` + s + `.lanes (route, lane) SELECT $1, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`,
 
 		heartbeat: `
-INSERT INTO ` + s + `.relays (id, hostname, pid, version, route, backend_pid, backend_start)
-SELECT $1, $2, $3, $4, $5, pg_backend_pid(), a.backend_start
+INSERT INTO ` + s + `.relays (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
+SELECT $1, $2, $3, $4, $5, $6, pg_backend_pid(), a.backend_start
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(),
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
 
 		// A relay is dead when its heartbeat is older than the lease TTL or,

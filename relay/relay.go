@@ -57,6 +57,7 @@ type Relay struct {
 	wake      []chan struct{}
 	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
 	ownedLane atomic.Int64
+	inFlight  atomic.Int64 // claimed messages not yet settled
 	draining  atomic.Bool
 	stats     Stats
 }
@@ -369,6 +370,8 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 		return 0, tx.Commit(hard)
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
+	r.inFlight.Add(int64(len(batch)))
+	defer r.inFlight.Add(-int64(len(batch)))
 
 	msgs := make([]sinks.Message, len(batch))
 	for i := range batch {

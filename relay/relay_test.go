@@ -695,3 +695,19 @@ func TestMatchTopic(t *testing.T) {
 		require.Equal(t, tc.want, relay.MatchTopic(tc.pattern, tc.topic), "%q %q", tc.pattern, tc.topic)
 	}
 }
+
+func TestStatusShowsRelaysAndInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetDelay(2 * time.Second)
+	e.write(msg("t", "k", "1"), msg("t", "j", "2"))
+	cfg := e.config()
+	cfg.ID = "status-relay"
+	e.start(cfg, e.sink)
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	eventually(t, 10*time.Second, func() bool {
+		st, err := admin.Status(context.Background())
+		require.NoError(t, err)
+		return len(st.Relays) == 1 && st.Relays[0].InFlight == 2 && st.Relays[0].Lanes == 256
+	}, "status never showed the relay with 2 messages in flight")
+}

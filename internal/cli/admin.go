@@ -67,12 +67,13 @@ func printStatus(out io.Writer, st relay.Status) {
 		_ = tw.Flush()
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tVERSION\tLANES\tHEARTBEAT")
+	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s ago\n", r.ID, r.Hostname, r.PID, r.Version, r.Lanes, st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s ago\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight,
+			st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond))
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(out, "unowned lanes: %d of 256\n", st.FreeLanes)
+	fmt.Fprintf(out, "lanes held by no live relay: %d\n", st.FreeLanes)
 }
 
 func writeJSON(out io.Writer, v any) error {

@@ -67,8 +67,7 @@ func (fakeB3) Extract(ctx context.Context, _ propagation.TextMapCarrier) context
 func (fakeB3) Fields() []string                                                          { return []string{"b3"} }
 
 func TestInjectGlobalPropagator(t *testing.T) {
-	prev := otel.GetTextMapPropagator()
-	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })
+	restoreGlobals(t)
 
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	m, err := baggage.NewMember("tenant", "acme")
