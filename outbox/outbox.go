@@ -324,7 +324,7 @@ func (p pgxQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string
 			keys[i] = &m.Key
 		}
 		payloads[i] = m.Payload
-		h, err := encodeHeaders(m.Headers)
+		h, err := encodeHeaders(InjectTraceContext(ctx, m.Headers))
 		if err != nil {
 			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
@@ -390,7 +390,8 @@ func (s sqlQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string
 	docs := make([]jsonMessage, len(b.msgs))
 	for i := range b.msgs {
 		m := &b.msgs[i]
-		docs[i] = jsonMessage{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: m.Headers, AfterMS: m.DeliverAfter.Milliseconds()}
+		docs[i] = jsonMessage{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: InjectTraceContext(ctx, m.Headers),
+			AfterMS: m.DeliverAfter.Milliseconds()}
 		if m.Key != "" {
 			docs[i].Key = &m.Key
 		}

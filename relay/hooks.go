@@ -15,12 +15,18 @@ type BatchEvent struct {
 	// Untouched counts messages held back because an earlier message of
 	// their key failed in the same batch.
 	Delivered, Retried, DeadLettered, Untouched int
+	// Messages are the claimed messages in the order handed to the sink;
+	// sinks.Outcome(SendErr, i, len(Messages)) is the answer for
+	// Messages[i]. Read-only.
+	Messages []sinks.Message
 	// DeliveredMessages are the messages the sink accepted (for latency).
 	DeliveredMessages []sinks.Message
 	// DeadReasons has one entry per dead-lettered message: "permanent" or
 	// "max_attempts".
 	DeadReasons                                 []string
 	ClaimDuration, SendDuration, SettleDuration time.Duration
+	// SendStart is when the batch was handed to the sink (relay clock).
+	SendStart time.Time
 	// SendErr is what the sink returned (nil when all were delivered).
 	SendErr error
 	// Committed is false when settling failed: delivered messages will be
@@ -44,3 +50,20 @@ type NopHooks struct{}
 
 func (NopHooks) Batch(BatchEvent) {}
 func (NopHooks) Lanes(int)        {}
+
+// MultiHooks calls every hook in turn (metrics and tracing together).
+func MultiHooks(hs ...Hooks) Hooks { return multiHooks(hs) }
+
+type multiHooks []Hooks
+
+func (m multiHooks) Batch(ev BatchEvent) {
+	for _, h := range m {
+		h.Batch(ev)
+	}
+}
+
+func (m multiHooks) Lanes(owned int) {
+	for _, h := range m {
+		h.Lanes(owned)
+	}
+}

@@ -390,7 +390,8 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 		return len(batch), fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
 
-	ev := BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: claimDur, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
+	ev := BatchEvent{Worker: worker, Claimed: len(batch), Messages: msgs, ClaimDuration: claimDur,
+		SendStart: sendStart, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
 	s := r.settle(batch, sendErr, &ev)
 
 	settleStart := time.Now()

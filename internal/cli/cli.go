@@ -23,8 +23,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
+	"github.com/outbox-relay/outbox-relay/relay/relayotel"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/format"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -249,6 +251,9 @@ type runOptions struct {
 	metricsInterval time.Duration
 	archive         bool
 	archiveRetain   time.Duration
+	format          string
+	ceSource        string
+	ceAMQPPrefix    string
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -291,6 +296,9 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
 	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for `outbox-relay replay`")
 	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
+	f.StringVar(&o.format, "format", "raw", "message format: raw, cloudevents (binary mode, headers per sink binding) or debezium (outbox event router compatible)")
+	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
+	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
 	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez and /readyz (empty disables)")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database")
 	return cmd
@@ -351,7 +359,12 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		if err != nil {
 			return err
 		}
-		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink)}}
+		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
+	}
+	for i := range routes {
+		if err := routes[i].applyFormat(o); err != nil {
+			return err
+		}
 	}
 	if err := g.requireDatabase(); err != nil {
 		return err
@@ -395,9 +408,25 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		relayprom.NewPoolCollector(pool))
 	metrics := relayprom.New(reg, version())
+	shutdownTracing, tracing, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log))
+	if err != nil {
+		return &usageError{err}
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+		defer cancel()
+		_ = shutdownTracing(cctx)
+	}()
 	relays := make(relaySet, len(routes))
 	for i, rt := range routes {
 		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
+		if tracing {
+			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
+			if err != nil {
+				return err
+			}
+			rt.cfg.Hooks = relay.MultiHooks(rt.cfg.Hooks, th)
+		}
 		r, err := relay.New(pool, opened[i], rt.cfg)
 		if err != nil {
 			return &usageError{err}

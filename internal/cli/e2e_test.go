@@ -370,3 +370,36 @@ func TestRunRoutesConfigErrors(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "not both")
 }
+
+func TestRunCloudEventsOverHTTP(t *testing.T) {
+	pool, _, w := e2e(t)
+	got := make(chan http.Header, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		select {
+		case got <- r.Header.Clone():
+		default:
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := w.Insert(ctx, tx, outbox.Message{Topic: "orders", Key: "o-1", Payload: []byte(`{}`),
+		Headers: map[string]string{"type": "com.example.order.placed", "content-type": "application/json"}})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	code, _, stderr := run(t, "run", "--sink", srv.URL, "--format", "cloudevents", "--cloudevents-source", "/orders", "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	h := <-got
+	require.Equal(t, "1.0", h.Get("ce-specversion"))
+	require.Equal(t, res[0].MessageID, h.Get("ce-id"))
+	require.Equal(t, "/orders", h.Get("ce-source"))
+	require.Equal(t, "com.example.order.placed", h.Get("ce-type"))
+	require.Equal(t, "o-1", h.Get("ce-subject"))
+	require.Equal(t, "application/json", h.Get("Content-Type"))
+
+	code, _, stderr = run(t, "run", "--sink", srv.URL, "--format", "protobuf")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "protobuf")
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/format"
 )
 
 // routeSpec is one entry of the config file's routes list. Unset
@@ -20,6 +21,7 @@ type routeSpec struct {
 	Name           string         `yaml:"name"`
 	Topics         []string       `yaml:"topics"`
 	Sink           string         `yaml:"sink"`
+	Format         string         `yaml:"format"`
 	Workers        *int           `yaml:"workers"`
 	BatchSize      *int           `yaml:"batch-size"`
 	MaxAttempts    *int           `yaml:"max-attempts"`
@@ -38,6 +40,52 @@ type route struct {
 	open     opener
 	sinkName string // redacted URL
 	label    string // sink label for metrics
+	scheme   string
+	format   string // per-route override of --format
+}
+
+// applyFormat wraps the route's sink in the message format chosen by
+// --format (or the route's own format).
+func (rt *route) applyFormat(o runOptions) error {
+	name := o.format
+	if rt.format != "" {
+		name = rt.format
+	}
+	binding, ok := format.BindingForScheme(rt.scheme)
+	if !ok {
+		binding = format.BindingKafka // stdout, discard: show the Kafka form
+	}
+	f, err := format.Parse(name, format.Options{Binding: binding, Source: o.ceSource, AMQPPrefix: o.ceAMQPPrefix})
+	if err != nil {
+		return &usageError{err}
+	}
+	if f.Name() == format.NameRaw {
+		return nil
+	}
+	open := rt.open
+	rt.open = func() (sinks.Sink, error) {
+		s, err := open()
+		if err != nil {
+			return nil, err
+		}
+		return format.Wrap(s, f), nil
+	}
+	return nil
+}
+
+// messagingSystem names the sink for OpenTelemetry's messaging.system.
+func messagingSystem(scheme string) string {
+	switch scheme {
+	case "kafka":
+		return "kafka"
+	case "amqp", "amqps":
+		return "rabbitmq"
+	case "http", "https":
+		return "webhook"
+	case "":
+		return "none"
+	}
+	return scheme
 }
 
 var routeName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -106,7 +154,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		if err := cfg.Validate(); err != nil {
 			return nil, usagef("%s: %v", field, err)
 		}
-		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: sinkLabel(sp.Sink)})
+		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
 		earlier = append(earlier, sp.Topics...)
 		for _, t := range sp.Topics {
 			if t == "*" {

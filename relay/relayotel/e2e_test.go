@@ -72,15 +72,15 @@ func writeTraced(t *testing.T, schema, topic string) written {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	res, err := w.Insert(spanCtx, tx,
-		outbox.Message{Topic: topic, Key: "order-1", Payload: []byte(`{"n":1}`),
-			Headers: relayotel.Inject(spanCtx, map[string]string{"x-tenant": "acme"})},
-		outbox.Message{Topic: topic, Key: "order-2", Payload: []byte(`{"n":2}`),
-			Headers: relayotel.Inject(context.Background(), map[string]string{"x-tenant": "acme"})},
-	)
+	// The writer stores the trace context of the context it is given.
+	traced, err := w.Insert(spanCtx, tx,
+		outbox.Message{Topic: topic, Key: "order-1", Payload: []byte(`{"n":1}`), Headers: map[string]string{"x-tenant": "acme"}})
+	require.NoError(t, err)
+	untraced, err := w.Insert(ctx, tx,
+		outbox.Message{Topic: topic, Key: "order-2", Payload: []byte(`{"n":2}`), Headers: map[string]string{"x-tenant": "acme"}})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	return written{tracedID: res[0].MessageID, untracedID: res[1].MessageID, span: span.SpanContext()}
+	return written{tracedID: traced[0].MessageID, untracedID: untraced[0].MessageID, span: span.SpanContext()}
 }
 
 // runRelay runs a relay on schema with sink and tracing hooks until the

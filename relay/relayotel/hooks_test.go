@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -133,6 +135,7 @@ func TestRabbitMQNamesAndDestination(t *testing.T) {
 		require.Equal(t, "send", a["messaging.operation.type"].AsString())
 		require.Equal(t, "rabbitmq", a["messaging.system"].AsString())
 		require.Equal(t, "x.orders", a["messaging.destination.name"].AsString())
+		require.Equal(t, "orders", a["outbox.topic"].AsString())
 		require.Equal(t, int64(2), a["outbox.batch.size"].AsInt64())
 	}
 }
@@ -220,8 +223,9 @@ func TestWhichMessagesAreTraced(t *testing.T) {
 	}
 }
 
-// TestBatchHook: the relay.Hooks entry point traces the delivered messages
-// of a batch event, with the send window derived from its durations.
+// TestBatchHook: the relay.Hooks entry point traces the attempted
+// messages of a batch event over its send window, with the outcome of
+// each.
 func TestBatchHook(t *testing.T) {
 	t.Parallel()
 	e := setup(t, relayotel.Config{})
@@ -230,25 +234,30 @@ func TestBatchHook(t *testing.T) {
 	h.Batch(relay.BatchEvent{Claimed: 2})
 	require.Empty(t, e.rec.Ended())
 
-	before := time.Now()
+	start := time.Now()
+	failed := traced(2)
 	h.Batch(relay.BatchEvent{
-		Claimed:           3,
-		Delivered:         2,
-		Retried:           1,
-		DeliveredMessages: []sinks.Message{traced(0), msg(1, nil)},
-		SendDuration:      40 * time.Millisecond,
-		SettleDuration:    5 * time.Millisecond,
-		Committed:         true,
+		Claimed:      3,
+		Delivered:    2,
+		Retried:      1,
+		Messages:     []sinks.Message{traced(0), msg(1, nil), failed},
+		SendErr:      &sinks.BatchError{Errs: []error{nil, nil, errors.New("broker busy")}},
+		SendStart:    start,
+		SendDuration: 40 * time.Millisecond,
+		Committed:    true,
 	})
-	after := time.Now()
 	spans := e.rec.Ended()
-	require.Len(t, spans, 1)
-	s := spans[0]
-	require.Equal(t, 40*time.Millisecond, s.EndTime().Sub(s.StartTime()))
-	require.False(t, s.EndTime().Before(before.Add(-5*time.Millisecond)))
-	require.False(t, s.EndTime().After(after.Add(-5*time.Millisecond)))
-	require.Equal(t, codes.Unset, s.Status().Code)
-	require.Equal(t, int64(3), attrs(s)["outbox.batch.size"].AsInt64())
+	require.Len(t, spans, 2, "one span per traced message; the untraced one has none")
+	for _, s := range spans {
+		require.Equal(t, 40*time.Millisecond, s.EndTime().Sub(s.StartTime()))
+		require.True(t, s.StartTime().Equal(start))
+		require.Equal(t, int64(3), attrs(s)["outbox.batch.size"].AsInt64())
+	}
+	codesSeen := map[codes.Code]int{}
+	for _, s := range spans {
+		codesSeen[s.Status().Code]++
+	}
+	require.Equal(t, map[codes.Code]int{codes.Unset: 1, codes.Error: 1}, codesSeen)
 }
 
 func TestNewValidates(t *testing.T) {
@@ -261,4 +270,18 @@ func TestNewValidates(t *testing.T) {
 	h, err := relayotel.New(relayotel.Config{System: "kafka"})
 	require.NoError(t, err)
 	h.RecordSend(relayotel.Send{Messages: []sinks.Message{traced(1)}, Start: time.Now(), End: time.Now()})
+}
+
+func TestLongErrorIsBounded(t *testing.T) {
+	t.Parallel()
+	e := setup(t, relayotel.Config{})
+	long := errors.New(strings.Repeat("é", 3000))
+	now := time.Now()
+	e.hooks.RecordSend(relayotel.Send{Messages: []sinks.Message{traced(1)}, Err: long, Start: now, End: now})
+	spans := e.rec.Ended()
+	require.Len(t, spans, 1)
+	d := spans[0].Status().Description
+	require.LessOrEqual(t, len(d), 1024+len("…"))
+	require.True(t, utf8.ValidString(d))
+	require.True(t, strings.HasSuffix(d, "é…"))
 }

@@ -2,49 +2,18 @@ package relayotel
 
 import (
 	"context"
-	"maps"
-	"strings"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Trace context headers (W3C Trace Context), as Inject writes them.
 const (
-	HeaderTraceparent = "traceparent"
-	HeaderTracestate  = "tracestate"
+	HeaderTraceparent = outbox.HeaderTraceparent
+	HeaderTracestate  = outbox.HeaderTracestate
 )
 
-// Inject returns headers with the trace context of ctx added, for a
-// message written inside a traced operation: the relay makes the message's
-// publish span a child of it, and the sinks deliver the headers to
-// consumers, whose instrumentation continues the trace.
-//
-// It uses the global propagator (otel.GetTextMapPropagator), so baggage
-// travels too when the application installed a baggage propagator, and
-// always writes W3C traceparent (plus tracestate when non-empty), the
-// format the relay reads. When ctx carries no valid span, or headers
-// already hold a traceparent (set on purpose, for example to continue the
-// trace of a message being forwarded), headers is returned untouched;
-// otherwise the result is a copy and headers itself is not modified.
+// Inject is outbox.InjectTraceContext, for code that builds message headers
+// itself (the outbox writer already calls it).
 func Inject(ctx context.Context, headers map[string]string) map[string]string {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return headers
-	}
-	for k := range headers {
-		if strings.EqualFold(k, HeaderTraceparent) {
-			return headers
-		}
-	}
-	out := make(map[string]string, len(headers)+2)
-	maps.Copy(out, headers)
-	carrier := propagation.MapCarrier(out)
-	otel.GetTextMapPropagator().Inject(ctx, carrier)
-	if _, ok := out[HeaderTraceparent]; !ok {
-		// The global propagator is the default no-op, or one without
-		// W3C Trace Context (B3 only, say).
-		propagation.TraceContext{}.Inject(ctx, carrier)
-	}
-	return out
+	return outbox.InjectTraceContext(ctx, headers)
 }

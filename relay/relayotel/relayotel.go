@@ -16,6 +16,7 @@ import (
 	"errors"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -39,6 +40,9 @@ const (
 	// AttrBatchSize is how many messages the sink call that carried the
 	// message held (the span itself describes one message).
 	AttrBatchSize = attribute.Key("outbox.batch.size")
+	// AttrTopic is the outbox topic, set when Config.Destination maps it
+	// to a different destination name.
+	AttrTopic = attribute.Key("outbox.topic")
 )
 
 // maxStatusLen bounds the error text put in a span's status.
@@ -59,8 +63,10 @@ type Config struct {
 	// one.
 	TracerProvider trace.TracerProvider
 	// Destination maps an outbox topic to messaging.destination.name, for
-	// sinks that rename topics (a Kafka topic prefix or map). Default: the
-	// topic itself.
+	// sinks that rename topics (a Kafka topic prefix or map) or publish to
+	// a fixed destination (RabbitMQ: the exchange). When it differs from
+	// the topic, the topic is kept in outbox.topic. Default: the topic
+	// itself.
 	Destination func(topic string) string
 	// RootSpans also traces messages that carry no trace context, each as
 	// the root span of a trace of its own (subject to the provider's
@@ -171,6 +177,9 @@ func (h *Hooks) span(m sinks.Message, err error, start, end time.Time, batch int
 		semconv.MessagingMessageID(m.ID),
 		semconv.MessagingMessageBodySize(len(m.Payload)),
 	)
+	if dest != m.Topic {
+		attrs = append(attrs, AttrTopic.String(m.Topic))
+	}
 	if m.Attempt > 0 {
 		attrs = append(attrs, AttrAttempt.Int(m.Attempt))
 	}
@@ -186,7 +195,11 @@ func (h *Hooks) span(m sinks.Message, err error, start, end time.Time, batch int
 		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		msg := err.Error()
 		if len(msg) > maxStatusLen {
-			msg = msg[:maxStatusLen] + "…"
+			cut := maxStatusLen
+			for cut > 0 && !utf8.RuneStart(msg[cut]) {
+				cut--
+			}
+			msg = msg[:cut] + "…"
 		}
 		span.SetStatus(codes.Error, msg)
 	}
@@ -217,14 +230,14 @@ func errorType(err error) string {
 // delivered messages only, with the send window derived from the event's
 // durations (the hook runs right after the settle).
 func (h *Hooks) Batch(ev relay.BatchEvent) {
-	if len(ev.DeliveredMessages) == 0 {
+	if len(ev.Messages) == 0 {
 		return
 	}
-	end := time.Now().Add(-ev.SettleDuration)
 	h.RecordSend(Send{
-		Messages:  ev.DeliveredMessages,
-		Start:     end.Add(-ev.SendDuration),
-		End:       end,
+		Messages:  ev.Messages,
+		Err:       ev.SendErr,
+		Start:     ev.SendStart,
+		End:       ev.SendStart.Add(ev.SendDuration),
 		BatchSize: ev.Claimed,
 	})
 }
