@@ -393,6 +393,12 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 	ev := BatchEvent{Worker: worker, Claimed: len(batch), Messages: msgs, ClaimDuration: claimDur,
 		SendStart: sendStart, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
 	s := r.settle(batch, sendErr, &ev)
+	if ev.Untouched == len(batch) {
+		// The sink tried nothing and reported no failure (it broke off, or
+		// breaks the contract): claiming the same batch again at once would
+		// spin. Release it and let the worker back off.
+		return len(batch), fmt.Errorf("outbox: sink attempted none of %d messages: %w", len(batch), sendErr)
+	}
 
 	settleStart := time.Now()
 	b := &pgx.Batch{}

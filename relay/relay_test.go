@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -710,4 +711,28 @@ func TestStatusShowsRelaysAndInFlight(t *testing.T) {
 		require.NoError(t, err)
 		return len(st.Relays) == 1 && st.Relays[0].InFlight == 2 && st.Relays[0].Lanes == 256
 	}, "status never showed the relay with 2 messages in flight")
+}
+
+// notAttempting is a sink that gives up on every batch without trying.
+type notAttempting struct{ calls atomic.Int64 }
+
+func (s *notAttempting) Send(_ context.Context, msgs []sinks.Message) error {
+	s.calls.Add(1)
+	be := sinks.NewBatchError(len(msgs))
+	for i := range be.Errs {
+		be.Errs[i] = sinks.ErrNotAttempted
+	}
+	return be
+}
+func (s *notAttempting) Close(context.Context) error { return nil }
+
+func TestSinkThatAttemptsNothingDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.write(msg("t", "k", "1"))
+	sink := &notAttempting{}
+	e.start(e.config(), sink)
+	time.Sleep(time.Second)
+	require.Less(t, sink.calls.Load(), int64(20), "the worker backs off instead of re-claiming at once")
+	require.Equal(t, 1, e.count("messages"), "nothing lost, nothing counted")
 }
