@@ -75,6 +75,9 @@ type Config struct {
 	// ArchiveRetention is how long archived messages are kept; older
 	// daily partitions are dropped. Default 7 days.
 	ArchiveRetention time.Duration
+	// ConnectTimeout is how long Run waits for the database at start-up
+	// before giving up. Default 30s.
+	ConnectTimeout time.Duration
 	// Version is recorded in the relays table. Default "dev".
 	Version string
 	// Logger receives the relay's logs. Default slog.Default().
@@ -145,6 +148,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ArchiveRetention == 0 {
 		c.ArchiveRetention = 7 * 24 * time.Hour
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 30 * time.Second
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,6 +71,7 @@ func (l *leaser) tick(ctx context.Context) error {
 	}
 	ttl := cfg.LeaseTTL.Milliseconds()
 	owned := l.owned
+	var handover []int16
 	if !l.lanesReady {
 		if _, err := l.conn.Exec(ctx, q.ensureLanes, cfg.Route); err != nil {
 			return fmt.Errorf("create lanes of route %q: %w", cfg.Route, err)
@@ -83,11 +86,15 @@ func (l *leaser) tick(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
 			return fmt.Errorf("reap: %w", err)
 		}
-		tag, err := tx.Exec(ctx, q.renew, cfg.ID, ttl, cfg.Route)
+		rows, err := tx.Query(ctx, q.renew, cfg.ID, ttl, cfg.Route)
 		if err != nil {
 			return fmt.Errorf("renew: %w", err)
 		}
-		owned = int(tag.RowsAffected())
+		mine, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			return fmt.Errorf("renew: %w", err)
+		}
+		owned = len(mine)
 		var alive, rank int
 		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank); err != nil {
 			return fmt.Errorf("count relays: %w", err)
@@ -111,7 +118,12 @@ func (l *leaser) tick(ctx context.Context) error {
 			}
 			owned += len(got)
 		case owned > target:
-			rows, err := tx.Query(ctx, q.release, cfg.ID, owned-target, cfg.Route)
+			// Hand over the highest lanes. Those a claim is using right now
+			// are skipped here; the workers stop claiming from them (see
+			// Relay.handover) so that the next heartbeat can release them.
+			sort.Slice(mine, func(i, j int) bool { return mine[i] > mine[j] })
+			giving := mine[:owned-target]
+			rows, err := tx.Query(ctx, q.release, cfg.ID, giving, cfg.Route)
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
 			}
@@ -120,6 +132,7 @@ func (l *leaser) tick(ctx context.Context) error {
 				return fmt.Errorf("release: %w", err)
 			}
 			owned -= len(gone)
+			handover = without(giving, gone)
 		}
 		return nil
 	})
@@ -133,6 +146,7 @@ func (l *leaser) tick(ctx context.Context) error {
 		}
 	}
 	l.owned = owned
+	l.r.handover.Store(&handover)
 	l.r.ownedLane.Store(int64(owned))
 	l.r.cfg.Hooks.Lanes(owned)
 	return nil
@@ -142,6 +156,10 @@ func (l *leaser) tick(ctx context.Context) error {
 // over at their next heartbeat instead of after the lease TTL.
 func (l *leaser) releaseAll(ctx context.Context) {
 	defer l.closeConn(ctx)
+	if l.conn != nil && l.conn.IsClosed() {
+		// A heartbeat cancelled by the shutdown closed it.
+		l.conn = nil
+	}
 	if l.conn == nil {
 		pc, err := l.r.pool.Acquire(ctx)
 		if err != nil {
@@ -157,4 +175,15 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		l.r.log.Warn("could not unregister relay", "error", err)
 	}
 	l.r.ownedLane.Store(0)
+}
+
+// without returns xs minus the elements of drop.
+func without(xs, drop []int16) []int16 {
+	out := make([]int16, 0, len(xs))
+	for _, x := range xs {
+		if !slices.Contains(drop, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -21,7 +21,8 @@ func newQueries(schema string) queries {
 		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
 		// starting at lane $4 so that every lane gets its turn. $7 and $8
 		// are the route's topic patterns (LIKE form) and those of earlier
-		// routes; NULL means no filter.
+		// routes; NULL means no filter. $9 are lanes being handed over to
+		// another relay: not claimed any more.
 		//
 		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
 		// can change owner (which takes FOR UPDATE) only between two claim
@@ -36,6 +37,7 @@ SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.head
 FROM (
     SELECT l.lane FROM ` + s + `.lanes l
     WHERE l.route = $6 AND l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
+      AND NOT (l.lane = ANY($9::int2[]))
     ORDER BY (l.lane + 256 - $4) % 256
     FOR KEY SHARE
 ) o
@@ -119,7 +121,7 @@ WHERE r.id <> $1 AND (
         SELECT 1 FROM pg_stat_activity a
         WHERE a.pid = r.backend_pid AND a.backend_start IS NOT DISTINCT FROM r.backend_start)))`,
 
-		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1`,
+		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1 RETURNING lane`,
 
 		// Relays alive in this route, and this relay's rank among them, for
 		// the fair share.
@@ -137,14 +139,12 @@ WHERE lane IN (
   AND route = $4
 RETURNING lane`,
 
-		// Hand lanes back, skipping any that a claim transaction is using
-		// right now (they go on a later heartbeat).
+		// Hand lanes $2 back, skipping any that a claim transaction is
+		// using right now (they go on a later heartbeat).
 		release: `
 UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL
 WHERE lane IN (
-    SELECT l.lane FROM ` + s + `.lanes l WHERE l.route = $3 AND l.owner = $1
-    ORDER BY l.lane DESC
-    LIMIT $2
+    SELECT l.lane FROM ` + s + `.lanes l WHERE l.route = $3 AND l.owner = $1 AND l.lane = ANY($2::int2[])
     FOR UPDATE SKIP LOCKED)
   AND route = $3
 RETURNING lane`,

@@ -57,9 +57,12 @@ type Relay struct {
 	wake      []chan struct{}
 	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
 	ownedLane atomic.Int64
-	inFlight  atomic.Int64 // claimed messages not yet settled
-	draining  atomic.Bool
-	stats     Stats
+	// handover holds lanes this relay is giving up: workers skip them so
+	// the leaser can release them at its next heartbeat.
+	handover atomic.Pointer[[]int16]
+	inFlight atomic.Int64 // claimed messages not yet settled
+	draining atomic.Bool
+	stats    Stats
 }
 
 // Stats are running totals, read with Relay.Stats.
@@ -130,7 +133,7 @@ func (r *Relay) Stats() StatsSnapshot {
 // DrainTimeout), hands its lanes back and returns nil. It does not close
 // the sink or the pool.
 func (r *Relay) Run(ctx context.Context) error {
-	v, err := migrations.Current(ctx, r.pool, r.cfg.Schema)
+	v, err := r.schemaVersion(ctx)
 	if err != nil {
 		return err
 	}
@@ -203,6 +206,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
 	return nil
+}
+
+// schemaVersion reads the schema version, waiting up to ConnectTimeout for
+// the database to be reachable: a relay started alongside its database (a
+// sidecar, a compose stack) should not exit just because it came first.
+func (r *Relay) schemaVersion(ctx context.Context) (int, error) {
+	deadline := time.Now().Add(r.cfg.ConnectTimeout)
+	bo := newReconnectBackoff()
+	for {
+		v, err := migrations.Current(ctx, r.pool, r.cfg.Schema)
+		if err == nil {
+			return v, nil
+		}
+		d := bo.NextBackOff()
+		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
+			return 0, err
+		}
+		r.log.Warn("database not reachable yet; retrying", "error", err, "retry_in", d)
+		sleep(ctx, d)
+	}
 }
 
 // Live reports whether every worker's loop has turned recently. A worker
@@ -345,8 +368,12 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 	}
 	defer tx.Rollback(context.WithoutCancel(hard)) //nolint:errcheck // no-op after commit
 
+	handover := []int16{}
+	if h := r.handover.Load(); h != nil && *h != nil {
+		handover = *h
+	}
 	rows, err := tx.Query(hard, r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
-		r.cfg.Route, r.topics, r.exclude)
+		r.cfg.Route, r.topics, r.exclude, handover)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}

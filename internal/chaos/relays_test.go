@@ -33,11 +33,13 @@ type proc struct {
 	started time.Time
 	done    chan struct{}
 
-	// Set before the signal is sent, read after done is closed.
-	killed bool // SIGKILL from the test
-	termed bool // SIGTERM from the test
-	exited time.Time
-	code   int // exit code, -1 when killed by a signal
+	// Guarded by cluster.mu: the first three are set before the test sends
+	// its signal, exited and code before done is closed.
+	killed  bool // SIGKILL from the test
+	termed  bool // SIGTERM from the test
+	restart bool // SIGTERM for a rolling restart: start it again
+	exited  time.Time
+	code    int // exit code, -1 when killed by a signal
 }
 
 func (p *proc) alive() bool {
@@ -74,7 +76,7 @@ type cluster struct {
 	pauses       int
 }
 
-// relayArgs is how the relays run in both tests: small batches and fast
+// relayArgs is how the relays run in every test: small batches and fast
 // leases so that failover and rebalancing happen within the test, and
 // retries fast and plentiful so that nothing is dead-lettered during a
 // sink outage or a database restart.
@@ -88,9 +90,12 @@ func relayArgs(sinkURL string) []string {
 		"--retry-initial", "50ms",
 		"--retry-max", "500ms",
 		"--max-attempts", "1000",
-		"--publish-timeout", "10s",
-		"--drain-timeout", strconv.Itoa(int(drainTimeout/time.Second)) + "s",
+		// Short, so that a stalled receiver makes sends time out.
+		"--publish-timeout", "2s",
+		"--drain-timeout", drainTimeout.String(),
 		"--log-level", "info",
+		// Several relays on one host: no fixed port for the admin listener.
+		"--admin-addr", "127.0.0.1:0",
 	}
 }
 
@@ -107,8 +112,17 @@ func newCluster(t *testing.T, bin, baseURL, schema string, args []string) *clust
 	if len(app) > 63 {
 		t.Fatalf("application_name %q is longer than Postgres keeps (63)", app)
 	}
+	dir := t.TempDir()
+	if keep := os.Getenv("CHAOS_LOG_DIR"); keep != "" {
+		// Keep the relays' logs after the test, for a post-mortem.
+		dir = filepath.Join(keep, schema)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatalf("CHAOS_LOG_DIR: %v", err)
+		}
+		t.Logf("relay logs in %s", dir)
+	}
 	c := &cluster{
-		t: t, bin: bin, dir: t.TempDir(), schema: schema, appName: app,
+		t: t, bin: bin, dir: dir, schema: schema, appName: app,
 		dbURL:   withAppName(baseURL, app),
 		args:    args,
 		current: map[string]*proc{},
@@ -206,7 +220,7 @@ func (c *cluster) supervise(slot string, p *proc) {
 	for {
 		<-p.done
 		c.mu.Lock()
-		stop := c.stopped[slot] || p.termed
+		stop := c.stopped[slot] || (p.termed && !p.restart)
 		if !p.killed && !p.termed && !(c.tolerateExit != nil && c.tolerateExit(p)) {
 			c.unexpected = append(c.unexpected, fmt.Sprintf("%s exited by itself with code %d after %s (log %s)",
 				p.id, p.code, p.exited.Sub(p.started).Round(time.Millisecond), filepath.Base(p.logPath)))
@@ -239,20 +253,40 @@ func (c *cluster) proc(slot string) *proc {
 	return c.current[slot]
 }
 
+// killAll SIGKILLs every running relay at once.
+func (c *cluster) killAll() int {
+	var wg sync.WaitGroup
+	n := 0
+	var mu sync.Mutex
+	for _, s := range c.slots() {
+		wg.Go(func() {
+			if c.kill(s) != "" {
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return n
+}
+
 // kill SIGKILLs the current process of slot; its supervisor starts a new
-// one.
-func (c *cluster) kill(slot string) {
+// one. It returns the id of the process killed, or "" when slot had no
+// live process (it was being restarted or stopped).
+func (c *cluster) kill(slot string) string {
 	c.mu.Lock()
 	p := c.current[slot]
-	if p == nil || !p.alive() || p.termed {
+	if p == nil || !p.alive() || p.termed || p.killed {
 		c.mu.Unlock()
-		return
+		return ""
 	}
 	p.killed = true
 	c.kills++
 	c.mu.Unlock()
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+	return p.id
 }
 
 // pause freezes slot's process with SIGSTOP for d (a GC pause, a frozen
@@ -311,6 +345,36 @@ func (c *cluster) stop(slot string) time.Duration {
 		c.t.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.code, filepath.Base(p.logPath))
 	}
 	return took
+}
+
+// rollingRestart stops slot's process with SIGTERM, like a deploy would,
+// and lets the supervisor start a new one. The process must exit 0 within
+// the drain timeout plus exitSlack; it returns how long it took.
+func (c *cluster) rollingRestart(slot string) (string, time.Duration, error) {
+	c.mu.Lock()
+	p := c.current[slot]
+	if p == nil || !p.alive() || p.killed || p.termed {
+		c.mu.Unlock()
+		return "", 0, nil
+	}
+	p.termed, p.restart = true, true
+	c.mu.Unlock()
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(drainTimeout + exitSlack)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		return p.id, time.Since(start), fmt.Errorf("relay %s did not exit within %s of SIGTERM", p.id, drainTimeout+exitSlack)
+	}
+	took := time.Since(start)
+	if p.code != 0 {
+		return p.id, took, fmt.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.code, filepath.Base(p.logPath))
+	}
+	return p.id, took, nil
 }
 
 // stopAll stops every running slot concurrently and returns the longest
@@ -394,23 +458,35 @@ func (c *cluster) cleanup() {
 		current[p] = true
 	}
 	c.mu.Unlock()
+	shown := 0
+	for _, p := range all {
+		switch {
+		case current[p]:
+		case !p.killed && !p.termed && shown < 5:
+			shown++
+		default:
+			continue
+		}
+		c.t.Logf("tail of %s (exit %d):\n%s", p.id, p.code, tailFile(p.logPath, 25))
+	}
+}
+
+// loggedErrors returns the ERROR lines of every relay's log (at most 20):
+// the relay logs at ERROR level only when it sees the contract broken.
+func (c *cluster) loggedErrors() []string {
+	c.mu.Lock()
+	all := append([]*proc(nil), c.all...)
+	c.mu.Unlock()
 	var errs []string
 	for _, p := range all {
 		for _, l := range grepFile(p.logPath, "level=ERROR") {
 			errs = append(errs, p.id+": "+l)
 		}
 	}
-	if len(errs) > 40 {
-		errs = append(errs[:40], fmt.Sprintf("… and %d more", len(errs)-40))
+	if len(errs) > 20 {
+		errs = append(errs[:20], fmt.Sprintf("… and %d more", len(errs)-20))
 	}
-	if len(errs) > 0 {
-		c.t.Logf("errors logged by the relays:\n%s", strings.Join(errs, "\n"))
-	}
-	for _, p := range all {
-		if current[p] || (!p.killed && !p.termed) {
-			c.t.Logf("tail of %s (exit %d):\n%s", p.id, p.code, tailFile(p.logPath, 25))
-		}
-	}
+	return errs
 }
 
 func tailFile(path string, n int) string {

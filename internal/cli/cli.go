@@ -251,6 +251,7 @@ type runOptions struct {
 	metricsInterval time.Duration
 	archive         bool
 	archiveRetain   time.Duration
+	connectTimeout  time.Duration
 	format          string
 	ceSource        string
 	ceAMQPPrefix    string
@@ -296,6 +297,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
 	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for `outbox-relay replay`")
 	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
+	f.DurationVar(&o.connectTimeout, "connect-timeout", 30*time.Second, "how long to wait for the database at start-up before exiting")
 	f.StringVar(&o.format, "format", "raw", "message format: raw, cloudevents (binary mode, headers per sink binding) or debezium (outbox event router compatible)")
 	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
 	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
@@ -311,6 +313,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
+		"connect-timeout": int64(o.connectTimeout),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -337,6 +340,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		DisableFastFailover: o.noFastFailover,
 		Archive:             o.archive,
 		ArchiveRetention:    o.archiveRetain,
+		ConnectTimeout:      o.connectTimeout,
 		Version:             version(),
 		Logger:              g.log,
 	}

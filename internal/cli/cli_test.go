@@ -97,6 +97,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	require.NoError(t, os.WriteFile(secretFile, []byte("postgres://app:s3cr3t-pw@127.0.0.1:1/test\n"), 0o600))
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("OUTBOX_ADMIN_ADDR", "127.0.0.1:0")
+	t.Setenv("OUTBOX_CONNECT_TIMEOUT", "300ms")
 	t.Setenv("OUTBOX_DATABASE_URL_FILE", secretFile)
 	code, out, stderr := run(t, "run", "--sink", "stdout")
 	require.Equal(t, 1, code, stderr)

@@ -1,0 +1,157 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// payload is what the writers put in every message: the key, the
+// message's position in its key's write order, and a tag naming the
+// writing transaction and the message within it.
+type payload struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
+	Tag string `json:"tag"`
+}
+
+// delivery is one message the receiver accepted (answered 2xx), in arrival
+// order.
+type delivery struct {
+	id  string // webhook-id: the stable message id
+	key string // outbox-key header, decoded
+	payload
+}
+
+// receiver is the consumer: a real HTTP server on loopback that records
+// every request it accepts. It records before it answers, and the HTTP
+// sink sends the next message of a key only after the previous one got its
+// answer, so the recorded order per key is the order the relays delivered.
+type receiver struct {
+	srv  *http.Server
+	url  string
+	done chan struct{}
+
+	failing  atomic.Bool
+	rejected atomic.Int64
+	stallEnd atomic.Int64 // unix nanos; requests before it are held until then
+	stalled  atomic.Int64
+
+	mu  sync.Mutex
+	log []delivery
+	bad []string
+}
+
+func newReceiver(t *testing.T) *receiver {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("receiver: listen: %v", err)
+	}
+	rc := &receiver{url: "http://" + ln.Addr().String() + "/hook", done: make(chan struct{})}
+	rc.srv = &http.Server{Handler: http.HandlerFunc(rc.serve), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(rc.done)
+		if err := rc.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("receiver: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = rc.srv.Close()
+		<-rc.done
+	})
+	return rc
+}
+
+func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the sender went away mid-request; it saw no answer
+	}
+	if end := rc.stallEnd.Load(); end != 0 {
+		if d := time.Until(time.Unix(0, end)); d > 0 {
+			// A consumer that is slow to answer: the request is processed
+			// (recorded) after the stall even if the relay gave up on it,
+			// as a real consumer would.
+			rc.stalled.Add(1)
+			time.Sleep(d)
+		}
+	}
+	if rc.failing.Load() {
+		rc.rejected.Add(1)
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "receiver outage (chaos test)")
+		return
+	}
+	d := delivery{id: r.Header.Get("webhook-id")}
+	var problem string
+	key, kerr := url.PathUnescape(r.Header.Get("outbox-key"))
+	d.key = key
+	switch {
+	case r.Method != http.MethodPost || r.URL.Path != "/hook":
+		problem = fmt.Sprintf("%s %s", r.Method, r.URL.Path)
+	case d.id == "":
+		problem = "no webhook-id header"
+	case kerr != nil:
+		problem = fmt.Sprintf("outbox-key %q: %v", r.Header.Get("outbox-key"), kerr)
+	default:
+		if err := json.Unmarshal(body, &d.payload); err != nil {
+			problem = fmt.Sprintf("payload %q: %v", body, err)
+		} else if d.payload.Key != d.key {
+			problem = fmt.Sprintf("outbox-key %q but payload key %q", d.key, d.payload.Key)
+		}
+	}
+	rc.mu.Lock()
+	if problem != "" {
+		// Accepted anyway, so that the problem is reported once, here,
+		// rather than as a dead letter.
+		rc.bad = append(rc.bad, problem)
+	} else {
+		rc.log = append(rc.log, d)
+	}
+	rc.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// outage makes the receiver answer 503 to everything for d.
+func (rc *receiver) outage(ctx context.Context, d time.Duration) {
+	rc.failing.Store(true)
+	defer rc.failing.Store(false)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// stall holds every request for the next d before accepting it: longer
+// than the relays' publish timeout, so their sends time out although the
+// receiver goes on to process the messages.
+func (rc *receiver) stall(ctx context.Context, d time.Duration) {
+	rc.stallEnd.Store(time.Now().Add(d).UnixNano())
+	sleepCtx(ctx, d)
+}
+
+// snapshot returns the deliveries so far and the malformed requests.
+func (rc *receiver) snapshot() ([]delivery, []string) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]delivery(nil), rc.log...), append([]string(nil), rc.bad...)
+}
+
+func (rc *receiver) count() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.log)
+}

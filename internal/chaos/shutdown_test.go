@@ -1,0 +1,86 @@
+package chaos
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// TestStopDuringHeartbeat sends SIGTERM while the relay's lane-lease
+// heartbeat is stuck in the database (here: behind a row lock the test
+// holds; in production: a slow or overloaded server). The relay must still
+// hand its lanes back and unregister before it exits, so that the other
+// relays take over at once instead of after the lease TTL (or, with fast
+// failover, at their next heartbeat). Found by the chaos test: a SIGTERM
+// that arrived during a heartbeat logged "could not release lanes".
+func TestStopDuringHeartbeat(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipping in -short mode: it runs a relay process")
+	}
+	pool, schema := pgtest.Schema(t)
+	bin := relayBinary(t)
+	ctx, cancel := testContext(t)
+	defer cancel()
+	rc := newReceiver(t)
+	c := newCluster(t, bin, pgtest.URL(), schema, relayArgs(rc.url))
+	s := migrations.Ident(schema)
+
+	c.start("r1")
+	waitLanes(ctx, t, c, map[string]int{"r1.1": 256})
+
+	// A dead relay's row, locked by the test: the heartbeat's reap step
+	// tries to delete it and waits for the lock. The row must be committed
+	// before it is locked (an uncommitted row is invisible to the reap),
+	// and the live relay may reap it in between: then try again.
+	var lock pgx.Tx
+	for attempt := 0; lock == nil; attempt++ {
+		if attempt == 20 {
+			t.Fatal("could not lock a dead relay row before the live relay reaped it")
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.relays (id, hostname, pid, version, heartbeat_at, backend_pid)
+VALUES ('dead', 'nowhere', 1, 'test', now() - interval '1 hour', 0) ON CONFLICT (id) DO NOTHING`); err != nil {
+			t.Fatalf("insert dead relay: %v", err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tag, err := tx.Exec(ctx, `SELECT 1 FROM `+s+`.relays WHERE id = 'dead' FOR UPDATE`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag.RowsAffected() == 1 {
+			lock = tx
+		} else {
+			_ = tx.Rollback(ctx)
+		}
+	}
+	defer lock.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // released below on success
+
+	waitFor(ctx, t, 10*time.Second, "the relay's heartbeat to wait for the test's lock", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, c.appName).Scan(&n)
+		return err == nil && n > 0
+	})
+	took := c.stop("r1")
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("relay exited %s after SIGTERM", took.Round(time.Millisecond))
+
+	var lanes, registered int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.lanes WHERE owner = 'r1.1'),
+       (SELECT count(*) FROM `+s+`.relays WHERE id = 'r1.1')`).Scan(&lanes, &registered); err != nil {
+		t.Fatal(err)
+	}
+	if lanes != 0 || registered != 0 {
+		t.Errorf("after a clean exit, relay r1.1 still owns %d lanes and has %d relays row(s); want 0 and 0 "+
+			"(its logs: %q)", lanes, registered, grepFile(c.proc("r1").logPath, "could not"))
+	}
+}
