@@ -10,7 +10,7 @@ export TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 GO_TEST := go test -race -count=1 -timeout 20m
 BIN := bin
 
-.PHONY: help build demo test test-disruptive vet chaos bench fuzz services compose-check clean
+.PHONY: help build demo test test-disruptive vet chaos faults bench fuzz services clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -34,9 +34,13 @@ test: services vet ## the whole test suite, with -race (what CI runs)
 
 test-disruptive: ## tests that restart RabbitMQ (and later Postgres); run alone, after the rest
 	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'TestBrokerRestart|TestBrokerMemoryAlarm' ./sinks/amqpsink/
+	TEST_PG_DISRUPTIVE=1 TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'Disruptive' ./internal/faults/
 
 chaos: services build ## long chaos run (kills relays, restarts Postgres)
 	CHAOS_LONG=1 $(GO_TEST) -timeout 60m -run 'Chaos' -v ./internal/chaos/
+
+faults: services build ## long fault-injection runs (30 s outages, 5M backlog)
+	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/faults/
 
 bench: services build ## benchmark suite (BENCH_QUICK=1 for a short run)
 	go run ./bench

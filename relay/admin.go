@@ -54,7 +54,10 @@ type Selection struct {
 	Topic string
 	// DeadBefore selects dead letters that died before this time.
 	DeadBefore time.Time
-	All        bool
+	// OlderThan selects dead letters that died longer ago than this, on
+	// the database clock (an operator's clock may be off).
+	OlderThan time.Duration
+	All       bool
 	// Limit caps List (default 100); Replay and Purge ignore it.
 	Limit int
 }
@@ -65,7 +68,7 @@ var ErrEmptySelection = errors.New("outbox: select dead letters by id, topic or 
 
 // Empty reports whether s selects nothing.
 func (s Selection) Empty() bool {
-	return len(s.IDs) == 0 && s.Topic == "" && s.DeadBefore.IsZero() && !s.All
+	return len(s.IDs) == 0 && s.Topic == "" && s.DeadBefore.IsZero() && s.OlderThan <= 0 && !s.All
 }
 
 func (s Selection) args() []any {
@@ -77,14 +80,19 @@ func (s Selection) args() []any {
 	if s.Topic != "" {
 		topic = s.Topic
 	}
-	var before any
+	var before, olderMS any
 	if !s.DeadBefore.IsZero() {
 		before = s.DeadBefore
 	}
-	return []any{ids, topic, before}
+	if s.OlderThan > 0 {
+		olderMS = s.OlderThan.Milliseconds()
+	}
+	return []any{ids, topic, before, olderMS}
 }
 
-const selWhere = ` WHERE ($1::bigint[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR topic = $2) AND ($3::timestamptz IS NULL OR dead_at < $3)`
+const selWhere = ` WHERE ($1::bigint[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR topic = $2)
+  AND ($3::timestamptz IS NULL OR dead_at < $3)
+  AND ($4::bigint IS NULL OR dead_at < now() - $4 * interval '1 millisecond')`
 
 const dlColumns = `id, message_id::text, topic, key, payload, headers, created_at, attempts, reason, first_error, last_error, first_failed_at, dead_at`
 
@@ -100,7 +108,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 	if sel.Limit <= 0 {
 		sel.Limit = 100
 	}
-	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id LIMIT $4`,
+	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id LIMIT $5`,
 		append(sel.args(), sel.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
@@ -297,6 +305,9 @@ type ArchiveSelection struct {
 	// From and To bound the messages' creation time (To exclusive; zero
 	// means no bound).
 	From, To time.Time
+	// FromAgo and ToAgo give the same bounds relative to the database's
+	// clock (zero: unused).
+	FromAgo, ToAgo time.Duration
 	// Topic limits the replay to one topic (empty: all).
 	Topic string
 	// NewIDs gives the replayed messages fresh message ids, for consumers
@@ -308,8 +319,17 @@ type ArchiveSelection struct {
 // original order, and returns how many. With dryRun it only counts.
 func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun bool) (int64, error) {
 	where := ` WHERE ($1::timestamptz IS NULL OR (created_at >= $1 AND delivered_at >= $1))
-  AND ($2::timestamptz IS NULL OR created_at < $2) AND ($3::text IS NULL OR topic = $3)`
-	var from, to, topic any
+  AND ($2::timestamptz IS NULL OR created_at < $2) AND ($3::text IS NULL OR topic = $3)
+  AND ($5::bigint IS NULL OR (created_at >= now() - $5 * interval '1 millisecond'
+                              AND delivered_at >= now() - $5 * interval '1 millisecond'))
+  AND ($6::bigint IS NULL OR created_at < now() - $6 * interval '1 millisecond')`
+	var from, to, topic, fromAgo, toAgo any
+	if sel.FromAgo > 0 {
+		fromAgo = sel.FromAgo.Milliseconds()
+	}
+	if sel.ToAgo > 0 {
+		toAgo = sel.ToAgo.Milliseconds()
+	}
 	if !sel.From.IsZero() {
 		from = sel.From
 	}
@@ -321,7 +341,8 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	}
 	if dryRun {
 		var n int64
-		err := a.pool.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.archive`+where, from, to, topic).Scan(&n)
+		err := a.pool.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.archive`+where+` AND $4::bool IS NOT NULL`,
+			from, to, topic, sel.NewIDs, fromAgo, toAgo).Scan(&n)
 		if err != nil {
 			return 0, fmt.Errorf("outbox: replay archive: %w", err)
 		}
@@ -330,7 +351,7 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	tag, err := a.pool.Exec(ctx, `
 INSERT INTO `+a.s+`.messages (message_id, topic, key, payload, headers)
 SELECT CASE WHEN $4 THEN gen_random_uuid() ELSE message_id END, topic, key, payload, headers
-FROM `+a.s+`.archive`+where+` ORDER BY id`, from, to, topic, sel.NewIDs)
+FROM `+a.s+`.archive`+where+` ORDER BY id`, from, to, topic, sel.NewIDs, fromAgo, toAgo)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: replay archive: %w", err)
 	}

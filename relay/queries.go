@@ -74,10 +74,10 @@ SELECT id, message_id, topic, key, payload, headers, created_at, now() FROM d`,
 		scheduleRetry: `
 UPDATE ` + s + `.messages m SET
     attempts = m.attempts + 1,
-    available_at = now() + f.delay_ms * interval '1 millisecond',
+    available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
     last_error = f.err,
     first_error = coalesce(m.first_error, f.err),
-    first_failed_at = coalesce(m.first_failed_at, now())
+    first_failed_at = coalesce(m.first_failed_at, clock_timestamp())
 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS f(id, delay_ms, err)
 WHERE m.id = f.id`,
 
@@ -119,7 +119,7 @@ WHERE r.id <> $1 AND (
     r.heartbeat_at < now() - $2 * interval '1 millisecond'
     OR ($3 AND NOT EXISTS (
         SELECT 1 FROM pg_stat_activity a
-        WHERE a.pid = r.backend_pid AND a.backend_start IS NOT DISTINCT FROM r.backend_start)))`,
+        WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))`,
 
 		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1 RETURNING lane`,
 

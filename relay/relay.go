@@ -36,6 +36,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -61,8 +62,13 @@ type Relay struct {
 	// the leaser can release them at its next heartbeat.
 	handover atomic.Pointer[[]int16]
 	inFlight atomic.Int64 // claimed messages not yet settled
-	draining atomic.Bool
-	stats    Stats
+	// failures since the last "deliveries failing" warning, and when it was
+	// logged (unix nanos): a sink outage shows in the logs at the default
+	// level without a line per message.
+	failures   atomic.Int64
+	failWarned atomic.Int64
+	draining   atomic.Bool
+	stats      Stats
 }
 
 // Stats are running totals, read with Relay.Stats.
@@ -253,8 +259,12 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
 	}
-	if err := r.pool.Ping(ctx); err != nil {
+	var readOnly bool
+	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
 		return fmt.Errorf("outbox: database: %w", err)
+	}
+	if readOnly {
+		return errors.New("outbox: database: read-only (a standby, or default_transaction_read_only is on)")
 	}
 	if hc, ok := r.sink.(sinks.HealthChecker); ok {
 		if err := hc.Healthy(ctx); err != nil {
@@ -353,13 +363,22 @@ type claimed struct {
 
 // cycle claims one batch, publishes it and settles the outcome, all in one
 // transaction. It returns how many messages it claimed.
-func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, error) {
+func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, err error) {
 	start := time.Now()
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
-	defer conn.Release()
+	defer func() {
+		// A session that cannot write (it started on a read-only or
+		// standby server) stays that way: close it so that the pool opens
+		// a new one instead of handing it out again.
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "25006" {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+		conn.Release()
+	}()
 	// From here on the batch belongs to the hard context: a drain lets it
 	// finish.
 	tx, err := conn.Begin(hard)
@@ -454,6 +473,9 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (int, err
 		r.cfg.Hooks.Batch(ev)
 		return len(batch), fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
+	if failed := len(s.retryIDs) + len(s.deadIDs); failed > 0 {
+		r.warnFailing(failed, sendErr)
+	}
 	r.stats.Delivered.Add(int64(len(s.delivered)))
 	r.stats.Retried.Add(int64(len(s.retryIDs)))
 	r.stats.DeadLettered.Add(int64(len(s.deadIDs)))
@@ -540,6 +562,20 @@ func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlemen
 	}
 	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retryIDs), len(s.deadIDs)
 	return s
+}
+
+// warnFailing logs at most one warning per interval about failing
+// deliveries, with the count since the previous one and a sample error.
+func (r *Relay) warnFailing(n int, sample error) {
+	const every = 30 * time.Second
+	total := r.failures.Add(int64(n))
+	now := time.Now().UnixNano()
+	last := r.failWarned.Load()
+	if now-last < int64(every) || !r.failWarned.CompareAndSwap(last, now) {
+		return
+	}
+	r.failures.Add(-total)
+	r.log.Warn("deliveries failing", "failed", total, "since", time.Duration(now-last).Round(time.Second).String(), "error", sample)
 }
 
 // errText bounds what is stored of an error.

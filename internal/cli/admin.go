@@ -100,7 +100,7 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 	}
 }
 
-func (s *selectionFlags) selection(now time.Time) (relay.Selection, error) {
+func (s *selectionFlags) selection() (relay.Selection, error) {
 	sel := relay.Selection{Topic: s.topic, All: s.all}
 	for _, raw := range s.ids {
 		id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
@@ -112,9 +112,7 @@ func (s *selectionFlags) selection(now time.Time) (relay.Selection, error) {
 	if s.olderThan < 0 {
 		return sel, usagef("outbox: older-than: must not be negative")
 	}
-	if s.olderThan > 0 {
-		sel.DeadBefore = now.Add(-s.olderThan)
-	}
+	sel.OlderThan = s.olderThan // measured on the database's clock
 	return sel, nil
 }
 
@@ -153,7 +151,7 @@ func newDLQList(g *globals) *cobra.Command {
 		Short: "List dead letters (oldest first)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := sel.selection(time.Now())
+			s, err := sel.selection()
 			if err != nil {
 				return err
 			}
@@ -235,7 +233,7 @@ func dlqChange(g *globals, use, short, example, verb, dryVerb string,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := sel.selection(time.Now())
+			s, err := sel.selection()
 			if err != nil {
 				return err
 			}
@@ -329,14 +327,13 @@ given.`,
   outbox-relay replay --from 24h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			now := time.Now()
 			sel := relay.ArchiveSelection{Topic: topic, NewIDs: newIDs}
 			var err error
-			if sel.From, err = parseWhen(from, now); err != nil || from == "" {
+			if sel.From, sel.FromAgo, err = parseWhen(from); err != nil || from == "" {
 				return usagef("outbox: from: want an RFC 3339 time or a duration ago such as 24h, got %q", from)
 			}
 			if to != "" {
-				if sel.To, err = parseWhen(to, now); err != nil {
+				if sel.To, sel.ToAgo, err = parseWhen(to); err != nil {
 					return usagef("outbox: to: want an RFC 3339 time or a duration ago, got %q", to)
 				}
 			}
@@ -366,10 +363,12 @@ given.`,
 	return cliOnly(cmd)
 }
 
-// parseWhen accepts an RFC 3339 time or a duration before now.
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
-		return now.Add(-d), nil
+// parseWhen accepts an RFC 3339 time or a duration before now (which the
+// database's clock resolves).
+func parseWhen(s string) (time.Time, time.Duration, error) {
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return time.Time{}, d, nil
 	}
-	return time.Parse(time.RFC3339, s)
+	t, err := time.Parse(time.RFC3339, s)
+	return t, 0, err
 }

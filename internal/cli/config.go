@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -204,20 +205,34 @@ func redactErr(flag string, err error) error {
 	return err
 }
 
-// redactURL hides the password in a URL for logs and errors.
+// redactURL hides the password in a URL (or a key/value connection
+// string) for logs and errors.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		if err != nil && strings.Contains(raw, "@") {
-			return "(unparsable URL)"
-		}
-		return raw
+	if !strings.Contains(raw, "://") {
+		// key=value form: password=secret, password='a b'.
+		return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+	}
+	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+		for _, k := range []string{"password", "sslpassword"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		u.RawQuery = q.Encode()
 	}
 	return u.String()
 }
+
+var kvPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)`)
 
 // envHelp appends the environment variable names to every flag's usage.
 func envHelp(fs *pflag.FlagSet) {

@@ -1,0 +1,151 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+)
+
+// pgctl runs pg_ctlcluster for the local cluster (the one directory under
+// /etc/postgresql).
+func pgctl(action string) error {
+	vs, err := os.ReadDir("/etc/postgresql")
+	if err != nil || len(vs) != 1 {
+		return fmt.Errorf("expected one PostgreSQL version under /etc/postgresql: %v", err)
+	}
+	args := []string{"--skip-systemctl-redirect", vs[0].Name(), "main", action}
+	if action == "stop" {
+		args = append(args, "-m", "fast")
+	}
+	out, err := exec.Command("pg_ctlcluster", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctlcluster %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// pgUp waits until a new connection succeeds.
+func pgUp(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c, err := pgx.Connect(ctx, pgtest.URL())
+		if err == nil {
+			err = c.Ping(ctx)
+			_ = c.Close(ctx)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestDisruptivePostgresRestart restarts PostgreSQL under a relay in the
+// middle of a drain, then stops it for a few seconds and starts it again.
+// The relay must reconnect with backoff, lose nothing, and not spin while
+// the database is down (CPU time and reconnect attempts are measured).
+// It disturbs every other user of the server, so it runs only with
+// TEST_PG_DISRUPTIVE=1 (`make test-disruptive`, after the main suite).
+func TestDisruptivePostgresRestart(t *testing.T) {
+	if os.Getenv("TEST_PG_DISRUPTIVE") != "1" {
+		t.Skip("restarts the shared PostgreSQL server (pg_ctlcluster); set TEST_PG_DISRUPTIVE=1 to run")
+	}
+	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
+		pgtest.Unavailable(t, "pg_ctlcluster not found: %v", err)
+	}
+	pool, schema := pgtest.Schema(t)
+	// Registered after Schema's cleanup, so it runs first: the server is
+	// back before the schema is dropped, whatever happened.
+	t.Cleanup(func() {
+		if pgUp(2*time.Second) == nil {
+			return
+		}
+		if err := pgctl("start"); err != nil {
+			t.Errorf("restarting PostgreSQL after the test: %v", err)
+		}
+		if err := pgUp(60 * time.Second); err != nil {
+			t.Errorf("PostgreSQL is not back after the test: %v", err)
+		}
+	})
+
+	const n = 40_000
+	want := commit(t, pool, schema, messages("orders", keyNames("k", 100), 0, n, nil))
+	rc := newReceiver(t, nil)
+	p := startRelay(t, pgtest.URL(), schema, "--sink", rc.url(), "--batch-size", "200")
+	eventually(t, 30*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return distinct(rc.deliveries()) >= 2000, "first deliveries"
+	})
+
+	// 1. A plain restart in the middle of the drain.
+	before := distinct(rc.deliveries())
+	start := time.Now()
+	require.NoError(t, pgctl("restart"))
+	restartTook := time.Since(start)
+	require.NoError(t, pgUp(60*time.Second))
+	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		return distinct(rc.deliveries()) > before+1000, "the relay did not resume after the restart:\n" + p.logs.tail(5)
+	})
+	resumed := time.Since(start)
+
+	// 2. Down for a while: the relay must wait with backoff, not spin.
+	require.Less(t, distinct(rc.deliveries()), n, "the drain finished before the second fault")
+	down := 6 * time.Second
+	require.NoError(t, pgctl("stop"))
+	stoppedAt := time.Now()
+	logsBefore := len(p.logLines())
+	cpu0, err := p.cpuTime()
+	require.NoError(t, err)
+	time.Sleep(down)
+	cpu1, err := p.cpuTime()
+	require.NoError(t, err)
+	lines := p.logLines()[logsBefore:]
+	require.NoError(t, pgctl("start"))
+	require.NoError(t, pgUp(60*time.Second))
+	startedAt := time.Now()
+	attempts := map[string]int{}
+	for _, l := range lines {
+		if l["level"] == "WARN" || l["level"] == "ERROR" {
+			attempts[fmt.Sprint(l["msg"])]++
+		}
+	}
+	total := 0
+	for _, c := range attempts {
+		total += c
+	}
+
+	eventually(t, 120*time.Second, 50*time.Millisecond, func() (bool, string) {
+		left := -1
+		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+quoted(schema)+".messages").Scan(&left)
+		return left == 0 && distinct(rc.deliveries()) >= n, fmt.Sprintf("%d pending, %d of %d delivered", left, distinct(rc.deliveries()), n)
+	})
+	recovered := time.Since(startedAt)
+	got := rc.deliveries()
+	dups := checkAllDelivered(t, want, got)
+	checkKeyOrder(t, got)
+	require.Empty(t, deadLetters(t, pool, schema))
+	cpu := cpu1 - cpu0
+	t.Logf("restart took %s, deliveries resumed %s after it began; then down %s: relay used %s CPU (%.1f%% of one core), "+
+		"logged %d failed attempts (%v); drain finished %s after the server was back; %d messages, %d redelivered",
+		restartTook.Round(time.Millisecond), resumed.Round(time.Millisecond), startedAt.Sub(stoppedAt).Round(time.Millisecond),
+		cpu, 100*cpu.Seconds()/down.Seconds(), total, attempts, recovered.Round(time.Millisecond), n, dups)
+	require.Less(t, cpu, down/10, "the relay must not spin while the database is down")
+	// Four reconnect loops (2 workers, lane lease, LISTEN) with backoff
+	// from 100ms growing x1.5 to 5s make about 9 attempts each in 6s.
+	require.Less(t, total, 80, "reconnect attempts while the database was down")
+}
+
+func quoted(schema string) string { return pgx.Identifier{schema}.Sanitize() }

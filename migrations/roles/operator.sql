@@ -1,0 +1,24 @@
+-- outbox-relay: role for operators' commands: `outbox-relay status`,
+-- `dlq list|show|replay|purge` and `replay` (from the archive).
+--
+-- Optional. This file is NOT an embedded migration: `outbox-relay migrate`
+-- never runs it. Apply it yourself, as the owner of the outbox schema,
+-- after `outbox-relay migrate`, to a role that already exists:
+--
+--   CREATE ROLE outbox_operator LOGIN PASSWORD '...';
+--   sed -e 's/{{.Schema}}/"outbox"/g' -e 's/{{.Role}}/"outbox_operator"/g' operator.sql | psql "$DATABASE_URL"
+--
+-- {{.Schema}} and {{.Role}} are quoted identifiers (write them with double
+-- quotes, as above).
+--
+-- The role reads everything, moves dead letters back into the outbox
+-- (replay: DELETE from dead_letters, INSERT into messages under the
+-- original id) and purges them. It cannot settle or claim messages.
+
+GRANT USAGE ON SCHEMA {{.Schema}} TO {{.Role}};
+GRANT SELECT ON ALL TABLES IN SCHEMA {{.Schema}} TO {{.Role}};
+-- UPDATE only because replay locks the rows it moves (SELECT ... FOR UPDATE
+-- SKIP LOCKED), which Postgres allows only with UPDATE privilege.
+GRANT SELECT, UPDATE, DELETE ON {{.Schema}}.dead_letters TO {{.Role}};
+GRANT INSERT ON {{.Schema}}.messages TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.messages_id_seq TO {{.Role}};
