@@ -45,6 +45,14 @@ type Hooks interface {
 	Lanes(owned int)
 }
 
+// CycleErrorHooks is implemented by hooks that also want to know about
+// cycles that failed before a batch could be settled (database
+// unreachable or read-only, connection lost): no BatchEvent reports
+// those.
+type CycleErrorHooks interface {
+	CycleError(err error)
+}
+
 // NopHooks ignores everything.
 type NopHooks struct{}
 
@@ -59,6 +67,14 @@ type multiHooks []Hooks
 func (m multiHooks) Batch(ev BatchEvent) {
 	for _, h := range m {
 		h.Batch(ev)
+	}
+}
+
+func (m multiHooks) CycleError(err error) {
+	for _, h := range m {
+		if ch, ok := h.(CycleErrorHooks); ok {
+			ch.CycleError(err)
+		}
 	}
 }
 

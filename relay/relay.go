@@ -334,6 +334,9 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			}
 			d := bo.NextBackOff()
 			log.Warn("batch failed; retrying", "error", err, "retry_in", d)
+			if ch, ok := r.cfg.Hooks.(CycleErrorHooks); ok {
+				ch.CycleError(err)
+			}
 			sleep(ctx, d)
 			continue
 		}

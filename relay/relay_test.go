@@ -745,3 +745,29 @@ func TestSinkThatAttemptsNothingDoesNotSpin(t *testing.T) {
 	require.Less(t, sink.calls.Load(), int64(20), "the worker backs off instead of re-claiming at once")
 	require.Equal(t, 1, e.count("messages"), "nothing lost, nothing counted")
 }
+
+type cycleErrs struct {
+	relay.NopHooks
+	n atomic.Int64
+}
+
+func (c *cycleErrs) CycleError(error) { c.n.Add(1) }
+
+func TestCycleErrorsAreReportedAndRecovered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.config()
+	hooks := &cycleErrs{}
+	cfg.Hooks = relay.MultiHooks(hooks)
+	r, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 256 }, "lanes")
+	ctx := context.Background()
+	// Break the claim: the table it reads is gone for a moment.
+	_, err := e.pool.Exec(ctx, "ALTER TABLE "+e.table("messages")+" RENAME TO messages_away")
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool { return hooks.n.Load() > 0 }, "no cycle error reported")
+	_, err = e.pool.Exec(ctx, "ALTER TABLE "+e.table("messages_away")+" RENAME TO messages")
+	require.NoError(t, err)
+	e.write(msg("t", "k", "after"))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 15*time.Second), 1))
+}

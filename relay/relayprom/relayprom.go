@@ -32,6 +32,7 @@ type Metrics struct {
 	retried       *prometheus.CounterVec
 	untouched     *prometheus.CounterVec
 	commitFails   *prometheus.CounterVec
+	cycleErrors   *prometheus.CounterVec
 	publishDur    *prometheus.HistogramVec
 	latency       *prometheus.HistogramVec
 	batchSize     *prometheus.HistogramVec
@@ -76,6 +77,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Namespace: ns, Name: "settle_failures_total",
 			Help: "Batches whose outcome could not be committed; their delivered messages will be delivered again.",
 		}, []string{"route", "sink"}),
+		cycleErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "cycle_errors_total",
+			Help: "Claim-publish-settle cycles that failed on the database side (unreachable, read-only, connection lost); the worker backs off.",
+		}, []string{"route"}),
 		publishDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "publish_duration_seconds",
 			Help:    "Time the sink took to accept or reject a batch.",
@@ -136,7 +141,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion},
 	})
 	buildInfo.Set(1)
-	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails,
+	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes,
 		m.pending, m.oldestAge, m.retrying, m.deadLetters, m.scrapeErrors, buildInfo)
 	return m
@@ -149,6 +154,7 @@ func (m *Metrics) Hooks(route, sink string) relay.Hooks {
 	// event.
 	m.published.WithLabelValues(route, sink)
 	m.retried.WithLabelValues(route, sink)
+	m.cycleErrors.WithLabelValues(route)
 	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
 		m.deadLettered.WithLabelValues(route, sink, r)
 	}
@@ -205,6 +211,9 @@ func (h *routeHooks) Batch(ev relay.BatchEvent) {
 		}
 	}
 }
+
+// CycleError implements relay.CycleErrorHooks.
+func (h *routeHooks) CycleError(error) { h.m.cycleErrors.WithLabelValues(h.route).Inc() }
 
 // Lanes implements relay.Hooks.
 func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(float64(owned)) }
