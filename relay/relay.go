@@ -24,6 +24,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -383,40 +384,72 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		conn.Release()
 	}()
 	// From here on the batch belongs to the hard context: a drain lets it
-	// finish.
-	tx, err := conn.Begin(hard)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(hard)) //nolint:errcheck // no-op after commit
-
+	// finish. BEGIN and the claim go out in one round trip, as do the
+	// settle statements and COMMIT below.
 	handover := []int16{}
 	if h := r.handover.Load(); h != nil && *h != nil {
 		handover = *h
 	}
-	rows, err := tx.Query(hard, r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
+	pc := conn.Conn()
+	committed := false
+	defer func() {
+		if !committed && !pc.IsClosed() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
+			if _, rerr := pc.Exec(rctx, "ROLLBACK"); rerr != nil {
+				// The session's state is unknown: do not reuse it.
+				_ = pc.Close(rctx)
+			}
+			cancel()
+		}
+	}()
+	cb := &pgx.Batch{}
+	cb.Queue("BEGIN")
+	cb.Queue(r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
 		r.cfg.Route, r.topics, r.exclude, handover)
+	br := pc.SendBatch(hard, cb)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
+		br.Close()
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
 	batch := make([]claimed, 0, r.cfg.BatchSize)
 	var dbNow time.Time
+	var headers []byte
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &m.Headers, &m.CreatedAt, &c.attempts, &dbNow); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow); err != nil {
 			rows.Close()
+			br.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
+		}
+		if m.Headers, err = decodeHeaders(headers); err != nil {
+			rows.Close()
+			br.Close()
+			return 0, fmt.Errorf("outbox: claim: headers of message %d: %w", m.Seq, err)
 		}
 		m.Attempt = c.attempts + 1
 		batch = append(batch, c)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
+		br.Close()
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if err := br.Close(); err != nil {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
 	claimDur := time.Since(start)
 	if len(batch) == 0 {
-		return 0, tx.Commit(hard)
+		if _, err := pc.Exec(hard, "COMMIT"); err != nil {
+			return 0, fmt.Errorf("outbox: commit: %w", err)
+		}
+		committed = true
+		return 0, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
 	r.inFlight.Add(int64(len(batch)))
@@ -464,10 +497,9 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	if len(s.deadIDs) > 0 {
 		b.Queue(r.q.deadLetter, s.deadIDs, s.deadReasons, s.deadErrs)
 	}
-	err = tx.SendBatch(hard, b).Close()
-	if err == nil {
-		err = tx.Commit(hard)
-	}
+	b.Queue("COMMIT")
+	err = pc.SendBatch(hard, b).Close()
+	committed = err == nil
 	ev.SettleDuration = time.Since(settleStart)
 	ev.Committed = err == nil
 	r.stats.Batches.Add(1)
@@ -579,6 +611,19 @@ func (r *Relay) warnFailing(n int, sample error) {
 	}
 	r.failures.Add(-total)
 	r.log.Warn("deliveries failing", "failed", total, "since", time.Duration(now-last).Round(time.Second).String(), "error", sample)
+}
+
+// decodeHeaders decodes a jsonb headers value; "{}" (the common case)
+// costs nothing.
+func decodeHeaders(raw []byte) (map[string]string, error) {
+	if len(raw) <= 2 {
+		return nil, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // errText bounds what is stored of an error.
