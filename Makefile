@@ -27,6 +27,7 @@ demo: build ## end to end: migrate, write orders in transactions, relay them to 
 
 vet:
 	go vet ./...
+	cd bench && go vet .
 
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
@@ -43,7 +44,7 @@ faults: services build ## long fault-injection runs (30 s outages, 5M backlog)
 	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/faults/
 
 bench: services build ## benchmark suite (BENCH_QUICK=1 for a short run)
-	go run ./bench
+	cd bench && go run .
 
 fuzz: ## run every fuzz target for FUZZTIME (default 20s)
 	@for pkg in $$(go list ./...); do \

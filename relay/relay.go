@@ -38,6 +38,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -363,6 +364,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 type claimed struct {
 	msg      sinks.Message
 	attempts int
+	ctid     pgtype.TID
 }
 
 // cycle claims one batch, publishes it and settles the outcome, all in one
@@ -422,7 +424,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow, &c.ctid); err != nil {
 			rows.Close()
 			br.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
@@ -488,7 +490,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		if r.cfg.Archive {
 			b.Queue(r.q.archiveDelivered, s.delivered)
 		} else {
-			b.Queue(r.q.deleteDelivered, s.delivered)
+			b.Queue(r.q.deleteDelivered, s.deliveredTIDs)
 		}
 	}
 	if len(s.retryIDs) > 0 {
@@ -519,13 +521,14 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 }
 
 type settlement struct {
-	delivered   []int64
-	retryIDs    []int64
-	retryDelays []int64
-	retryErrs   []string
-	deadIDs     []int64
-	deadReasons []string
-	deadErrs    []string
+	delivered     []int64
+	deliveredTIDs []pgtype.TID
+	retryIDs      []int64
+	retryDelays   []int64
+	retryErrs     []string
+	deadIDs       []int64
+	deadReasons   []string
+	deadErrs      []string
 }
 
 // Dead-letter reasons.
@@ -552,6 +555,7 @@ func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlemen
 				r.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
 					"message_id", m.ID, "topic", m.Topic)
 				s.delivered = append(s.delivered, m.Seq)
+				s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
 				ev.DeliveredMessages = append(ev.DeliveredMessages, m)
 			} else {
 				ev.Untouched++
@@ -561,6 +565,7 @@ func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlemen
 		switch {
 		case err == nil:
 			s.delivered = append(s.delivered, m.Seq)
+			s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
 			ev.DeliveredMessages = append(ev.DeliveredMessages, m)
 		case errors.Is(err, sinks.ErrNotAttempted):
 			// Not tried (an earlier failure of the same key, which we

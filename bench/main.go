@@ -1,0 +1,256 @@
+// Command bench is outbox-relay's benchmark suite. It measures, against
+// the local Postgres and in one run:
+//
+//   - the raw-SQL limit: the tightest claim+delete loop in pgx on the same
+//     table, the yardstick every other row is divided by;
+//   - backlog drains by the real outbox-relay binary into the discard, HTTP,
+//     Kafka (kfake, in this process) and RabbitMQ sinks, with peak RSS;
+//   - commit-to-receive latency of single-message transactions at fixed
+//     rates, through the HTTP sink;
+//   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
+//     with per-key order checked on the output;
+//   - River and Watermill's SQL subscriber draining the same backlog.
+//
+// Run it from this directory: `go run .` (BENCH_QUICK=1 for a short run).
+// Results are printed as markdown and written to results/latest.{md,json}.
+// Environment:
+//
+//	DATABASE_URL      Postgres (default postgres://postgres@127.0.0.1:5432/test)
+//	BENCH_QUICK=1     short run (< 3 min): fewer messages, 1 run per row
+//	BENCH_RUNS        repeats per row (default 3, quick 1)
+//	BENCH_N           backlog size (default 1,000,000, quick 200,000)
+//	BENCH_KEYS        distinct keys in the backlog (default 1,000; scaling adds a one-key backlog)
+//	BENCH_ONLY        comma-separated groups: raw,drain,latency,scaling,peers
+//	BENCH_AMQP_URL    RabbitMQ (default amqp://guest:guest@127.0.0.1:5672/); "off" skips
+//	BENCH_RELAY_BIN   use this outbox-relay binary instead of building one
+//	BENCH_OUT         results directory (default results)
+//	BENCH_PROFILE=1   instead of benchmarking, profile the relay (see profile.go)
+//	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
+//
+// Nothing here is pass/fail: targets are printed next to the figures.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is the benchmark run's configuration, from the environment.
+type config struct {
+	quick       bool
+	runs        int
+	n           int // backlog size for drains and peers
+	scaleN      int // backlog size for scaling rows
+	httpN       int // backlog size for the HTTP sink drain (one request per message)
+	amqpN       int // backlog size for the RabbitMQ drain (publisher confirms)
+	hotN        int // backlog size of single-key drains
+	keys        int
+	payload     int
+	batch       int
+	workers     int
+	databaseURL string
+	amqpURL     string
+	relayBin    string
+	outDir      string
+	only        map[string]bool
+	procs       []int
+	latency     []latencySpec
+	maxRateDur  time.Duration
+	wmCap       time.Duration // time cap for Watermill's default (slow) adapter
+}
+
+func loadConfig() (config, error) {
+	c := config{
+		quick:       os.Getenv("BENCH_QUICK") == "1",
+		keys:        1000,
+		payload:     200,
+		batch:       500,
+		workers:     2,
+		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+		amqpURL:     envOr("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		relayBin:    os.Getenv("BENCH_RELAY_BIN"),
+		outDir:      envOr("BENCH_OUT", "results"),
+	}
+	if c.quick {
+		c.runs, c.n, c.scaleN, c.httpN, c.amqpN = 1, 200_000, 100_000, 100_000, 50_000
+		c.hotN = 20_000
+		c.procs = []int{1, 2, 4}
+		c.latency = []latencySpec{{rate: 1000, dur: 5 * time.Second}, {rate: 50, dur: 8 * time.Second}}
+		c.maxRateDur = 4 * time.Second
+		c.wmCap = 8 * time.Second
+	} else {
+		c.runs, c.n, c.scaleN, c.httpN, c.amqpN = 3, 1_000_000, 200_000, 200_000, 100_000
+		c.hotN = 50_000
+		c.procs = []int{1, 2, 4, 16}
+		c.latency = []latencySpec{{rate: 1000, dur: 10 * time.Second}, {rate: 50, dur: 15 * time.Second}}
+		c.maxRateDur = 6 * time.Second
+		c.wmCap = 10 * time.Second
+	}
+	var err error
+	if v := os.Getenv("BENCH_RUNS"); v != "" {
+		if c.runs, err = strconv.Atoi(v); err != nil || c.runs < 1 {
+			return c, fmt.Errorf("BENCH_RUNS: want a positive integer, got %q", v)
+		}
+	}
+	if v := os.Getenv("BENCH_N"); v != "" {
+		if c.n, err = strconv.Atoi(v); err != nil || c.n < 1000 {
+			return c, fmt.Errorf("BENCH_N: want an integer >= 1000, got %q", v)
+		}
+		c.scaleN, c.httpN, c.amqpN = min(c.scaleN, c.n), min(c.httpN, c.n), min(c.amqpN, c.n)
+		c.hotN = min(c.hotN, c.n)
+	}
+	if v := os.Getenv("BENCH_KEYS"); v != "" {
+		if c.keys, err = strconv.Atoi(v); err != nil || c.keys < 1 {
+			return c, fmt.Errorf("BENCH_KEYS: want a positive integer, got %q", v)
+		}
+	}
+	c.only = map[string]bool{}
+	for _, g := range strings.Split(os.Getenv("BENCH_ONLY"), ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			c.only[g] = true
+		}
+	}
+	return c, nil
+}
+
+func (c config) want(group string) bool { return len(c.only) == 0 || c.only[group] }
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	if path := os.Getenv("BENCH_RENDER"); path != "" {
+		return render(path)
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b, err := newBench(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	if os.Getenv("BENCH_PROFILE") == "1" {
+		return b.profile(ctx)
+	}
+
+	started := time.Now()
+	rep := &report{
+		Started: started.UTC().Format(time.RFC3339),
+		Mode:    map[bool]string{true: "quick", false: "full"}[cfg.quick],
+		Machine: machineInfo(ctx, b),
+		Command: commandLine(cfg),
+	}
+	b.rep = rep
+
+	if cfg.want("raw") || cfg.want("drain") {
+		if err := b.drains(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("latency") {
+		if err := b.latencies(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("scaling") {
+		if err := b.scaling(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("peers") {
+		if err := b.peers(ctx); err != nil {
+			return err
+		}
+	}
+	rep.Duration = time.Since(started).Round(time.Second).String()
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		rep.Machine["loadavg_at_end"] = strings.Join(strings.Fields(string(la))[:3], " ")
+	}
+	md := rep.markdown()
+	fmt.Println(md)
+	if err := os.MkdirAll(cfg.outDir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.outDir, "latest.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	js, err := rep.json()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(cfg.outDir, "latest.json"), js, 0o644)
+}
+
+func commandLine(cfg config) string {
+	var env []string
+	for _, k := range []string{"BENCH_QUICK", "BENCH_RUNS", "BENCH_N", "BENCH_KEYS", "BENCH_ONLY"} {
+		if v := os.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return strings.TrimSpace(strings.Join(env, " ") + " go run . (in bench/, " + runtime.Version() + ")")
+}
+
+// render rewrites the markdown next to a results JSON file from it,
+// recomputing the ratios.
+func render(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return err
+	}
+	rows := rep.Rows
+	rep.Rows = nil
+	for _, r := range rows {
+		if strings.HasPrefix(r.Name, "raw SQL") && len(r.Rates) > 0 {
+			rep.RawRate, rep.RawBest = r.Rate, slices.Max(r.Rates)
+		}
+	}
+	for _, r := range rows {
+		r.Ratio, r.RatioBest = 0, 0
+		rep.add(r)
+	}
+	md := rep.markdown()
+	fmt.Println(md)
+	js, err := rep.json()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(strings.TrimSuffix(path, ".json")+".md", []byte(md), 0o644)
+}

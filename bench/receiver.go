@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// receiver is the webhook endpoint the HTTP sink posts to. It answers 200
+// to everything, counts, checks that each key's messages arrive in
+// increasing message number, and can record each message's arrival time.
+type receiver struct {
+	srv *http.Server
+	URL string
+
+	count atomic.Int64
+	// per-key order
+	mu         sync.Mutex
+	last       map[string]int64
+	violations int64
+	// arrival times (unix ns) by message number, when recording latency
+	arrivals []atomic.Int64
+}
+
+func newReceiver() (*receiver, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	r := &receiver{last: map[string]int64{}, URL: "http://" + ln.Addr().String() + "/hook"}
+	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	go r.srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	return r, nil
+}
+
+func (r *receiver) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = r.srv.Shutdown(ctx)
+}
+
+// reset clears the counters; with capacity > 0 it records arrival times of
+// messages numbered 0..capacity-1.
+func (r *receiver) reset(capacity int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.count.Store(0)
+	r.last = map[string]int64{}
+	r.violations = 0
+	r.arrivals = nil
+	if capacity > 0 {
+		r.arrivals = make([]atomic.Int64, capacity)
+	}
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	now := time.Now().UnixNano()
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, _ = io.Copy(buf, req.Body)
+	n := parseN(buf.Bytes())
+	bufPool.Put(buf)
+	key := req.Header.Get("outbox-key")
+	r.mu.Lock()
+	if n >= 0 && key != "" {
+		if last, ok := r.last[key]; ok && n <= last {
+			r.violations++
+		}
+		r.last[key] = n
+	}
+	arr := r.arrivals
+	r.mu.Unlock()
+	if n >= 0 && n < int64(len(arr)) {
+		arr[n].CompareAndSwap(0, now)
+	}
+	r.count.Add(1)
+	w.WriteHeader(http.StatusOK)
+}
+
+// resetOrder forgets counts and per-key order, keeping arrival times.
+func (r *receiver) resetOrder() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.count.Store(0)
+	r.last = map[string]int64{}
+	r.violations = 0
+}
+
+func (r *receiver) orderViolations() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.violations
+}
+
+// waitCount waits until n messages arrived.
+func (r *receiver) waitCount(ctx context.Context, n int64, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for r.count.Load() < n {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return true
+}
+
+// parseN reads n from a payload that starts with {"n":<digits>; -1 if it
+// does not.
+func parseN(b []byte) int64 {
+	const prefix = `{"n":`
+	if !bytes.HasPrefix(b, []byte(prefix)) {
+		return -1
+	}
+	b = b[len(prefix):]
+	end := bytes.IndexByte(b, ',')
+	if end < 0 {
+		return -1
+	}
+	n, err := strconv.ParseInt(string(b[:end]), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// row is one line of the results: a workload, its parameters and its
+// median over runs.
+type row struct {
+	Group        string    `json:"group"`
+	Name         string    `json:"name"`
+	Messages     int       `json:"messages"`
+	PayloadBytes int       `json:"payload_bytes"`
+	Keys         int       `json:"keys"`
+	Batch        int       `json:"batch_size,omitempty"`
+	Workers      int       `json:"workers_per_process,omitempty"`
+	Processes    int       `json:"processes,omitempty"`
+	Runs         int       `json:"runs"`
+	Rates        []float64 `json:"rates_per_run,omitempty"`
+	Rate         float64   `json:"median_rate,omitempty"` // messages/s
+	Ratio        float64   `json:"ratio_to_raw_sql,omitempty"`
+	RatioBest    float64   `json:"ratio_to_best_raw_sql_run,omitempty"`
+	RSS          []float64 `json:"peak_rss_mib_per_run,omitempty"`
+	PeakRSSMiB   float64   `json:"peak_rss_mib,omitempty"`
+	// Latency rows (milliseconds, median over runs of each percentile).
+	TargetRate float64     `json:"target_rate,omitempty"`
+	Lat        [][]float64 `json:"latency_ms_per_run,omitempty"` // p50,p95,p99,max
+	P50        float64     `json:"p50_ms,omitempty"`
+	P95        float64     `json:"p95_ms,omitempty"`
+	P99        float64     `json:"p99_ms,omitempty"`
+	Max        float64     `json:"max_ms,omitempty"`
+	OrderOK    string      `json:"per_key_order,omitempty"`
+	Mode       string      `json:"mode,omitempty"`
+	Note       string      `json:"note,omitempty"`
+}
+
+func (r *row) addRun(rate, rss float64) {
+	r.Rates = append(r.Rates, rate)
+	if rss > 0 {
+		r.RSS = append(r.RSS, rss)
+	}
+}
+
+func (r *row) addNote(format string, args ...any) {
+	s := fmt.Sprintf(format, args...)
+	if r.Note != "" {
+		r.Note += "; "
+	}
+	r.Note += s
+}
+
+func (r *row) finish() {
+	r.Runs = max(len(r.Rates), len(r.Lat))
+	r.Rate = median(r.Rates)
+	if len(r.RSS) > 0 {
+		r.PeakRSSMiB = slices.Max(r.RSS)
+	}
+	if len(r.Lat) > 0 {
+		col := func(i int) float64 {
+			var v []float64
+			for _, l := range r.Lat {
+				v = append(v, l[i])
+			}
+			return median(v)
+		}
+		r.P50, r.P95, r.P99, r.Max = col(0), col(1), col(2), col(3)
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// percentile of sorted values, nearest rank.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+type report struct {
+	Started  string            `json:"started"`
+	Duration string            `json:"duration"`
+	Mode     string            `json:"mode"`
+	Command  string            `json:"command"`
+	Machine  map[string]string `json:"machine"`
+	RawRate  float64           `json:"raw_sql_rate"`
+	RawBest  float64           `json:"raw_sql_best_run"`
+	Rows     []*row            `json:"rows"`
+}
+
+func (rep *report) add(r *row) {
+	if rep.RawRate > 0 && r.Rate > 0 && !strings.HasPrefix(r.Name, "raw SQL") {
+		r.Ratio = r.Rate / rep.RawRate
+		r.RatioBest = r.Rate / rep.RawBest
+	} else if strings.HasPrefix(r.Name, "raw SQL") {
+		r.Ratio = 1
+		r.RatioBest = r.Rate / rep.RawBest
+	}
+	rep.Rows = append(rep.Rows, r)
+}
+
+func (rep *report) json() ([]byte, error) { return json.MarshalIndent(rep, "", "  ") }
+
+func fmtRate(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func fmtRatio(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func fmtMS(v float64) string {
+	if v == 0 || math.IsNaN(v) {
+		return "–"
+	}
+	if v < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+func (rep *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# outbox-relay benchmark (%s mode)\n\n", rep.Mode)
+	fmt.Fprintf(&b, "Started %s, took %s. Command: `%s`.\n\n", rep.Started, rep.Duration, rep.Command)
+	keys := make([]string, 0, len(rep.Machine))
+	for k := range rep.Machine {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b.WriteString("Machine:")
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s=`%s`;", k, rep.Machine[k])
+	}
+	b.WriteString("\n\n")
+	if rep.RawRate > 0 {
+		fmt.Fprintf(&b, "Raw-SQL yardstick in this run: **%.0f msg/s** (median; best run %.0f). Every \"× raw\" figure divides by the median; \"× best raw\" by the best run, which is the better yardstick when other sessions disturbed some runs (see the raw row's runs).\n\n", rep.RawRate, rep.RawBest)
+	}
+
+	groups := []struct{ id, title, target string }{
+		{"drain", "Backlog drain", "Targets: discard ≥ 0.90 × raw SQL; Kafka ≥ 0.70 × raw SQL."},
+		{"latency", "Steady-state latency (commit returned in the writer → request received by the webhook receiver)", "Targets: at 1,000/s p50 ≤ 5 ms and p99 ≤ 25 ms; aim p99 ≤ 10 ms at 50/s and 1,000/s."},
+		{"scaling", "Scaling (relay processes started and lane-balanced on an empty outbox; backlog committed in one transaction; time to empty)", "Target: aggregate throughput never below one process."},
+		{"peers", "Peers (same Postgres, same message count and size)", "Target: faster than every peer."},
+	}
+	for _, g := range groups {
+		var rs []*row
+		for _, r := range rep.Rows {
+			if r.Group == g.id {
+				rs = append(rs, r)
+			}
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "## %s\n\n%s\n\n", g.title, g.target)
+		switch g.id {
+		case "latency":
+			b.WriteString("| workload | messages/run | payload B | keys | batch | workers × procs | runs | commits/s achieved | p50 ms | p95 ms | p99 ms | max ms | notes |\n")
+			b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+			for _, r := range rs {
+				fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d × %d | %d | %s | %s | %s | %s | %s | %s |\n",
+					r.Name, r.Messages, r.PayloadBytes, r.Keys, r.Batch, r.Workers, r.Processes, r.Runs,
+					fmtRate(r.Rate), fmtMS(r.P50), fmtMS(r.P95), fmtMS(r.P99), fmtMS(r.Max), orDash(r.Note))
+			}
+		default:
+			b.WriteString("| workload | messages | payload B | keys | batch | workers × procs | runs | median msg/s | × raw SQL | × best raw | runs msg/s | peak RSS MiB | per-key order | mode | notes |\n")
+			b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+			for _, r := range rs {
+				var runs []string
+				for _, v := range r.Rates {
+					runs = append(runs, fmt.Sprintf("%.0f", v))
+				}
+				rss := "–"
+				if r.PeakRSSMiB > 0 {
+					rss = fmt.Sprintf("%.0f", r.PeakRSSMiB)
+				}
+				wp := "–"
+				if r.Workers > 0 {
+					wp = fmt.Sprintf("%d × %d", r.Workers, r.Processes)
+				}
+				batch := "–"
+				if r.Batch > 0 {
+					batch = fmt.Sprint(r.Batch)
+				}
+				keys := "none"
+				if r.Keys > 0 {
+					keys = fmt.Sprint(r.Keys)
+				}
+				fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+					r.Name, r.Messages, r.PayloadBytes, keys, batch, wp, r.Runs, fmtRate(r.Rate), fmtRatio(r.Ratio), fmtRatio(r.RatioBest),
+					orDash(strings.Join(runs, ", ")), rss, orDash(r.OrderOK), orDash(r.Mode), orDash(r.Note))
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
