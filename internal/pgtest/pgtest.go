@@ -68,6 +68,9 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("TEST_DATABASE_URL: %v", err)
 	}
 	cfg.MaxConns = 8
+	// A test that forgets a transaction must not hold back vacuum (and
+	// every benchmark) for the rest of the run.
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
