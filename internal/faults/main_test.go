@@ -1,18 +1,15 @@
 package faults
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/outbox-relay/outbox-relay/internal/relaybin"
 )
 
 // binDir holds the relay binary built for this test run.
@@ -47,63 +44,10 @@ var (
 // detector watches this process), and returns its path.
 func relayBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		start := time.Now()
-		root, err := moduleRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		out := filepath.Join(binDir, "outbox-relay")
-		cmd := exec.Command(goTool(), "build", "-o", out, "./cmd/outbox-relay")
-		cmd.Dir = root
-		var buf bytes.Buffer
-		cmd.Stdout = &buf
-		cmd.Stderr = &buf
-		if err := cmd.Run(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/outbox-relay in %s: %v\n%s", root, err, buf.String())
-			return
-		}
-		buildPath, buildTook = out, time.Since(start)
-	})
+	buildOnce.Do(func() { buildPath, buildTook, buildErr = relaybin.Build(binDir) })
 	if buildErr != nil {
 		t.Fatalf("building the relay binary: %v", buildErr)
 	}
 	buildLogged.Do(func() { t.Logf("relay binary %s (built in %s)", buildPath, buildTook.Round(time.Millisecond)) })
 	return buildPath
-}
-
-// goTool finds the go command: go test puts GOROOT/bin first in PATH.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	if root := os.Getenv("GOROOT"); root != "" {
-		return filepath.Join(root, "bin", "go")
-	}
-	return "go"
-}
-
-// moduleRoot is the directory of the main module's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command(goTool(), "env", "GOMOD").Output()
-	if err == nil {
-		if gomod := strings.TrimSpace(string(out)); gomod != "" && gomod != os.DevNull {
-			return filepath.Dir(gomod), nil
-		}
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod found above the test directory")
-		}
-		dir = parent
-	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/relaybin"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -31,7 +32,7 @@ import (
 // owner.
 func applyRoleFile(t testing.TB, pool *pgxpool.Pool, name, schema, role string) {
 	t.Helper()
-	root, err := moduleRoot()
+	root, err := relaybin.ModuleRoot()
 	require.NoError(t, err)
 	raw, err := os.ReadFile(filepath.Join(root, "migrations", "roles", name+".sql"))
 	require.NoError(t, err)
