@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/format"
 )
@@ -154,7 +155,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		if err := cfg.Validate(); err != nil {
 			return nil, usagef("%s: %v", field, err)
 		}
-		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
+		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: relayprom.SinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
 		earlier = append(earlier, sp.Topics...)
 		for _, t := range sp.Topics {
 			if t == "*" {

@@ -126,15 +126,3 @@ func overlay(dst, src reflect.Value) {
 		}
 	}
 }
-
-// sinkLabel is the metrics label of a sink URL: its scheme.
-func sinkLabel(raw string) string {
-	switch s := sinkScheme(raw); s {
-	case "https":
-		return "http"
-	case "amqps":
-		return "amqp"
-	default:
-		return s
-	}
-}
