@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
@@ -182,4 +183,37 @@ func TestEnqueueDelayAndDedupInSQL(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), bool_and(available_at > now()) FROM `+s+`.messages`).Scan(&n, &delayed))
 	require.Equal(t, 1, n)
 	require.True(t, delayed)
+}
+
+func TestPriorityColumn(t *testing.T) {
+	t.Parallel()
+	pool, w, schema := setup(t)
+	ctx := context.Background()
+	s := migrations.Ident(schema)
+	_, err := w.Insert(ctx, pool,
+		outbox.Message{Topic: "t", Payload: []byte{}},
+		outbox.Message{Topic: "t", Payload: []byte{}, Priority: 7},
+		outbox.Message{Topic: "t", Payload: []byte{}, Priority: outbox.MaxPriority})
+	require.NoError(t, err)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	_, err = w.Insert(ctx, db, outbox.Message{Topic: "t", Payload: []byte{}, Priority: 3})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => 9::smallint)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => 9)`)
+	require.NoError(t, err, "an integer literal works without a cast")
+
+	rows, err := pool.Query(ctx, `SELECT priority FROM `+s+`.messages ORDER BY id`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	require.NoError(t, err)
+	require.Equal(t, []int16{0, 7, outbox.MaxPriority, 3, 9, 9}, got)
+
+	for _, p := range []int{-1, outbox.MaxPriority + 1} {
+		_, err = w.Insert(ctx, pool, outbox.Message{Topic: "t", Payload: []byte{}, Priority: p})
+		require.ErrorIs(t, err, outbox.ErrInvalidPriority)
+	}
+	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => -1)`)
+	require.ErrorContains(t, err, "messages_priority_range")
 }

@@ -52,7 +52,15 @@ type Message struct {
 	// transaction started, on the database clock. Ignored when DeliverAt
 	// is set.
 	DeliverAfter time.Duration
+	// Priority lets a message overtake the backlog of other keys: the
+	// relay claims messages with a higher priority first (0, the default,
+	// is the plain path; at most MaxPriority). It never overtakes an
+	// earlier message of its own key, which goes out before it.
+	Priority int
 }
+
+// MaxPriority is the highest Message.Priority (the column is a smallint).
+const MaxPriority = 32767
 
 // Written reports the outcome of one message of an Insert.
 type Written struct {
@@ -75,6 +83,7 @@ var (
 	ErrUnsupportedTx   = errors.New("outbox: unsupported transaction type")
 	ErrInvalidDelay    = errors.New("outbox: invalid delay")
 	ErrInvalidID       = errors.New("outbox: invalid message id")
+	ErrInvalidPriority = errors.New("outbox: invalid priority")
 )
 
 // MaxTopicLen is the longest topic accepted (Kafka's limit is 249).
@@ -108,6 +117,8 @@ func (m Message) validate(maxPayload int) error {
 		return fmt.Errorf("%w: dedup key must be valid UTF-8 without NUL", ErrInvalidKey)
 	case m.DeliverAfter < 0:
 		return fmt.Errorf("%w: DeliverAfter is negative", ErrInvalidDelay)
+	case m.Priority < 0 || m.Priority > MaxPriority:
+		return fmt.Errorf("%w: %d is outside 0..%d", ErrInvalidPriority, m.Priority, MaxPriority)
 	}
 	if m.ID != "" {
 		if _, err := uuid.Parse(m.ID); err != nil {
@@ -167,16 +178,16 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	const availableAt = "CASE WHEN at > now() THEN at WHEN after_ms > 0 THEN now() + after_ms * interval '1 millisecond' END"
 	const conflict = " ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING message_id::text"
 	// One statement, one round trip, whatever the number of messages.
-	pgxInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at)" +
-		" SELECT id, t, k, p, h::jsonb, d, " + availableAt +
-		" FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])" +
-		" AS u(id, t, k, p, h, d, at, after_ms)"
+	pgxInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at, priority)" +
+		" SELECT id, t, k, p, h::jsonb, d, " + availableAt + ", pr" +
+		" FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[], $9::int2[])" +
+		" AS u(id, t, k, p, h, d, at, after_ms, pr)"
 	// database/sql drivers differ in how they pass arrays, so the portable
 	// form sends the batch as one JSON document.
-	sqlInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at)" +
-		" SELECT id, topic, key, decode(payload, 'base64'), coalesce(headers, '{}'), d, " + availableAt +
+	sqlInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at, priority)" +
+		" SELECT id, topic, key, decode(payload, 'base64'), coalesce(headers, '{}'), d, " + availableAt + ", coalesce(pr, 0)" +
 		" FROM jsonb_to_recordset($1::jsonb)" +
-		" AS m(id uuid, topic text, key text, payload text, headers jsonb, d text, at timestamptz, after_ms bigint)"
+		" AS m(id uuid, topic text, key text, payload text, headers jsonb, d text, at timestamptz, after_ms bigint, pr smallint)"
 	return &Writer{
 		schema:         cfg.Schema,
 		table:          table,
@@ -317,6 +328,7 @@ func (p pgxQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string
 	dedup := make([]*string, n)
 	at := make([]*time.Time, n)
 	after := make([]int64, n)
+	prio := make([]int16, n)
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		topics[i] = m.Topic
@@ -336,8 +348,9 @@ func (p pgxQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string
 			at[i] = &m.DeliverAt
 		}
 		after[i] = m.DeliverAfter.Milliseconds()
+		prio[i] = int16(m.Priority)
 	}
-	args := []any{b.ids, topics, keys, payloads, headers, dedup, at, after}
+	args := []any{b.ids, topics, keys, payloads, headers, dedup, at, after, prio}
 	if !b.dedup {
 		_, err := p.tx.Exec(ctx, w.insertPgx, args...)
 		return nil, err
@@ -384,6 +397,7 @@ type jsonMessage struct {
 	Dedup   *string           `json:"d,omitempty"`
 	At      *time.Time        `json:"at,omitempty"`
 	AfterMS int64             `json:"after_ms,omitempty"`
+	Prio    int               `json:"pr,omitempty"`
 }
 
 func (s sqlQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error) {
@@ -391,7 +405,7 @@ func (s sqlQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		docs[i] = jsonMessage{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: InjectTraceContext(ctx, m.Headers),
-			AfterMS: m.DeliverAfter.Milliseconds()}
+			AfterMS: m.DeliverAfter.Milliseconds(), Prio: m.Priority}
 		if m.Key != "" {
 			docs[i].Key = &m.Key
 		}

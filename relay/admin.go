@@ -152,10 +152,10 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, dryRun bool) ([]int64
 WITH d AS (
     DELETE FROM `+a.s+`.dead_letters WHERE id IN (
         SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id FOR UPDATE SKIP LOCKED)
-    RETURNING id, message_id, topic, key, payload, headers, created_at, dedup_key
+    RETURNING id, message_id, topic, key, payload, headers, created_at, dedup_key, priority
 )
-INSERT INTO `+a.s+`.messages (id, message_id, topic, key, payload, headers, created_at, dedup_key)
-SELECT id, message_id, topic, key, payload, headers, created_at, dedup_key FROM d ORDER BY id
+INSERT INTO `+a.s+`.messages (id, message_id, topic, key, payload, headers, created_at, dedup_key, priority)
+SELECT id, message_id, topic, key, payload, headers, created_at, dedup_key, priority FROM d ORDER BY id
 RETURNING id`, sel.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)

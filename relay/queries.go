@@ -14,6 +14,22 @@ type queries struct {
 	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 }
 
+// topicFilter is the route's topic condition on the row alias a: $7 are
+// its patterns, $8 those of earlier routes (NULL: no filter).
+func topicFilter(a string) string {
+	return "($7::text[] IS NULL OR " + a + ".topic LIKE ANY($7)) AND ($8::text[] IS NULL OR NOT " + a + ".topic LIKE ANY($8))"
+}
+
+// notHeld is true of the row m when no earlier message of its key in this
+// route waits for a retry or a delayed delivery.
+func notHeld(table string) string {
+	return `NOT EXISTS (
+          SELECT 1 FROM ` + table + ` w
+          WHERE w.key = m.key AND w.id < m.id
+            AND w.available_at IS NOT NULL AND w.available_at > now()
+            AND ` + topicFilter("w") + `)`
+}
+
 func newQueries(schema string) queries {
 	s := migrations.Ident(schema)
 	return queries{
@@ -32,7 +48,47 @@ func newQueries(schema string) queries {
 		// a partial index that is empty unless something is failing). Only
 		// this route's waiting messages count: another route's failing sink
 		// holds back nothing here.
+		//
+		// Priority first: when the worker's lanes hold deliverable messages
+		// with priority > 0 (found through a partial index that is empty
+		// unless priorities are used), the batch is made of the messages of
+		// those messages' keys only, lanes with the highest priority first,
+		// each key in id order: a priority message overtakes the other keys'
+		// backlog, never an earlier message of its own key. Otherwise (the
+		// gated branch below runs only when the first found nothing) the
+		// plain claim walks the lanes in rotation.
 		claim: `
+WITH pl AS MATERIALIZED (
+    SELECT l.lane, k.prio FROM (
+        SELECT p.lane, max(p.priority) AS prio FROM ` + s + `.messages p
+        WHERE p.priority > 0 AND p.lane % $2 = $3
+          AND (p.available_at IS NULL OR p.available_at <= now())
+          AND ` + topicFilter("p") + `
+        GROUP BY p.lane
+    ) k
+    JOIN ` + s + `.lanes l ON l.route = $6 AND l.lane = k.lane
+    WHERE l.owner = $1 AND l.lease_until > now() AND NOT (l.lane = ANY($9::int2[]))
+    ORDER BY k.prio DESC, l.lane
+    FOR KEY SHARE OF l
+), pm AS MATERIALIZED (
+    SELECT m.* FROM pl CROSS JOIN LATERAL (
+        SELECT m.*, m.ctid AS row_ctid FROM ` + s + `.messages m
+        WHERE m.lane = pl.lane
+          AND (m.available_at IS NULL OR m.available_at <= now())
+          AND ` + topicFilter("m") + `
+          AND (m.priority > 0 OR m.key IN (
+              SELECT pk.key FROM ` + s + `.messages pk
+              WHERE pk.lane = pl.lane AND pk.priority > 0 AND ` + topicFilter("pk") + `))
+          AND ` + notHeld(s+".messages") + `
+        ORDER BY m.id
+        LIMIT $5
+        FOR UPDATE
+    ) m
+    LIMIT $5
+)
+SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
+FROM pm m
+UNION ALL
 SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
 FROM (
     SELECT l.lane FROM ` + s + `.lanes l
@@ -45,18 +101,13 @@ CROSS JOIN LATERAL (
     SELECT m.*, m.ctid AS row_ctid FROM ` + s + `.messages m
     WHERE m.lane = o.lane
       AND (m.available_at IS NULL OR m.available_at <= now())
-      AND ($7::text[] IS NULL OR m.topic LIKE ANY($7))
-      AND ($8::text[] IS NULL OR NOT m.topic LIKE ANY($8))
-      AND NOT EXISTS (
-          SELECT 1 FROM ` + s + `.messages w
-          WHERE w.key = m.key AND w.id < m.id
-            AND w.available_at IS NOT NULL AND w.available_at > now()
-            AND ($7::text[] IS NULL OR w.topic LIKE ANY($7))
-            AND ($8::text[] IS NULL OR NOT w.topic LIKE ANY($8)))
+      AND ` + topicFilter("m") + `
+      AND ` + notHeld(s+".messages") + `
     ORDER BY m.id
     LIMIT $5
     FOR UPDATE
 ) m
+WHERE NOT EXISTS (SELECT 1 FROM pm)
 LIMIT $5`,
 
 		// By ctid: the rows are locked by this transaction since the claim,
@@ -93,16 +144,16 @@ WITH f AS (
 )
 INSERT INTO ` + s + `.dead_letters
     (id, message_id, topic, key, payload, headers, created_at, attempts, reason,
-     first_error, last_error, first_failed_at, dedup_key)
+     first_error, last_error, first_failed_at, dedup_key, priority)
 SELECT id, message_id, topic, key, payload, headers, created_at, attempts + 1, reason,
-       coalesce(first_error, err), err, coalesce(first_failed_at, now()), dedup_key
+       coalesce(first_error, err), err, coalesce(first_failed_at, now()), dedup_key, priority
 FROM d
 ON CONFLICT (id) DO UPDATE SET
     message_id = EXCLUDED.message_id, topic = EXCLUDED.topic, key = EXCLUDED.key,
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
     attempts = EXCLUDED.attempts, reason = EXCLUDED.reason, first_error = EXCLUDED.first_error,
     last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
-    dedup_key = EXCLUDED.dedup_key, dead_at = now()`,
+    dedup_key = EXCLUDED.dedup_key, priority = EXCLUDED.priority, dead_at = now()`,
 
 		ensureLanes: `INSERT INTO ` + s + `.lanes (route, lane) SELECT $1, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`,
 

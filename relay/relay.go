@@ -615,6 +615,10 @@ func (r *Relay) warnFailing(n int, sample error) {
 		return
 	}
 	r.failures.Add(-total)
+	if last == 0 {
+		r.log.Warn("deliveries failing", "failed", total, "error", sample)
+		return
+	}
 	r.log.Warn("deliveries failing", "failed", total, "since", time.Duration(now-last).Round(time.Second).String(), "error", sample)
 }
 

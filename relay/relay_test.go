@@ -771,3 +771,60 @@ func TestCycleErrorsAreReportedAndRecovered(t *testing.T) {
 	e.write(msg("t", "k", "after"))
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 15*time.Second), 1))
 }
+
+func TestPriorityOvertakesOtherKeysNeverItsOwn(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var backlog []outbox.Message
+	for i := 0; i < 2000; i++ {
+		backlog = append(backlog, msg("t", fmt.Sprintf("k%d", i%50), fmt.Sprintf("b%d", i)))
+	}
+	e.write(backlog...)
+	e.write(msg("t", "hot", "hot1"), msg("t", "hot", "hot2"))
+	e.write(backlog[:500]...)
+	// Last in, with priority: the hot key's message and a keyless one.
+	e.write(
+		outbox.Message{Topic: "t", Key: "hot", Payload: []byte("hot-urgent"), Priority: 5},
+		outbox.Message{Topic: "t", Payload: []byte("keyless-urgent"), Priority: 1},
+		msg("t", "hot", "hot-after"),
+	)
+	cfg := e.config()
+	cfg.Workers = 1
+	e.start(cfg, e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), 2503))
+	got := e.sink.Delivered()
+	checkOrder(t, got)
+	var order []string
+	for _, m := range got {
+		order = append(order, string(m.Payload))
+	}
+	// The first batch holds the priority messages and the messages of
+	// their key: the earlier ones first, in order, and the later one too.
+	first := order[:5]
+	require.ElementsMatch(t, []string{"hot1", "hot2", "hot-urgent", "hot-after", "keyless-urgent"}, first, "delivered first: %v", first)
+	require.Less(t, index(order, "hot1"), index(order, "hot2"))
+	require.Less(t, index(order, "hot2"), index(order, "hot-urgent"))
+	require.Less(t, index(order, "hot-urgent"), index(order, "hot-after"))
+}
+
+func TestPriorityWaitsForItsKeysRetry(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var failed atomic.Int32
+	e.sink.SetFail(func(m sinks.Message) error {
+		if string(m.Payload) == "a1" && failed.Add(1) <= 2 {
+			return errors.New("transient")
+		}
+		return nil
+	})
+	e.write(msg("t", "a", "a1"), msg("t", "b", "b1"))
+	e.write(outbox.Message{Topic: "t", Key: "a", Payload: []byte("a2-urgent"), Priority: 9})
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 3))
+	var order []string
+	for _, m := range e.sink.Delivered() {
+		order = append(order, string(m.Payload))
+	}
+	require.Less(t, index(order, "a1"), index(order, "a2-urgent"), "priority never overtakes a failing earlier message of its key: %v", order)
+	require.EqualValues(t, 3, failed.Load())
+}
