@@ -223,7 +223,8 @@ func (b *bench) checkpoint(ctx context.Context) {
 
 func (b *bench) countMessages(ctx context.Context, schema string) (int64, error) {
 	var n int64
-	err := b.pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&n)
+	s := migrations.Ident(schema)
+	err := b.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+s+".messages) + (SELECT count(*) FROM "+s+".deliveries)").Scan(&n)
 	return n, err
 }
 

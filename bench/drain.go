@@ -60,6 +60,20 @@ func (b *bench) drains(ctx context.Context) error {
 			}},
 			drainSink{name: "kafka", n: cfg.n, note: "kfake (1 broker, 16 partitions) in the bench process", setup: b.kafkaSetup},
 		)
+		sinksToRun = append(sinksToRun, drainSink{name: "discard, fan-out to 2 routes", n: cfg.scaleN,
+			note: "routes `all` (*) and `copy` (*, fanout: true), both discard: the router copies each message to both; rate = messages/s, each delivered twice",
+			setup: func(context.Context, int) (string, func() string, func(), error) {
+				f, err := os.CreateTemp("", "bench-fanout-*.yaml")
+				if err != nil {
+					return "", nil, nil, err
+				}
+				_, err = f.WriteString("routes:\n  - name: all\n    topics: [\"*\"]\n    sink: discard\n" +
+					"  - name: copy\n    topics: [\"*\"]\n    sink: discard\n    fanout: true\n")
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+				return "config:" + f.Name(), nil, func() { os.Remove(f.Name()) }, err
+			}})
 		sinksToRun = append(sinksToRun, drainSink{name: "discard, one hot key", n: cfg.hotN, keys: 1, limit: 60 * time.Second,
 			note: "every message in one lane: one worker does all the work", setup: func(context.Context, int) (string, func() string, func(), error) {
 				return "discard", nil, func() {}, nil

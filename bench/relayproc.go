@@ -42,8 +42,13 @@ type relayProc struct {
 // startRelay starts `outbox-relay run` on schema with the given sink and
 // extra flags. Its stdout goes to stdout (nil: discarded).
 func (b *bench) startRelay(ctx context.Context, schema, sinkURL string, stdout io.Writer, extra ...string) (*relayProc, error) {
-	args := []string{"run", "--schema", schema, "--sink", sinkURL, "--log-level", "warn",
+	args := []string{"run", "--schema", schema, "--log-level", "warn",
 		"--workers", strconv.Itoa(b.cfg.workers), "--batch-size", strconv.Itoa(b.cfg.batch)}
+	if path, ok := strings.CutPrefix(sinkURL, "config:"); ok {
+		args = append(args, "--config", path) // a routes table
+	} else {
+		args = append(args, "--sink", sinkURL)
+	}
 	if b.adminFlag {
 		// The admin listener defaults to :9090; several relays (and other
 		// people's tests) would collide on it. Keep it on, on any port.
@@ -171,7 +176,7 @@ type drainResult struct {
 // sink's scheme yet, with relay.New + Run in this process.
 func (b *bench) drain(ctx context.Context, schema, sinkURL string, limit time.Duration) (drainResult, error) {
 	scheme := sinkScheme(sinkURL)
-	if b.cliSink[scheme] {
+	if b.cliSink[scheme] || strings.HasPrefix(sinkURL, "config:") {
 		p, err := b.startRelay(ctx, schema, sinkURL, nil, "--exit-when-empty")
 		if err != nil {
 			return drainResult{}, err

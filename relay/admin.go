@@ -15,8 +15,9 @@ import (
 // Admin runs the operator commands: status and dead-letter inspection,
 // replay and purge.
 type Admin struct {
-	pool *pgxpool.Pool
-	s    string
+	pool   *pgxpool.Pool
+	s      string
+	schema string
 }
 
 // NewAdmin returns an Admin for schema.
@@ -27,24 +28,27 @@ func NewAdmin(pool *pgxpool.Pool, schema string) (*Admin, error) {
 	if err := migrations.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &Admin{pool: pool, s: migrations.Ident(schema)}, nil
+	return &Admin{pool: pool, s: migrations.Ident(schema), schema: schema}, nil
 }
 
 // DeadLetter is one row of the dead-letter table.
 type DeadLetter struct {
-	ID            int64             `json:"id"`
-	MessageID     string            `json:"message_id"`
-	Topic         string            `json:"topic"`
-	Key           *string           `json:"key"`
-	Payload       []byte            `json:"payload"`
-	Headers       map[string]string `json:"headers"`
-	CreatedAt     time.Time         `json:"created_at"`
-	Attempts      int               `json:"attempts"`
-	Reason        string            `json:"reason"`
-	FirstError    *string           `json:"first_error"`
-	LastError     *string           `json:"last_error"`
-	FirstFailedAt *time.Time        `json:"first_failed_at"`
-	DeadAt        time.Time         `json:"dead_at"`
+	ID        int64             `json:"id"`
+	MessageID string            `json:"message_id"`
+	Topic     string            `json:"topic"`
+	Key       *string           `json:"key"`
+	Payload   []byte            `json:"payload"`
+	Headers   map[string]string `json:"headers"`
+	CreatedAt time.Time         `json:"created_at"`
+	Attempts  int               `json:"attempts"`
+	Reason    string            `json:"reason"`
+	// Route is the fan-out destination whose copy died ("" for a message
+	// dead-lettered from the outbox itself).
+	Route         string     `json:"route"`
+	FirstError    *string    `json:"first_error"`
+	LastError     *string    `json:"last_error"`
+	FirstFailedAt *time.Time `json:"first_failed_at"`
+	DeadAt        time.Time  `json:"dead_at"`
 }
 
 // Selection picks dead letters. Replay and Purge refuse an empty selection
@@ -52,6 +56,8 @@ type DeadLetter struct {
 type Selection struct {
 	IDs   []int64
 	Topic string
+	// Route selects the dead letters of one fan-out destination.
+	Route string
 	// DeadBefore selects dead letters that died before this time.
 	DeadBefore time.Time
 	// OlderThan selects dead letters that died longer ago than this, on
@@ -68,7 +74,7 @@ var ErrEmptySelection = errors.New("outbox: select dead letters by id, topic or 
 
 // Empty reports whether s selects nothing.
 func (s Selection) Empty() bool {
-	return len(s.IDs) == 0 && s.Topic == "" && s.DeadBefore.IsZero() && s.OlderThan <= 0 && !s.All
+	return len(s.IDs) == 0 && s.Topic == "" && s.Route == "" && s.DeadBefore.IsZero() && s.OlderThan <= 0 && !s.All
 }
 
 func (s Selection) args() []any {
@@ -87,19 +93,24 @@ func (s Selection) args() []any {
 	if s.OlderThan > 0 {
 		olderMS = s.OlderThan.Milliseconds()
 	}
-	return []any{ids, topic, before, olderMS}
+	var route any
+	if s.Route != "" {
+		route = s.Route
+	}
+	return []any{ids, topic, before, olderMS, route}
 }
 
 const selWhere = ` WHERE ($1::bigint[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR topic = $2)
   AND ($3::timestamptz IS NULL OR dead_at < $3)
-  AND ($4::bigint IS NULL OR dead_at < now() - $4 * interval '1 millisecond')`
+  AND ($4::bigint IS NULL OR dead_at < now() - $4 * interval '1 millisecond')
+  AND ($5::text IS NULL OR route = $5)`
 
-const dlColumns = `id, message_id::text, topic, key, payload, headers, created_at, attempts, reason, first_error, last_error, first_failed_at, dead_at`
+const dlColumns = `id, message_id::text, topic, key, payload, headers, created_at, attempts, reason, route, first_error, last_error, first_failed_at, dead_at`
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var d DeadLetter
 	err := row.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &d.Headers, &d.CreatedAt, &d.Attempts,
-		&d.Reason, &d.FirstError, &d.LastError, &d.FirstFailedAt, &d.DeadAt)
+		&d.Reason, &d.Route, &d.FirstError, &d.LastError, &d.FirstFailedAt, &d.DeadAt)
 	return d, err
 }
 
@@ -108,7 +119,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 	if sel.Limit <= 0 {
 		sel.Limit = 100
 	}
-	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id LIMIT $5`,
+	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id, route LIMIT $6`,
 		append(sel.args(), sel.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
@@ -123,24 +134,29 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 // ErrNotFound is returned by Show for an unknown id.
 var ErrNotFound = errors.New("outbox: no such dead letter")
 
-// Show returns one dead letter.
-func (a *Admin) Show(ctx context.Context, id int64) (DeadLetter, error) {
-	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters WHERE id = $1`, id)
+// Show returns the dead letters of one message: one, or one per fan-out
+// destination whose copy died.
+func (a *Admin) Show(ctx context.Context, id int64) ([]DeadLetter, error) {
+	rows, err := a.pool.Query(ctx, `SELECT `+dlColumns+` FROM `+a.s+`.dead_letters WHERE id = $1 ORDER BY route`, id)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("outbox: show dead letter: %w", err)
+		return nil, fmt.Errorf("outbox: show dead letter: %w", err)
 	}
-	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return DeadLetter{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	ds, err := pgx.CollectRows(rows, scanDeadLetter)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: show dead letter: %w", err)
 	}
-	return d, err
+	if len(ds) == 0 {
+		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	return ds, nil
 }
 
 // Replay moves the selected dead letters back into the outbox under their
-// original id and message id, with a fresh attempt count. Rows another
-// operator is replaying at the same moment are skipped, so two concurrent
-// replays never publish a message twice. With dryRun it only returns the
-// ids it would replay.
+// original id and message id, with a fresh attempt count; a dead fan-out
+// copy goes back to its own destination only (the routes that delivered
+// the message do not get it again). Rows another operator is replaying at
+// the same moment are skipped, so two concurrent replays never publish a
+// message twice. With dryRun it only returns the ids it would replay.
 func (a *Admin) Replay(ctx context.Context, sel Selection, dryRun bool) ([]int64, error) {
 	if sel.Empty() {
 		return nil, ErrEmptySelection
@@ -152,11 +168,20 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, dryRun bool) ([]int64
 WITH d AS (
     DELETE FROM `+a.s+`.dead_letters WHERE id IN (
         SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id FOR UPDATE SKIP LOCKED)
-    RETURNING id, message_id, topic, key, payload, headers, created_at, dedup_key, priority
+    RETURNING id, message_id, topic, key, payload, headers, created_at, dedup_key, priority, route
+), outbox AS (
+    INSERT INTO `+a.s+`.messages (id, message_id, topic, key, payload, headers, created_at, dedup_key, priority)
+    SELECT id, message_id, topic, key, payload, headers, created_at, dedup_key, priority FROM d
+    WHERE route = '' ORDER BY id
+    RETURNING id
+), copies AS (
+    INSERT INTO `+a.s+`.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
+    SELECT route, id, message_id, topic, key, payload, headers, `+a.s+`.lane_of(key, id), created_at, dedup_key, priority FROM d
+    WHERE route <> '' ORDER BY id
+    ON CONFLICT (route, id) DO NOTHING
+    RETURNING id
 )
-INSERT INTO `+a.s+`.messages (id, message_id, topic, key, payload, headers, created_at, dedup_key, priority)
-SELECT id, message_id, topic, key, payload, headers, created_at, dedup_key, priority FROM d ORDER BY id
-RETURNING id`, sel.args()...)
+SELECT id FROM outbox UNION ALL SELECT id FROM copies ORDER BY id`, sel.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)
 	}
@@ -184,7 +209,7 @@ func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, e
 }
 
 func (a *Admin) ids(ctx context.Context, sel Selection) ([]int64, error) {
-	rows, err := a.pool.Query(ctx, `SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id`, sel.args()...)
+	rows, err := a.pool.Query(ctx, `SELECT id FROM `+a.s+`.dead_letters`+selWhere+` ORDER BY id, route`, sel.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: select dead letters: %w", err)
 	}
@@ -204,7 +229,8 @@ type Status struct {
 	FreeLanes    int           `json:"free_lanes"`
 }
 
-// TopicStatus is the backlog of one topic.
+// TopicStatus is the backlog of one topic (fan-out copies count once per
+// destination).
 type TopicStatus struct {
 	Topic       string        `json:"topic"`
 	Pending     int64         `json:"pending"`
@@ -245,7 +271,9 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 SELECT coalesce(p.topic, d.topic), coalesce(p.n, 0), coalesce(p.retrying, 0),
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)
 FROM (SELECT topic, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(created_at) oldest
-      FROM `+a.s+`.messages GROUP BY topic) p
+      FROM (SELECT topic, attempts, created_at FROM `+a.s+`.messages
+            UNION ALL SELECT topic, attempts, created_at FROM `+a.s+`.deliveries) u
+      GROUP BY topic) p
 FULL JOIN (SELECT topic, count(*) n FROM `+a.s+`.dead_letters GROUP BY topic) d ON d.topic = p.topic
 ORDER BY 1`)
 		if err != nil {
@@ -313,7 +341,20 @@ type ArchiveSelection struct {
 	// NewIDs gives the replayed messages fresh message ids, for consumers
 	// that would drop them as duplicates. By default they keep their id.
 	NewIDs bool
+	// Route limits the replay to the messages that route delivered
+	// (empty: all, each message once however many routes delivered it).
+	Route string
+	// ToRouteOnly sends the replayed messages to Route alone, as fan-out
+	// copies, instead of back into the outbox, where every route taking
+	// their topic would get them. Use it for a route fed by the fan-out
+	// router; a route reading the outbox directly is the only one taking
+	// its topics anyway.
+	ToRouteOnly bool
 }
+
+// ErrReplayRoute is returned by ReplayArchive for ToRouteOnly without a
+// Route.
+var ErrReplayRoute = errors.New("outbox: replay to one route needs the route")
 
 // ReplayArchive copies archived messages back into the outbox, in their
 // original order, and returns how many. With dryRun it only counts.
@@ -322,8 +363,12 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
   AND ($2::timestamptz IS NULL OR created_at < $2) AND ($3::text IS NULL OR topic = $3)
   AND ($5::bigint IS NULL OR (created_at >= now() - $5 * interval '1 millisecond'
                               AND delivered_at >= now() - $5 * interval '1 millisecond'))
-  AND ($6::bigint IS NULL OR created_at < now() - $6 * interval '1 millisecond')`
-	var from, to, topic, fromAgo, toAgo any
+  AND ($6::bigint IS NULL OR created_at < now() - $6 * interval '1 millisecond')
+  AND ($7::text IS NULL OR route = $7)`
+	if sel.ToRouteOnly && sel.Route == "" {
+		return 0, ErrReplayRoute
+	}
+	var from, to, topic, fromAgo, toAgo, route any
 	if sel.FromAgo > 0 {
 		fromAgo = sel.FromAgo.Milliseconds()
 	}
@@ -339,19 +384,38 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	if sel.Topic != "" {
 		topic = sel.Topic
 	}
+	if sel.Route != "" {
+		route = sel.Route
+	}
+	args := []any{from, to, topic, sel.NewIDs, fromAgo, toAgo, route}
+	// A message fanned out to several routes is archived once per route:
+	// one of each id, in the original order.
+	picked := `SELECT DISTINCT ON (id) id, message_id, topic, key, payload, headers, created_at FROM ` + a.s + `.archive` + where + ` ORDER BY id`
 	if dryRun {
 		var n int64
-		err := a.pool.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.archive`+where+` AND $4::bool IS NOT NULL`,
-			from, to, topic, sel.NewIDs, fromAgo, toAgo).Scan(&n)
+		err := a.pool.QueryRow(ctx, `SELECT count(*) FROM (`+picked+`) p WHERE $4::bool IS NOT NULL`, args...).Scan(&n)
 		if err != nil {
 			return 0, fmt.Errorf("outbox: replay archive: %w", err)
 		}
 		return n, nil
 	}
-	tag, err := a.pool.Exec(ctx, `
-INSERT INTO `+a.s+`.messages (message_id, topic, key, payload, headers)
+	// Replayed messages are new messages (new ids from the outbox's
+	// sequence, after everything written so far).
+	insert := `
+INSERT INTO ` + a.s + `.messages (message_id, topic, key, payload, headers)
 SELECT CASE WHEN $4 THEN gen_random_uuid() ELSE message_id END, topic, key, payload, headers
-FROM `+a.s+`.archive`+where+` ORDER BY id`, from, to, topic, sel.NewIDs, fromAgo, toAgo)
+FROM (` + picked + `) p ORDER BY id`
+	if sel.ToRouteOnly {
+		insert = `
+INSERT INTO ` + a.s + `.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at)
+SELECT $7, p.new_id, CASE WHEN $4 THEN gen_random_uuid() ELSE p.message_id END, p.topic, p.key, p.payload, p.headers,
+       ` + a.s + `.lane_of(p.key, p.new_id), now()
+FROM (SELECT o.*, nextval(pg_get_serial_sequence(format('%I.messages', $8::text), 'id')) AS new_id
+      FROM (` + picked + `) o) p
+ORDER BY p.new_id`
+		args = append(args, a.schema)
+	}
+	tag, err := a.pool.Exec(ctx, insert, args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: replay archive: %w", err)
 	}

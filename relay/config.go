@@ -27,6 +27,17 @@ type Config struct {
 	// ExcludeTopics are patterns taken by earlier routes (first match
 	// wins). Default none.
 	ExcludeTopics []string
+	// Deliveries makes this relay take the fan-out copies made for Route
+	// (the deliveries table) instead of messages from the outbox. A route
+	// that shares topics with a fan-out route runs this way, with a
+	// router (FanOut) feeding it. Default false.
+	Deliveries bool
+	// FanOut makes this relay the fan-out router instead of a publisher:
+	// each message its Topics match is copied, in the transaction that
+	// removes it from the outbox, to every destination whose patterns match
+	// its topic, for relays with Deliveries set to publish. It needs no
+	// sink. Default none.
+	FanOut []Destination
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int
@@ -84,6 +95,30 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks observe the relay (metrics). Default none.
 	Hooks Hooks
+}
+
+// Destination is one route a fan-out router copies messages to: those
+// whose topic matches one of Topics and none of ExcludeTopics (globs, as
+// in Config.Topics).
+type Destination struct {
+	Route         string
+	Topics        []string
+	ExcludeTopics []string
+}
+
+// matches reports whether a message of topic goes to d.
+func (d Destination) matches(topic string) bool {
+	for _, p := range d.ExcludeTopics {
+		if MatchTopic(p, topic) {
+			return false
+		}
+	}
+	for _, p := range d.Topics {
+		if MatchTopic(p, topic) {
+			return true
+		}
+	}
+	return false
 }
 
 // Defaults, exported for documentation and flags.
@@ -177,6 +212,17 @@ func (c Config) Validate() error {
 		if p == "" {
 			bad("topics", "patterns must not be empty")
 			break
+		}
+	}
+	if (c.Deliveries || len(c.FanOut) > 0) && c.Route == "" {
+		bad("route", "a fan-out router or destination needs a route name")
+	}
+	if c.Deliveries && len(c.FanOut) > 0 {
+		bad("fan-out", "a relay is either a fan-out router or a destination, not both")
+	}
+	for i, d := range c.FanOut {
+		if d.Route == "" || len(d.Topics) == 0 {
+			bad(fmt.Sprintf("fan-out[%d]", i), "needs a route and at least one topic pattern")
 		}
 	}
 	if c.Workers < 1 || c.Workers > numLanes {

@@ -11,6 +11,10 @@ const numLanes = 256
 type queries struct {
 	claim, deleteDelivered, archiveDelivered, scheduleRetry, deadLetter string
 
+	// copyToRoutes is the fan-out router's: copy messages $1 to routes $2
+	// (one pair per copy).
+	copyToRoutes string
+
 	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 }
 
@@ -22,16 +26,32 @@ func topicFilter(a string) string {
 
 // notHeld is true of the row m when no earlier message of its key in this
 // route waits for a retry or a delayed delivery.
-func notHeld(table string) string {
+func notHeld(table, route string) string {
 	return `NOT EXISTS (
           SELECT 1 FROM ` + table + ` w
-          WHERE w.key = m.key AND w.id < m.id
+          WHERE ` + route + `w.key = m.key AND w.id < m.id
             AND w.available_at IS NOT NULL AND w.available_at > now()
             AND ` + topicFilter("w") + `)`
 }
 
-func newQueries(schema string) queries {
+// newQueries renders the statements for schema. With deliveries the relay
+// works on the fan-out copies of its route ($6) in the deliveries table
+// instead of the outbox itself.
+func newQueries(schema string, deliveries bool) queries {
 	s := migrations.Ident(schema)
+	src := s + ".messages"
+	// rc restricts a row alias of the source to this route's copies.
+	rc := func(string) string { return "" }
+	// deadRoute is what a dead letter records as its route: '' for a
+	// message of the outbox (a replay routes it again), the destination
+	// for a fan-out copy (a replay goes to that route only).
+	deadRoute, retryRoute, archiveRoute, archiveOnly := "''", "", "$2::text", ""
+	if deliveries {
+		archiveOnly = "m.route = $2 AND "
+		src = s + ".deliveries"
+		rc = func(a string) string { return a + ".route = $6 AND " }
+		deadRoute, retryRoute = "$4::text", " AND m.route = $4"
+	}
 	return queries{
 		// Claim up to $5 deliverable messages from the lanes this worker
 		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
@@ -60,8 +80,8 @@ func newQueries(schema string) queries {
 		claim: `
 WITH pl AS MATERIALIZED (
     SELECT l.lane, k.prio FROM (
-        SELECT p.lane, max(p.priority) AS prio FROM ` + s + `.messages p
-        WHERE p.priority > 0 AND p.lane % $2 = $3
+        SELECT p.lane, max(p.priority) AS prio FROM ` + src + ` p
+        WHERE ` + rc("p") + `p.priority > 0 AND p.lane % $2 = $3
           AND (p.available_at IS NULL OR p.available_at <= now())
           AND ` + topicFilter("p") + `
         GROUP BY p.lane
@@ -72,14 +92,14 @@ WITH pl AS MATERIALIZED (
     FOR KEY SHARE OF l
 ), pm AS MATERIALIZED (
     SELECT m.* FROM pl CROSS JOIN LATERAL (
-        SELECT m.*, m.ctid AS row_ctid FROM ` + s + `.messages m
-        WHERE m.lane = pl.lane
+        SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
+        WHERE ` + rc("m") + `m.lane = pl.lane
           AND (m.available_at IS NULL OR m.available_at <= now())
           AND ` + topicFilter("m") + `
           AND (m.priority > 0 OR m.key IN (
-              SELECT pk.key FROM ` + s + `.messages pk
-              WHERE pk.lane = pl.lane AND pk.priority > 0 AND ` + topicFilter("pk") + `))
-          AND ` + notHeld(s+".messages") + `
+              SELECT pk.key FROM ` + src + ` pk
+              WHERE ` + rc("pk") + `pk.lane = pl.lane AND pk.priority > 0 AND ` + topicFilter("pk") + `))
+          AND ` + notHeld(src, rc("w")) + `
         ORDER BY m.id
         LIMIT $5
         FOR UPDATE
@@ -98,11 +118,11 @@ FROM (
     FOR KEY SHARE
 ) o
 CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid FROM ` + s + `.messages m
-    WHERE m.lane = o.lane
+    SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
+    WHERE ` + rc("m") + `m.lane = o.lane
       AND (m.available_at IS NULL OR m.available_at <= now())
       AND ` + topicFilter("m") + `
-      AND ` + notHeld(s+".messages") + `
+      AND ` + notHeld(src, rc("w")) + `
     ORDER BY m.id
     LIMIT $5
     FOR UPDATE
@@ -113,47 +133,55 @@ LIMIT $5`,
 		// By ctid: the rows are locked by this transaction since the claim,
 		// so their physical address cannot change, and a TID scan saves a
 		// primary-key descent per row.
-		deleteDelivered: `DELETE FROM ` + s + `.messages WHERE ctid = ANY($1::tid[])`,
+		deleteDelivered: `DELETE FROM ` + src + ` WHERE ctid = ANY($1::tid[])`,
 
 		// With --archive, delivered rows move to the day's archive
 		// partition in the same statement.
 		archiveDelivered: `
 WITH d AS (
-    DELETE FROM ` + s + `.messages WHERE id = ANY($1)
+    DELETE FROM ` + src + ` m WHERE ` + archiveOnly + `id = ANY($1)
     RETURNING id, message_id, topic, key, payload, headers, created_at
 )
-INSERT INTO ` + s + `.archive (id, message_id, topic, key, payload, headers, created_at, delivered_at)
-SELECT id, message_id, topic, key, payload, headers, created_at, now() FROM d`,
+INSERT INTO ` + s + `.archive (id, message_id, topic, key, payload, headers, created_at, delivered_at, route)
+SELECT id, message_id, topic, key, payload, headers, created_at, now(), ` + archiveRoute + ` FROM d`,
 
 		scheduleRetry: `
-UPDATE ` + s + `.messages m SET
+UPDATE ` + src + ` m SET
     attempts = m.attempts + 1,
     available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
     last_error = f.err,
     first_error = coalesce(m.first_error, f.err),
     first_failed_at = coalesce(m.first_failed_at, clock_timestamp())
 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS f(id, delay_ms, err)
-WHERE m.id = f.id`,
+WHERE m.id = f.id` + retryRoute,
 
 		deadLetter: `
 WITH f AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[]) AS f(id, reason, err)
 ), d AS (
-    DELETE FROM ` + s + `.messages m USING f WHERE m.id = f.id
+    DELETE FROM ` + src + ` m USING f WHERE m.id = f.id` + retryRoute + `
     RETURNING m.*, f.reason, f.err
 )
 INSERT INTO ` + s + `.dead_letters
     (id, message_id, topic, key, payload, headers, created_at, attempts, reason,
-     first_error, last_error, first_failed_at, dedup_key, priority)
+     first_error, last_error, first_failed_at, dedup_key, priority, route)
 SELECT id, message_id, topic, key, payload, headers, created_at, attempts + 1, reason,
-       coalesce(first_error, err), err, coalesce(first_failed_at, now()), dedup_key, priority
+       coalesce(first_error, err), err, coalesce(first_failed_at, now()), dedup_key, priority, ` + deadRoute + `
 FROM d
-ON CONFLICT (id) DO UPDATE SET
+ON CONFLICT (id, route) DO UPDATE SET
     message_id = EXCLUDED.message_id, topic = EXCLUDED.topic, key = EXCLUDED.key,
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
     attempts = EXCLUDED.attempts, reason = EXCLUDED.reason, first_error = EXCLUDED.first_error,
     last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
     dedup_key = EXCLUDED.dedup_key, priority = EXCLUDED.priority, dead_at = now()`,
+
+		copyToRoutes: `
+INSERT INTO ` + s + `.deliveries
+    (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
+SELECT d.route, m.id, m.message_id, m.topic, m.key, m.payload, m.headers, m.lane, m.created_at, m.dedup_key, m.priority
+FROM unnest($1::bigint[], $2::text[]) AS d(id, route)
+JOIN ` + s + `.messages m ON m.id = d.id
+ON CONFLICT (route, id) DO NOTHING`,
 
 		ensureLanes: `INSERT INTO ` + s + `.lanes (route, lane) SELECT $1, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`,
 

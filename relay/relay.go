@@ -92,7 +92,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || sink == nil {
+	if pool == nil || (sink == nil && len(cfg.FanOut) == 0) {
 		return nil, errors.New("outbox: relay: pool and sink are required")
 	}
 	if max := int(pool.Config().MaxConns); max < cfg.Workers+1 {
@@ -102,7 +102,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		cfg:      cfg,
 		pool:     pool,
 		sink:     sink,
-		q:        newQueries(cfg.Schema),
+		q:        newQueries(cfg.Schema, cfg.Deliveries),
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
@@ -454,6 +454,11 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		return 0, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
+	if len(r.cfg.FanOut) > 0 {
+		err := r.fanOut(hard, pc, batch)
+		committed = err == nil
+		return len(batch), err
+	}
 	r.inFlight.Add(int64(len(batch)))
 	defer r.inFlight.Add(-int64(len(batch)))
 
@@ -488,16 +493,16 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	b := &pgx.Batch{}
 	if len(s.delivered) > 0 {
 		if r.cfg.Archive {
-			b.Queue(r.q.archiveDelivered, s.delivered)
+			b.Queue(r.q.archiveDelivered, s.delivered, r.cfg.Route)
 		} else {
 			b.Queue(r.q.deleteDelivered, s.deliveredTIDs)
 		}
 	}
 	if len(s.retryIDs) > 0 {
-		b.Queue(r.q.scheduleRetry, s.retryIDs, s.retryDelays, s.retryErrs)
+		b.Queue(r.q.scheduleRetry, r.withRoute(s.retryIDs, s.retryDelays, s.retryErrs)...)
 	}
 	if len(s.deadIDs) > 0 {
-		b.Queue(r.q.deadLetter, s.deadIDs, s.deadReasons, s.deadErrs)
+		b.Queue(r.q.deadLetter, r.withRoute(s.deadIDs, s.deadReasons, s.deadErrs)...)
 	}
 	b.Queue("COMMIT")
 	err = pc.SendBatch(hard, b).Close()
@@ -518,6 +523,60 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	r.stats.DeadLettered.Add(int64(len(s.deadIDs)))
 	r.cfg.Hooks.Batch(ev)
 	return len(batch), nil
+}
+
+// withRoute appends the route to a settle statement's arguments when the
+// relay works on fan-out copies (their statements also match the route).
+func (r *Relay) withRoute(args ...any) []any {
+	if r.cfg.Deliveries {
+		return append(args, r.cfg.Route)
+	}
+	return args
+}
+
+// fanOut is the router's settle: each claimed message is copied to its
+// destination routes and leaves the outbox, in the claim's transaction
+// (so a crash copies nothing, and a copy is never made twice). A message
+// no destination takes (the routes changed under it) is dead-lettered.
+func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, batch []claimed) error {
+	var ids []int64
+	var routes []string
+	var tids []pgtype.TID
+	var deadIDs []int64
+	var deadReasons, deadErrs []string
+	for _, c := range batch {
+		n := len(ids)
+		for _, d := range r.cfg.FanOut {
+			if d.matches(c.msg.Topic) {
+				ids = append(ids, c.msg.Seq)
+				routes = append(routes, d.Route)
+			}
+		}
+		if len(ids) == n {
+			deadIDs = append(deadIDs, c.msg.Seq)
+			deadReasons = append(deadReasons, ReasonPermanent)
+			deadErrs = append(deadErrs, fmt.Sprintf("no route matches topic %q", c.msg.Topic))
+			continue
+		}
+		tids = append(tids, c.ctid)
+	}
+	b := &pgx.Batch{}
+	if len(ids) > 0 {
+		b.Queue(r.q.copyToRoutes, ids, routes)
+		b.Queue(r.q.deleteDelivered, tids)
+	}
+	if len(deadIDs) > 0 {
+		b.Queue(r.q.deadLetter, deadIDs, deadReasons, deadErrs)
+	}
+	b.Queue("COMMIT")
+	r.stats.Batches.Add(1)
+	if err := pc.SendBatch(ctx, b).Close(); err != nil {
+		r.stats.CommitFailures.Add(1)
+		return fmt.Errorf("outbox: fan-out of %d messages: %w", len(batch), err)
+	}
+	r.stats.Delivered.Add(int64(len(tids)))
+	r.stats.DeadLettered.Add(int64(len(deadIDs)))
+	return nil
 }
 
 type settlement struct {
@@ -719,4 +778,39 @@ func MatchTopic(pattern, topic string) bool {
 	pr, pn := utf8.DecodeRuneInString(pattern)
 	tr, tn := utf8.DecodeRuneInString(topic)
 	return pr == tr && MatchTopic(pattern[pn:], topic[tn:])
+}
+
+// PatternsOverlap reports whether some topic matches both glob patterns
+// (as MatchTopic reads them): whether two routes can ever take the same
+// message.
+func PatternsOverlap(a, b string) bool {
+	x, y := []rune(a), []rune(b)
+	// seen[i][j]: the suffixes x[i:], y[j:] were already explored.
+	seen := make([][]bool, len(x)+1)
+	for i := range seen {
+		seen[i] = make([]bool, len(y)+1)
+	}
+	var walk func(i, j int) bool
+	walk = func(i, j int) bool {
+		if seen[i][j] {
+			return false
+		}
+		seen[i][j] = true
+		switch {
+		case i == len(x) && j == len(y):
+			return true
+		case i < len(x) && x[i] == '*':
+			// The star matches nothing more, or swallows y's next character
+			// (or y's star: both stars then still match anything).
+			return walk(i+1, j) || (j < len(y) && walk(i, j+1))
+		case j < len(y) && y[j] == '*':
+			return walk(i, j+1) || (i < len(x) && walk(i+1, j))
+		case i == len(x) || j == len(y):
+			return false
+		case x[i] == '?' || y[j] == '?' || x[i] == y[j]:
+			return walk(i+1, j+1)
+		}
+		return false
+	}
+	return walk(0, 0)
 }

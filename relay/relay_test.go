@@ -828,3 +828,65 @@ func TestPriorityWaitsForItsKeysRetry(t *testing.T) {
 	require.Less(t, index(order, "a1"), index(order, "a2-urgent"), "priority never overtakes a failing earlier message of its key: %v", order)
 	require.EqualValues(t, 3, failed.Load())
 }
+
+func TestPatternsOverlap(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{"orders.*", "orders.created", true},
+		{"orders.*", "*.created", true},
+		{"orders.*", "users.*", false},
+		{"a?c", "abc", true},
+		{"a?c", "ac", false},
+		{"*", "", true},
+		{"", "", true},
+		{"x", "", false},
+		{"a*b", "*c", false},
+		{"a*b*", "*c*", true},
+		{"?", "**", true},
+		{"ab", "a", false},
+		{"é*", "?x", true},
+	} {
+		require.Equal(t, c.want, relay.PatternsOverlap(c.a, c.b), "%q vs %q", c.a, c.b)
+		require.Equal(t, c.want, relay.PatternsOverlap(c.b, c.a), "%q vs %q", c.b, c.a)
+	}
+	// Against brute force over a small alphabet.
+	alphabet := []string{"a", "b", "?", "*"}
+	var pats []string
+	var gen func(p string, n int)
+	gen = func(p string, n int) {
+		pats = append(pats, p)
+		if n == 0 {
+			return
+		}
+		for _, c := range alphabet {
+			gen(p+c, n-1)
+		}
+	}
+	gen("", 3)
+	var topics []string
+	var genT func(p string, n int)
+	genT = func(p string, n int) {
+		topics = append(topics, p)
+		if n == 0 {
+			return
+		}
+		for _, c := range []string{"a", "b"} {
+			genT(p+c, n-1)
+		}
+	}
+	genT("", 6)
+	for _, a := range pats {
+		for _, b := range pats {
+			brute := false
+			for _, tp := range topics {
+				if relay.MatchTopic(a, tp) && relay.MatchTopic(b, tp) {
+					brute = true
+					break
+				}
+			}
+			require.Equal(t, brute, relay.PatternsOverlap(a, b), "%q vs %q", a, b)
+		}
+	}
+}

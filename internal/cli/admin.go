@@ -86,6 +86,7 @@ func writeJSON(out io.Writer, v any) error {
 type selectionFlags struct {
 	ids       []string
 	topic     string
+	route     string
 	olderThan time.Duration
 	all       bool
 }
@@ -94,6 +95,7 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 	f := cmd.Flags()
 	f.StringSliceVar(&s.ids, "id", nil, "dead letter id (repeat or comma-separate)")
 	f.StringVar(&s.topic, "topic", "", "only dead letters of this topic")
+	f.StringVar(&s.route, "route", "", "only dead letters of this fan-out destination route")
 	f.DurationVar(&s.olderThan, "older-than", 0, "only dead letters that died longer ago than this, e.g. 720h")
 	if withAll {
 		f.BoolVar(&s.all, "all", false, "every dead letter (required when no other selector is given)")
@@ -101,7 +103,7 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 }
 
 func (s *selectionFlags) selection() (relay.Selection, error) {
-	sel := relay.Selection{Topic: s.topic, All: s.all}
+	sel := relay.Selection{Topic: s.topic, Route: s.route, All: s.all}
 	for _, raw := range s.ids {
 		id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 		if err != nil || id <= 0 {
@@ -123,7 +125,8 @@ func newDLQ(g *globals) *cobra.Command {
 		Long: `Dead letters are messages that failed permanently or ran out of attempts.
 They keep their full content, attempts and errors. Replay puts them back in
 the outbox under their original message id; two operators replaying at once
-never publish a message twice.`,
+never publish a message twice. A dead fan-out copy (its ROUTE column is set)
+is replayed to that destination route only.`,
 	}
 	cmd.AddCommand(newDLQList(g), newDLQShow(g), newDLQReplay(g), newDLQPurge(g))
 	return cmd
@@ -172,9 +175,13 @@ func newDLQList(g *globals) *cobra.Command {
 				return writeJSON(g.stdout, dls)
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tKEY\tATTEMPTS\tREASON\tDEAD AT\tLAST ERROR")
+			fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tKEY\tROUTE\tATTEMPTS\tREASON\tDEAD AT\tLAST ERROR")
 			for _, d := range dls {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.MessageID, d.Topic, deref(d.Key), d.Attempts,
+				route := d.Route
+				if route == "" {
+					route = "-"
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.MessageID, d.Topic, deref(d.Key), route, d.Attempts,
 					d.Reason, d.DeadAt.Format(time.RFC3339), oneLine(deref(d.LastError), 80))
 			}
 			return tw.Flush()
@@ -189,7 +196,7 @@ func newDLQList(g *globals) *cobra.Command {
 func newDLQShow(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "show ID",
-		Short: "Show one dead letter in full, as JSON",
+		Short: "Show one dead letter in full, as JSON (one document per dead fan-out copy)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := strconv.ParseInt(args[0], 10, 64)
@@ -201,7 +208,7 @@ func newDLQShow(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			d, err := a.Show(cmd.Context(), id)
+			ds, err := a.Show(cmd.Context(), id)
 			if err != nil {
 				return err
 			}
@@ -210,13 +217,18 @@ func newDLQShow(g *globals) *cobra.Command {
 				Payload         any    `json:"payload"`
 				PayloadEncoding string `json:"payload_encoding"`
 			}
-			s := shown{DeadLetter: d}
-			if utf8.Valid(d.Payload) {
-				s.Payload, s.PayloadEncoding = string(d.Payload), "text"
-			} else {
-				s.Payload, s.PayloadEncoding = base64.StdEncoding.EncodeToString(d.Payload), "base64"
+			for _, d := range ds {
+				s := shown{DeadLetter: d}
+				if utf8.Valid(d.Payload) {
+					s.Payload, s.PayloadEncoding = string(d.Payload), "text"
+				} else {
+					s.Payload, s.PayloadEncoding = base64.StdEncoding.EncodeToString(d.Payload), "base64"
+				}
+				if err := writeJSON(g.stdout, s); err != nil {
+					return err
+				}
 			}
-			return writeJSON(g.stdout, s)
+			return nil
 		},
 	}
 }
@@ -314,7 +326,7 @@ func oneLine(s string, max int) string {
 }
 
 func newReplay(g *globals) *cobra.Command {
-	var from, to, topic string
+	var from, to, topic, route string
 	var newIDs, dry bool
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -322,13 +334,20 @@ func newReplay(g *globals) *cobra.Command {
 		Long: `Copies messages from the archive (kept when relays run with --archive) back
 into the outbox, in their original order, so that consumers rebuilding their
 state receive them again. Messages keep their message id unless --new-ids is
-given.`,
+given. With --route, only the messages that route delivered are replayed, and
+only to that route (the routes are read from the config file).`,
 		Example: `  outbox-relay replay --from 2026-11-01T00:00:00Z --topic orders --dry-run
-  outbox-relay replay --from 24h`,
+  outbox-relay replay --from 24h
+  outbox-relay replay --from 24h --route crm --config relay.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sel := relay.ArchiveSelection{Topic: topic, NewIDs: newIDs}
+			sel := relay.ArchiveSelection{Topic: topic, NewIDs: newIDs, Route: route}
 			var err error
+			if route != "" {
+				if sel.ToRouteOnly, err = routeIsFed(g, route); err != nil {
+					return err
+				}
+			}
 			if sel.From, sel.FromAgo, err = parseWhen(from); err != nil || from == "" {
 				return usagef("outbox: from: want an RFC 3339 time or a duration ago such as 24h, got %q", from)
 			}
@@ -358,6 +377,7 @@ given.`,
 	f.StringVar(&from, "from", "", "replay messages created at or after this time (RFC 3339, or a duration ago like 24h); required")
 	f.StringVar(&to, "to", "", "and before this time")
 	f.StringVar(&topic, "topic", "", "only this topic")
+	f.StringVar(&route, "route", "", "only what this route of the config file delivered, to this route only")
 	f.BoolVar(&newIDs, "new-ids", false, "give replayed messages fresh message ids")
 	f.BoolVar(&dry, "dry-run", false, "only count")
 	return cliOnly(cmd)
@@ -371,4 +391,20 @@ func parseWhen(s string) (time.Time, time.Duration, error) {
 	}
 	t, err := time.Parse(time.RFC3339, s)
 	return t, 0, err
+}
+
+// routeIsFed reports whether the config file's route name takes its
+// messages from the fan-out router's copies.
+func routeIsFed(g *globals, name string) (bool, error) {
+	specs, err := decodeRouteSpecs(g)
+	if err != nil {
+		return false, err
+	}
+	fed := fedRoutes(specs)
+	for i, sp := range specs {
+		if sp.Name == name {
+			return fed[i], nil
+		}
+	}
+	return false, usagef("outbox: route: no route %q in the config file's routes", name)
 }

@@ -381,6 +381,9 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
 		defer cancel()
 		for _, s := range opened {
+			if s == nil {
+				continue // the fan-out router has no sink
+			}
 			if err := s.Close(cctx); err != nil {
 				g.log.Warn("closing sink", "error", err)
 			}
@@ -423,8 +426,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}()
 	relays := make(relaySet, len(routes))
 	for i, rt := range routes {
-		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
-		if tracing {
+		if !rt.router {
+			rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
+		}
+		if tracing && !rt.router {
 			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
 			if err != nil {
 				return err
@@ -510,7 +515,10 @@ func (rs relaySet) Ready(ctx context.Context) error {
 
 // cancelWhenEmpty cancels the run once the outbox holds no message.
 func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cancel func()) {
-	q := "SELECT NOT EXISTS (SELECT 1 FROM " + migrations.Ident(g.schema) + ".messages)"
+	s := migrations.Ident(g.schema)
+	// One snapshot: the fan-out router moves messages to deliveries
+	// atomically, so a message is always in one of the two.
+	q := "SELECT NOT EXISTS (SELECT 1 FROM " + s + ".messages) AND NOT EXISTS (SELECT 1 FROM " + s + ".deliveries)"
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {

@@ -403,3 +403,143 @@ func TestRunCloudEventsOverHTTP(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "protobuf")
 }
+
+func TestRunFanOut(t *testing.T) {
+	pool, schema, w := e2e(t)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders.placed", "users.updated"))
+	require.NoError(t, err)
+	defer cluster.Close()
+	broker := cluster.ListenAddrs()[0]
+
+	var mu sync.Mutex
+	var hook []string
+	var acceptPoison, kafkaDoneFirst bool
+	down := make(chan struct{}) // closed when the webhook may take key c3
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case string(body) == "poison" && !acceptPoison:
+			http.Error(rw, "cannot parse", http.StatusBadRequest)
+			return
+		case strings.HasPrefix(string(body), "c3:"):
+			select {
+			case <-down:
+			default:
+				http.Error(rw, "busy", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		hook = append(hook, string(body))
+	}))
+	defer srv.Close()
+
+	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
+retry-initial: 20ms
+retry-max: 100ms
+archive: true
+routes:
+  - name: orders
+    topics: ["orders.*"]
+    sink: kafka://%[1]s
+  - name: users
+    topics: ["users.*"]
+    sink: kafka://%[1]s
+  - name: hook
+    topics: ["orders.placed"]
+    sink: %[2]s/hook
+    fanout: true
+    max-attempts: 1000
+`, broker, srv.URL)), 0o600))
+
+	ctx := context.Background()
+	var msgs []outbox.Message
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprintf("c%d", i%5)
+		msgs = append(msgs,
+			outbox.Message{Topic: "orders.placed", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))},
+			outbox.Message{Topic: "users.updated", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))})
+	}
+	msgs = append(msgs, outbox.Message{Topic: "orders.placed", Key: "p", Payload: []byte("poison")})
+	require.NoError(t, w.Write(ctx, pool, msgs...))
+
+	kafkaCount := func(topic string) int {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		require.NoError(t, err)
+		defer cl.Close()
+		var vals []string
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		for pctx.Err() == nil {
+			cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { vals = append(vals, string(r.Value)) })
+		}
+		checkSeqOrder(t, vals)
+		return len(vals)
+	}
+
+	// Kafka gets every order while the webhook still refuses key c3.
+	go func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int
+			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".deliveries WHERE route = 'orders'").Scan(&n)
+			if n == 0 {
+				var m int
+				_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&m)
+				if m == 0 {
+					mu.Lock()
+					kafkaDoneFirst = true
+					mu.Unlock()
+					break
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		close(down)
+	}()
+	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, 101, kafkaCount("orders.placed"))
+	require.Equal(t, 100, kafkaCount("users.updated"))
+	mu.Lock()
+	require.True(t, kafkaDoneFirst, "Kafka got every order while the webhook refused key c3")
+	require.Len(t, hook, 100)
+	checkSeqOrder(t, hook)
+	acceptPoison = true
+	mu.Unlock()
+
+	dls := deadLetters(t, pool, schema)
+	require.Len(t, dls, 1)
+	require.Equal(t, "hook", dls[0].Route)
+	code, out, stderr := run(t, "dlq", "list", "--route", "hook")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "ROUTE")
+	require.Contains(t, out, "hook")
+	code, out, stderr = run(t, "dlq", "replay", "--route", "hook")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "replayed 1 dead letters")
+	code, _, stderr = run(t, "run", "--config", cfgFile, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	mu.Lock()
+	require.Equal(t, "poison", hook[len(hook)-1], "the replayed copy reached the webhook")
+	mu.Unlock()
+	require.Equal(t, 101, kafkaCount("orders.placed"), "Kafka did not get the replayed message again")
+
+	// The archive replays what one destination delivered, to it alone.
+	code, _, stderr = run(t, "replay", "--from", "1h", "--route", "nope", "--config", cfgFile)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `no route "nope"`)
+	code, out, stderr = run(t, "replay", "--from", "1h", "--route", "hook", "--config", cfgFile)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "replayed 101 archived messages")
+	code, _, stderr = run(t, "run", "--config", cfgFile, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	mu.Lock()
+	require.Len(t, hook, 202)
+	checkSeqOrder(t, hook[101:])
+	mu.Unlock()
+	require.Equal(t, 101, kafkaCount("orders.placed"))
+}

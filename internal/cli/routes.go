@@ -22,6 +22,7 @@ type routeSpec struct {
 	Name           string         `yaml:"name"`
 	Topics         []string       `yaml:"topics"`
 	Sink           string         `yaml:"sink"`
+	FanOut         bool           `yaml:"fanout"`
 	Format         string         `yaml:"format"`
 	Workers        *int           `yaml:"workers"`
 	BatchSize      *int           `yaml:"batch-size"`
@@ -43,11 +44,15 @@ type route struct {
 	label    string // sink label for metrics
 	scheme   string
 	format   string // per-route override of --format
+	router   bool   // the fan-out router: no sink, no format, no metrics
 }
 
 // applyFormat wraps the route's sink in the message format chosen by
 // --format (or the route's own format).
 func (rt *route) applyFormat(o runOptions) error {
+	if rt.router {
+		return nil
+	}
 	name := o.format
 	if rt.format != "" {
 		name = rt.format
@@ -91,30 +96,29 @@ func messagingSystem(scheme string) string {
 
 var routeName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
+// routerName is the fan-out router's route name in the lanes and relays
+// tables; route names cannot start with '~'.
+const routerName = "~fanout"
+
 // parseRoutes decodes the routes section, strictly. Topic patterns are
-// tried in order (first match wins); each route excludes the patterns of
-// the routes before it. Messages that match no route go to an implicit
-// last route that dead-letters them with reason "no route".
+// tried in order and the first matching route takes a message; a route
+// with fanout: true instead receives a copy of every message its patterns
+// match, whichever route takes it. Messages that match no route go to an
+// implicit last route that dead-letters them with reason "no route".
+//
+// Fan-out needs per-destination state: routes that can share a topic with
+// a fan-out route (their patterns overlap) take their messages from the
+// copies a router makes (relay.Config.Deliveries), the others read the
+// outbox directly as before. Overlap between ordinary routes spreads this
+// (if A is fed by the router and B shares topics with A, B is too), so
+// that every message of a route takes one path and keeps its key order.
 func parseRoutes(g *globals, base relay.Config) ([]route, error) {
-	node := g.file.sections["routes"]
-	if node == nil {
-		return nil, nil
-	}
-	b, err := yaml.Marshal(node)
-	if err != nil {
-		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	var specs []routeSpec
-	if err := dec.Decode(&specs); err != nil {
-		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
-	}
-	if len(specs) == 0 {
-		return nil, usagef("outbox: config %s: routes: empty list", g.file.path)
+	specs, err := decodeRouteSpecs(g)
+	if specs == nil || err != nil {
+		return nil, err
 	}
 	var out []route
-	var earlier []string
+	var earlier, all []string
 	seen := map[string]bool{}
 	catchAll := false
 	for i, sp := range specs {
@@ -144,7 +148,9 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		}
 		cfg := base
 		cfg.Route, cfg.Topics = sp.Name, sp.Topics
-		cfg.ExcludeTopics = append([]string(nil), earlier...)
+		if !sp.FanOut {
+			cfg.ExcludeTopics = append([]string(nil), earlier...)
+		}
 		cfg.ID = base.ID + "/" + sp.Name
 		setIf(&cfg.Workers, sp.Workers)
 		setIf(&cfg.BatchSize, sp.BatchSize)
@@ -156,21 +162,108 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 			return nil, usagef("%s: %v", field, err)
 		}
 		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: relayprom.SinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
-		earlier = append(earlier, sp.Topics...)
+		if !sp.FanOut {
+			earlier = append(earlier, sp.Topics...)
+		}
+		all = append(all, sp.Topics...)
 		for _, t := range sp.Topics {
 			if t == "*" {
 				catchAll = true
 			}
 		}
 	}
+	if router, ok := fanOutRouter(specs, out, base); ok {
+		out = append(out, router)
+	}
 	if !catchAll {
 		cfg := base
-		cfg.Route, cfg.Topics, cfg.ExcludeTopics = "unrouted", nil, earlier
+		cfg.Route, cfg.Topics, cfg.ExcludeTopics = "unrouted", nil, all
 		cfg.ID = base.ID + "/unrouted"
 		cfg.Workers = 1
 		out = append(out, route{cfg: cfg, open: func() (sinks.Sink, error) { return noRoute{}, nil }, sinkName: "(dead letter)", label: "none"})
 	}
 	return out, nil
+}
+
+// decodeRouteSpecs decodes the config file's routes section, strictly;
+// nil without one.
+func decodeRouteSpecs(g *globals) ([]routeSpec, error) {
+	node := g.file.sections["routes"]
+	if node == nil {
+		return nil, nil
+	}
+	b, err := yaml.Marshal(node)
+	if err != nil {
+		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var specs []routeSpec
+	if err := dec.Decode(&specs); err != nil {
+		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
+	}
+	if len(specs) == 0 {
+		return nil, usagef("outbox: config %s: routes: empty list", g.file.path)
+	}
+	return specs, nil
+}
+
+// fedRoutes reports, route by route, whether the route takes its messages
+// from the fan-out router's copies: fan-out routes that share a possible
+// topic with another route, ordinary routes that share one with a fan-out
+// route, and, spreading, ordinary routes that share one with those.
+func fedRoutes(specs []routeSpec) []bool {
+	overlap := func(i, j int) bool {
+		for _, a := range specs[i].Topics {
+			for _, b := range specs[j].Topics {
+				if relay.PatternsOverlap(a, b) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	fed := make([]bool, len(specs))
+	for i := range specs {
+		for j := range specs {
+			if i != j && (specs[i].FanOut || specs[j].FanOut) && overlap(i, j) {
+				fed[i], fed[j] = true, true
+			}
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for i := range specs {
+			for j := range specs {
+				if fed[i] && !fed[j] && !specs[j].FanOut && !specs[i].FanOut && overlap(i, j) {
+					fed[j], changed = true, true
+				}
+			}
+		}
+	}
+	return fed
+}
+
+// fanOutRouter decides which routes are fed by the fan-out router, turns
+// them into destinations (rewriting their configuration in place) and
+// returns the router's route; false when no route needs one.
+func fanOutRouter(specs []routeSpec, routes []route, base relay.Config) (route, bool) {
+	fed := fedRoutes(specs)
+	rcfg := base
+	rcfg.Route, rcfg.ID = routerName, base.ID+"/"+routerName
+	for i := range routes {
+		if !fed[i] {
+			continue
+		}
+		c := &routes[i].cfg
+		rcfg.FanOut = append(rcfg.FanOut, relay.Destination{Route: c.Route, Topics: c.Topics, ExcludeTopics: c.ExcludeTopics})
+		rcfg.Topics = append(rcfg.Topics, c.Topics...)
+		c.Deliveries, c.Topics, c.ExcludeTopics = true, nil, nil
+	}
+	if len(rcfg.FanOut) == 0 {
+		return route{}, false
+	}
+	return route{cfg: rcfg, open: func() (sinks.Sink, error) { return nil, nil }, sinkName: "(fan-out router)", label: "none", router: true}, true
 }
 
 func setIf[T any](dst *T, v *T) {

@@ -231,6 +231,7 @@ SELECT $1, 'k' || (g % 1000), convert_to(rpad(g::text, 200, 'x'), 'UTF8') FROM g
 type delivery struct {
 	ID, Topic, Key string
 	Payload        string
+	Path           string // HTTP request path
 	Header         http.Header
 	At             time.Time
 }
@@ -360,7 +361,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	topic, _ := url.PathUnescape(r.Header.Get("outbox-topic"))
 	key, _ := url.PathUnescape(r.Header.Get("outbox-key"))
-	d := delivery{ID: r.Header.Get("webhook-id"), Topic: topic, Key: key, Payload: string(body), Header: r.Header.Clone(), At: time.Now()}
+	d := delivery{ID: r.Header.Get("webhook-id"), Topic: topic, Key: key, Payload: string(body), Path: r.URL.Path, Header: r.Header.Clone(), At: time.Now()}
 	rc.mu.Lock()
 	rc.got = append(rc.got, d)
 	rc.mu.Unlock()

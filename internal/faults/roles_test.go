@@ -167,6 +167,19 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		denied(t, err, "relay: "+q)
 	}
 
+	// Fan-out as the relay role: the router copies, both routes deliver.
+	fan := commit(t, wp, schema, messages("fan.out", keyNames("f", 3), 0, 20, nil))
+	cfgFile := filepath.Join(t.TempDir(), "routes.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte("routes:\n"+
+		"  - name: main\n    topics: [\"fan.*\"]\n    sink: "+rc.url()+"\n"+
+		"  - name: copy\n    topics: [\"fan.*\"]\n    fanout: true\n    sink: "+rc.url()+"-copy\n"), 0o600))
+	before := len(rc.deliveries())
+	p = startRelay(t, dbURL(t, relayRole), schema, "--config", cfgFile, "--exit-when-empty")
+	require.Equal(t, 0, p.wait(60*time.Second), p.logs.tail(20))
+	require.Zero(t, p.logs.Count("permission denied"), p.logs.tail(10))
+	fanned := rc.deliveries()[before:]
+	require.Equal(t, 2*len(fan), distinctCopies(fanned), "each fan-out message reached both routes")
+
 	// The operator's commands.
 	op := []string{"--database-url", dbURL(t, operator), "--schema", schema}
 	code, out, stderr := cli(t, append([]string{"status", "--json"}, op...)...)
@@ -236,4 +249,14 @@ FROM `+s+`.relays WHERE pid = $2`, a.pid(), b.pid()).Scan(&regs, &lanesA, &lanes
 		role, lanesA, lanesB, bMissing, samples)
 	require.Positive(t, lanesB, "the second relay never gets a share of the lanes")
 	require.Zero(t, bMissing, "a live relay was reaped as dead")
+}
+
+// distinctCopies counts distinct (payload, path) pairs: the same message
+// delivered to two routes (two webhook paths) counts twice.
+func distinctCopies(ds []delivery) int {
+	seen := map[string]bool{}
+	for _, d := range ds {
+		seen[d.Payload+"|"+d.Path] = true
+	}
+	return len(seen)
 }

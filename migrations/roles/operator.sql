@@ -13,7 +13,9 @@
 --
 -- The role reads everything, moves dead letters back into the outbox
 -- (replay: DELETE from dead_letters, INSERT into messages under the
--- original id) and purges them. It cannot settle or claim messages.
+-- original id, or into deliveries for a dead fan-out copy), replays the
+-- archive (to the outbox, or to one fan-out destination) and purges dead
+-- letters. It cannot settle or claim messages.
 
 GRANT USAGE ON SCHEMA {{.Schema}} TO {{.Role}};
 GRANT SELECT ON ALL TABLES IN SCHEMA {{.Schema}} TO {{.Role}};
@@ -21,4 +23,5 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {{.Schema}} TO {{.Role}};
 -- SKIP LOCKED), which Postgres allows only with UPDATE privilege.
 GRANT SELECT, UPDATE, DELETE ON {{.Schema}}.dead_letters TO {{.Role}};
 GRANT INSERT ON {{.Schema}}.messages TO {{.Role}};
+GRANT INSERT ON {{.Schema}}.deliveries TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.messages_id_seq TO {{.Role}};

@@ -35,6 +35,9 @@ GRANT SELECT, UPDATE, DELETE ON {{.Schema}}.messages TO {{.Role}};
 -- INSERT ... ON CONFLICT DO UPDATE when a replayed message dies again; the
 -- backlog gauges count them.
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.dead_letters TO {{.Role}};
+-- Fan-out: the router copies messages in (INSERT); destinations claim,
+-- retry and settle their copies like messages.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.deliveries TO {{.Role}};
 -- Registration, heartbeat, reaping dead relays.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.relays TO {{.Role}};
 -- Lane leases; the lanes of a new route are created on first use.

@@ -11,7 +11,7 @@
 -- quotes, as above), exactly like the migrations' {{.Schema}}.
 --
 -- What the role can do: insert messages (the Go writer, database/sql, plain
--- INSERT or enqueue(), with dedup keys and delayed delivery). What it cannot
+-- INSERT or enqueue(), with dedup keys, delayed delivery and priority). What it cannot
 -- do: read, change or delete any message (its own included), touch dead
 -- letters, lanes, relays or the archive. To find out whether a dedup key
 -- is pending, enqueue() and the Go writer read two columns, message_id and
@@ -21,8 +21,9 @@ GRANT USAGE ON SCHEMA {{.Schema}} TO {{.Role}};
 
 -- The columns writers fill (README: the outbox table contract), plus the
 -- optional ones the Go writer and enqueue() set: message_id (client ids),
--- dedup_key (idempotent enqueue), available_at (delayed delivery).
-GRANT INSERT (message_id, topic, key, payload, headers, dedup_key, available_at)
+-- dedup_key (idempotent enqueue), available_at (delayed delivery),
+-- priority.
+GRANT INSERT (message_id, topic, key, payload, headers, dedup_key, available_at, priority)
     ON {{.Schema}}.messages TO {{.Role}};
 -- RETURNING message_id, and the lookup of a pending dedup key.
 GRANT SELECT (message_id, dedup_key) ON {{.Schema}}.messages TO {{.Role}};
@@ -32,9 +33,9 @@ GRANT USAGE ON SEQUENCE {{.Schema}}.messages_id_seq TO {{.Role}};
 -- Functions run with the caller's privileges. PUBLIC may execute them by
 -- default; the grants keep working where that default was revoked.
 GRANT EXECUTE ON FUNCTION
-    {{.Schema}}.enqueue(text, text, bytea, jsonb, timestamptz, text),
-    {{.Schema}}.enqueue(text, text, jsonb, jsonb, timestamptz, text),
-    {{.Schema}}.enqueue(text, text, text, jsonb, timestamptz, text),
+    {{.Schema}}.enqueue(text, text, bytea, jsonb, timestamptz, text, integer),
+    {{.Schema}}.enqueue(text, text, jsonb, jsonb, timestamptz, text, integer),
+    {{.Schema}}.enqueue(text, text, text, jsonb, timestamptz, text, integer),
     {{.Schema}}.check_headers(jsonb),
     {{.Schema}}.notify_relay()
     TO {{.Role}};

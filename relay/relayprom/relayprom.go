@@ -112,15 +112,15 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		}, []string{"route"}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "pending_messages",
-			Help: "Messages in the outbox (all relays), as of the last periodic check.",
+			Help: "Messages in the outbox and fan-out copies not yet delivered (all relays), as of the last periodic check.",
 		}),
 		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "oldest_pending_age_seconds",
-			Help: "Age of the oldest message in the outbox: the main lag signal. 0 when empty.",
+			Help: "Age of the oldest message in the outbox or fan-out copy not yet delivered: the main lag signal. 0 when empty.",
 		}),
 		retrying: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "retrying_messages",
-			Help: "Messages in the outbox waiting for a retry.",
+			Help: "Messages in the outbox and fan-out copies waiting for a retry or a delayed delivery.",
 		}),
 		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "dead_letters",
@@ -224,9 +224,12 @@ func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(f
 func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
 	s := migrations.Ident(schema)
 	q := `SELECT
-    (SELECT count(*) FROM ` + s + `.messages),
-    (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL),
-    coalesce((SELECT extract(epoch FROM now() - created_at) FROM ` + s + `.messages ORDER BY id LIMIT 1), 0)::float8,
+    (SELECT count(*) FROM ` + s + `.messages) + (SELECT count(*) FROM ` + s + `.deliveries),
+    (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL)
+        + (SELECT count(*) FROM ` + s + `.deliveries WHERE available_at IS NOT NULL),
+    coalesce(extract(epoch FROM now() - least(
+        (SELECT created_at FROM ` + s + `.messages ORDER BY id LIMIT 1),
+        (SELECT min(created_at) FROM ` + s + `.deliveries))), 0)::float8,
     (SELECT count(*) FROM ` + s + `.dead_letters)`
 	t := time.NewTicker(interval)
 	defer t.Stop()
