@@ -57,8 +57,11 @@ type Relay struct {
 	// filter).
 	topics, exclude []string
 
-	wake      []chan struct{}
-	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
+	wake     []chan struct{}
+	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
+	// priority[w]: worker w's last claim saw priority messages in its
+	// lanes (only worker w touches it).
+	priority  []bool
 	ownedLane atomic.Int64
 	// handover holds lanes this relay is giving up: workers skip them so
 	// the leaser can release them at its next heartbeat.
@@ -106,9 +109,11 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
+		priority: make([]bool, cfg.Workers),
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
+		r.priority[i] = true // until the first probe says otherwise
 	}
 	r.topics = likePatterns(cfg.Topics)
 	r.exclude = likePatterns(cfg.ExcludeTopics)
@@ -404,14 +409,41 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 			cancel()
 		}
 	}()
+	// The priority probe rides along with every claim; what it finds
+	// chooses the claim of the worker's next cycle (the one with a
+	// priority phase costs more, so it runs only while there are priority
+	// messages).
+	// The fan-out router copies in id order whatever the priority (the
+	// destinations' claims honour it).
+	router := len(r.cfg.FanOut) > 0
+	claim := r.q.claim
+	switch {
+	case router:
+		claim = r.q.routerClaim
+	case r.priority[worker]:
+		claim = r.q.claimPriority
+	}
 	cb := &pgx.Batch{}
 	cb.Queue("BEGIN")
-	cb.Queue(r.q.claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
+	if !router {
+		probe := []any{r.cfg.Workers, worker, r.topics, r.exclude}
+		if r.cfg.Deliveries {
+			probe = append(probe, r.cfg.Route)
+		}
+		cb.Queue(r.q.hasPriority, probe...)
+	}
+	cb.Queue(claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
 		r.cfg.Route, r.topics, r.exclude, handover)
 	br := pc.SendBatch(hard, cb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	if !router {
+		if err := br.QueryRow().Scan(&r.priority[worker]); err != nil {
+			br.Close()
+			return 0, fmt.Errorf("outbox: claim: priority probe: %w", err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -454,7 +486,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		return 0, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
-	if len(r.cfg.FanOut) > 0 {
+	if router {
 		err := r.fanOut(hard, pc, batch)
 		committed = err == nil
 		return len(batch), err

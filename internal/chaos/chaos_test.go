@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,10 @@ type plan struct {
 	events    []event
 	drain     time.Duration // limit for the drain after the chaos
 	progress  time.Duration // log progress this often (0: never)
+	// fanOut runs the relays with two routes taking every topic, the
+	// second with fanout: true and a receiver of its own; both receivers
+	// must get everything. Receiver faults hit the first one only.
+	fanOut bool
 }
 
 // event is a one-off fault at an offset from the start of the writes.
@@ -62,6 +67,17 @@ func shortPlan() plan {
 		},
 		drain: 60 * time.Second,
 	}
+}
+
+// shortFanOutPlan is the short form with fan-out: fewer messages, as each
+// is delivered twice, and the router moves them between two tables.
+func shortFanOutPlan() plan {
+	p := shortPlan()
+	// Three processes of one worker per route: each process runs three
+	// routes (two destinations and the router), and the tests in other
+	// packages running beside this one need connections too.
+	p.name, p.messages, p.keys, p.fanOut, p.relays = "short fan-out", 20_000, 500, true, 3
+	return p
 }
 
 func longPlan() plan {
@@ -110,6 +126,17 @@ func TestChaos(t *testing.T) {
 	runChaos(t, p)
 }
 
+// TestChaosFanOut is TestChaos with a fan-out route: the router's copies
+// must survive the same faults, and each destination must get every
+// committed message, in key order.
+func TestChaosFanOut(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipping the fan-out chaos test in -short mode")
+	}
+	runChaos(t, shortFanOutPlan())
+}
+
 func runChaos(t *testing.T, p plan) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CHAOS_SEED"); s != "" {
@@ -137,7 +164,20 @@ func runChaos(t *testing.T, p plan) {
 	rate := float64(p.messages) / 0.9 / p.writeFor.Seconds()
 	wl := newWorkload(t, schema, p.keys, rate, seed)
 	rc := newReceiver(t)
-	c := newCluster(t, bin, pgtest.URL(), schema, relayArgs(rc.url))
+	args := relayArgs(rc.url)
+	var copies *receiver
+	if p.fanOut {
+		copies = newReceiver(t)
+		cfg := filepath.Join(t.TempDir(), "routes.yaml")
+		routes := fmt.Sprintf("routes:\n  - name: main\n    topics: [\"*\"]\n    sink: %s\n"+
+			"  - name: copy\n    topics: [\"*\"]\n    fanout: true\n    sink: %s\n", rc.url, copies.url)
+		if err := os.WriteFile(cfg, []byte(routes), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", cfg}, args[2:]...) // instead of --sink
+		args = append(args, "--workers", "1")
+	}
+	c := newCluster(t, bin, pgtest.URL(), schema, args)
 	var pgDown, pgUp atomic.Int64 // unix nanos of the PostgreSQL restart window
 	c.tolerateExit = func(pr *proc) bool {
 		// A relay started while PostgreSQL restarts cannot read the schema
@@ -356,6 +396,18 @@ func runChaos(t *testing.T, p plan) {
 	}
 	for _, x := range v.violations {
 		t.Error(x)
+	}
+	if copies != nil {
+		log, bad := copies.snapshot()
+		vc := verify(committed, wl.rolledBackTags(), log)
+		t.Logf("fan-out copies: %d requests accepted, %d distinct messages, %d duplicates (%.2f%%)",
+			vc.deliveries, vc.unique, vc.duplicates, vc.dupPercent())
+		for _, b := range bad {
+			t.Errorf("malformed request at the fan-out receiver: %s", b)
+		}
+		for _, x := range vc.violations {
+			t.Error("fan-out route: " + x)
+		}
 	}
 }
 

@@ -135,11 +135,12 @@ func verify(committed map[string]committedMsg, rolledBack map[string]bool, log [
 	return v
 }
 
-// outboxCounts returns the rows left in the outbox and the dead-letter
-// table.
+// outboxCounts returns the rows left in the outbox (fan-out copies
+// included) and the dead-letter table.
 func outboxCounts(ctx context.Context, pool *pgxpool.Pool, schema string) (pending, dead int64, err error) {
 	s := migrations.Ident(schema)
-	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.messages), (SELECT count(*) FROM `+s+`.dead_letters)`).Scan(&pending, &dead)
+	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.messages) + (SELECT count(*) FROM `+s+`.deliveries),
+    (SELECT count(*) FROM `+s+`.dead_letters)`).Scan(&pending, &dead)
 	return pending, dead, err
 }
 

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -34,44 +32,31 @@ func TestStopDuringHeartbeat(t *testing.T) {
 	c.start("r1")
 	waitLanes(ctx, t, c, map[string]int{"r1.1": 256})
 
-	// A dead relay's row, locked by the test: the heartbeat's reap step
-	// tries to delete it and waits for the lock. The row must be committed
-	// before it is locked (an uncommitted row is invisible to the reap),
-	// and the live relay may reap it in between: then try again.
-	var lock pgx.Tx
-	for attempt := 0; lock == nil; attempt++ {
-		if attempt == 20 {
-			t.Fatal("could not lock a dead relay row before the live relay reaped it")
-		}
-		if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.relays (id, hostname, pid, version, heartbeat_at, backend_pid)
-VALUES ('dead', 'nowhere', 1, 'test', now() - interval '1 hour', 0) ON CONFLICT (id) DO NOTHING`); err != nil {
-			t.Fatalf("insert dead relay: %v", err)
-		}
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tag, err := tx.Exec(ctx, `SELECT 1 FROM `+s+`.relays WHERE id = 'dead' FOR UPDATE`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tag.RowsAffected() == 1 {
-			lock = tx
-		} else {
-			_ = tx.Rollback(ctx)
-		}
+	// The relay's own row, locked by the test: the heartbeat's first
+	// statement (the upsert of that row) waits for the lock.
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer lock.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // released below on success
+	if tag, err := lock.Exec(ctx, `SELECT 1 FROM `+s+`.relays WHERE id = 'r1.1' FOR UPDATE`); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("lock the relay's row: %v (%d rows)", err, tag.RowsAffected())
+	}
 
 	waitFor(ctx, t, 10*time.Second, "the relay's heartbeat to wait for the test's lock", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, c.appName).Scan(&n)
 		return err == nil && n > 0
 	})
-	took := c.stop("r1")
+	// SIGTERM now; the lock goes a moment later (unregistering needs the
+	// row too), well within the relay's time for releasing its lanes.
+	stopped := make(chan time.Duration, 1)
+	go func() { stopped <- c.stop("r1") }()
+	time.Sleep(time.Second)
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	took := <-stopped
 	t.Logf("relay exited %s after SIGTERM", took.Round(time.Millisecond))
 
 	var lanes, registered int

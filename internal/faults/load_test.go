@@ -85,6 +85,7 @@ func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
 	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
 	require.NoError(t, err)
 	var written, failed atomic.Int64
+	var firstErr atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := 0; i < writers; i++ {
@@ -110,7 +111,9 @@ func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
 					return tx.Commit(ctx)
 				}()
 				if err != nil {
-					failed.Add(1)
+					if failed.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
 					continue
 				}
 				written.Add(1)
@@ -130,7 +133,7 @@ func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
 			fmt.Sprintf("published %.0f of %.0f", published(), total)
 	})
 	require.Equal(t, total, published(), "every committed message published exactly once")
-	require.Zero(t, failed.Load(), "writer transactions failed")
+	require.Zero(t, failed.Load(), "writer transactions failed, the first with: %v", firstErr.Load())
 	require.Empty(t, deadLetters(t, pool, schema))
 	idleRate, loadedRate := chunk/idle.Seconds(), chunk/loaded.Seconds()
 	t.Logf("%d writer connections (%s); writers committed %.0f tx/s (1 message each) during the loaded drain; "+
