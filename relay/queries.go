@@ -59,23 +59,9 @@ func newQueries(schema string, deliveries bool) queries {
 		rc = func(a string) string { return a + ".route = $6 AND " }
 		deadRoute, retryRoute = "$4::text", " AND m.route = $4"
 	}
-	q := queries{
-		// Claim up to $5 deliverable messages from the lanes this worker
-		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
-		// starting at lane $4 so that every lane gets its turn. $7 and $8
-		// are the route's topic patterns (LIKE form) and those of earlier
-		// routes; NULL means no filter. $9 are lanes being handed over to
-		// another relay: not claimed any more.
-		//
-		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
-		// can change owner (which takes FOR UPDATE) only between two claim
-		// transactions, so two relays never work on one lane at once. Within
-		// a lane, messages come in id order; a message is held back while an
-		// earlier message of its key waits for a retry (the NOT EXISTS probes
-		// a partial index that is empty unless something is failing). Only
-		// this route's waiting messages count: another route's failing sink
-		// holds back nothing here.
-		claim: `
+	// The plain claim without its final LIMIT, shared by claim and the
+	// gated branch of claimPriority.
+	plain := `
 SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
 FROM (
     SELECT l.lane FROM ` + s + `.lanes l
@@ -93,7 +79,24 @@ CROSS JOIN LATERAL (
     ORDER BY m.id
     LIMIT $5
     FOR UPDATE
-) m
+) m`
+	q := queries{
+		// Claim up to $5 deliverable messages from the lanes this worker
+		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
+		// starting at lane $4 so that every lane gets its turn. $7 and $8
+		// are the route's topic patterns (LIKE form) and those of earlier
+		// routes; NULL means no filter. $9 are lanes being handed over to
+		// another relay: not claimed any more.
+		//
+		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
+		// can change owner (which takes FOR UPDATE) only between two claim
+		// transactions, so two relays never work on one lane at once. Within
+		// a lane, messages come in id order; a message is held back while an
+		// earlier message of its key waits for a retry (the NOT EXISTS probes
+		// a partial index that is empty unless something is failing). Only
+		// this route's waiting messages count: another route's failing sink
+		// holds back nothing here.
+		claim: plain + `
 LIMIT $5`,
 
 		// claimPriority is claim with a first phase for priorities: when
@@ -139,25 +142,7 @@ WITH pl AS MATERIALIZED (
 )
 SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
 FROM pm m
-UNION ALL
-SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
-FROM (
-    SELECT l.lane FROM ` + s + `.lanes l
-    WHERE l.route = $6 AND l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
-      AND NOT (l.lane = ANY($9::int2[]))
-    ORDER BY (l.lane + 256 - $4) % 256
-    FOR KEY SHARE
-) o
-CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
-    WHERE ` + rc("m") + `m.lane = o.lane
-      AND (m.available_at IS NULL OR m.available_at <= now())
-      AND ` + topicFilter("m") + `
-      AND ` + notHeld(src, rc("w")) + `
-    ORDER BY m.id
-    LIMIT $5
-    FOR UPDATE
-) m
+UNION ALL` + plain + `
 WHERE NOT EXISTS (SELECT 1 FROM pm)
 LIMIT $5`,
 
