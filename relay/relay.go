@@ -594,7 +594,7 @@ func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, batch []claimed) error
 	}
 	b := &pgx.Batch{}
 	if len(ids) > 0 {
-		b.Queue(r.q.copyToRoutes, ids, routes)
+		b.Queue(r.q.copyToRoutes, ids, routes, tids)
 		b.Queue(r.q.deleteDelivered, tids)
 	}
 	if len(deadIDs) > 0 {
