@@ -225,8 +225,19 @@ type Status struct {
 	DeadLetters  int64         `json:"dead_letters"`
 	Topics       []TopicStatus `json:"topics"`
 	DeadByReason []DeadCount   `json:"dead_letters_by_reason"`
-	Relays       []RelayStatus `json:"relays"`
-	FreeLanes    int           `json:"free_lanes"`
+	// FanOut is the backlog of fan-out copies per destination route.
+	FanOut    []RouteStatus `json:"fan_out"`
+	Relays    []RelayStatus `json:"relays"`
+	FreeLanes int           `json:"free_lanes"`
+}
+
+// RouteStatus is the backlog of fan-out copies of one destination route.
+type RouteStatus struct {
+	Route       string        `json:"route"`
+	Pending     int64         `json:"pending"`
+	Retrying    int64         `json:"retrying"`
+	OldestAge   time.Duration `json:"oldest_pending_age_ns"`
+	DeadLetters int64         `json:"dead_letters"`
 }
 
 // TopicStatus is the backlog of one topic (fan-out copies count once per
@@ -302,6 +313,26 @@ ORDER BY 1`)
 		st.DeadByReason, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCount, error) {
 			var d DeadCount
 			return d, r.Scan(&d.Topic, &d.Reason, &d.Count)
+		})
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `
+SELECT coalesce(p.route, d.route), coalesce(p.n, 0), coalesce(p.retrying, 0),
+       coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)
+FROM (SELECT route, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(created_at) oldest
+      FROM `+a.s+`.deliveries GROUP BY route) p
+FULL JOIN (SELECT route, count(*) n FROM `+a.s+`.dead_letters WHERE route <> '' GROUP BY route) d ON d.route = p.route
+ORDER BY 1`)
+		if err != nil {
+			return err
+		}
+		st.FanOut, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (RouteStatus, error) {
+			var x RouteStatus
+			var age float64
+			err := r.Scan(&x.Route, &x.Pending, &x.Retrying, &age, &x.DeadLetters)
+			x.OldestAge = time.Duration(age * float64(time.Second))
+			return x, err
 		})
 		if err != nil {
 			return err

@@ -73,6 +73,17 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 	require.NoError(t, ksink.WaitFor(waitCtx(t, 20*time.Second), 301), "kafka gets every orders message")
 	require.NoError(t, usink.WaitFor(waitCtx(t, 20*time.Second), 50), "the direct route is not affected")
 	eventually(t, 20*time.Second, func() bool { return hsink.Len() == 270 }, "hook got %d of the 270 messages not of key o7", hsink.Len())
+	admin, err := relay.NewAdmin(e.pool, e.schema)
+	require.NoError(t, err)
+	var st relay.Status
+	eventually(t, 10*time.Second, func() bool {
+		st, err = admin.Status(context.Background())
+		require.NoError(t, err)
+		return len(st.FanOut) == 1 && st.FanOut[0].Pending == 30 && st.FanOut[0].DeadLetters == 1
+	}, "status: key o7's 30 copies waiting for the hook and the poison dead")
+	require.Equal(t, "hook", st.FanOut[0].Route)
+	require.EqualValues(t, 30, st.Pending)
+	require.Positive(t, st.FanOut[0].Retrying)
 	o7Down.Store(false)
 	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == 1 && hsink.Len() == 300 },
 		"hook: %d delivered, %d dead", hsink.Len(), e.count("dead_letters"))
@@ -93,8 +104,6 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 		require.Equal(t, ids[m.Seq], m.ID, "copy of %d has another message id", m.Seq)
 	}
 
-	admin, err := relay.NewAdmin(e.pool, e.schema)
-	require.NoError(t, err)
 	dead, err := admin.List(context.Background(), relay.Selection{})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)

@@ -66,6 +66,14 @@ func printStatus(out io.Writer, st relay.Status) {
 		}
 		_ = tw.Flush()
 	}
+	if len(st.FanOut) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(tw, "FAN-OUT ROUTE\tPENDING\tRETRYING\tOLDEST\tDEAD")
+		for _, r := range st.FanOut {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\n", r.Route, r.Pending, r.Retrying, r.OldestAge.Round(time.Millisecond), r.DeadLetters)
+		}
+		_ = tw.Flush()
+	}
 	fmt.Fprintln(out)
 	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
