@@ -199,12 +199,11 @@ ON CONFLICT (id, route) DO UPDATE SET
     last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
     dedup_key = EXCLUDED.dedup_key, priority = EXCLUDED.priority, dead_at = now()`,
 
-		//
-		// The claimed rows are read by ctid ($3; they are locked, so it is
-		// stable). No ON CONFLICT: a message is copied in the transaction
-		// that removes it from the outbox, so a copy can only exist already
-		// if ids were reused by hand, and then failing loudly beats
-		// dropping a copy (it also costs a third less).
+		// copyToRoutes reads the claimed rows by ctid ($3; they are locked,
+		// so it is stable). No ON CONFLICT: a message is copied in the
+		// transaction that removes it from the outbox, so a copy can only
+		// exist already if ids were reused by hand, and then failing loudly
+		// beats dropping a copy (the statement is also a third cheaper).
 		copyToRoutes: `
 INSERT INTO ` + s + `.deliveries
     (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
