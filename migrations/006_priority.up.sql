@@ -4,7 +4,9 @@
 -- adding the column with a constant default rewrites nothing, and rows
 -- with priority 0 never enter the partial index below.
 ALTER TABLE {{.Schema}}.messages ADD COLUMN priority smallint NOT NULL DEFAULT 0;
-ALTER TABLE {{.Schema}}.messages ADD CONSTRAINT messages_priority_range CHECK (priority >= 0);
+-- NOT VALID: enforced for every new row, without a scan of the existing
+-- ones (all 0) under the exclusive lock this migration holds.
+ALTER TABLE {{.Schema}}.messages ADD CONSTRAINT messages_priority_range CHECK (priority >= 0) NOT VALID;
 -- Which lanes hold priority messages, and of which keys: probed by every
 -- claim, so it must stay empty (and free) when nobody uses priorities.
 CREATE INDEX messages_priority_idx ON {{.Schema}}.messages (lane, priority DESC, key)
