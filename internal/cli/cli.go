@@ -426,9 +426,9 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}()
 	relays := make(relaySet, len(routes))
 	for i, rt := range routes {
-		if !rt.router {
-			rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
-		}
+		// The fan-out router reports its lanes and cycle errors; it
+		// publishes nothing, so it has no batches, spans or sink.
+		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
 		if tracing && !rt.router {
 			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
 			if err != nil {

@@ -44,7 +44,7 @@ type route struct {
 	label    string // sink label for metrics
 	scheme   string
 	format   string // per-route override of --format
-	router   bool   // the fan-out router: no sink, no format, no metrics
+	router   bool   // the fan-out router: no sink, no format, no spans
 }
 
 // applyFormat wraps the route's sink in the message format chosen by
