@@ -212,3 +212,32 @@ func indexOfSeq(ms []sinks.Message, payload string) int {
 	}
 	return -1
 }
+
+func TestFanOutDestinationsHonourPriority(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	router, kcfg, _ := e.fanOutConfigs()
+	var msgs []outbox.Message
+	for i := 0; i < 1000; i++ {
+		msgs = append(msgs, msg("orders.created", fmt.Sprintf("k%d", i%40), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+	e.write(msg("orders.created", "vip", "vip-1"))
+	e.write(outbox.Message{Topic: "orders.created", Key: "vip", Payload: []byte("vip-urgent"), Priority: 3})
+	// Copies first, then the destination: its claims see the whole backlog.
+	_, stopRouter := e.start(router, nil)
+	eventually(t, 10*time.Second, func() bool { return e.count("deliveries") == 2*1002 }, "copies: %d", e.count("deliveries"))
+	stopRouter()
+	sink := memory.New()
+	kcfg.Workers = 1
+	e.start(kcfg, sink)
+	require.NoError(t, sink.WaitFor(waitCtx(t, 10*time.Second), 1002))
+	got := sink.Delivered()
+	checkOrder(t, got)
+	require.Equal(t, []string{"vip-1", "vip-urgent"}, []string{string(got[0].Payload), string(got[1].Payload)},
+		"the priority key goes first, in its own order")
+	var hook int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+e.table("deliveries")+" WHERE route = 'hook' AND priority = 3").Scan(&hook))
+	require.Equal(t, 1, hook, "the other destination's copy keeps its priority")
+}
