@@ -241,3 +241,42 @@ func TestFanOutDestinationsHonourPriority(t *testing.T) {
 		"SELECT count(*) FROM "+e.table("deliveries")+" WHERE route = 'hook' AND priority = 3").Scan(&hook))
 	require.Equal(t, 1, hook, "the other destination's copy keeps its priority")
 }
+
+// A route that was fed by the router, now configured to read the outbox
+// (its fan-out partner was removed), first delivers the copies left for
+// it, then the outbox: nothing is stranded and each key keeps its order.
+func TestLeftoverCopiesAreDeliveredBeforeTheOutbox(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	router, _, _ := e.fanOutConfigs()
+	var first, later []outbox.Message
+	for i := 0; i < 300; i++ {
+		first = append(first, msg("orders.created", fmt.Sprintf("k%d", i%7), fmt.Sprint(i)))
+		later = append(later, msg("orders.created", fmt.Sprintf("k%d", i%7), fmt.Sprint(300+i)))
+	}
+	e.write(first...)
+	_, stopRouter := e.start(router, nil)
+	eventually(t, 10*time.Second, func() bool { return e.count("deliveries") == 600 }, "copies: %d", e.count("deliveries"))
+	stopRouter()
+	e.write(later...)
+
+	// Now "kafka" reads the outbox directly, with other patterns even.
+	direct := e.config()
+	direct.Route, direct.Topics = "kafka", []string{"orders.created"}
+	sink := memory.New()
+	e.start(direct, sink)
+	require.NoError(t, sink.WaitFor(waitCtx(t, 15*time.Second), 600))
+	got := sink.Delivered()
+	checkOrder(t, got)
+	for i, m := range got {
+		var n int
+		_, err := fmt.Sscan(string(m.Payload), &n)
+		require.NoError(t, err)
+		require.Equal(t, i < 300, n < 300, "delivery %d is message %d: the copies go first", i, n)
+	}
+	eventually(t, 5*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not drained")
+	var kafkaCopies int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+e.table("deliveries")+" WHERE route = 'kafka'").Scan(&kafkaCopies))
+	require.Zero(t, kafkaCopies)
+}

@@ -53,6 +53,13 @@ type Relay struct {
 	q    queries
 	log  *slog.Logger
 
+	// leftover: this relay reads the outbox, but fan-out copies made for
+	// its route under an earlier configuration are still waiting; it
+	// delivers them (with copyQ) before it reads the outbox again, so that
+	// they are not stranded and each key stays in order.
+	leftover atomic.Bool
+	copyQ    queries
+
 	// topics and exclude are the route's patterns in LIKE form (nil: no
 	// filter).
 	topics, exclude []string
@@ -106,6 +113,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		pool:     pool,
 		sink:     sink,
 		q:        newQueries(cfg.Schema, cfg.Deliveries),
+		copyQ:    newQueries(cfg.Schema, true),
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
@@ -166,6 +174,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopDrainTimer()
 
 	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "archive", r.cfg.Archive)
+	if !r.cfg.Deliveries && len(r.cfg.FanOut) == 0 && r.cfg.Route != "" {
+		left, err := r.copiesLeft(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: look for fan-out copies of route %q: %w", r.cfg.Route, err)
+		}
+		if left {
+			r.leftover.Store(true)
+			r.log.Warn("fan-out copies made for this route under an earlier configuration are waiting; delivering them before the outbox")
+		}
+	}
 	if r.cfg.Archive {
 		// Partitions must exist before the first delivery is archived.
 		if err := r.maintainArchive(ctx); err != nil {
@@ -348,6 +366,14 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			continue
 		}
 		bo.Reset()
+		if n == 0 && r.leftover.Load() {
+			// Nobody makes copies for this route any more: once none are
+			// left, none will appear.
+			if left, err := r.copiesLeft(ctx); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
+				log.Info("earlier fan-out copies all delivered; reading the outbox")
+				continue
+			}
+		}
 		if n >= r.cfg.BatchSize {
 			continue // likely more waiting
 		}
@@ -416,24 +442,30 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	// The fan-out router copies in id order whatever the priority (the
 	// destinations' claims honour it).
 	router := len(r.cfg.FanOut) > 0
-	claim := r.q.claim
+	q, copies, topics, exclude := &r.q, r.cfg.Deliveries, r.topics, r.exclude
+	if r.leftover.Load() {
+		// Every copy made for this route is this route's, whatever its
+		// patterns say now.
+		q, copies, topics, exclude = &r.copyQ, true, nil, nil
+	}
+	claim := q.claim
 	switch {
 	case router:
-		claim = r.q.routerClaim
+		claim = q.routerClaim
 	case r.priority[worker]:
-		claim = r.q.claimPriority
+		claim = q.claimPriority
 	}
 	cb := &pgx.Batch{}
 	cb.Queue("BEGIN")
 	if !router {
-		probe := []any{r.cfg.Workers, worker, r.topics, r.exclude}
-		if r.cfg.Deliveries {
+		probe := []any{r.cfg.Workers, worker, topics, exclude}
+		if copies {
 			probe = append(probe, r.cfg.Route)
 		}
-		cb.Queue(r.q.hasPriority, probe...)
+		cb.Queue(q.hasPriority, probe...)
 	}
 	cb.Queue(claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
-		r.cfg.Route, r.topics, r.exclude, handover)
+		r.cfg.Route, topics, exclude, handover)
 	br := pc.SendBatch(hard, cb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -525,16 +557,16 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	b := &pgx.Batch{}
 	if len(s.delivered) > 0 {
 		if r.cfg.Archive {
-			b.Queue(r.q.archiveDelivered, s.delivered, r.cfg.Route)
+			b.Queue(q.archiveDelivered, s.delivered, r.cfg.Route)
 		} else {
-			b.Queue(r.q.deleteDelivered, s.deliveredTIDs)
+			b.Queue(q.deleteDelivered, s.deliveredTIDs)
 		}
 	}
 	if len(s.retryIDs) > 0 {
-		b.Queue(r.q.scheduleRetry, r.withRoute(s.retryIDs, s.retryDelays, s.retryErrs)...)
+		b.Queue(q.scheduleRetry, r.withRoute(copies, s.retryIDs, s.retryDelays, s.retryErrs)...)
 	}
 	if len(s.deadIDs) > 0 {
-		b.Queue(r.q.deadLetter, r.withRoute(s.deadIDs, s.deadReasons, s.deadErrs)...)
+		b.Queue(q.deadLetter, r.withRoute(copies, s.deadIDs, s.deadReasons, s.deadErrs)...)
 	}
 	b.Queue("COMMIT")
 	err = pc.SendBatch(hard, b).Close()
@@ -559,11 +591,19 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 
 // withRoute appends the route to a settle statement's arguments when the
 // relay works on fan-out copies (their statements also match the route).
-func (r *Relay) withRoute(args ...any) []any {
-	if r.cfg.Deliveries {
+func (r *Relay) withRoute(copies bool, args ...any) []any {
+	if copies {
 		return append(args, r.cfg.Route)
 	}
 	return args
+}
+
+// copiesLeft reports whether fan-out copies for this relay's route exist.
+func (r *Relay) copiesLeft(ctx context.Context) (bool, error) {
+	var left bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+migrations.Ident(r.cfg.Schema)+`.deliveries WHERE route = $1)`,
+		r.cfg.Route).Scan(&left)
+	return left, err
 }
 
 // fanOut is the router's settle: each claimed message is copied to its
