@@ -38,6 +38,10 @@ type Config struct {
 	// its topic, for relays with Deliveries set to publish. It needs no
 	// sink. Default none.
 	FanOut []Destination
+	// SharedListener: the caller runs Listen for this relay (and others
+	// in the same process) and it calls Wake, instead of each relay
+	// holding a LISTEN connection of its own. Default false.
+	SharedListener bool
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int

@@ -216,7 +216,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	listenDone := make(chan struct{})
 	go func() {
 		defer close(listenDone)
-		r.listen(ctx)
+		if !r.cfg.SharedListener {
+			Listen(ctx, r.pool, r.cfg.Schema, r.log, r.wakeAll)
+		}
 	}()
 
 	var wg sync.WaitGroup
@@ -308,15 +310,21 @@ func (r *Relay) wakeAll() {
 	}
 }
 
-// listen wakes the workers on every NOTIFY from writers. Notifications are
-// an optimization: workers poll anyway, so a lost connection only costs
-// latency until it is back.
-func (r *Relay) listen(ctx context.Context) {
-	channel := pgx.Identifier{migrations.Channel(r.cfg.Schema)}.Sanitize()
+// Wake makes every worker look for work now (as a notification does).
+func (r *Relay) Wake() { r.wakeAll() }
+
+// Listen calls wake on every NOTIFY from writers to schema's outbox (and
+// from the fan-out router), until ctx ends. A relay runs it itself unless
+// Config.SharedListener is set: a process running several relays (one per
+// route) saves a connection per relay by running one Listen that wakes
+// them all. Notifications are an optimization: workers poll anyway, so a
+// lost connection only costs latency until it is back.
+func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
+	channel := pgx.Identifier{migrations.Channel(schema)}.Sanitize()
 	bo := newReconnectBackoff()
 	for ctx.Err() == nil {
 		err := func() error {
-			conn, err := r.pool.Acquire(ctx)
+			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				return err
 			}
@@ -327,19 +335,19 @@ func (r *Relay) listen(ctx context.Context) {
 				return err
 			}
 			bo.Reset()
-			r.wakeAll() // anything written while we were not listening
+			wake() // anything written while we were not listening
 			for {
 				if _, err := pc.WaitForNotification(ctx); err != nil {
 					return err
 				}
-				r.wakeAll()
+				wake()
 			}
 		}()
 		if ctx.Err() != nil {
 			return
 		}
 		d := bo.NextBackOff()
-		r.log.Warn("listen connection lost; polling until it is back", "error", err, "retry_in", d)
+		log.Warn("listen connection lost; polling until it is back", "error", err, "retry_in", d)
 		sleep(ctx, d)
 	}
 }

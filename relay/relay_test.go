@@ -890,3 +890,29 @@ func TestPatternsOverlap(t *testing.T) {
 		}
 	}
 }
+
+// Two relays (two routes) woken by one shared Listen: with a poll interval
+// far longer than the test, only the notification can deliver in time.
+func TestSharedListenerWakesEveryRelay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	a, b := memory.New(), memory.New()
+	cfgA, cfgB := e.config(), e.config()
+	cfgA.Route, cfgA.Topics, cfgA.SharedListener, cfgA.PollInterval = "a", []string{"a.*"}, true, time.Hour
+	cfgB.Route, cfgB.Topics, cfgB.SharedListener, cfgB.PollInterval = "b", []string{"b.*"}, true, time.Hour
+	ra, _ := e.start(cfgA, a)
+	rb, _ := e.start(cfgB, b)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.Listen(ctx, e.pool, e.schema, testLogger(t), func() { ra.Wake(); rb.Wake() })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	// Let both relays take their lanes and go idle, then write.
+	eventually(t, 10*time.Second, func() bool { return ra.OwnedLanes() == 256 && rb.OwnedLanes() == 256 }, "lanes")
+	time.Sleep(300 * time.Millisecond)
+	e.write(msg("a.x", "k", "to a"), msg("b.x", "k", "to b"))
+	require.NoError(t, a.WaitFor(waitCtx(t, 5*time.Second), 1))
+	require.NoError(t, b.WaitFor(waitCtx(t, 5*time.Second), 1))
+}

@@ -426,6 +426,8 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}()
 	relays := make(relaySet, len(routes))
 	for i, rt := range routes {
+		// Several routes share one LISTEN connection (relaySet.run).
+		rt.cfg.SharedListener = len(routes) > 1
 		// The fan-out router reports its lanes and cycle errors; it
 		// publishes nothing, so it has no batches, spans or sink.
 		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
@@ -469,19 +471,31 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		go g.cancelWhenEmpty(runCtx, pool, cancel)
 		ctx = runCtx
 	}
-	return relays.run(ctx)
+	return relays.run(ctx, pool, g.schema, g.log)
 }
 
 // relaySet runs one relay per route and answers health checks for all.
 type relaySet []*relay.Relay
 
-func (rs relaySet) run(ctx context.Context) error {
+func (rs relaySet) run(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) error {
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup
 	// One route failing to start stops the others: the process must not
 	// half-run.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if len(rs) > 1 {
+		listenDone := make(chan struct{})
+		go func() {
+			defer close(listenDone)
+			relay.Listen(ctx, pool, schema, log, func() {
+				for _, r := range rs {
+					r.Wake()
+				}
+			})
+		}()
+		defer func() { cancel(); <-listenDone }()
+	}
 	for i, r := range rs {
 		wg.Add(1)
 		go func() {
