@@ -320,6 +320,9 @@ func (r *Relay) Wake() { r.wakeAll() }
 // them all. Notifications are an optimization: workers poll anyway, so a
 // lost connection only costs latency until it is back.
 func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
+	if log == nil {
+		log = slog.Default()
+	}
 	channel := pgx.Identifier{migrations.Channel(schema)}.Sanitize()
 	bo := newReconnectBackoff()
 	for ctx.Err() == nil {
