@@ -382,6 +382,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			// left, none will appear.
 			if left, err := r.copiesLeft(ctx); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
 				log.Info("earlier fan-out copies all delivered; reading the outbox")
+				r.wakeAll() // the other workers may be idle until their next poll
 				continue
 			}
 		}
