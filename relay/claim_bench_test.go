@@ -46,11 +46,11 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 				b.Fatal(err)
 			}
 			defer conn.Release()
-			q := newQueries(schema, false).claim
+			qs := newQueries(schema, false)
+			q, probe := qs.claim, qs.hasPriority
 			if c.priority {
-				q = newQueries(schema, false).claimPriority
+				q = qs.claimPriority
 			}
-			probe := newQueries(schema, false).hasPriority
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tx, err := conn.Begin(ctx)
