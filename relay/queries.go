@@ -14,6 +14,9 @@ const numLanes = 256
 // ever spliced into SQL.
 type queries struct {
 	claim, claimPriority, hasPriority, deleteDelivered, archiveDelivered, scheduleRetry, deadLetter string
+	// relock locks a batch's rows $1 again (for settleApart), by id
+	// (their ctids are unchanged unless another relay took them).
+	relock string
 	// routerClaim is claim for the fan-out router, which copies rows
 	// inside the database and needs neither payloads nor headers.
 	routerClaim string
@@ -52,9 +55,9 @@ func newQueries(schema string, deliveries bool) queries {
 	// deadRoute is what a dead letter records as its route: '' for a
 	// message of the outbox (a replay routes it again), the destination
 	// for a fan-out copy (a replay goes to that route only).
-	deadRoute, retryRoute, archiveRoute, archiveOnly := "''", "", "$2::text", ""
+	deadRoute, retryRoute, archiveRoute, archiveOnly, relockRoute := "''", "", "$2::text", "", ""
 	if deliveries {
-		archiveOnly = "m.route = $2 AND "
+		archiveOnly, relockRoute = "m.route = $2 AND ", " AND m.route = $2"
 		src = s + ".deliveries"
 		rc = func(a string) string { return a + ".route = $6 AND " }
 		deadRoute, retryRoute = "$4::text", " AND m.route = $4"
@@ -158,6 +161,8 @@ LIMIT $5`,
 		// so their physical address cannot change, and a TID scan saves a
 		// primary-key descent per row.
 		deleteDelivered: `DELETE FROM ` + src + ` WHERE ctid = ANY($1::tid[])`,
+
+		relock: `SELECT m.id, m.ctid FROM ` + src + ` m WHERE m.id = ANY($1)` + relockRoute + ` FOR UPDATE SKIP LOCKED`,
 
 		// With --archive, delivered rows move to the day's archive
 		// partition in the same statement.
