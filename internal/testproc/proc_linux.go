@@ -190,6 +190,7 @@ func procStart(pid int) (string, error) {
 // reapStale kills the processes of, and removes, instance directories
 // whose owning test process is gone.
 func reapStale(t testing.TB, prefix string) {
+	t.Helper()
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 	for _, dir := range dirs {
 		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
