@@ -114,8 +114,9 @@ func (in *Instance) Command(name string, args []string, env []string, drop ...st
 func (in *Instance) Processes() []int { return ProcessesIn(in.Dir) }
 
 // KillAll sends SIGKILL to every process of the instance, again until
-// none is left (a dying server may still fork), and waits until they are
-// gone. Processes this test started are reaped by whoever waits for them.
+// none is left (a dying server may still fork), and returns once they are
+// gone. A process this test started is gone only when its Wait returns:
+// have a goroutine waiting for it, or KillAll waits in vain for 30s.
 func (in *Instance) KillAll() error { return killAll(in.Dir) }
 
 // ProcessesIn returns the pids of the processes of the instance whose
