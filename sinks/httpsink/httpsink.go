@@ -118,6 +118,9 @@ type Sink struct {
 	fallback  *target // nil when no default URL
 	retry     map[int]bool
 	hosts     int // distinct hosts among the destinations
+	// now reads the relay host's wall clock. Tests replace it to play a
+	// host whose clock is off.
+	now func() time.Time
 
 	abort       context.Context // cancelled when Close gives up waiting
 	abortCancel context.CancelFunc
@@ -139,7 +142,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Sink{cfg: cfg, log: logger, retry: map[int]bool{}}
+	s := &Sink{cfg: cfg, log: logger, retry: map[int]bool{}, now: time.Now}
 	for _, code := range cfg.RetryStatuses {
 		s.retry[code] = true
 	}
@@ -316,7 +319,7 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 
 	// The timestamp is taken when the request leaves, not when the batch
 	// was claimed: receivers reject stale timestamps to stop replays.
-	ts := time.Now().Unix()
+	ts := s.now().Unix()
 	h[http.CanonicalHeaderKey(HeaderWebhookTimestamp)] = []string{strconv.FormatInt(ts, 10)}
 	if sig := s.signer.sign(m.ID, ts, m.Payload); sig != "" {
 		h[http.CanonicalHeaderKey(HeaderWebhookSignature)] = []string{sig}

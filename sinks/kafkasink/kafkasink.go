@@ -60,6 +60,9 @@ type Sink struct {
 	sasl      sasl.Mechanism
 	balancer  kafka.Balancer
 	transport *kafka.Transport
+	// now reads the relay host's wall clock. Tests replace it to play a
+	// host whose clock is off.
+	now func() time.Time
 
 	mu     sync.Mutex
 	closed bool
@@ -87,6 +90,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		tls:      tc,
 		sasl:     cfg.saslMechanism(),
 		balancer: cfg.balancer(),
+		now:      time.Now,
 	}
 	s.transport = s.newTransport(nil)
 	return s, nil
@@ -235,7 +239,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := s.now()
 	for w, groups := range waves {
 		if err := ctx.Err(); err != nil {
 			notSent := fmt.Errorf("outbox: kafka: not sent: %w", err)
