@@ -34,6 +34,13 @@ type Message struct {
 	Headers map[string]string
 	// CreatedAt is the database time of the writing transaction.
 	CreatedAt time.Time
+	// ClaimedAt is the database's clock when the relay claimed the message
+	// (now() of the claim transaction); zero when the caller does not know
+	// it. A sink that must put the current time on the wire (a webhook's
+	// send timestamp) uses ClaimedAt plus the time elapsed since its Send
+	// began, not the relay host's wall clock: that clock may be off, and
+	// receivers and brokers refuse times too far from theirs.
+	ClaimedAt time.Time
 	// Attempt counts deliveries tried so far, this one included (1 on the
 	// first try).
 	Attempt int

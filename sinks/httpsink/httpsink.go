@@ -246,6 +246,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		lanes = append(lanes, []int{i})
 	}
 
+	start := time.Now()
 	be := sinks.NewBatchError(len(msgs))
 	runLane := func(lane []int) {
 		// Each lane holds one key, so a gate per lane is the whole
@@ -259,7 +260,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 			case ctx.Err() != nil:
 				be.Errs[i] = fmt.Errorf("%w (outbox: http: %w)", sinks.ErrNotAttempted, ctx.Err())
 			default:
-				if err := s.post(ctx, m); err != nil {
+				if err := s.post(ctx, m, start); err != nil {
 					be.Errs[i] = err
 					gate.Fail(m)
 					s.log.DebugContext(ctx, "http sink: delivery failed",
@@ -299,8 +300,9 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	return be.Err()
 }
 
-// post delivers one message and classifies the outcome.
-func (s *Sink) post(ctx context.Context, m sinks.Message) error {
+// post delivers one message of a Send that began at start and classifies
+// the outcome.
+func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error {
 	t := s.targetFor(m.Topic)
 	if t == nil {
 		return sinks.Permanent(fmt.Errorf("outbox: http: no route matches topic %q and no default url is configured", m.Topic))
@@ -319,7 +321,7 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 
 	// The timestamp is taken when the request leaves, not when the batch
 	// was claimed: receivers reject stale timestamps to stop replays.
-	ts := s.now().Unix()
+	ts := s.sendTime(&m, start).Unix()
 	h[http.CanonicalHeaderKey(HeaderWebhookTimestamp)] = []string{strconv.FormatInt(ts, 10)}
 	if sig := s.signer.sign(m.ID, ts, m.Payload); sig != "" {
 		h[http.CanonicalHeaderKey(HeaderWebhookSignature)] = []string{sig}
@@ -360,6 +362,18 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 		return &sinks.RetryAfterError{Err: se, After: d}
 	}
 	return se
+}
+
+// sendTime is the best estimate of the current time for m, in a Send that
+// began at start: the database's clock at claim plus the time elapsed
+// since (a monotonic reading, immune to the host's clock being off or
+// stepped). Only a message without ClaimedAt (a caller other than the
+// relay) gets the host's clock.
+func (s *Sink) sendTime(m *sinks.Message, start time.Time) time.Time {
+	if m.ClaimedAt.IsZero() {
+		return s.now()
+	}
+	return m.ClaimedAt.Add(time.Since(start))
 }
 
 // retriable classifies a non-2xx status: 408, 425, 429 and 5xx other than

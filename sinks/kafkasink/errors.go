@@ -25,12 +25,18 @@ import (
 // it is transient (partition moving, metadata propagating). A topic is
 // reported missing, permanently, only from fresh metadata and only when
 // allow_auto_topic_creation is off (see Sink.resolveTopics).
+//
+// INVALID_TIMESTAMP is absent too: it says that a clock (the database's,
+// which stamps the records, or the broker's) is off, or that the topic's
+// timestamp window is narrower than the backlog's age. The sink resends
+// the batch stamped with the send time (Sink.failed); if that is refused
+// as well, the rows wait for the clocks to be fixed, as they do for
+// credentials.
 var permanentCodes = map[kafka.Error]bool{
 	kafka.MessageSizeTooLarge:         true, // record batch above message.max.bytes
 	kafka.RecordListTooLarge:          true, // request above the broker's limit
 	kafka.InvalidTopic:                true,
 	kafka.InvalidRecord:               true, // e.g. a compacted topic and no key
-	kafka.InvalidTimestamp:            true,
 	kafka.UnsupportedForMessageFormat: true,
 }
 
