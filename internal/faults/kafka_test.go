@@ -24,8 +24,9 @@ type kafkaRig struct {
 	done   chan struct{}
 	failOn atomic.Int32 // error code every produce gets while non-zero
 
-	mu  sync.Mutex
-	got []delivery
+	mu    sync.Mutex
+	got   []delivery
+	stamp []time.Time // record timestamps, by position in got
 }
 
 func newKafkaRig(t testing.TB, topics []string, opts ...kfake.Opt) *kafkaRig {
@@ -77,6 +78,7 @@ func newKafkaRig(t testing.TB, topics []string, opts ...kfake.Opt) *kafkaRig {
 				}
 				k.mu.Lock()
 				k.got = append(k.got, d)
+				k.stamp = append(k.stamp, r.Timestamp)
 				k.mu.Unlock()
 			})
 		}
@@ -96,6 +98,18 @@ func (k *kafkaRig) deliveries() []delivery {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return append([]delivery(nil), k.got...)
+}
+
+// timestamps returns the record timestamp of every delivery, by payload
+// (the last one of a payload delivered twice).
+func (k *kafkaRig) timestamps() map[string]time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[string]time.Time, len(k.got))
+	for i, d := range k.got {
+		out[d.Payload] = k.stamp[i]
+	}
+	return out
 }
 
 func (k *kafkaRig) broker() string { return k.c.ListenAddrs()[0] }
