@@ -61,6 +61,13 @@ const maxErrorBody = 2 << 10
 // connection can be reused; a longer body costs a new connection instead.
 const maxDrain = 64 << 10
 
+// bodyReadTimeout bounds reading a response body (the error snippet, the
+// drain), from the moment the headers arrived. The status line decides the
+// outcome; a receiver that drip-feeds the body after it must not hold the
+// Send for the whole request timeout. A body cut short costs the
+// connection, nothing else.
+const bodyReadTimeout = 500 * time.Millisecond
+
 // reservedHeaders may not be set by the application: the sink owns them,
 // or net/http derives them from the request (a value there would be
 // ignored or would corrupt the framing).
@@ -326,7 +333,11 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 	if sig := s.signer.sign(m.ID, ts, m.Payload); sig != "" {
 		h[http.CanonicalHeaderKey(HeaderWebhookSignature)] = []string{sig}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.raw, bytes.NewReader(m.Payload))
+	// The request has a context of its own: cancelling it is the one way
+	// to end a body read that has started.
+	rctx, cancelReq := context.WithCancel(ctx)
+	defer cancelReq()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, t.raw, bytes.NewReader(m.Payload))
 	if err != nil {
 		return sinks.Permanent(fmt.Errorf("outbox: http: POST %s: cannot build request", t.display))
 	}
@@ -345,6 +356,8 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 		}
 		return fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
 	}
+	bodyTimer := time.AfterFunc(bodyReadTimeout, cancelReq)
+	defer bodyTimer.Stop()
 	code := resp.StatusCode
 	if code >= 200 && code <= 299 {
 		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
