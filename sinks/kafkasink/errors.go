@@ -3,6 +3,7 @@ package kafkasink
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/segmentio/kafka-go"
 
@@ -62,6 +63,32 @@ func produceError(topic string, partition int32, code int16, msg string) error {
 func classify(err error) error {
 	if isPermanentCode(err) {
 		return sinks.Permanent(err)
+	}
+	return err
+}
+
+// notSentError is a failure that happened before any byte of a request
+// went out: the broker could not be dialled (connection refused, no route,
+// a name that does not resolve, the dial timeout), or the transport knows
+// no connection to it. The messages were certainly not delivered, so the
+// error matches sinks.ErrNotAttempted as well as its cause: the relay
+// leaves their rows untouched, neither counting an attempt nor storing a
+// backoff in them, and its worker backs off before claiming again. A
+// cluster that is down thus costs no attempts, and once it is back the
+// rows go at the worker's next try (its backoff is capped at a few
+// seconds) instead of at each row's exponential retry time, which after a
+// 30 s outage lay up to 39 s past the recovery.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
+func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
+
+// notSent wraps err in a *notSentError when it says that nothing was sent;
+// it returns any other error as is.
+func notSent(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, kafka.BrokerNotAvailable) {
+		return &notSentError{err}
 	}
 	return err
 }

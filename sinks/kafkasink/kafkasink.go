@@ -562,7 +562,7 @@ func topicMetaFrom(t *meta.ResponseTopic) *topicMeta {
 func (s *Sink) metadata(ctx context.Context, topics []string) (*meta.Response, error) {
 	r, err := s.transport.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics, AllowAutoTopicCreation: s.cfg.AllowAutoTopicCreation})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err)
+		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
 	}
 	return r.(*meta.Response), nil
 }
@@ -577,7 +577,7 @@ func (s *Sink) freshMetadata(ctx context.Context, topics []string) (*meta.Respon
 	defer cancel()
 	r, err := t.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err)
+		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
 	}
 	return r.(*meta.Response), nil
 }
@@ -758,7 +758,7 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			err = fmt.Errorf("%w (write_timeout %s)", err, s.cfg.WriteTimeout)
 		}
-		err = fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, err)
+		err = notSent(fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, err))
 		for j := range errs {
 			errs[j] = err
 		}
