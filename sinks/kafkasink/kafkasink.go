@@ -4,8 +4,9 @@
 // Each outbox message becomes one Kafka record: key = outbox key (null when
 // the message has none), value = payload byte for byte, headers = the
 // outbox-message-id header followed by the application headers in key
-// order. Records are produced with acks=all and partitioned by a key hash
-// (murmur2 by default, like the Java client).
+// order, timestamp = the message's created_at (the database's clock, never
+// the relay host's). Records are produced with acks=all and partitioned by
+// a key hash (murmur2 by default, like the Java client).
 //
 // The sink talks to the brokers through kafka-go's Transport and builds the
 // produce requests itself instead of using kafka.Writer; see Send for why.
@@ -242,11 +243,11 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	clk := sendClock{start: time.Now(), hostNow: s.now}
 	for w, groups := range waves {
 		if err := ctx.Err(); err != nil {
-			notSent := fmt.Errorf("outbox: kafka: not sent: %w", err)
+			cut := fmt.Errorf("outbox: kafka: not sent: %w", err)
 			for _, rest := range waves[w:] {
 				for _, g := range rest {
 					for _, i := range g.idx {
-						be.Errs[i] = notSent
+						be.Errs[i] = cut
 					}
 				}
 			}
