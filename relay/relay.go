@@ -531,6 +531,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 			return 0, fmt.Errorf("outbox: claim: headers of message %d: %w", m.Seq, err)
 		}
 		m.Attempt = c.attempts + 1
+		m.ClaimedAt = dbNow
 		batch = append(batch, c)
 	}
 	rows.Close()
