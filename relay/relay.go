@@ -389,6 +389,12 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				return
 			}
 			d := bo.NextBackOff()
+			if errors.Is(err, errNothingAttempted) {
+				// The sink could not reach its backend (it wrote nothing):
+				// the next cycle is the probe, and a backend that is back
+				// should not wait the database's reconnect pace.
+				d = min(d, time.Second)
+			}
 			log.Warn("batch failed; retrying", "error", err, "retry_in", d)
 			if ch, ok := r.cfg.Hooks.(CycleErrorHooks); ok {
 				ch.CycleError(err)
@@ -422,6 +428,10 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		t.Stop()
 	}
 }
+
+// errNothingAttempted: the sink tried none of a batch's messages and
+// reported no failure (its backend unreachable, or a broken sink).
+var errNothingAttempted = errors.New("outbox: sink attempted nothing")
 
 // claimed is one claimed row.
 type claimed struct {
@@ -583,7 +593,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		// The sink tried nothing and reported no failure (it broke off, or
 		// breaks the contract): claiming the same batch again at once would
 		// spin. Release it and let the worker back off.
-		return len(batch), fmt.Errorf("outbox: sink attempted none of %d messages: %w", len(batch), sendErr)
+		return len(batch), fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), sendErr)
 	}
 
 	settleStart := time.Now()
