@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -110,9 +111,17 @@ const dlColumns = `id, message_id::text, topic, key, payload, headers, created_a
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var d DeadLetter
-	err := row.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &d.Headers, &d.CreatedAt, &d.Attempts,
-		&d.Reason, &d.Route, &d.FirstError, &d.LastError, &d.FirstFailedAt, &d.DeadAt)
+	var created, firstFailed, dead pgtype.Timestamptz
+	err := row.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &d.Headers, &created, &d.Attempts,
+		&d.Reason, &d.Route, &d.FirstError, &d.LastError, &firstFailed, &dead)
+	d.CreatedAt, d.FirstFailedAt, d.DeadAt = finiteTime(created, time.Time{}), finiteTimePtr(firstFailed), finiteTime(dead, time.Time{})
 	return d, err
+}
+
+// boundedTime is a timestamp column as the relay treats it in ages: on
+// the database's clock, never later than now, and now for ±infinity.
+func boundedTime(col string) string {
+	return `(CASE WHEN isfinite(` + col + `) THEN least(` + col + `, now()) ELSE now() END)`
 }
 
 // List returns dead letters in id order.
@@ -487,7 +496,9 @@ type DeadCount struct {
 	Count  int64  `json:"count"`
 }
 
-// RelayStatus is one live relay process.
+// RelayStatus is one registered relay. StartedAt and HeartbeatAt are
+// bounded by the database's clock (a time in the future shows as now; the
+// zero time stands for -infinity).
 type RelayStatus struct {
 	ID          string    `json:"id"`
 	Hostname    string    `json:"hostname"`
@@ -511,7 +522,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		rows, err := tx.Query(ctx, `
 SELECT coalesce(p.topic, d.topic), coalesce(p.n, 0), coalesce(p.retrying, 0),
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)
-FROM (SELECT topic, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(created_at) oldest
+FROM (SELECT topic, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(`+boundedTime("created_at")+`) oldest
       FROM (SELECT topic, attempts, created_at FROM `+a.s+`.messages
             UNION ALL SELECT topic, attempts, created_at FROM `+a.s+`.deliveries) u
       GROUP BY topic) p
@@ -550,7 +561,7 @@ ORDER BY 1`)
 		rows, err = tx.Query(ctx, `
 SELECT coalesce(p.route, d.route), coalesce(p.n, 0), coalesce(p.retrying, 0),
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)
-FROM (SELECT route, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(created_at) oldest
+FROM (SELECT route, count(*) n, count(*) FILTER (WHERE attempts > 0) retrying, min(`+boundedTime("created_at")+`) oldest
       FROM `+a.s+`.deliveries GROUP BY route) p
 FULL JOIN (SELECT route, count(*) n FROM `+a.s+`.dead_letters WHERE route <> '' GROUP BY route) d ON d.route = p.route
 ORDER BY 1`)
@@ -567,8 +578,10 @@ ORDER BY 1`)
 		if err != nil {
 			return err
 		}
+		// A heartbeat in the future counts as now; -infinity shows as
+		// the zero time.
 		rows, err = tx.Query(ctx, `
-SELECT r.id, r.hostname, r.pid, r.version, r.started_at, r.heartbeat_at, r.route,
+SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
        (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight
 FROM `+a.s+`.relays r ORDER BY r.route, r.id`)
 		if err != nil {
@@ -576,7 +589,10 @@ FROM `+a.s+`.relays r ORDER BY r.route, r.id`)
 		}
 		st.Relays, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayStatus, error) {
 			var x RelayStatus
-			return x, r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &x.StartedAt, &x.HeartbeatAt, &x.Route, &x.Lanes, &x.InFlight)
+			var started, beat pgtype.Timestamptz
+			err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight)
+			x.StartedAt, x.HeartbeatAt = finiteTime(started, time.Time{}), finiteTime(beat, time.Time{})
+			return x, err
 		})
 		if err != nil {
 			return err

@@ -497,14 +497,18 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	batch := make([]claimed, 0, r.cfg.BatchSize)
 	var dbNow time.Time
 	var headers []byte
+	var createdAt pgtype.Timestamptz
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow, &c.ctid); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &createdAt, &c.attempts, &dbNow, &c.ctid); err != nil {
 			rows.Close()
 			br.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
 		}
+		// A created_at of ±infinity (only ever written by hand) is
+		// delivered as the claim's time.
+		m.CreatedAt = finiteTime(createdAt, dbNow)
 		if m.Headers, err = decodeHeaders(headers); err != nil {
 			rows.Close()
 			br.Close()

@@ -77,8 +77,11 @@ func printStatus(out io.Writer, st relay.Status) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s ago\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight,
-			st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond))
+		beat := "never"
+		if !r.HeartbeatAt.IsZero() {
+			beat = st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(out, "lanes held by no live relay: %d\n", st.FreeLanes)

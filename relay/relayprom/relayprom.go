@@ -223,13 +223,16 @@ func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(f
 // running on every scrape.
 func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
 	s := migrations.Ident(schema)
+	// A created_at of ±infinity (written by hand) counts as now, as the
+	// relay delivers it; subtracting it would fail the whole check.
+	const bounded = `CASE WHEN isfinite(created_at) THEN least(created_at, now()) ELSE now() END`
 	q := `SELECT
     (SELECT count(*) FROM ` + s + `.messages) + (SELECT count(*) FROM ` + s + `.deliveries),
     (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL)
         + (SELECT count(*) FROM ` + s + `.deliveries WHERE available_at IS NOT NULL),
     coalesce(extract(epoch FROM now() - least(
-        (SELECT created_at FROM ` + s + `.messages ORDER BY id LIMIT 1),
-        (SELECT min(created_at) FROM ` + s + `.deliveries))), 0)::float8,
+        (SELECT ` + bounded + ` FROM ` + s + `.messages ORDER BY id LIMIT 1),
+        (SELECT min(` + bounded + `) FROM ` + s + `.deliveries))), 0)::float8,
     (SELECT count(*) FROM ` + s + `.dead_letters)`
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -1,0 +1,76 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Tests for issue 20, bug 9: recovering from damaged tables.
+
+func (e *env) writeKeys(n int) {
+	e.t.Helper()
+	var msgs []outbox.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, msg("t", fmt.Sprint("k", i), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), sql, args...)
+	require.NoError(e.t, err)
+}
+
+// A created_at of 'infinity' failed every claim of the worker whose lanes
+// held the row (cannot scan Infinity into *time.Time): 28 of 50 stuck.
+// '-infinity' made status fail (cannot subtract infinite timestamps).
+func TestInfiniteCreatedAtIsDeliveredLikeAnyOther(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.writeKeys(50)
+	e.exec("UPDATE " + e.table("messages") + " SET created_at = 'infinity' WHERE payload = '7'")
+	e.exec("UPDATE " + e.table("messages") + " SET created_at = '-infinity' WHERE payload = '8'")
+	admin, err := relay.NewAdmin(e.pool, e.schema)
+	require.NoError(t, err)
+	st, err := admin.Status(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 50, st.Pending)
+	require.Less(t, st.OldestAge, time.Minute, "an infinite created_at counts as now")
+
+	before := time.Now()
+	e.start(e.config(), e.sink)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 15*time.Second), 50), "stuck: %d", e.count("messages"))
+	for _, m := range e.sink.Delivered() {
+		// The sink sees the claim's database time (same host: same clock,
+		// give or take a second).
+		require.WithinRange(t, m.CreatedAt, before.Add(-time.Minute), time.Now().Add(time.Minute), "message %s", m.Payload)
+	}
+}
+
+// A dead letter keeps the infinite created_at of its message; listing it
+// used to fail.
+func TestDeadLetterWithInfiniteTimesIsListed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.writeKeys(2)
+	e.exec("UPDATE " + e.table("messages") + " SET created_at = 'infinity'")
+	e.deadLetterAll()
+	e.exec("UPDATE " + e.table("dead_letters") + " SET first_failed_at = '-infinity', dead_at = 'infinity' WHERE payload = '1'")
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	require.NoError(t, err)
+	require.Len(t, dls, 2)
+	require.True(t, dls[0].CreatedAt.IsZero(), "not a finite time: shown as the zero time")
+	require.Nil(t, dls[1].FirstFailedAt)
+	require.True(t, dls[1].DeadAt.IsZero())
+	_, err = admin.Show(context.Background(), dls[0].ID)
+	require.NoError(t, err)
+}
