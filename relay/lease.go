@@ -95,9 +95,21 @@ func (l *leaser) tick(ctx context.Context) error {
 			return fmt.Errorf("renew: %w", err)
 		}
 		owned = len(mine)
-		var alive, rank int
-		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank); err != nil {
+		var alive, rank, lanes int
+		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank, &lanes); err != nil {
 			return fmt.Errorf("count relays: %w", err)
+		}
+		if lanes < numLanes {
+			// Lane rows were deleted under the running relays: the messages
+			// of those lanes would wait forever. The insert is idempotent;
+			// the count above keeps it off the usual heartbeat.
+			tag, err := tx.Exec(ctx, q.ensureLanes, cfg.Route)
+			if err != nil {
+				return fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
+			}
+			if n := tag.RowsAffected(); n > 0 {
+				l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
+			}
 		}
 		if alive < 1 {
 			alive = 1

@@ -243,8 +243,11 @@ DELETE FROM ` + s + `.relays WHERE id IN (
 		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1 RETURNING lane`,
 
 		// Relays alive in this route, and this relay's rank among them, for
-		// the fair share.
-		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays WHERE route = $2`,
+		// the fair share; and how many lane rows the route has (256 unless
+		// someone deleted some: then they are created again).
+		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1),
+    (SELECT count(*) FROM ` + s + `.lanes WHERE route = $2)
+FROM ` + s + `.relays WHERE route = $2`,
 
 		acquire: `
 UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
