@@ -578,8 +578,8 @@ ORDER BY 1`)
 		if err != nil {
 			return err
 		}
-		// A heartbeat in the future counts as now; -infinity shows as
-		// the zero time.
+		// A heartbeat in the future counts as now (relays reap such a
+		// row a lease TTL later); -infinity shows as the zero time.
 		rows, err = tx.Query(ctx, `
 SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
        (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -27,6 +28,22 @@ func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
 	_, err := e.pool.Exec(context.Background(), sql, args...)
 	require.NoError(e.t, err)
+}
+
+// fakeRelay registers a relay that does not run, on a live backend that is
+// not a relay's (a connection the test holds, with its real backend_start,
+// so that fast failover sees it alive).
+func (e *env) fakeRelay(id, heartbeat string) *pgxpool.Conn {
+	e.t.Helper()
+	ctx := context.Background()
+	conn, err := e.pool.Acquire(ctx)
+	require.NoError(e.t, err)
+	e.t.Cleanup(conn.Release)
+	_, err = conn.Exec(ctx, `INSERT INTO `+e.table("relays")+` (id, hostname, pid, version, heartbeat_at, backend_pid, backend_start)
+SELECT $1, 'nowhere', 1, 'fake', $2::timestamptz, pg_backend_pid(), backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`,
+		id, heartbeat)
+	require.NoError(e.t, err)
+	return conn
 }
 
 // Lane rows deleted under a running relay used to stay missing: the
@@ -88,4 +105,34 @@ func TestDeadLetterWithInfiniteTimesIsListed(t *testing.T) {
 	require.True(t, dls[1].DeadAt.IsZero())
 	_, err = admin.Show(context.Background(), dls[0].ID)
 	require.NoError(t, err)
+}
+
+// A registered relay that does not run, with heartbeat 'infinity' on a
+// live backend (so fast failover cannot tell it is not a relay), counted
+// as alive forever: the real relay kept its fair share of 128 lanes and
+// the other 128 were never worked (244 of 500 stuck); status failed
+// scanning its heartbeat.
+func TestFakeRelayWithHeartbeatInTheFutureIsReaped(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.fakeRelay("fake-infinity", "infinity")
+	e.fakeRelay("fake-future", "2999-01-01")
+	// An unrelated live backend's pid with the wrong start time: fast
+	// failover reaps this one at the first heartbeat.
+	e.exec(`INSERT INTO ` + e.table("relays") + ` (id, hostname, pid, version, heartbeat_at, backend_pid, backend_start)
+VALUES ('fake-pid', 'nowhere', 1, 'fake', 'infinity', pg_backend_pid(), '2000-01-01')`)
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	st, err := admin.Status(context.Background())
+	require.NoError(t, err)
+	require.Len(t, st.Relays, 3)
+	for _, x := range st.Relays {
+		require.False(t, x.HeartbeatAt.After(st.Now), "a heartbeat in the future shows as now")
+	}
+
+	cfg := e.config()
+	r, _ := e.start(cfg, e.sink)
+	e.writeKeys(500)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 500), "stuck: %d, relay owns %d lanes", e.count("messages"), r.OwnedLanes())
+	eventually(t, 5*time.Second, func() bool { return r.OwnedLanes() == 256 }, "fake relays still hold a share")
+	require.Equal(t, 1, e.count("relays"))
 }

@@ -83,6 +83,9 @@ func (l *leaser) tick(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route, l.r.inFlight.Load()); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
+		if _, err := tx.Exec(ctx, q.clampHeartbeats, cfg.ID); err != nil {
+			return fmt.Errorf("bound heartbeats: %w", err)
+		}
 		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
 			return fmt.Errorf("reap: %w", err)
 		}

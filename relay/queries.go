@@ -22,7 +22,7 @@ type queries struct {
 	// (one pair per copy); $3 are the messages' ctids.
 	copyToRoutes string
 
-	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 }
 
 // topicFilter is the route's topic condition on the row alias a: $7 are
@@ -219,6 +219,18 @@ SELECT $1, $2, $3, $4, $5, $6, pg_backend_pid(), a.backend_start
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
+
+		// Heartbeats are written with the database's now(); one in the
+		// future was written by hand (or the server's clock stepped back).
+		// It is set to now, so that it ages like any other: a row with
+		// heartbeat 'infinity' would otherwise count as a live relay
+		// forever, and its fair share of the lanes would never be worked.
+		// Locked rows are skipped, as in reap.
+		clampHeartbeats: `
+UPDATE ` + s + `.relays SET heartbeat_at = now()
+WHERE id IN (
+    SELECT id FROM ` + s + `.relays WHERE id <> $1 AND heartbeat_at > clock_timestamp()
+    FOR UPDATE SKIP LOCKED)`,
 
 		// A relay is dead when its heartbeat is older than the lease TTL or,
 		// with fast failover, when its lease connection no longer exists
