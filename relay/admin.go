@@ -465,9 +465,31 @@ type Status struct {
 	Topics       []TopicStatus `json:"topics"`
 	DeadByReason []DeadCount   `json:"dead_letters_by_reason"`
 	// FanOut is the backlog of fan-out copies per destination route.
-	FanOut    []RouteStatus `json:"fan_out"`
-	Relays    []RelayStatus `json:"relays"`
-	FreeLanes int           `json:"free_lanes"`
+	FanOut []RouteStatus `json:"fan_out"`
+	Relays []RelayStatus `json:"relays"`
+	Lanes  []LaneStatus  `json:"lanes"`
+	// FreeLanes is how many lanes, over all routes, no live relay works
+	// (LaneStatus.Unworked summed, missing lane rows included).
+	FreeLanes int `json:"free_lanes"`
+}
+
+// LaneStatus says who works the 256 lanes of one route (every route that
+// has lane rows or a live relay). A lane is worked when a relay in the
+// relays table holds an unexpired lease on it. Its messages wait while it
+// is not: briefly when a relay dies or hands lanes over, for good when
+// lane rows are missing or a dead relay is still registered (relays
+// repair both at their heartbeats, the second after a lease TTL).
+type LaneStatus struct {
+	Route string `json:"route"`
+	// Relays registered for the route.
+	Relays int `json:"relays"`
+	// Worked lanes: leased by a registered relay.
+	Worked int `json:"worked"`
+	// Unworked lanes: 256 - Worked, missing rows included.
+	Unworked int `json:"unworked"`
+	// Missing lane rows (deleted by hand): no relay can lease those lanes
+	// until a relay of the route creates them again.
+	Missing int `json:"missing"`
 }
 
 // RouteStatus is the backlog of fan-out copies of one destination route.
@@ -597,7 +619,32 @@ FROM `+a.s+`.relays r ORDER BY r.route, r.id`)
 		if err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM `+a.s+`.lanes WHERE owner IS NULL OR lease_until <= now()`).Scan(&st.FreeLanes)
+		rows, err = tx.Query(ctx, `
+WITH routes AS (SELECT route FROM `+a.s+`.lanes UNION SELECT route FROM `+a.s+`.relays)
+SELECT rt.route,
+       (SELECT count(*) FROM `+a.s+`.relays r WHERE r.route = rt.route)::int,
+       (SELECT count(*) FROM `+a.s+`.lanes l WHERE l.route = rt.route AND l.lane BETWEEN 0 AND 255)::int,
+       (SELECT count(*) FROM `+a.s+`.lanes l
+        WHERE l.route = rt.route AND l.lane BETWEEN 0 AND 255 AND l.owner IS NOT NULL AND l.lease_until > now()
+          AND EXISTS (SELECT 1 FROM `+a.s+`.relays r WHERE r.id = l.owner))::int
+FROM routes rt ORDER BY 1`)
+		if err != nil {
+			return err
+		}
+		st.Lanes, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LaneStatus, error) {
+			var x LaneStatus
+			var present int
+			err := r.Scan(&x.Route, &x.Relays, &present, &x.Worked)
+			x.Missing, x.Unworked = numLanes-present, numLanes-x.Worked
+			return x, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, l := range st.Lanes {
+			st.FreeLanes += l.Unworked
+		}
+		return nil
 	})
 	if err != nil {
 		return Status{}, fmt.Errorf("outbox: status: %w", err)

@@ -2,7 +2,11 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
 // Tests for issue 20, bug 9: recovering from damaged tables.
@@ -135,4 +140,89 @@ VALUES ('fake-pid', 'nowhere', 1, 'fake', 'infinity', pg_backend_pid(), '2000-01
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 500), "stuck: %d, relay owns %d lanes", e.count("messages"), r.OwnedLanes())
 	eventually(t, 5*time.Second, func() bool { return r.OwnedLanes() == 256 }, "fake relays still hold a share")
 	require.Equal(t, 1, e.count("relays"))
+}
+
+type laneHooks struct {
+	relay.NopHooks
+	unworked atomic.Int64
+}
+
+func (h *laneHooks) UnworkedLanes(n int) { h.unworked.Store(int64(n)) }
+
+// Lanes that no live relay works for longer than a lease TTL are reported
+// by the relay (log, UnworkedLanes, hooks) and by status.
+func TestLanesNobodyWorksAreReported(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// A registered relay that stays alive (its heartbeat kept fresh) but
+	// works nothing: a stuck process.
+	fake := e.fakeRelay("stuck", "now")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_, _ = fake.Exec(ctx, "UPDATE "+e.table("relays")+" SET heartbeat_at = now() WHERE id = 'stuck'")
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	cfg := e.config()
+	hooks := &laneHooks{}
+	cfg.Hooks = hooks
+	r, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 128 }, "fair share not taken")
+	require.Zero(t, r.UnworkedLanes(), "not before a lease TTL")
+	eventually(t, 10*time.Second, func() bool { return r.UnworkedLanes() == 128 }, "unworked lanes not reported")
+	require.EqualValues(t, 128, hooks.unworked.Load())
+	require.NoError(t, r.Ready(context.Background()), "readiness is this relay's own: it works its share")
+
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	st, err := admin.Status(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []relay.LaneStatus{{Route: "", Relays: 2, Worked: 128, Unworked: 128}}, st.Lanes)
+	require.Equal(t, 128, st.FreeLanes)
+
+	cancel()
+	wg.Wait()
+	e.exec("DELETE FROM " + e.table("relays") + " WHERE id = 'stuck'")
+	eventually(t, 10*time.Second, func() bool { return r.UnworkedLanes() == 0 && r.OwnedLanes() == 256 }, "lanes not taken back")
+	require.Zero(t, hooks.unworked.Load())
+}
+
+// Status counts missing lane rows and lanes whose owner is gone as lanes
+// nobody works; it used to count only lanes without an unexpired lease
+// (196 here instead of 226).
+func TestStatusCountsMissingAndOrphanedLanes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.fakeRelay("alive", "now")
+	e.exec("DELETE FROM " + e.table("lanes") + " WHERE lane < 10")
+	e.exec("UPDATE " + e.table("lanes") + " SET owner = 'alive', lease_until = now() + interval '1 hour' WHERE lane BETWEEN 10 AND 39")
+	e.exec("UPDATE " + e.table("lanes") + " SET owner = 'ghost', lease_until = now() + interval '1 hour' WHERE lane BETWEEN 40 AND 59")
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	st, err := admin.Status(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 226, st.FreeLanes, "10 missing + 20 of a relay that is gone + 196 free")
+	require.Equal(t, []relay.LaneStatus{{Route: "", Relays: 1, Worked: 30, Unworked: 226, Missing: 10}}, st.Lanes)
+}
+
+// A relay whose lease heartbeat keeps failing holds no lanes after a
+// lease TTL; /readyz used to answer 200 all along.
+func TestNotReadyWhileTheLeaseCannotBeRenewed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.sink.SetFail(func(sinks.Message) error { return errors.New("unused") })
+	r, _ := e.start(e.config(), e.sink)
+	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 256 }, "lanes not acquired")
+	require.NoError(t, r.Ready(context.Background()))
+	e.exec("ALTER TABLE " + e.table("relays") + " RENAME TO relays_away")
+	eventually(t, 15*time.Second, func() bool {
+		err := r.Ready(context.Background())
+		return err != nil && strings.Contains(err.Error(), "lane lease not renewed")
+	}, "still ready with a lease that cannot be renewed")
+	e.exec("ALTER TABLE " + e.table("relays_away") + " RENAME TO relays")
+	eventually(t, 15*time.Second, func() bool { return r.Ready(context.Background()) == nil }, "not ready again")
 }

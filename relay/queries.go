@@ -23,6 +23,8 @@ type queries struct {
 	copyToRoutes string
 
 	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	// workedLanes counts the route's lanes that a live relay has leased.
+	workedLanes string
 }
 
 // topicFilter is the route's topic condition on the row alias a: $7 are
@@ -260,6 +262,11 @@ DELETE FROM ` + s + `.relays WHERE id IN (
 		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1),
     (SELECT count(*) FROM ` + s + `.lanes WHERE route = $2)
 FROM ` + s + `.relays WHERE route = $2`,
+
+		workedLanes: `
+SELECT count(*) FROM ` + s + `.lanes l
+WHERE l.route = $1 AND l.owner IS NOT NULL AND l.lease_until > now()
+  AND EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner)`,
 
 		acquire: `
 UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'

@@ -70,6 +70,9 @@ type Relay struct {
 	// lanes (only worker w touches it).
 	priority  []bool
 	ownedLane atomic.Int64
+	// leaseOK: when the lease heartbeat last succeeded (unix nanos);
+	// unworked: see UnworkedLanes.
+	leaseOK, unworked atomic.Int64
 	// handover holds lanes this relay is giving up: workers skip them so
 	// the leaser can release them at its next heartbeat.
 	handover atomic.Pointer[[]int16]
@@ -281,10 +284,15 @@ func (r *Relay) Live() error {
 }
 
 // Ready reports whether the relay can do its job right now: not draining,
-// the database reachable, the sink healthy (when it can tell).
+// its lane lease renewed within the lease TTL, the database reachable, the
+// sink healthy (when it can tell). It answers for this relay only: lanes
+// of its route that no relay works are reported by UnworkedLanes, not here.
 func (r *Relay) Ready(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
+	}
+	if err := r.leaseHealthy(); err != nil {
+		return err
 	}
 	var readOnly bool
 	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {

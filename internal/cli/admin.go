@@ -84,8 +84,29 @@ func printStatus(out io.Writer, st relay.Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat)
 	}
 	_ = tw.Flush()
+	if len(st.Lanes) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(tw, "LANES OF ROUTE\tRELAYS\tWORKED\tUNWORKED\tMISSING ROWS")
+		for _, l := range st.Lanes {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", showRoute(l.Route), l.Relays, l.Worked, l.Unworked, l.Missing)
+		}
+		_ = tw.Flush()
+	}
 	fmt.Fprintf(out, "lanes held by no live relay: %d\n", st.FreeLanes)
+	for _, l := range st.Lanes {
+		if l.Relays > 0 && l.Unworked > 0 {
+			// Relays of the route take free lanes and recreate missing rows
+			// at their next heartbeat: this persisting is the problem.
+			fmt.Fprintf(out, "WARNING: route %s: %d lanes worked by no live relay (%d lane rows missing); their messages wait. "+
+				"Relays of the route take them at their next heartbeat; if they stay unworked, check the relays' logs.\n",
+				showRoute(l.Route), l.Unworked, l.Missing)
+		}
+	}
 }
+
+// showRoute quotes a route name ("" is the route of a relay without
+// routes).
+func showRoute(r string) string { return strconv.Quote(r) }
 
 func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)

@@ -28,6 +28,7 @@ VALUES ('t', 'a', '-infinity'), ('t', 'b', 'infinity'), ('t', 'c', now() - inter
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	m := relayprom.New(reg, "test")
+	m.Hooks("", "memory")
 	watchCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go m.WatchOutbox(watchCtx, pool, schema, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -35,4 +36,5 @@ VALUES ('t', 'a', '-infinity'), ('t', 'b', 'infinity'), ('t', 'c', now() - inter
 	require.Zero(t, value(t, reg, "outbox_relay_outbox_check_errors_total", nil))
 	// The oldest by id has created_at -infinity: it counts as now.
 	require.Less(t, value(t, reg, "outbox_relay_oldest_pending_age_seconds", nil), 5.0)
+	require.Zero(t, value(t, reg, "outbox_relay_unworked_lanes", map[string]string{"route": ""}))
 }
