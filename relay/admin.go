@@ -205,6 +205,8 @@ const (
 	// CauseBusy: another transaction held the dead letter (a concurrent
 	// replay or purge).
 	CauseBusy ReplayCause = "busy"
+	// CauseConflict: another unique index of the outbox refused it.
+	CauseConflict ReplayCause = "conflict"
 )
 
 // ReplayedDeadLetter is what Replay did (or, in a dry run, would do) with
@@ -335,10 +337,14 @@ func scanReplayed(row pgx.CollectableRow) (ReplayedDeadLetter, error) {
 	case runHolder != nil:
 		d.Cause = CauseDedupKeyInRun
 		d.Reason = fmt.Sprintf("dedup key %q went to dead letter %d, replayed in the same run", key, *runHolder)
-	default:
+	case d.DedupKey != nil:
 		// The holder committed after the replay's snapshot was taken.
 		d.Cause = CauseDedupKeyPending
 		d.Reason = fmt.Sprintf("dedup key %q is held by a message written during the replay", key)
+	default:
+		// Another unique index of the outbox refused it.
+		d.Cause = CauseConflict
+		d.Reason = "a pending message written during the replay conflicts with it"
 	}
 	if d.Outcome == ReplaySkipped && (d.Cause == CauseDedupKeyPending || d.Cause == CauseDedupKeyInRun) {
 		d.Reason += ": purge it if that is the same operation, or replay it once the key is free or without its dedup key"

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -140,5 +141,54 @@ func TestReplaySkipsDeadLetterWhoseIDIsPending(t *testing.T) {
 	require.Equal(t, relay.ReplaySkipped, res.DeadLetters[0].Outcome)
 	require.Equal(t, relay.CauseIDPending, res.DeadLetters[0].Cause)
 	require.Contains(t, res.DeadLetters[0].Reason, "already pending in the outbox")
+	require.Equal(t, 1, e.count("dead_letters"))
+}
+
+// A writer inserting the dedup key while the replay runs: the replay waits
+// for it and then skips the dead letter instead of failing.
+func TestReplayWaitsForAWriterOfTheSameDedupKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	dead := e.insert(outbox.Message{Topic: "pay", Key: "1", Payload: []byte("first"), DedupKey: "pay:1"})
+	e.insert(msg("orders", "a", "x"))
+	e.deadLetterAll()
+
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	written, err := e.w.Insert(ctx, tx, outbox.Message{Topic: "pay", Key: "1", Payload: []byte("again"), DedupKey: "pay:1"})
+	require.NoError(t, err)
+	require.False(t, written[0].Duplicate)
+
+	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	type result struct {
+		res relay.ReplayResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{})
+		done <- result{res, err}
+	}()
+	// The replay's insert waits for the writer's transaction.
+	eventually(t, 10*time.Second, func() bool {
+		var waiting bool
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%dead_letters%')`).Scan(&waiting))
+		return waiting
+	}, "the replay never waited for the writer")
+	require.NoError(t, tx.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	got := outcomes(r.res)
+	require.Equal(t, relay.ReplaySkipped, got[dead.ID])
+	require.Len(t, r.res.IDs(relay.Replayed), 1, "the unrelated dead letter is replayed")
+	for _, d := range r.res.DeadLetters {
+		if d.ID == dead.ID {
+			require.Equal(t, relay.CauseDedupKeyPending, d.Cause)
+			require.Contains(t, d.Reason, "written during the replay")
+		}
+	}
 	require.Equal(t, 1, e.count("dead_letters"))
 }
