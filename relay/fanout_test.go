@@ -112,9 +112,9 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 
 	// Replay goes to the failed destination only.
 	hsink.SetFail(nil)
-	replayed, err := admin.Replay(context.Background(), relay.Selection{Route: "hook"}, false)
+	replayed, err := admin.Replay(context.Background(), relay.Selection{Route: "hook"}, relay.ReplayOptions{})
 	require.NoError(t, err)
-	require.Equal(t, []int64{dead[0].ID}, replayed)
+	require.Equal(t, []int64{dead[0].ID}, replayed.IDs(relay.Replayed))
 	require.NoError(t, hsink.WaitFor(waitCtx(t, 10*time.Second), 301))
 	require.Equal(t, "poison", string(hsink.Delivered()[300].Payload))
 	time.Sleep(300 * time.Millisecond)

@@ -25,7 +25,9 @@ type queries struct {
 	// (one pair per copy); $3 are the messages' ctids.
 	copyToRoutes string
 
-	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	// workedLanes counts the route's lanes that a live relay has leased.
+	workedLanes string
 }
 
 // topicFilter is the route's topic condition on the row alias a: $7 are
@@ -225,6 +227,18 @@ FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
 
+		// Heartbeats are written with the database's now(); one in the
+		// future was written by hand (or the server's clock stepped back).
+		// It is set to now, so that it ages like any other: a row with
+		// heartbeat 'infinity' would otherwise count as a live relay
+		// forever, and its fair share of the lanes would never be worked.
+		// Locked rows are skipped, as in reap.
+		clampHeartbeats: `
+UPDATE ` + s + `.relays SET heartbeat_at = now()
+WHERE id IN (
+    SELECT id FROM ` + s + `.relays WHERE id <> $1 AND heartbeat_at > clock_timestamp()
+    FOR UPDATE SKIP LOCKED)`,
+
 		// A relay is dead when its heartbeat is older than the lease TTL or,
 		// with fast failover, when its lease connection no longer exists
 		// (its process died and the server noticed the closed socket).
@@ -248,8 +262,16 @@ DELETE FROM ` + s + `.relays WHERE id IN (
 		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1 RETURNING lane`,
 
 		// Relays alive in this route, and this relay's rank among them, for
-		// the fair share.
-		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays WHERE route = $2`,
+		// the fair share; and how many lane rows the route has (256 unless
+		// someone deleted some: then they are created again).
+		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1),
+    (SELECT count(*) FROM ` + s + `.lanes WHERE route = $2)
+FROM ` + s + `.relays WHERE route = $2`,
+
+		workedLanes: `
+SELECT count(*) FROM ` + s + `.lanes l
+WHERE l.route = $1 AND l.owner IS NOT NULL AND l.lease_until > now()
+  AND EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner)`,
 
 		acquire: `
 UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'

@@ -70,6 +70,9 @@ type Relay struct {
 	// lanes (only worker w touches it).
 	priority  []bool
 	ownedLane atomic.Int64
+	// leaseOK: when the lease heartbeat last succeeded (unix nanos);
+	// unworked: see UnworkedLanes.
+	leaseOK, unworked atomic.Int64
 	// handover holds lanes this relay is giving up: workers skip them so
 	// the leaser can release them at its next heartbeat.
 	handover atomic.Pointer[[]int16]
@@ -293,13 +296,18 @@ func (r *Relay) Live() error {
 }
 
 // Ready reports whether the relay can do its job right now: not draining,
-// the database reachable, the sink healthy (when it can tell).
+// its lane lease renewed within the lease TTL, the database reachable, the
+// sink healthy (when it can tell). It answers for this relay only: lanes
+// of its route that no relay works are reported by UnworkedLanes, not here.
 func (r *Relay) Ready(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
 	}
 	if err := r.schemaErr.Load(); err != nil {
 		return *err
+	}
+	if err := r.leaseHealthy(); err != nil {
+		return err
 	}
 	var readOnly bool
 	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
@@ -527,14 +535,18 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	batch := make([]claimed, 0, r.cfg.BatchSize)
 	var dbNow time.Time
 	var headers []byte
+	var createdAt pgtype.Timestamptz
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow, &c.ctid); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &createdAt, &c.attempts, &dbNow, &c.ctid); err != nil {
 			rows.Close()
 			br.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
 		}
+		// A created_at of ±infinity (only ever written by hand) is
+		// delivered as the claim's time.
+		m.CreatedAt = finiteTime(createdAt, dbNow)
 		if m.Headers, err = decodeHeaders(headers); err != nil {
 			rows.Close()
 			br.Close()

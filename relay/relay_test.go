@@ -337,11 +337,11 @@ func TestReplayKeepsMessageIDAndConcurrentReplaysDoNotDuplicate(t *testing.T) {
 		ids[d.ID] = d.MessageID
 	}
 
-	dry, err := admin.Replay(context.Background(), relay.Selection{Topic: "replay"}, true)
+	dry, err := admin.Replay(context.Background(), relay.Selection{Topic: "replay"}, relay.ReplayOptions{DryRun: true})
 	require.NoError(t, err)
-	require.Len(t, dry, n)
+	require.Len(t, dry.IDs(relay.Replayed), n)
 	require.Equal(t, n, e.count("dead_letters"), "dry run changes nothing")
-	_, err = admin.Replay(context.Background(), relay.Selection{}, false)
+	_, err = admin.Replay(context.Background(), relay.Selection{}, relay.ReplayOptions{})
 	require.ErrorIs(t, err, relay.ErrEmptySelection)
 
 	// Five operators replay everything at once.
@@ -352,10 +352,10 @@ func TestReplayKeepsMessageIDAndConcurrentReplaysDoNotDuplicate(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got, err := admin.Replay(context.Background(), relay.Selection{All: true}, false)
+			got, err := admin.Replay(context.Background(), relay.Selection{All: true}, relay.ReplayOptions{})
 			require.NoError(t, err)
 			mu.Lock()
-			replayed = append(replayed, got...)
+			replayed = append(replayed, got.IDs(relay.Replayed)...)
 			mu.Unlock()
 		}()
 	}
@@ -572,9 +572,9 @@ func TestReplayRestoresDedupKey(t *testing.T) {
 	stop()
 	// While dead, the key is free: a new write goes through.
 	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	ids, err := admin.Replay(ctx, relay.Selection{All: true}, false)
+	replayed, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{})
 	require.NoError(t, err)
-	require.Len(t, ids, 1)
+	require.Equal(t, 1, replayed.Count(relay.Replayed))
 	tx, err = e.pool.Begin(ctx)
 	require.NoError(t, err)
 	res, err := e.w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("y"), DedupKey: "d1"})
