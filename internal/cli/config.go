@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"regexp"
 	"sort"
@@ -14,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // usageError marks errors caused by invalid configuration or arguments:
@@ -205,34 +206,20 @@ func redactErr(flag string, err error) error {
 	return err
 }
 
-// redactURL hides the password in a URL (or a key/value connection
-// string) for logs and errors.
-func redactURL(raw string) string {
-	if !strings.Contains(raw, "://") {
-		// key=value form: password=secret, password='a b'.
-		return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-	}
-	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
-		for _, k := range []string{"password", "sslpassword"} {
-			if q.Has(k) {
-				q.Set(k, "xxxxx")
-			}
-		}
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
-}
+// redactURL hides the credentials in a database or sink URL (well-formed
+// or not, or a key/value connection string) for logs and errors.
+func redactURL(raw string) string { return redact.URL(raw) }
 
-var kvPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)`)
+// yamlValue matches the value yaml.v3 quotes in a type error
+// ("cannot unmarshal !!str `hunter2` into int"): the value may be a secret
+// in the wrong place.
+var yamlValue = regexp.MustCompile("(cannot unmarshal \\S+) `.*?` into ")
+
+// yamlError drops the values yaml.v3 quotes in its errors, keeping the line
+// and the types.
+func yamlError(err error) string {
+	return yamlValue.ReplaceAllString(err.Error(), "$1 value into ")
+}
 
 // envHelp appends the environment variable names to every flag's usage.
 func envHelp(fs *pflag.FlagSet) {

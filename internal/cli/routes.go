@@ -200,7 +200,7 @@ func decodeRouteSpecs(g *globals) ([]routeSpec, error) {
 	dec.KnownFields(true)
 	var specs []routeSpec
 	if err := dec.Decode(&specs); err != nil {
-		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
+		return nil, usagef("outbox: config %s: routes: %s", g.file.path, yamlError(err))
 	}
 	if len(specs) == 0 {
 		return nil, usagef("outbox: config %s: routes: empty list", g.file.path)

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
 	"reflect"
+	"regexp"
 
 	"gopkg.in/yaml.v3"
 
@@ -31,6 +33,9 @@ func sinkScheme(raw string) string {
 	}
 	return u.Scheme
 }
+
+// validScheme is RFC 3986's scheme syntax.
+var validScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
 // opener creates the sink once configuration is known to be valid.
 type opener func() (sinks.Sink, error)
@@ -83,8 +88,14 @@ func parseSinkWith(raw string, g *globals, sections map[string]*yaml.Node) (open
 		}
 		return func() (sinks.Sink, error) { return httpsink.New(cfg, log) }, cfg.Redacted(), nil
 	}
-	return nil, "", usagef("outbox: sink: unsupported sink %q (scheme %q); supported schemes: %s",
-		redactURL(raw), scheme, strings.Join(sinkSchemes, ", "))
+	// The scheme is echoed only when it is one: a malformed URL's
+	// "scheme" may be the whole of it, password included.
+	var note string
+	if validScheme.MatchString(scheme) {
+		note = fmt.Sprintf(" (scheme %q)", scheme)
+	}
+	return nil, "", usagef("outbox: sink: unsupported sink %q%s; supported schemes: %s",
+		redactURL(raw), note, strings.Join(sinkSchemes, ", "))
 }
 
 // sinkConfig parses a sink URL and, when the config file has a section for
@@ -104,7 +115,7 @@ func sinkConfig[T interface{ Validate() error }](raw string, g *globals, section
 		dec := yaml.NewDecoder(bytes.NewReader(b))
 		dec.KnownFields(true)
 		if err := dec.Decode(&fromFile); err != nil {
-			return cfg, usagef("outbox: config %s: %s: %v", g.file.path, section, err)
+			return cfg, usagef("outbox: config %s: %s: %s", g.file.path, section, yamlError(err))
 		}
 		overlay(reflect.ValueOf(&fromFile).Elem(), reflect.ValueOf(cfg))
 		cfg = fromFile
