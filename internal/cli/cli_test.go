@@ -255,4 +255,5 @@ func TestMalformedURLsNeverEchoThePassword(t *testing.T) {
 	code, out, stderr := run(t, "run", "--config", cfg, "--database-url", "postgres://x@127.0.0.1:1/d", "--sink", "kafka://h:1")
 	require.Equal(t, 2, code, stderr)
 	require.NotContains(t, out+stderr, pw, "a YAML type error in the kafka section")
+	require.Contains(t, stderr, "line 2", "the line in the file, not in the section")
 }
