@@ -525,7 +525,7 @@ func parseWhen(s string) (time.Time, time.Duration, error) {
 // routeIsFed reports whether the config file's route name takes its
 // messages from the fan-out router's copies.
 func routeIsFed(g *globals, name string) (bool, error) {
-	specs, err := decodeRouteSpecs(g)
+	specs, _, err := decodeRouteSpecs(g)
 	if err != nil {
 		return false, err
 	}
