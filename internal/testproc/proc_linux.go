@@ -122,6 +122,9 @@ func (in *Instance) KillAll() error { return killAll(in.Dir) }
 // ProcessesIn returns the pids of the processes of the instance whose
 // directory is (or was) dir.
 func ProcessesIn(dir string) []int {
+	if !owned(dir) {
+		return nil
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -146,7 +149,19 @@ func ProcessesIn(dir string) []int {
 	return pids
 }
 
+// owned reports whether dir can be an instance's directory: an absolute
+// path below the temporary directory. Anything else ("" would match every
+// working directory on the machine) selects no process, so that no bug in
+// a caller can make KillAll kill the machine's own servers.
+func owned(dir string) bool {
+	tmp := filepath.Clean(os.TempDir())
+	return filepath.IsAbs(dir) && strings.HasPrefix(filepath.Clean(dir), tmp+string(filepath.Separator))
+}
+
 func killAll(dir string) error {
+	if !owned(dir) {
+		return fmt.Errorf("testproc: %q is not an instance directory under %s; killing nothing", dir, os.TempDir())
+	}
 	// There is no signal for the death of a process that is not our
 	// child, so look again until /proc has none left.
 	// A killed process is gone only once its parent has reaped it: until

@@ -84,3 +84,13 @@ func TestReapStale(t *testing.T) {
 	_, err = os.Stat(live)
 	require.NoError(t, err, "a live test process's instance was reaped")
 }
+
+// A directory that is not an instance's selects no process: "" once
+// matched every process on the machine (every working directory starts
+// with "/").
+func TestNoProcessesOutsideInstanceDirectories(t *testing.T) {
+	for _, dir := range []string{"", "/", "relative", os.TempDir(), "/var/lib/postgresql"} {
+		require.Empty(t, ProcessesIn(dir), "dir %q", dir)
+		require.Error(t, killAll(dir), "dir %q", dir)
+	}
+}
