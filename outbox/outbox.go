@@ -7,10 +7,10 @@
 // a pgx.Tx (which *pgxpool.Tx satisfies and a pool or a connection does
 // not), WriteSQL and InsertSQL a *sql.Tx.
 //
-// This package depends only on pgx; it knows nothing about brokers, the
-// migration files or tracing. Trace context reaches a message's headers
-// through WriterConfig.Headers (package outboxotel has the OpenTelemetry
-// implementation).
+// This package depends only on pgx (and google/uuid); it knows nothing
+// about brokers, the migration files or tracing. Trace context reaches a
+// message's headers through WriterConfig.Headers (package outboxotel has
+// the OpenTelemetry implementation).
 package outbox
 
 import (
