@@ -22,17 +22,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 )
 
 //go:embed *.up.sql
 var files embed.FS
 
 // DefaultSchema is the schema used when none is configured.
-const DefaultSchema = "outbox"
-
-// maxSchemaLen keeps Channel(schema) within Postgres' 63-byte identifier
-// limit.
-const maxSchemaLen = 54
+const DefaultSchema = ident.DefaultSchema
 
 // Migration is one rendered migration.
 type Migration struct {
@@ -52,24 +50,14 @@ var relayMinLine = regexp.MustCompile(`(?m)^-- relay-min: (\d+)`)
 // ValidateSchema reports whether name can be used as the outbox schema.
 // Any characters are allowed (names are always quoted); the length is
 // limited by the NOTIFY channel derived from it.
-func ValidateSchema(name string) error {
-	switch {
-	case name == "":
-		return errors.New("outbox: schema: must not be empty")
-	case len(name) > maxSchemaLen:
-		return fmt.Errorf("outbox: schema: %d bytes is longer than the %d allowed", len(name), maxSchemaLen)
-	case strings.ContainsRune(name, 0):
-		return errors.New("outbox: schema: must not contain NUL")
-	}
-	return nil
-}
+func ValidateSchema(name string) error { return ident.ValidateSchema(name) }
 
 // Channel is the LISTEN/NOTIFY channel on which inserts into schema's
 // outbox are announced.
-func Channel(schema string) string { return schema + ".messages" }
+func Channel(schema string) string { return ident.Channel(schema) }
 
 // Ident quotes schema as an SQL identifier.
-func Ident(schema string) string { return pgx.Identifier{schema}.Sanitize() }
+func Ident(schema string) string { return ident.Quote(schema) }
 
 // Literal quotes s as an SQL string literal.
 func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

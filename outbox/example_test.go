@@ -2,14 +2,17 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/outbox/outboxotel"
 )
 
 // The canonical use: the business row and the event commit together, or
@@ -62,4 +65,44 @@ func Example() {
 	// Output:
 	// <nil> <nil>
 	// orders: 1 events: 1
+}
+
+// With database/sql the writer takes a *sql.Tx; a *sql.DB does not
+// compile here, so the event cannot be written outside the transaction
+// that changes the business rows.
+func ExampleWriteSQL() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", pgtest.URL())
+	if err != nil {
+		fmt.Println("open:", err)
+		return
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		fmt.Println("begin:", err)
+		return
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, "o-1"); err != nil {
+		fmt.Println("update:", err)
+		return
+	}
+	if err := outbox.WriteSQL(ctx, tx, outbox.Message{Topic: "orders.paid", Key: "o-1", Payload: []byte(`{}`)}); err != nil {
+		fmt.Println("write:", err)
+		return
+	}
+	fmt.Println(tx.Commit())
+}
+
+// To store the trace context of a traced operation in every message, as
+// the package-level Write did before the writer became tracing-free,
+// configure the writer with outboxotel.TraceContext.
+func ExampleWriterConfig_traceContext() {
+	w, err := outbox.NewWriter(outbox.WriterConfig{Headers: outboxotel.TraceContext{}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = w // w.Write(ctx, tx, msgs...) now adds traceparent when ctx is traced.
 }

@@ -143,10 +143,8 @@ func TestDelayAndIDColumns(t *testing.T) {
 	require.Nil(t, got[2].at, "a time in the past means now")
 	require.Nil(t, got[3].at)
 
-	_, err = w.Insert(ctx, pool, outbox.Message{Topic: "t", Payload: []byte{}, ID: "nope"})
-	require.ErrorIs(t, err, outbox.ErrInvalidID)
-	_, err = w.Insert(ctx, pool, outbox.Message{Topic: "t", Payload: []byte{}, DeliverAfter: -time.Second})
-	require.ErrorIs(t, err, outbox.ErrInvalidDelay)
+	require.ErrorIs(t, insert(t, pool, w, outbox.Message{Topic: "t", Payload: []byte{}, ID: "nope"}), outbox.ErrInvalidID)
+	require.ErrorIs(t, insert(t, pool, w, outbox.Message{Topic: "t", Payload: []byte{}, DeliverAfter: -time.Second}), outbox.ErrInvalidDelay)
 }
 
 func TestDedupDatabaseSQL(t *testing.T) {
@@ -159,7 +157,7 @@ func TestDedupDatabaseSQL(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		res, err := w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("x"), DedupKey: "k", DeliverAfter: time.Minute})
+		res, err := w.InsertSQL(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("x"), DedupKey: "k", DeliverAfter: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 		require.Equal(t, i == 1, res[0].Duplicate)
@@ -190,15 +188,17 @@ func TestPriorityColumn(t *testing.T) {
 	pool, w, schema := setup(t)
 	ctx := context.Background()
 	s := migrations.Ident(schema)
-	_, err := w.Insert(ctx, pool,
+	require.NoError(t, insert(t, pool, w,
 		outbox.Message{Topic: "t", Payload: []byte{}},
 		outbox.Message{Topic: "t", Payload: []byte{}, Priority: 7},
-		outbox.Message{Topic: "t", Payload: []byte{}, Priority: outbox.MaxPriority})
-	require.NoError(t, err)
+		outbox.Message{Topic: "t", Payload: []byte{}, Priority: outbox.MaxPriority}))
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	_, err = w.Insert(ctx, db, outbox.Message{Topic: "t", Payload: []byte{}, Priority: 3})
+	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
+	_, err = w.InsertSQL(ctx, tx, outbox.Message{Topic: "t", Payload: []byte{}, Priority: 3})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
 	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => 9::smallint)`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => 9)`)
@@ -211,8 +211,7 @@ func TestPriorityColumn(t *testing.T) {
 	require.Equal(t, []int16{0, 7, outbox.MaxPriority, 3, 9, 9}, got)
 
 	for _, p := range []int{-1, outbox.MaxPriority + 1} {
-		_, err = w.Insert(ctx, pool, outbox.Message{Topic: "t", Payload: []byte{}, Priority: p})
-		require.ErrorIs(t, err, outbox.ErrInvalidPriority)
+		require.ErrorIs(t, insert(t, pool, w, outbox.Message{Topic: "t", Payload: []byte{}, Priority: p}), outbox.ErrInvalidPriority)
 	}
 	_, err = pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'sql', priority => -1)`)
 	require.ErrorContains(t, err, "messages_priority_range")

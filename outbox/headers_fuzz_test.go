@@ -61,7 +61,7 @@ func FuzzHeadersRoundTrip(f *testing.F) {
 			tx, err := db.BeginTx(ctx, nil)
 			require.NoError(t, err)
 			defer tx.Rollback() //nolint:errcheck // the case never commits
-			ws, err := w.Insert(ctx, tx, m)
+			ws, err := w.InsertSQL(ctx, tx, m)
 			require.NoError(t, err, "valid headers %q must be accepted by Postgres", h)
 			var raw string
 			var key sql.NullString

@@ -3,7 +3,14 @@
 // relay publishes the messages after that transaction commits. A rolled
 // back transaction writes no message.
 //
-// This package depends only on pgx; it knows nothing about brokers.
+// The compiler keeps the write inside a transaction: Write and Insert take
+// a pgx.Tx (which *pgxpool.Tx satisfies and a pool or a connection does
+// not), WriteSQL and InsertSQL a *sql.Tx.
+//
+// This package depends only on pgx (and google/uuid); it knows nothing
+// about brokers, the migration files or tracing. Trace context reaches a
+// message's headers through WriterConfig.Headers (package outboxotel has
+// the OpenTelemetry implementation).
 package outbox
 
 import (
@@ -20,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 )
 
 // Message is one event to publish.
@@ -80,6 +87,9 @@ var (
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	ErrInvalidHeader   = errors.New("outbox: invalid header")
 	ErrInvalidKey      = errors.New("outbox: invalid key")
+	// Deprecated: no longer returned. Write and Insert take a pgx.Tx,
+	// WriteSQL and InsertSQL a *sql.Tx, so the compiler refuses what
+	// this error used to report at run time.
 	ErrUnsupportedTx   = errors.New("outbox: unsupported transaction type")
 	ErrInvalidDelay    = errors.New("outbox: invalid delay")
 	ErrInvalidID       = errors.New("outbox: invalid message id")
@@ -155,14 +165,22 @@ func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // Writer writes messages into one outbox schema.
 type Writer struct {
-	schema     string
 	table      string
 	maxPayload int
+	headers    HeaderInjector
 	// Two variants of each insert: the plain one, and the one that skips
 	// duplicates of pending dedup keys (ON CONFLICT costs a little, so it
 	// is used only for batches that carry dedup keys).
 	insertPgx, insertPgxDedup string
 	insertSQL, insertSQLDedup string
+}
+
+// HeaderInjector adds headers taken from the writing context (a trace
+// context, say) to each message. InjectHeaders must not modify headers:
+// it returns headers itself when it has nothing to add, otherwise a copy
+// with its additions. outboxotel.TraceContext is the OpenTelemetry one.
+type HeaderInjector interface {
+	InjectHeaders(ctx context.Context, headers map[string]string) map[string]string
 }
 
 // WriterConfig configures a Writer.
@@ -172,20 +190,27 @@ type WriterConfig struct {
 	// MaxPayloadBytes rejects larger payloads at write time. Default 16 MiB;
 	// negative disables the check.
 	MaxPayloadBytes int
+	// Headers is called for every message written, with the context
+	// given to Write, and its result is what is stored. Default nil:
+	// headers are stored as given (the package-level Write and Insert
+	// use this default). Set it to outboxotel.TraceContext{} to store
+	// the W3C trace context of a traced operation, which the relay's
+	// spans continue.
+	Headers HeaderInjector
 }
 
 // NewWriter returns a Writer for cfg.
 func NewWriter(cfg WriterConfig) (*Writer, error) {
 	if cfg.Schema == "" {
-		cfg.Schema = migrations.DefaultSchema
+		cfg.Schema = ident.DefaultSchema
 	}
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	if err := ident.ValidateSchema(cfg.Schema); err != nil {
 		return nil, err
 	}
 	if cfg.MaxPayloadBytes == 0 {
 		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
-	table := migrations.Ident(cfg.Schema) + ".messages"
+	table := ident.Quote(cfg.Schema) + ".messages"
 	// available_at stays NULL unless delivery really is delayed, so that
 	// only delayed rows enter the relay's "waiting" index.
 	const availableAt = "CASE WHEN at > now() THEN at WHEN after_ms > 0 THEN now() + after_ms * interval '1 millisecond' END"
@@ -198,13 +223,13 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	// database/sql drivers differ in how they pass arrays, so the portable
 	// form sends the batch as one JSON document.
 	sqlInsert := "INSERT INTO " + table + " (message_id, topic, key, payload, headers, dedup_key, available_at, priority)" +
-		" SELECT id, topic, key, decode(payload, 'base64'), coalesce(headers, '{}'), d, " + availableAt + ", coalesce(pr, 0)" +
+		" SELECT id, topic, key, decode(payload, 'base64'), headers, d, " + availableAt + ", coalesce(pr, 0)" +
 		" FROM jsonb_to_recordset($1::jsonb)" +
 		" AS m(id uuid, topic text, key text, payload text, headers jsonb, d text, at timestamptz, after_ms bigint, pr smallint)"
 	return &Writer{
-		schema:         cfg.Schema,
 		table:          table,
 		maxPayload:     cfg.MaxPayloadBytes,
+		headers:        cfg.Headers,
 		insertPgx:      pgxInsert,
 		insertPgxDedup: pgxInsert + conflict,
 		insertSQL:      sqlInsert,
@@ -214,42 +239,57 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 
 var defaultWriter, _ = NewWriter(WriterConfig{})
 
-// PgxExecer is satisfied by pgx.Tx, *pgxpool.Tx, *pgx.Conn and anything
-// else with pgx's Exec.
-type PgxExecer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// SQLExecer is satisfied by *sql.Tx, *sql.Conn and *sql.DB.
-type SQLExecer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// Write inserts msgs into the default "outbox" schema through tx, in one
-// round trip. tx is a pgx transaction (pgx.Tx, *pgxpool.Tx or anything with
-// pgx's Exec) or a database/sql one (*sql.Tx or anything with ExecContext).
-// Call it inside the transaction that changes your business rows: the
-// messages become visible to the relay only when that transaction commits.
-func Write(ctx context.Context, tx any, msgs ...Message) error {
+// Write inserts msgs into the default "outbox" schema through tx, a pgx
+// transaction, in one round trip. Call it inside the transaction that
+// changes your business rows: the messages become visible to the relay
+// only when that transaction commits. A *pgxpool.Pool or *pgx.Conn does
+// not compile here: begin a transaction (pool.Begin) and pass that.
+func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return defaultWriter.Write(ctx, tx, msgs...)
 }
 
-// Write inserts msgs through tx; see the package-level Write.
-func (w *Writer) Write(ctx context.Context, tx any, msgs ...Message) error {
-	_, err := w.Insert(ctx, tx, msgs...)
-	return err
+// WriteSQL is Write for database/sql: tx is a *sql.Tx (a *sql.DB does not
+// compile here: begin a transaction with db.BeginTx and pass that).
+func WriteSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	return defaultWriter.WriteSQL(ctx, tx, msgs...)
 }
 
 // Insert is Write that also reports, for each message, its id and whether
 // it was skipped as a duplicate of a pending message with the same
 // DedupKey. Batches without dedup keys take one round trip; batches with
 // duplicates take a second one to look up the pending ids.
-func Insert(ctx context.Context, tx any, msgs ...Message) ([]Written, error) {
+func Insert(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 	return defaultWriter.Insert(ctx, tx, msgs...)
 }
 
+// InsertSQL is Insert for database/sql; see WriteSQL.
+func InsertSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]Written, error) {
+	return defaultWriter.InsertSQL(ctx, tx, msgs...)
+}
+
+// Write inserts msgs through tx; see the package-level Write.
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	_, err := w.Insert(ctx, tx, msgs...)
+	return err
+}
+
+// WriteSQL inserts msgs through tx; see the package-level WriteSQL.
+func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	_, err := w.InsertSQL(ctx, tx, msgs...)
+	return err
+}
+
 // Insert writes msgs through tx; see the package-level Insert.
-func (w *Writer) Insert(ctx context.Context, tx any, msgs ...Message) ([]Written, error) {
+func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
+	return w.insert(ctx, pgxQuerier{tx}, msgs)
+}
+
+// InsertSQL writes msgs through tx; see the package-level InsertSQL.
+func (w *Writer) InsertSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]Written, error) {
+	return w.insert(ctx, sqlQuerier{tx}, msgs)
+}
+
+func (w *Writer) insert(ctx context.Context, q querier, msgs []Message) ([]Written, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -282,16 +322,11 @@ func (w *Writer) Insert(ctx context.Context, tx any, msgs ...Message) ([]Written
 			b.dedup = true
 		}
 	}
-	var q querier
-	switch tx := tx.(type) {
-	case PgxExecer:
-		q = pgxQuerier{tx}
-	case SQLExecer:
-		q = sqlQuerier{tx}
-	default:
-		return nil, fmt.Errorf("%w: %T (want a pgx.Tx or *sql.Tx)", ErrUnsupportedTx, tx)
+	rows, err := w.encode(ctx, &b)
+	if err != nil {
+		return nil, err
 	}
-	inserted, err := q.insert(ctx, w, &b)
+	inserted, err := q.insert(ctx, w, rows, b.dedup)
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.ConstraintName == "messages_message_id_idx" {
@@ -331,76 +366,94 @@ type batch struct {
 	dedup bool
 }
 
+// row is one message encoded as both insert statements take it: one
+// encoder, two transports (pgx sends the rows as column arrays,
+// database/sql as one JSON document).
+type row struct {
+	ID      string          `json:"id"`
+	Topic   string          `json:"topic"`
+	Key     *string         `json:"key"`     // NULL: no key
+	Payload []byte          `json:"payload"` // base64 in JSON
+	Headers json.RawMessage `json:"headers"` // a JSON object
+	Dedup   *string         `json:"d,omitempty"`
+	At      *time.Time      `json:"at,omitempty"`
+	AfterMS int64           `json:"after_ms,omitempty"`
+	Prio    int16           `json:"pr,omitempty"`
+}
+
+// encode builds the rows of b, after the Headers hook.
+func (w *Writer) encode(ctx context.Context, b *batch) ([]row, error) {
+	rows := make([]row, len(b.msgs))
+	for i := range b.msgs {
+		m := &b.msgs[i]
+		h := m.Headers
+		if w.headers != nil {
+			h = w.headers.InjectHeaders(ctx, h)
+		}
+		hj, err := encodeHeaders(h)
+		if err != nil {
+			return nil, fmt.Errorf("message %d: %w", i, err)
+		}
+		r := row{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: hj,
+			AfterMS: m.DeliverAfter.Milliseconds(), Prio: int16(m.Priority)} // validated range
+		if m.Key != "" {
+			r.Key = &m.Key
+		}
+		if m.DedupKey != "" {
+			r.Dedup = &m.DedupKey
+		}
+		if !m.DeliverAt.IsZero() {
+			r.At = &m.DeliverAt
+		}
+		rows[i] = r
+	}
+	return rows, nil
+}
+
 // querier runs the writer's two statements through one kind of
 // transaction.
 type querier interface {
-	// insert returns the ids actually inserted (only computed for
-	// batches with dedup keys).
-	insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error)
+	// insert returns the ids actually inserted (only computed when
+	// dedup: the batch carries dedup keys).
+	insert(ctx context.Context, w *Writer, rows []row, dedup bool) (map[string]bool, error)
 	pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error)
 }
 
-// pgxQueryer is the part of pgx's shape needed for dedup keys.
-type pgxQueryer interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+type pgxQuerier struct{ tx pgx.Tx }
 
-type pgxQuerier struct{ tx PgxExecer }
-
-func (p pgxQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error) {
-	n := len(b.msgs)
+func (p pgxQuerier) insert(ctx context.Context, w *Writer, rows []row, dedup bool) (map[string]bool, error) {
+	n := len(rows)
+	ids := make([]string, n)
 	topics := make([]string, n)
 	keys := make([]*string, n)
 	payloads := make([][]byte, n)
 	headers := make([]string, n)
-	dedup := make([]*string, n)
+	dedupKeys := make([]*string, n)
 	at := make([]*time.Time, n)
 	after := make([]int64, n)
 	prio := make([]int16, n)
-	for i := range b.msgs {
-		m := &b.msgs[i]
-		topics[i] = m.Topic
-		if m.Key != "" {
-			keys[i] = &m.Key
-		}
-		payloads[i] = m.Payload
-		h, err := encodeHeaders(InjectTraceContext(ctx, m.Headers))
-		if err != nil {
-			return nil, fmt.Errorf("message %d: %w", i, err)
-		}
-		headers[i] = h
-		if m.DedupKey != "" {
-			dedup[i] = &m.DedupKey
-		}
-		if !m.DeliverAt.IsZero() {
-			at[i] = &m.DeliverAt
-		}
-		after[i] = m.DeliverAfter.Milliseconds()
-		prio[i] = int16(m.Priority)
+	for i, r := range rows {
+		ids[i], topics[i], keys[i], payloads[i], headers[i] = r.ID, r.Topic, r.Key, r.Payload, string(r.Headers)
+		dedupKeys[i], at[i], after[i], prio[i] = r.Dedup, r.At, r.AfterMS, r.Prio
 	}
-	args := []any{b.ids, topics, keys, payloads, headers, dedup, at, after, prio}
-	if !b.dedup {
+	args := []any{ids, topics, keys, payloads, headers, dedupKeys, at, after, prio}
+	if !dedup {
 		_, err := p.tx.Exec(ctx, w.insertPgx, args...)
 		return nil, err
 	}
-	qr, ok := p.tx.(pgxQueryer)
-	if !ok {
-		return nil, fmt.Errorf("%w: %T has no Query method, needed for dedup keys", ErrUnsupportedTx, p.tx)
-	}
-	rows, err := qr.Query(ctx, w.insertPgxDedup, args...)
+	res, err := p.tx.Query(ctx, w.insertPgxDedup, args...)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	inserted, err := pgx.CollectRows(res, pgx.RowTo[string])
 	if err != nil {
 		return nil, err
 	}
-	return toSet(ids), nil
+	return toSet(inserted), nil
 }
 
 func (p pgxQuerier) pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error) {
-	qr := p.tx.(pgxQueryer) // checked by insert
-	rows, err := qr.Query(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+" WHERE dedup_key = ANY($1)", keys)
+	rows, err := p.tx.Query(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+" WHERE dedup_key = ANY($1)", keys)
 	if err != nil {
 		return nil, err
 	}
@@ -410,72 +463,36 @@ func (p pgxQuerier) pendingIDs(ctx context.Context, w *Writer, keys []string) (m
 	return out, err
 }
 
-type sqlQueryer interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
+type sqlQuerier struct{ tx *sql.Tx }
 
-type sqlQuerier struct{ tx SQLExecer }
-
-type jsonMessage struct {
-	ID      string            `json:"id"`
-	Topic   string            `json:"topic"`
-	Key     *string           `json:"key"`
-	Payload []byte            `json:"payload"` // base64 by encoding/json
-	Headers map[string]string `json:"headers"`
-	Dedup   *string           `json:"d,omitempty"`
-	At      *time.Time        `json:"at,omitempty"`
-	AfterMS int64             `json:"after_ms,omitempty"`
-	Prio    int               `json:"pr,omitempty"`
-}
-
-func (s sqlQuerier) insert(ctx context.Context, w *Writer, b *batch) (map[string]bool, error) {
-	docs := make([]jsonMessage, len(b.msgs))
-	for i := range b.msgs {
-		m := &b.msgs[i]
-		docs[i] = jsonMessage{ID: b.ids[i], Topic: m.Topic, Payload: m.Payload, Headers: InjectTraceContext(ctx, m.Headers),
-			AfterMS: m.DeliverAfter.Milliseconds(), Prio: m.Priority}
-		if m.Key != "" {
-			docs[i].Key = &m.Key
-		}
-		if m.DedupKey != "" {
-			docs[i].Dedup = &m.DedupKey
-		}
-		if !m.DeliverAt.IsZero() {
-			docs[i].At = &m.DeliverAt
-		}
-	}
-	doc, err := json.Marshal(docs)
+func (s sqlQuerier) insert(ctx context.Context, w *Writer, rows []row, dedup bool) (map[string]bool, error) {
+	doc, err := json.Marshal(rows)
 	if err != nil {
 		return nil, fmt.Errorf("encode messages: %w", err)
 	}
-	if !b.dedup {
+	if !dedup {
 		_, err := s.tx.ExecContext(ctx, w.insertSQL, string(doc))
 		return nil, err
 	}
-	qr, ok := s.tx.(sqlQueryer)
-	if !ok {
-		return nil, fmt.Errorf("%w: %T has no QueryContext method, needed for dedup keys", ErrUnsupportedTx, s.tx)
-	}
-	rows, err := qr.QueryContext(ctx, w.insertSQLDedup, string(doc))
+	res, err := s.tx.QueryContext(ctx, w.insertSQLDedup, string(doc))
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer res.Close()
 	set := map[string]bool{}
-	for rows.Next() {
+	for res.Next() {
 		var id string
-		if err := rows.Scan(&id); err != nil {
+		if err := res.Scan(&id); err != nil {
 			return nil, err
 		}
 		set[id] = true
 	}
-	return set, rows.Err()
+	return set, res.Err()
 }
 
 func (s sqlQuerier) pendingIDs(ctx context.Context, w *Writer, keys []string) (map[string]string, error) {
-	qr := s.tx.(sqlQueryer)
 	doc, _ := json.Marshal(keys)
-	rows, err := qr.QueryContext(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+
+	rows, err := s.tx.QueryContext(ctx, "SELECT dedup_key, message_id::text FROM "+w.table+
 		" WHERE dedup_key IN (SELECT jsonb_array_elements_text($1::jsonb))", string(doc))
 	if err != nil {
 		return nil, err
@@ -500,13 +517,13 @@ func toSet(xs []string) map[string]bool {
 	return m
 }
 
-func encodeHeaders(h map[string]string) (string, error) {
+func encodeHeaders(h map[string]string) (json.RawMessage, error) {
 	if len(h) == 0 {
-		return "{}", nil
+		return json.RawMessage("{}"), nil
 	}
 	b, err := json.Marshal(h)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidHeader, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalidHeader, err)
 	}
-	return string(b), nil
+	return b, nil
 }

@@ -34,6 +34,14 @@ func setup(t *testing.T) (*pgxpool.Pool, *outbox.Writer, string) {
 	return pool, w, schema
 }
 
+// insert writes msgs with w in a transaction of its own, committed
+// unless the write fails.
+func insert(t *testing.T, pool *pgxpool.Pool, w *outbox.Writer, msgs ...outbox.Message) error {
+	t.Helper()
+	ctx := context.Background()
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) })
+}
+
 func readAll(t *testing.T, pool *pgxpool.Pool, schema string) []row {
 	t.Helper()
 	rows, err := pool.Query(context.Background(),
@@ -115,7 +123,7 @@ func TestWriteDatabaseSQL(t *testing.T) {
 
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, w.Write(ctx, tx,
+	require.NoError(t, w.WriteSQL(ctx, tx,
 		outbox.Message{Topic: "sql", Key: "k", Payload: []byte{0, 0xfe}, Headers: map[string]string{"a": "b"}},
 		outbox.Message{Topic: "sql", Payload: []byte{}},
 	))
@@ -123,7 +131,7 @@ func TestWriteDatabaseSQL(t *testing.T) {
 
 	tx, err = db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "gone", Payload: []byte("x")}))
+	require.NoError(t, w.WriteSQL(ctx, tx, outbox.Message{Topic: "gone", Payload: []byte("x")}))
 	require.NoError(t, tx.Rollback())
 
 	got := readAll(t, pool, schema)
@@ -166,8 +174,8 @@ func TestWriteValidation(t *testing.T) {
 		require.ErrorContains(t, err, "message 1", tc.name)
 		require.NoError(t, tx.Rollback(ctx))
 	}
-	require.ErrorIs(t, w.Write(ctx, 42, outbox.Message{Topic: "t", Payload: []byte{}}), outbox.ErrUnsupportedTx)
-	require.NoError(t, w.Write(ctx, 42), "no messages, nothing to do")
+	require.NoError(t, w.Write(ctx, nil), "no messages, nothing to do")
+	require.NoError(t, w.WriteSQL(ctx, nil), "no messages, nothing to do")
 	require.Empty(t, readAll(t, pool, schema))
 	require.True(t, errors.Is(outbox.Message{Topic: "t"}.Validate(), outbox.ErrNilPayload))
 }
@@ -179,7 +187,7 @@ func TestKeyAndTopicLimits(t *testing.T) {
 	t.Parallel()
 	pool, w, schema := setup(t)
 	ctx := context.Background()
-	err := w.Write(ctx, pool, outbox.Message{Topic: "t", Key: strings.Repeat("k", 4000), Payload: []byte{}})
+	err := insert(t, pool, w, outbox.Message{Topic: "t", Key: strings.Repeat("k", 4000), Payload: []byte{}})
 	require.ErrorIs(t, err, outbox.ErrInvalidKey)
 	require.ErrorContains(t, err, "4000 bytes, at most 1024")
 
@@ -196,7 +204,7 @@ func TestKeyAndTopicLimits(t *testing.T) {
 	// At the limit is fine, in bytes: 256 three-byte runes are 768 bytes.
 	_, err = pool.Exec(ctx, "SELECT "+s+".enqueue(repeat('t', 249), repeat('€', 341), 'x', dedup_key => repeat('d', 1024))")
 	require.NoError(t, err)
-	require.NoError(t, w.Write(ctx, pool, outbox.Message{Topic: strings.Repeat("t", 249), Key: strings.Repeat("k", 1024), Payload: []byte{}}))
+	require.NoError(t, insert(t, pool, w, outbox.Message{Topic: strings.Repeat("t", 249), Key: strings.Repeat("k", 1024), Payload: []byte{}}))
 }
 
 // A message id is what consumers deduplicate on, so two pending messages
@@ -210,17 +218,20 @@ func TestMessageIDsAreUniqueAmongPending(t *testing.T) {
 	const id = "0190a6d2-7c3e-7b1a-9c7e-3f1f5e1d2a01"
 	m := outbox.Message{Topic: "t", Payload: []byte("a"), ID: id}
 
-	_, err := w.Insert(ctx, pool, m, outbox.Message{Topic: "t", Payload: []byte("b"), ID: strings.ToUpper(id)})
+	err := insert(t, pool, w, m, outbox.Message{Topic: "t", Payload: []byte("b"), ID: strings.ToUpper(id)})
 	require.ErrorIs(t, err, outbox.ErrDuplicateID)
 	require.ErrorContains(t, err, "message 1")
 	require.Empty(t, readAll(t, pool, schema))
 
-	_, err = w.Insert(ctx, pool, m)
+	require.NoError(t, insert(t, pool, w, m))
+	other := outbox.Message{Topic: "t", Payload: []byte("other event"), ID: id}
+	require.ErrorIs(t, insert(t, pool, w, other), outbox.ErrDuplicateID, "pgx")
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	for _, tx := range []any{pool, stdlib.OpenDBFromPool(pool)} {
-		_, err = w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("other event"), ID: id})
-		require.ErrorIs(t, err, outbox.ErrDuplicateID, "%T", tx)
-	}
+	require.ErrorIs(t, w.WriteSQL(ctx, stx, other), outbox.ErrDuplicateID, "database/sql")
+	require.NoError(t, stx.Rollback())
 	_, err = pool.Exec(ctx, "INSERT INTO "+migrations.Ident(schema)+".messages (message_id, topic, payload) VALUES ($1, 't', 'x')", id)
 	require.ErrorContains(t, err, "messages_message_id_idx", "plain SQL writers are held to it too")
 	require.Len(t, readAll(t, pool, schema), 1)
@@ -228,9 +239,11 @@ func TestMessageIDsAreUniqueAmongPending(t *testing.T) {
 	// The same id with the same pending dedup key is the idempotent case:
 	// reported as a duplicate, not refused.
 	d := outbox.Message{Topic: "t", Payload: []byte("p"), ID: "0190a6d2-7c3e-7b1a-9c7e-3f1f5e1d2a02", DedupKey: "pay:1"}
-	_, err = w.Insert(ctx, pool, d)
+	require.NoError(t, insert(t, pool, w, d))
+	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	res, err := w.Insert(ctx, pool, d)
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing to undo
+	res, err := w.Insert(ctx, tx, d)
 	require.NoError(t, err)
 	require.True(t, res[0].Duplicate)
 	require.Equal(t, d.ID, res[0].MessageID)

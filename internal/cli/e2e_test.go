@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -463,7 +464,7 @@ routes:
 			outbox.Message{Topic: "users.updated", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))})
 	}
 	msgs = append(msgs, outbox.Message{Topic: "orders.placed", Key: "p", Payload: []byte("poison")})
-	require.NoError(t, w.Write(ctx, pool, msgs...))
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }))
 
 	kafkaCount := func(topic string) int {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic),

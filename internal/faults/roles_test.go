@@ -111,7 +111,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	defer db.Close()
 	stx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, w.Write(ctx, stx, outbox.Message{Topic: "orders", Key: "sql", Payload: []byte(payloadOf("orders", "sql", 0))}))
+	require.NoError(t, w.WriteSQL(ctx, stx, outbox.Message{Topic: "orders", Key: "sql", Payload: []byte(payloadOf("orders", "sql", 0))}))
 	require.NoError(t, stx.Commit())
 	want = append(want, payloadOf("orders", "sql", 0))
 	// A message the receiver rejects (dead letter) and one it fails once

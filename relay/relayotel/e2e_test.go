@@ -1,10 +1,11 @@
 package relayotel_test
 
 // End to end: an application writes messages inside a traced operation
-// (Inject), a real relay (relay.New(...).Run on an isolated schema)
-// publishes them through a real sink, and the consumer finds the writer's
-// trace context in the traceparent header while the relay's producer span
-// joins the writer's trace.
+// (a writer configured with outboxotel.TraceContext), a real relay
+// (relay.New(...).Run on an isolated schema) publishes them through a real
+// sink, and the consumer finds the writer's trace context in the
+// traceparent header while the relay's producer span joins the writer's
+// trace.
 
 import (
 	"context"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/outbox/outboxotel"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/relayotel"
 	"github.com/outbox-relay/outbox-relay/sinks"
@@ -53,14 +55,14 @@ type written struct {
 }
 
 // writeTraced writes two messages on topic in one transaction: one inside
-// a traced operation (its headers get the trace context from Inject), one
-// without.
+// a traced operation (its headers get the trace context from the writer's
+// Headers hook), one without.
 func writeTraced(t *testing.T, schema, topic string) written {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	pool := pgtest.Pool(t)
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema, Headers: outboxotel.TraceContext{}})
 	require.NoError(t, err)
 
 	// The application's own tracing, independent of the relay's.

@@ -3,17 +3,18 @@ package relayotel
 import (
 	"context"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/outbox/outboxotel"
 )
 
 // Trace context headers (W3C Trace Context), as Inject writes them.
 const (
-	HeaderTraceparent = outbox.HeaderTraceparent
-	HeaderTracestate  = outbox.HeaderTracestate
+	HeaderTraceparent = outboxotel.HeaderTraceparent
+	HeaderTracestate  = outboxotel.HeaderTracestate
 )
 
-// Inject is outbox.InjectTraceContext, for code that builds message headers
-// itself (the outbox writer already calls it).
+// Inject is outboxotel.Inject, for code that builds message headers
+// itself (a writer configured with outboxotel.TraceContext calls it for
+// every message).
 func Inject(ctx context.Context, headers map[string]string) map[string]string {
-	return outbox.InjectTraceContext(ctx, headers)
+	return outboxotel.Inject(ctx, headers)
 }

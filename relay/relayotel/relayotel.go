@@ -3,12 +3,14 @@
 // child of the trace context the application stored with the message (its
 // W3C traceparent and tracestate headers), so a consumer's trace continues
 // the writer's trace through the outbox. Setup installs an OTLP/HTTP
-// exporter configured by the standard OTEL_* environment variables, and
-// Inject is the writer-side helper that stores the current trace context
-// in a message's headers.
+// exporter configured by the standard OTEL_* environment variables.
+// Inject, the writer-side helper that stores the current trace context in
+// a message's headers, is outboxotel.Inject (outbox/outboxotel), kept
+// here for code that already calls it.
 //
 // The relay and sink packages know nothing of OpenTelemetry; this package
-// is the only place that imports it. See docs/tracing.md.
+// is the only place on the relay side that imports it (outbox/outboxotel
+// is its writer-side counterpart). See docs/tracing.md.
 package relayotel
 
 import (
