@@ -84,3 +84,14 @@ func TestReapStale(t *testing.T) {
 	_, err = os.Stat(live)
 	require.NoError(t, err, "a live test process's instance was reaped")
 }
+
+// TestNotAnInstanceDir: a path that cannot be an instance directory (above
+// all an empty one, which as a prefix would match every process) matches
+// no process and kills none.
+func TestNotAnInstanceDir(t *testing.T) {
+	t.Parallel()
+	for _, dir := range []string{"", "/", os.TempDir(), os.TempDir() + "/", "relative", os.TempDir() + "/a/../.."} {
+		require.Empty(t, ProcessesIn(dir), "%q", dir)
+		require.Error(t, killAll(dir), "%q", dir)
+	}
+}
