@@ -74,7 +74,7 @@ func Server(t testing.TB) *Broker {
 	close(b.exited) // no server yet
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("throwaway RabbitMQ log (tail):\n%s", testproc.Tail(b.log, 30))
+			t.Logf("throwaway RabbitMQ %s", b.logTail(30))
 		}
 		if err := proc.KillAll(); err != nil {
 			t.Errorf("throwaway RabbitMQ: %v", err)
@@ -206,7 +206,8 @@ func (b *Broker) start() error {
 	// rabbitmqctl wait: the pid file, then the distribution, then the
 	// application. It would notice a dead node only after a while, so
 	// watch the process too.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Booting takes about 10 s of CPU: minutes on a machine loaded 20 deep.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	go func() {
 		select {
@@ -215,15 +216,22 @@ func (b *Broker) start() error {
 		case <-ctx.Done():
 		}
 	}()
-	if _, err := b.Ctl(ctx, "wait", "--timeout", "170", b.pidFile); err != nil {
+	if _, err := b.Ctl(ctx, "wait", "--timeout", "290", b.pidFile); err != nil {
 		select {
 		case <-exited:
-			return fmt.Errorf("rabbitmq-server exited during boot: %s\nlog (tail):\n%s", cmd.ProcessState, testproc.Tail(b.log, 20))
+			return fmt.Errorf("rabbitmq-server exited during boot: %s\n%s", cmd.ProcessState, b.logTail(20))
 		default:
-			return fmt.Errorf("%v\nlog (tail):\n%s", err, testproc.Tail(b.log, 20))
+			return fmt.Errorf("%v\n%s", err, b.logTail(20))
 		}
 	}
 	return nil
+}
+
+// logTail returns the ends of the node's output and of its own log file
+// (where it logs once booted far enough), for failure messages.
+func (b *Broker) logTail(n int) string {
+	nodeLog := filepath.Join(b.proc.Dir, "log", b.node+".log")
+	return fmt.Sprintf("output (tail):\n%s\nlog %s (tail):\n%s", testproc.Tail(b.log, n), nodeLog, testproc.Tail(nodeLog, n))
 }
 
 // run runs one of the node's programs with the node's environment.

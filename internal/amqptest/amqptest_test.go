@@ -16,10 +16,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestServer runs a throwaway node through what the broker tests do to
-// it: a persistent message in a durable queue survives stop_app and
-// start_app, connections are refused in between, rabbitmqctl reaches the
-// node, and nothing of it is left once its test has ended.
+// TestServer checks the helper's own contract: the node takes
+// persistent messages with confirms, rabbitmqctl reaches it, and nothing of
+// it (directory, processes) is left once its test has ended. Stopping and
+// starting the application is exercised by TestBrokerRestart
+// (sinks/amqpsink) and TestAMQPOutage (internal/faults).
 func TestServer(t *testing.T) {
 	t.Parallel()
 	var dir string
@@ -30,38 +31,26 @@ func TestServer(t *testing.T) {
 		defer cancel()
 		conn, err := amqp.Dial(b.URL())
 		require.NoError(t, err)
+		defer conn.Close()
 		ch, err := conn.Channel()
 		require.NoError(t, err)
 		_, err = ch.QueueDeclare("kept", true, false, false, false, nil)
 		require.NoError(t, err)
 		require.NoError(t, ch.Confirm(false))
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "kept", true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("survives")})
+			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("kept")})
 		require.NoError(t, err)
-		ok, err := dc.WaitContext(ctx)
+		acked, err := dc.WaitContext(ctx)
 		require.NoError(t, err)
-		require.True(t, ok, "nacked")
+		require.True(t, acked, "nacked")
 
-		out, err := b.Ctl(ctx, "eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+		out, err := b.Ctl(ctx, "list_queues", "--quiet", "--no-table-headers", "name", "messages")
 		require.NoError(t, err)
-		require.NotEmpty(t, strings.TrimSpace(out))
-
-		require.NoError(t, b.StopApp(ctx))
-		<-conn.NotifyClose(make(chan *amqp.Error, 1))
-		_, err = amqp.Dial(b.URL())
-		require.Error(t, err, "connected while the application was stopped")
-		require.NoError(t, b.StartApp(ctx))
-
-		conn, err = amqp.Dial(b.URL())
-		require.NoError(t, err)
-		defer conn.Close()
-		ch, err = conn.Channel()
-		require.NoError(t, err)
-		d, ok, err := ch.Get("kept", true)
-		require.NoError(t, err)
-		require.True(t, ok, "the durable queue lost its message")
-		require.Equal(t, "survives", string(d.Body))
+		require.Equal(t, "kept\t1", strings.TrimSpace(out))
 	})
+	if dir == "" {
+		return // the node did not start: nothing to check
+	}
 	_, err := os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "node directory %s left behind: %v", dir, err)
 	require.Empty(t, testproc.ProcessesIn(dir), "node processes left behind")

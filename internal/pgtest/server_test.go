@@ -58,6 +58,9 @@ func TestServer(t *testing.T) {
 		require.NoError(t, c.QueryRow(ctx, "SELECT count(*) FROM kept").Scan(&n))
 		require.Equal(t, 1, n, "a committed row was lost in the crash")
 	})
+	if dir == "" {
+		return // the server did not start: nothing to check
+	}
 	_, err := os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "server directory %s left behind: %v", dir, err)
 	require.Empty(t, testproc.ProcessesIn(dir), "server processes left behind")

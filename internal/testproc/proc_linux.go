@@ -120,9 +120,11 @@ func (in *Instance) Processes() []int { return ProcessesIn(in.Dir) }
 func (in *Instance) KillAll() error { return killAll(in.Dir) }
 
 // ProcessesIn returns the pids of the processes of the instance whose
-// directory is (or was) dir.
+// directory is (or was) dir. dir must be an instance directory: anything
+// else that is not absolute and below the temporary directory matches
+// nothing (an empty dir would otherwise match every process).
 func ProcessesIn(dir string) []int {
-	if !owned(dir) {
+	if !isInstanceDir(dir) {
 		return nil
 	}
 	entries, err := os.ReadDir("/proc")
@@ -149,18 +151,9 @@ func ProcessesIn(dir string) []int {
 	return pids
 }
 
-// owned reports whether dir can be an instance's directory: an absolute
-// path below the temporary directory. Anything else ("" would match every
-// working directory on the machine) selects no process, so that no bug in
-// a caller can make KillAll kill the machine's own servers.
-func owned(dir string) bool {
-	tmp := filepath.Clean(os.TempDir())
-	return filepath.IsAbs(dir) && strings.HasPrefix(filepath.Clean(dir), tmp+string(filepath.Separator))
-}
-
 func killAll(dir string) error {
-	if !owned(dir) {
-		return fmt.Errorf("testproc: %q is not an instance directory under %s; killing nothing", dir, os.TempDir())
+	if !isInstanceDir(dir) {
+		return fmt.Errorf("refusing to kill the processes of %q: not an instance directory", dir)
 	}
 	// There is no signal for the death of a process that is not our
 	// child, so look again until /proc has none left.
@@ -187,6 +180,13 @@ func killAll(dir string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// isInstanceDir reports whether dir can be an instance directory: a
+// clean absolute path strictly inside the temporary directory.
+func isInstanceDir(dir string) bool {
+	tmp := filepath.Clean(os.TempDir())
+	return filepath.IsAbs(dir) && filepath.Clean(dir) == dir && strings.HasPrefix(dir, tmp+"/") && len(dir) > len(tmp)+1
 }
 
 // procStart returns the start time of pid (field 22 of /proc/<pid>/stat).
