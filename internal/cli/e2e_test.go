@@ -466,17 +466,25 @@ routes:
 	msgs = append(msgs, outbox.Message{Topic: "orders.placed", Key: "p", Payload: []byte("poison")})
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }))
 
-	kafkaCount := func(topic string) int {
+	// kafkaCount reads topic from the start until it has want records
+	// (or 30 s pass), then half a second more for any beyond want, and
+	// returns how many there were: a fixed two-second read returned 0 on a
+	// loaded machine, before the client had even fetched metadata.
+	kafkaCount := func(topic string, want int) int {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		require.NoError(t, err)
 		defer cl.Close()
 		var vals []string
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		for pctx.Err() == nil {
-			cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { vals = append(vals, string(r.Value)) })
+		poll := func(d time.Duration, done func() bool) {
+			pctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			for pctx.Err() == nil && !done() {
+				cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { vals = append(vals, string(r.Value)) })
+			}
 		}
+		poll(30*time.Second, func() bool { return len(vals) >= want })
+		poll(500*time.Millisecond, func() bool { return false })
 		checkSeqOrder(t, vals)
 		return len(vals)
 	}
@@ -503,8 +511,8 @@ routes:
 	}()
 	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, 101, kafkaCount("orders.placed"))
-	require.Equal(t, 100, kafkaCount("users.updated"))
+	require.Equal(t, 101, kafkaCount("orders.placed", 101))
+	require.Equal(t, 100, kafkaCount("users.updated", 100))
 	mu.Lock()
 	require.True(t, kafkaDoneFirst, "Kafka got every order while the webhook refused key c3")
 	require.Len(t, hook, 100)
@@ -527,7 +535,7 @@ routes:
 	mu.Lock()
 	require.Equal(t, "poison", hook[len(hook)-1], "the replayed copy reached the webhook")
 	mu.Unlock()
-	require.Equal(t, 101, kafkaCount("orders.placed"), "Kafka did not get the replayed message again")
+	require.Equal(t, 101, kafkaCount("orders.placed", 101), "Kafka did not get the replayed message again")
 
 	// The archive replays what one destination delivered, to it alone.
 	code, _, stderr = run(t, "replay", "--from", "1h", "--route", "nope", "--config", cfgFile)
@@ -542,5 +550,5 @@ routes:
 	require.Len(t, hook, 202)
 	checkSeqOrder(t, hook[101:])
 	mu.Unlock()
-	require.Equal(t, 101, kafkaCount("orders.placed"))
+	require.Equal(t, 101, kafkaCount("orders.placed", 101))
 }
