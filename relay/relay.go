@@ -173,7 +173,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrainTimer()
 
-	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "archive", r.cfg.Archive)
+	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	if !r.cfg.Deliveries && len(r.cfg.FanOut) == 0 && r.cfg.Route != "" {
 		left, err := r.copiesLeft(ctx)
 		if err != nil {
@@ -476,8 +476,13 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		}
 		cb.Queue(q.hasPriority, probe...)
 	}
-	cb.Queue(claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
-		r.cfg.Route, topics, exclude, handover)
+	args := []any{r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
+		r.cfg.Route, topics, exclude, handover}
+	if !router {
+		// The router reads no payloads: it has no byte limit.
+		args = append(args, r.cfg.BatchBytes)
+	}
+	cb.Queue(claim, args...)
 	br := pc.SendBatch(hard, cb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()

@@ -232,6 +232,7 @@ type runOptions struct {
 	sink            string
 	workers         int
 	batchSize       int
+	batchBytes      int64
 	pollInterval    time.Duration
 	publishTimeout  time.Duration
 	maxAttempts     int
@@ -280,6 +281,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
+	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
 	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work without a notification")
 	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
 	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
@@ -313,7 +315,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
-		"connect-timeout": int64(o.connectTimeout),
+		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes,
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -327,6 +329,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		Schema:              g.schema,
 		Workers:             o.workers,
 		BatchSize:           o.batchSize,
+		BatchBytes:          o.batchBytes,
 		PollInterval:        o.pollInterval,
 		PublishTimeout:      o.publishTimeout,
 		MaxAttempts:         o.maxAttempts,

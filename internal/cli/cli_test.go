@@ -39,6 +39,7 @@ func TestUsageErrorsExit2AndNameTheField(t *testing.T) {
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--heartbeat", "1m"}, "heartbeat"},
 		{[]string{"run", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"run", "--batch-size", "many"}, "batch-size"},
+		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--batch-bytes", "0"}, "batch-bytes: must be positive"},
 		{[]string{"status", "--log-level", "loud"}, "log-level"},
 		{[]string{"migrate", "--print", "--schema", strings.Repeat("s", 60)}, "schema"},
 		{[]string{"dlq", "replay", "--database-url", "postgres://x@127.0.0.1:1/d"}, "select dead letters"},
