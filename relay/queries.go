@@ -23,6 +23,8 @@ type queries struct {
 	copyToRoutes string
 
 	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	// owned lists the lanes relay $1 owns in route $2.
+	owned string
 }
 
 // topicFilter is the route's topic condition on the row alias a: $7 are
@@ -285,6 +287,7 @@ RETURNING lane`,
 
 		releaseAll: `UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL WHERE route = $2 AND owner = $1`,
 		unregister: `DELETE FROM ` + s + `.relays WHERE id = $1`,
+		owned:      `SELECT lane FROM ` + s + `.lanes WHERE route = $2 AND owner = $1`,
 	}
 	q.routerClaim = strings.Replace(q.routerClaim, "m.payload, m.headers,", `'\x'::bytea, '{}'::jsonb,`, 1)
 	return q

@@ -66,6 +66,7 @@ type Relay struct {
 
 	wake     []chan struct{}
 	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
+	connWait []atomic.Int64 // see starved
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
 	priority  []bool
@@ -94,9 +95,9 @@ type StatsSnapshot struct {
 }
 
 // New returns a relay that reads the outbox through pool and publishes to
-// sink. The pool needs at least Workers+1 connections (one is held for the
-// lane lease); use NewPool to get one with the session settings the relay
-// wants.
+// sink. The pool needs at least Conns(cfg) connections (a connection per
+// worker, the lane lease, and LISTEN unless SharedListener); use NewPool
+// to get one with the session settings the relay wants.
 func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -105,8 +106,12 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if pool == nil || (sink == nil && len(cfg.FanOut) == 0) {
 		return nil, errors.New("outbox: relay: pool and sink are required")
 	}
-	if max := int(pool.Config().MaxConns); max < cfg.Workers+1 {
-		return nil, fmt.Errorf("outbox: workers: %d workers need a pool of at least %d connections, have %d", cfg.Workers, cfg.Workers+1, max)
+	if max, need := int(pool.Config().MaxConns), Conns(cfg); max < need {
+		what := "one each, the lane lease and LISTEN"
+		if cfg.SharedListener {
+			what = "one each and the lane lease"
+		}
+		return nil, fmt.Errorf("outbox: max-conns: %d workers need a pool of at least %d connections (%s), have %d", cfg.Workers, need, what, max)
 	}
 	r := &Relay{
 		cfg:      cfg,
@@ -117,6 +122,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
+		connWait: make([]atomic.Int64, cfg.Workers),
 		priority: make([]bool, cfg.Workers),
 	}
 	for i := range r.wake {
@@ -286,6 +292,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
 	}
+	if d, starved := r.starved(); starved {
+		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
+	}
 	var readOnly bool
 	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
 		return fmt.Errorf("outbox: database: %w", err)
@@ -331,9 +340,10 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 			if err != nil {
 				return err
 			}
-			// The connection carries LISTEN state: never give it back.
-			pc := conn.Hijack()
-			defer pc.Close(context.WithoutCancel(ctx))
+			// The connection carries LISTEN state: never give it back to
+			// the pool (but keep it counted there, see dropConn).
+			defer dropConn(context.WithoutCancel(ctx), conn)
+			pc := conn.Conn()
 			if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
 				return err
 			}
@@ -414,10 +424,14 @@ type claimed struct {
 // transaction. It returns how many messages it claimed.
 func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, err error) {
 	start := time.Now()
+	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
+		// Still without a connection (through the backoff too): see
+		// starved.
 		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
+	r.gotConn(worker)
 	defer func() {
 		// A session that cannot write (it started on a read-only or
 		// standby server) stays that way: close it so that the pool opens

@@ -40,6 +40,8 @@ func TestUsageErrorsExit2AndNameTheField(t *testing.T) {
 		{[]string{"run", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"run", "--batch-size", "many"}, "batch-size"},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--batch-bytes", "0"}, "batch-bytes: must be positive"},
+		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--max-conns", "3"}, "max-conns: 3 is below the 4 connections"},
+		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--max-conns", "-1"}, "max-conns: must not be negative"},
 		{[]string{"status", "--log-level", "loud"}, "log-level"},
 		{[]string{"migrate", "--print", "--schema", strings.Repeat("s", 60)}, "schema"},
 		{[]string{"dlq", "replay", "--database-url", "postgres://x@127.0.0.1:1/d"}, "select dead letters"},

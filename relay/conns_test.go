@@ -1,0 +1,110 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+)
+
+// withAppName returns the database URL u with application_name set.
+func withAppName(t *testing.T, u, name string) string {
+	t.Helper()
+	pu, err := url.Parse(u)
+	require.NoError(t, err)
+	q := pu.Query()
+	q.Set("application_name", name)
+	pu.RawQuery = q.Encode()
+	return pu.String()
+}
+
+// connCounter samples how many sessions carry an application_name, and
+// keeps the highest count.
+type connCounter struct {
+	peak atomic.Int64
+	stop func()
+}
+
+func countConns(t *testing.T, pool *pgxpool.Pool, appName string) *connCounter {
+	t.Helper()
+	c := &connCounter{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n); err == nil {
+				c.peak.Store(max(c.peak.Load(), n))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	c.stop = func() { cancel(); <-done }
+	t.Cleanup(c.stop)
+	return c
+}
+
+// TestProcessStaysWithinMaxConns: a relay whose workers are busy, while
+// health checks hammer the pool, never has more sessions on the server
+// than its pool's MaxConns. Before the fix, the lane lease and LISTEN
+// connections were hijacked out of the pool, which then opened two more
+// in their place: 6 sessions for a pool of 4.
+func TestProcessStaysWithinMaxConns(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	app := "conns-" + e.schema
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: withAppName(t, pgtest.URL(), app), Workers: 2})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	limit := int64(pool.Config().MaxConns)
+
+	var msgs []outbox.Message
+	for i := 0; i < 400; i++ {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%40), "x"))
+	}
+	e.write(msgs...)
+	sink := memory.New()
+	sink.SetDelay(20 * time.Millisecond) // workers hold their connections while publishing
+	cfg := e.config()
+	cfg.Workers = 2
+	cfg.BatchSize = 10
+	r, err := relay.New(pool, sink, cfg)
+	require.NoError(t, err)
+	counter := countConns(t, e.pool, app)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+
+	// Health checks and metrics take what connections they can get.
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				rctx, rcancel := context.WithTimeout(ctx, time.Second)
+				_ = r.Ready(rctx)
+				rcancel()
+			}
+		}()
+	}
+	require.NoError(t, sink.WaitFor(waitCtx(t, 60*time.Second), len(msgs)))
+	cancel()
+	wg.Wait()
+	require.NoError(t, <-done)
+	counter.stop()
+	t.Logf("pool MaxConns %d, peak sessions %d", limit, counter.peak.Load())
+	require.LessOrEqual(t, counter.peak.Load(), limit, "sessions of one relay process")
+}
