@@ -58,17 +58,23 @@ func countConns(t *testing.T, pool *pgxpool.Pool, appName string) *connCounter {
 
 // TestProcessStaysWithinMaxConns: a relay whose workers are busy, while
 // health checks hammer the pool, never has more sessions on the server
-// than its pool's MaxConns. Before the fix, the lane lease and LISTEN
+// than its pool's MaxConns, here the least it needs (2 workers, lease,
+// LISTEN), and still delivers. Before the fix, the lane lease and LISTEN
 // connections were hijacked out of the pool, which then opened two more
 // in their place: 6 sessions for a pool of 4.
 func TestProcessStaysWithinMaxConns(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	app := "conns-" + e.schema
-	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: withAppName(t, pgtest.URL(), app), Workers: 2})
+	cfg := e.config()
+	cfg.Workers = 2
+	cfg.BatchSize = 10
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: withAppName(t, pgtest.URL(), app),
+		Workers: cfg.Workers, MaxConns: relay.Conns(cfg)})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	limit := int64(pool.Config().MaxConns)
+	require.EqualValues(t, 4, limit)
 
 	var msgs []outbox.Message
 	for i := 0; i < 400; i++ {
@@ -77,9 +83,6 @@ func TestProcessStaysWithinMaxConns(t *testing.T) {
 	e.write(msgs...)
 	sink := memory.New()
 	sink.SetDelay(20 * time.Millisecond) // workers hold their connections while publishing
-	cfg := e.config()
-	cfg.Workers = 2
-	cfg.BatchSize = 10
 	r, err := relay.New(pool, sink, cfg)
 	require.NoError(t, err)
 	counter := countConns(t, e.pool, app)
@@ -107,4 +110,21 @@ func TestProcessStaysWithinMaxConns(t *testing.T) {
 	counter.stop()
 	t.Logf("pool MaxConns %d, peak sessions %d", limit, counter.peak.Load())
 	require.LessOrEqual(t, counter.peak.Load(), limit, "sessions of one relay process")
+}
+
+func TestNewRefusesAPoolTooSmall(t *testing.T) {
+	t.Parallel()
+	cfg := relay.Config{Workers: 3}
+	require.Equal(t, 5, relay.Conns(cfg), "3 workers, lease, LISTEN")
+	shared := cfg
+	shared.SharedListener = true
+	require.Equal(t, 2*4+1, relay.Conns(shared, shared), "two relays sharing one LISTEN")
+
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), MaxConns: 4})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = relay.New(pool, memory.New(), cfg)
+	require.ErrorContains(t, err, "max-conns: 3 workers need a pool of at least 5 connections (one each, the lane lease and LISTEN), have 4")
+	_, err = relay.New(pool, memory.New(), shared)
+	require.NoError(t, err, "with a shared LISTEN, 4 will do")
 }

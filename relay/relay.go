@@ -95,9 +95,10 @@ type StatsSnapshot struct {
 }
 
 // New returns a relay that reads the outbox through pool and publishes to
-// sink. The pool needs at least Conns(cfg) connections (a connection per
-// worker, the lane lease, and LISTEN unless SharedListener); use NewPool
-// to get one with the session settings the relay wants.
+// sink. The pool needs at least a connection per worker, one for the lane
+// lease and, unless SharedListener, one for LISTEN (Conns counts them for
+// a whole process); use NewPool to get one with the session settings the
+// relay wants.
 func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -106,11 +107,13 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if pool == nil || (sink == nil && len(cfg.FanOut) == 0) {
 		return nil, errors.New("outbox: relay: pool and sink are required")
 	}
-	if max, need := int(pool.Config().MaxConns), Conns(cfg); max < need {
-		what := "one each, the lane lease and LISTEN"
-		if cfg.SharedListener {
-			what = "one each and the lane lease"
-		}
+	// What this relay holds itself (a shared LISTEN is the caller's: see
+	// Conns for a whole process).
+	need, what := cfg.Workers+2, "one each, the lane lease and LISTEN"
+	if cfg.SharedListener {
+		need, what = cfg.Workers+1, "one each and the lane lease"
+	}
+	if max := int(pool.Config().MaxConns); max < need {
 		return nil, fmt.Errorf("outbox: max-conns: %d workers need a pool of at least %d connections (%s), have %d", cfg.Workers, need, what, max)
 	}
 	r := &Relay{
