@@ -128,3 +128,26 @@ func TestNewRefusesAPoolTooSmall(t *testing.T) {
 	_, err = relay.New(pool, memory.New(), shared)
 	require.NoError(t, err, "with a shared LISTEN, 4 will do")
 }
+
+// A relay stopped while its start-up queries wait (for the database, or
+// for a connection of a capped pool) returns nil like any stopped relay:
+// the CLI exited 1 on SIGTERM in that window ("look for fan-out copies of
+// route …: context canceled").
+func TestStopDuringStartReturnsNil(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, cfg := range []relay.Config{e.config(), func() relay.Config {
+		c := e.config()
+		c.Route = "orders" // a named route looks for leftover fan-out copies at start
+		return c
+	}()} {
+		pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), Workers: cfg.Workers})
+		require.NoError(t, err)
+		r, err := relay.New(pool, memory.New(), cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		require.NoError(t, r.Run(ctx))
+		pool.Close()
+	}
+}

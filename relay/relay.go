@@ -165,6 +165,9 @@ func (r *Relay) Stats() StatsSnapshot {
 func (r *Relay) Run(ctx context.Context) error {
 	v, err := r.schemaVersion(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started: nothing to drain
+		}
 		return err
 	}
 	if v < migrations.Latest() {
@@ -186,6 +189,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.Deliveries && len(r.cfg.FanOut) == 0 && r.cfg.Route != "" {
 		left, err := r.copiesLeft(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("outbox: look for fan-out copies of route %q: %w", r.cfg.Route, err)
 		}
 		if left {
@@ -196,6 +202,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Archive {
 		// Partitions must exist before the first delivery is archived.
 		if err := r.maintainArchive(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		archiveDone := make(chan struct{})
