@@ -10,7 +10,7 @@ export TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 GO_TEST := go test -race -count=1 -timeout 20m
 BIN := bin
 
-.PHONY: help build demo test test-disruptive vet chaos faults bench fuzz services clean
+.PHONY: help build demo test vet chaos faults bench fuzz services clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -18,26 +18,24 @@ help: ## list targets
 build: ## build bin/outbox-relay and bin/outbox-demo
 	go build -o $(BIN)/ ./cmd/...
 
-services: ## start (or install) Postgres and RabbitMQ for the tests
+services: ## start (or install) Postgres and RabbitMQ for the tests; prints every change it makes
 	scripts/services.sh postgres rabbitmq docker-compose
 
 demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
 	scripts/services.sh postgres
 	scripts/demo.sh
 
-vet:
+vet: ## go vet, the module and bench/
 	go vet ./...
 	cd bench && go vet .
 
+# Tests that restart, stop or reconfigure a server do it to a throwaway
+# instance of their own (internal/pgtest.Server, internal/amqptest.Server),
+# so they run with the rest and the shared services are never disturbed.
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
-	$(MAKE) test-disruptive
 
-test-disruptive: ## tests that restart RabbitMQ (and later Postgres); run alone, after the rest
-	TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'TestBrokerRestart|TestBrokerMemoryAlarm' ./sinks/amqpsink/
-	TEST_PG_DISRUPTIVE=1 TEST_AMQP_DISRUPTIVE=1 $(GO_TEST) -run 'Disruptive' ./internal/faults/
-
-chaos: services build ## long chaos run (kills relays, restarts Postgres)
+chaos: services build ## long chaos run (kills relays, restarts a throwaway Postgres)
 	CHAOS_LONG=1 $(GO_TEST) -timeout 60m -run 'Chaos' -v ./internal/chaos/
 
 faults: services build ## long fault-injection runs (30 s outages, 5M backlog)

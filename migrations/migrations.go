@@ -14,12 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed *.up.sql
@@ -37,7 +39,15 @@ type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	// RelayMin is the lowest schema version a relay must know to run on a
+	// schema with this migration applied. A file declares it with a line
+	// "-- relay-min: N" when relays built for version N still work after
+	// it (it only adds what they do not use); by default it is Version:
+	// a relay older than the migration stops (see Requirement).
+	RelayMin int
 }
+
+var relayMinLine = regexp.MustCompile(`(?m)^-- relay-min: (\d+)`)
 
 // ValidateSchema reports whether name can be used as the outbox schema.
 // Any characters are allowed (names are always quoted); the length is
@@ -94,7 +104,13 @@ func Load(schema string) ([]Migration, error) {
 		if err := tmpl.Execute(&buf, data); err != nil {
 			return nil, fmt.Errorf("outbox: migration %s: %w", name, err)
 		}
-		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: buf.String()})
+		m := Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: buf.String(), RelayMin: v}
+		if sub := relayMinLine.FindStringSubmatch(m.SQL); sub != nil {
+			if m.RelayMin, err = strconv.Atoi(sub[1]); err != nil || m.RelayMin > v {
+				return nil, fmt.Errorf("outbox: migration %s: relay-min must be a version up to %d", name, v)
+			}
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }
@@ -114,12 +130,14 @@ func versionTableDDL(schema string) string {
 		"    version    integer     PRIMARY KEY,\n" +
 		"    name       text        NOT NULL,\n" +
 		"    applied_at timestamptz NOT NULL DEFAULT now()\n" +
-		");\n"
+		");\n" +
+		// Added with version 8; NULL for migrations recorded before.
+		"ALTER TABLE " + Ident(schema) + ".schema_migrations ADD COLUMN IF NOT EXISTS relay_min integer;\n"
 }
 
 func recordSQL(schema string, m Migration) string {
-	return fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name) VALUES (%d, %s);\n",
-		Ident(schema), m.Version, Literal(m.Name))
+	return fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, relay_min) VALUES (%d, %s, %d);\n",
+		Ident(schema), m.Version, Literal(m.Name), m.RelayMin)
 }
 
 // Script returns every migration for schema as one plain SQL script, with
@@ -221,4 +239,27 @@ func Current(ctx context.Context, db interface {
 		return 0, fmt.Errorf("outbox: migration version: %w", err)
 	}
 	return v, nil
+}
+
+// Requirement returns the highest applied version of schema (0 when the
+// schema has never been migrated) and the lowest version a relay must know
+// to run on it (the highest RelayMin applied). A relay knowing version
+// Latest() may run when version >= Latest() and relayMin <= Latest(). One
+// round trip; do not call it inside a transaction (a missing schema is an
+// error there).
+func Requirement(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string) (version, relayMin int, err error) {
+	// Through to_jsonb, so that a version table written before relay_min
+	// existed reads too (every migration then needs its own version).
+	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0), coalesce(max(coalesce((to_jsonb(m) ->> 'relay_min')::int, version)), 0)
+FROM `+Ident(schema)+`.schema_migrations m`).Scan(&version, &relayMin)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") { // no such table, no such schema
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: migration version: %w", err)
+	}
+	return version, relayMin, nil
 }

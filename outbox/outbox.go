@@ -84,10 +84,19 @@ var (
 	ErrInvalidDelay    = errors.New("outbox: invalid delay")
 	ErrInvalidID       = errors.New("outbox: invalid message id")
 	ErrInvalidPriority = errors.New("outbox: invalid priority")
+	// ErrDuplicateID: a message's ID is that of another message in the
+	// same call or of a pending message (one not yet delivered).
+	ErrDuplicateID = errors.New("outbox: duplicate message id")
 )
 
-// MaxTopicLen is the longest topic accepted (Kafka's limit is 249).
+// MaxTopicLen is the longest topic accepted, in bytes (Kafka's limit is
+// 249). The table enforces it too (migration 8).
 const MaxTopicLen = 249
+
+// MaxKeyLen is the longest key, and the longest dedup key, accepted, in
+// bytes. The table enforces it too: a longer key could not be stored in
+// the index entries the relay needs to retry the message.
+const MaxKeyLen = 1024
 
 // DefaultMaxPayloadBytes is Writer's default payload limit (Postgres allows
 // up to 1 GiB in a bytea, but no broker does).
@@ -109,6 +118,10 @@ func (m Message) validate(maxPayload int) error {
 		return fmt.Errorf("%w: %q contains a control character", ErrInvalidTopic, m.Topic)
 	case !utf8.ValidString(m.Key) || strings.ContainsRune(m.Key, 0):
 		return fmt.Errorf("%w: must be valid UTF-8 without NUL", ErrInvalidKey)
+	case len(m.Key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidKey, len(m.Key), MaxKeyLen)
+	case len(m.DedupKey) > MaxKeyLen:
+		return fmt.Errorf("%w: dedup key is %d bytes, at most %d", ErrInvalidKey, len(m.DedupKey), MaxKeyLen)
 	case m.Payload == nil:
 		return ErrNilPayload
 	case maxPayload > 0 && len(m.Payload) > maxPayload:
@@ -241,12 +254,23 @@ func (w *Writer) Insert(ctx context.Context, tx any, msgs ...Message) ([]Written
 		return nil, nil
 	}
 	b := batch{msgs: msgs, ids: make([]string, len(msgs))}
+	var given map[uuid.UUID]int // caller-set ids, to refuse repeats
 	for i := range msgs {
 		m := &msgs[i]
 		if err := m.validate(w.maxPayload); err != nil {
 			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
 		b.ids[i] = m.ID
+		if m.ID != "" {
+			id := uuid.MustParse(m.ID) // validated
+			if j, ok := given[id]; ok {
+				return nil, fmt.Errorf("message %d: %w: %s is also the id of message %d", i, ErrDuplicateID, m.ID, j)
+			}
+			if given == nil {
+				given = map[uuid.UUID]int{}
+			}
+			given[id] = i
+		}
 		if b.ids[i] == "" {
 			id, err := uuid.NewV7()
 			if err != nil {
@@ -269,6 +293,10 @@ func (w *Writer) Insert(ctx context.Context, tx any, msgs ...Message) ([]Written
 	}
 	inserted, err := q.insert(ctx, w, &b)
 	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.ConstraintName == "messages_message_id_idx" {
+			return nil, fmt.Errorf("outbox: write %d messages: %w: a pending message already has this id (%s)", len(msgs), ErrDuplicateID, pe.Detail)
+		}
 		return nil, fmt.Errorf("outbox: write %d messages: %w", len(msgs), err)
 	}
 	out := make([]Written, len(msgs))

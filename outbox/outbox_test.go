@@ -155,6 +155,8 @@ func TestWriteValidation(t *testing.T) {
 		{"empty header name", w, outbox.Message{Topic: "t", Payload: []byte{}, Headers: map[string]string{"": "v"}}, outbox.ErrInvalidHeader},
 		{"invalid utf8 header", w, outbox.Message{Topic: "t", Payload: []byte{}, Headers: map[string]string{"h": "\xff"}}, outbox.ErrInvalidHeader},
 		{"invalid utf8 key", w, outbox.Message{Topic: "t", Key: "\xff", Payload: []byte{}}, outbox.ErrInvalidKey},
+		{"long key", w, outbox.Message{Topic: "t", Key: strings.Repeat("k", outbox.MaxKeyLen+1), Payload: []byte{}}, outbox.ErrInvalidKey},
+		{"long dedup key", w, outbox.Message{Topic: "t", DedupKey: strings.Repeat("k", outbox.MaxKeyLen+1), Payload: []byte{}}, outbox.ErrInvalidKey},
 	}
 	for _, tc := range cases {
 		tx, err := pool.Begin(ctx)
@@ -168,4 +170,68 @@ func TestWriteValidation(t *testing.T) {
 	require.NoError(t, w.Write(ctx, 42), "no messages, nothing to do")
 	require.Empty(t, readAll(t, pool, schema))
 	require.True(t, errors.Is(outbox.Message{Topic: "t"}.Validate(), outbox.ErrNilPayload))
+}
+
+// Keys and topics longer than the relay can store in its index entries
+// are refused when written, by the writer and by the table itself (for
+// plain-SQL writers), with an error that names the limit.
+func TestKeyAndTopicLimits(t *testing.T) {
+	t.Parallel()
+	pool, w, schema := setup(t)
+	ctx := context.Background()
+	err := w.Write(ctx, pool, outbox.Message{Topic: "t", Key: strings.Repeat("k", 4000), Payload: []byte{}})
+	require.ErrorIs(t, err, outbox.ErrInvalidKey)
+	require.ErrorContains(t, err, "4000 bytes, at most 1024")
+
+	s := migrations.Ident(schema)
+	for _, tc := range []struct{ sql, constraint string }{
+		{"SELECT " + s + ".enqueue(repeat('t', 250), 'k', 'x')", "messages_topic_length"},
+		{"SELECT " + s + ".enqueue('t', repeat('k', 1025), 'x')", "messages_key_length"},
+		{"SELECT " + s + ".enqueue('t', 'k', 'x', dedup_key => repeat('d', 1025))", "messages_dedup_key_length"},
+		{"INSERT INTO " + s + ".messages (topic, key, payload) VALUES ('t', repeat('k', 4000), '')", "messages_key_length"},
+	} {
+		_, err := pool.Exec(ctx, tc.sql)
+		require.ErrorContains(t, err, tc.constraint, tc.sql)
+	}
+	// At the limit is fine, in bytes: 256 three-byte runes are 768 bytes.
+	_, err = pool.Exec(ctx, "SELECT "+s+".enqueue(repeat('t', 249), repeat('€', 341), 'x', dedup_key => repeat('d', 1024))")
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, pool, outbox.Message{Topic: strings.Repeat("t", 249), Key: strings.Repeat("k", 1024), Payload: []byte{}}))
+}
+
+// A message id is what consumers deduplicate on, so two pending messages
+// never share one: a repeat within one call or of a pending message is
+// refused (ErrDuplicateID), and Insert never reports a message it did not
+// write as written.
+func TestMessageIDsAreUniqueAmongPending(t *testing.T) {
+	t.Parallel()
+	pool, w, schema := setup(t)
+	ctx := context.Background()
+	const id = "0190a6d2-7c3e-7b1a-9c7e-3f1f5e1d2a01"
+	m := outbox.Message{Topic: "t", Payload: []byte("a"), ID: id}
+
+	_, err := w.Insert(ctx, pool, m, outbox.Message{Topic: "t", Payload: []byte("b"), ID: strings.ToUpper(id)})
+	require.ErrorIs(t, err, outbox.ErrDuplicateID)
+	require.ErrorContains(t, err, "message 1")
+	require.Empty(t, readAll(t, pool, schema))
+
+	_, err = w.Insert(ctx, pool, m)
+	require.NoError(t, err)
+	for _, tx := range []any{pool, stdlib.OpenDBFromPool(pool)} {
+		_, err = w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("other event"), ID: id})
+		require.ErrorIs(t, err, outbox.ErrDuplicateID, "%T", tx)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+migrations.Ident(schema)+".messages (message_id, topic, payload) VALUES ($1, 't', 'x')", id)
+	require.ErrorContains(t, err, "messages_message_id_idx", "plain SQL writers are held to it too")
+	require.Len(t, readAll(t, pool, schema), 1)
+
+	// The same id with the same pending dedup key is the idempotent case:
+	// reported as a duplicate, not refused.
+	d := outbox.Message{Topic: "t", Payload: []byte("p"), ID: "0190a6d2-7c3e-7b1a-9c7e-3f1f5e1d2a02", DedupKey: "pay:1"}
+	_, err = w.Insert(ctx, pool, d)
+	require.NoError(t, err)
+	res, err := w.Insert(ctx, pool, d)
+	require.NoError(t, err)
+	require.True(t, res[0].Duplicate)
+	require.Equal(t, d.ID, res[0].MessageID)
 }

@@ -53,6 +53,14 @@ type CycleErrorHooks interface {
 	CycleError(err error)
 }
 
+// LaneHealthHooks is implemented by hooks that want to know, at every
+// heartbeat, how many lanes of the relay's route no live relay has worked
+// for longer than a lease TTL (0 when all are worked): lanes whose
+// messages wait although the relay itself is healthy.
+type LaneHealthHooks interface {
+	UnworkedLanes(n int)
+}
+
 // NopHooks ignores everything.
 type NopHooks struct{}
 
@@ -74,6 +82,14 @@ func (m multiHooks) CycleError(err error) {
 	for _, h := range m {
 		if ch, ok := h.(CycleErrorHooks); ok {
 			ch.CycleError(err)
+		}
+	}
+}
+
+func (m multiHooks) UnworkedLanes(n int) {
+	for _, h := range m {
+		if lh, ok := h.(LaneHealthHooks); ok {
+			lh.UnworkedLanes(n)
 		}
 	}
 }

@@ -23,11 +23,17 @@ type leaser struct {
 	owned      int
 	lanesReady bool
 	gaveUp     bool // the lanes were handed back for want of connections
+	// unworkedSince is when this relay's heartbeats began to see lanes of
+	// its route that no live relay works (zero: all worked); warned is
+	// when that was last logged.
+	unworkedSince, warned time.Time
 }
 
 func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
 
 func (l *leaser) run(ctx context.Context) {
+	// Ready allows the first heartbeat a lease TTL.
+	l.r.leaseOK.Store(time.Now().UnixNano())
 	bo := newReconnectBackoff()
 	t := time.NewTicker(l.r.cfg.Heartbeat)
 	defer t.Stop()
@@ -41,6 +47,7 @@ func (l *leaser) run(ctx context.Context) {
 			sleep(ctx, bo.NextBackOff())
 			continue
 		}
+		l.r.leaseOK.Store(time.Now().UnixNano())
 		bo.Reset()
 		select {
 		case <-ctx.Done():
@@ -77,6 +84,7 @@ func (l *leaser) tick(ctx context.Context) error {
 	}
 	ttl := cfg.LeaseTTL.Milliseconds()
 	owned := l.owned
+	var worked int
 	var handover []int16
 	if !l.lanesReady {
 		if _, err := l.conn.Exec(ctx, q.ensureLanes, cfg.Route); err != nil {
@@ -88,6 +96,9 @@ func (l *leaser) tick(ctx context.Context) error {
 		host, _ := os.Hostname()
 		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route, l.r.inFlight.Load()); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
+		}
+		if _, err := tx.Exec(ctx, q.clampHeartbeats, cfg.ID); err != nil {
+			return fmt.Errorf("bound heartbeats: %w", err)
 		}
 		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
 			return fmt.Errorf("reap: %w", err)
@@ -101,9 +112,21 @@ func (l *leaser) tick(ctx context.Context) error {
 			return fmt.Errorf("renew: %w", err)
 		}
 		owned = len(mine)
-		var alive, rank int
-		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank); err != nil {
+		var alive, rank, lanes int
+		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank, &lanes); err != nil {
 			return fmt.Errorf("count relays: %w", err)
+		}
+		if lanes < numLanes {
+			// Lane rows were deleted under the running relays: the messages
+			// of those lanes would wait forever. The insert is idempotent;
+			// the count above keeps it off the usual heartbeat.
+			tag, err := tx.Exec(ctx, q.ensureLanes, cfg.Route)
+			if err != nil {
+				return fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
+			}
+			if n := tag.RowsAffected(); n > 0 {
+				l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
+			}
 		}
 		if alive < 1 {
 			alive = 1
@@ -140,6 +163,9 @@ func (l *leaser) tick(ctx context.Context) error {
 			owned -= len(gone)
 			handover = without(giving, gone)
 		}
+		if err := tx.QueryRow(ctx, q.workedLanes, cfg.Route).Scan(&worked); err != nil {
+			return fmt.Errorf("count worked lanes: %w", err)
+		}
 		return nil
 	})
 	if err != nil {
@@ -149,6 +175,7 @@ func (l *leaser) tick(ctx context.Context) error {
 		l.gaveUp = false
 		l.r.log.Info("workers have database connections again; taking a share of the lanes")
 	}
+	l.noteUnworked(numLanes - worked)
 	if owned != l.owned {
 		l.r.log.Info("lanes rebalanced", "owned", owned, "was", l.owned)
 		if owned > l.owned {
@@ -159,6 +186,57 @@ func (l *leaser) tick(ctx context.Context) error {
 	l.r.handover.Store(&handover)
 	l.r.ownedLane.Store(int64(owned))
 	l.r.cfg.Hooks.Lanes(owned)
+	return nil
+}
+
+// noteUnworked tracks the lanes of this relay's route that no live relay
+// works (no lease, an expired one, an owner gone from the relays table, or
+// a missing lane row), as seen at this heartbeat. For a moment that is
+// normal: a relay died or handed lanes over, and the others take them at
+// their next heartbeat. For longer than a lease TTL it is not (their
+// messages wait): it is logged, counted by UnworkedLanes and reported to
+// hooks implementing LaneHealthHooks.
+func (l *leaser) noteUnworked(n int) {
+	now := time.Now()
+	stuck := 0
+	switch {
+	case n <= 0:
+		if !l.warned.IsZero() {
+			l.r.log.Info("every lane of the route is worked again")
+		}
+		l.unworkedSince, l.warned = time.Time{}, time.Time{}
+	case l.unworkedSince.IsZero():
+		l.unworkedSince = now
+	case now.Sub(l.unworkedSince) > l.r.cfg.LeaseTTL:
+		stuck = n
+		if now.Sub(l.warned) >= time.Minute {
+			l.r.log.Warn("lanes of the route have been worked by no live relay for longer than the lease TTL; their messages wait",
+				"unworked_lanes", n, "since", now.Sub(l.unworkedSince).Round(time.Second).String())
+			l.warned = now
+		}
+	}
+	l.r.unworked.Store(int64(stuck))
+	if h, ok := l.r.cfg.Hooks.(LaneHealthHooks); ok {
+		h.UnworkedLanes(stuck)
+	}
+}
+
+// UnworkedLanes returns how many lanes of the relay's route no live relay
+// has worked for longer than a lease TTL, as of its last heartbeat (0
+// when every lane is worked, or only briefly was not).
+func (r *Relay) UnworkedLanes() int { return int(r.unworked.Load()) }
+
+// leaseHealthy reports an error when the lease heartbeat has not succeeded
+// for longer than a lease TTL: this relay's lanes have expired, and it
+// works nothing.
+func (r *Relay) leaseHealthy() error {
+	last := r.leaseOK.Load()
+	if last == 0 {
+		return nil // Run has not started the leaser yet
+	}
+	if age := time.Since(time.Unix(0, last)); age > r.cfg.LeaseTTL {
+		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), r.cfg.LeaseTTL)
+	}
 	return nil
 }
 

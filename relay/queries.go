@@ -14,6 +14,9 @@ const numLanes = 256
 // ever spliced into SQL.
 type queries struct {
 	claim, claimPriority, hasPriority, deleteDelivered, archiveDelivered, scheduleRetry, deadLetter string
+	// relock locks a batch's rows $1 again (for settleApart), by id
+	// (their ctids are unchanged unless another relay took them).
+	relock string
 	// routerClaim is claim for the fan-out router, which copies rows
 	// inside the database and needs neither payloads nor headers.
 	routerClaim string
@@ -22,7 +25,9 @@ type queries struct {
 	// (one pair per copy); $3 are the messages' ctids.
 	copyToRoutes string
 
-	ensureLanes, heartbeat, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays, acquire, release, releaseAll, unregister string
+	// workedLanes counts the route's lanes that a live relay has leased.
+	workedLanes string
 	// owned lists the lanes relay $1 owns in route $2.
 	owned string
 }
@@ -54,9 +59,9 @@ func newQueries(schema string, deliveries bool) queries {
 	// deadRoute is what a dead letter records as its route: '' for a
 	// message of the outbox (a replay routes it again), the destination
 	// for a fan-out copy (a replay goes to that route only).
-	deadRoute, retryRoute, archiveRoute, archiveOnly := "''", "", "$2::text", ""
+	deadRoute, retryRoute, archiveRoute, archiveOnly, relockRoute := "''", "", "$2::text", "", ""
 	if deliveries {
-		archiveOnly = "m.route = $2 AND "
+		archiveOnly, relockRoute = "m.route = $2 AND ", " AND m.route = $2"
 		src = s + ".deliveries"
 		rc = func(a string) string { return a + ".route = $6 AND " }
 		deadRoute, retryRoute = "$4::text", " AND m.route = $4"
@@ -176,6 +181,8 @@ LIMIT $5`,
 		// primary-key descent per row.
 		deleteDelivered: `DELETE FROM ` + src + ` WHERE ctid = ANY($1::tid[])`,
 
+		relock: `SELECT m.id, m.ctid FROM ` + src + ` m WHERE m.id = ANY($1)` + relockRoute + ` FOR UPDATE SKIP LOCKED`,
+
 		// With --archive, delivered rows move to the day's archive
 		// partition in the same statement.
 		archiveDelivered: `
@@ -237,6 +244,18 @@ FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`,
 
+		// Heartbeats are written with the database's now(); one in the
+		// future was written by hand (or the server's clock stepped back).
+		// It is set to now, so that it ages like any other: a row with
+		// heartbeat 'infinity' would otherwise count as a live relay
+		// forever, and its fair share of the lanes would never be worked.
+		// Locked rows are skipped, as in reap.
+		clampHeartbeats: `
+UPDATE ` + s + `.relays SET heartbeat_at = now()
+WHERE id IN (
+    SELECT id FROM ` + s + `.relays WHERE id <> $1 AND heartbeat_at > clock_timestamp()
+    FOR UPDATE SKIP LOCKED)`,
+
 		// A relay is dead when its heartbeat is older than the lease TTL or,
 		// with fast failover, when its lease connection no longer exists
 		// (its process died and the server noticed the closed socket).
@@ -260,8 +279,16 @@ DELETE FROM ` + s + `.relays WHERE id IN (
 		renew: `UPDATE ` + s + `.lanes SET lease_until = now() + $2 * interval '1 millisecond' WHERE route = $3 AND owner = $1 RETURNING lane`,
 
 		// Relays alive in this route, and this relay's rank among them, for
-		// the fair share.
-		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1) FROM ` + s + `.relays WHERE route = $2`,
+		// the fair share; and how many lane rows the route has (256 unless
+		// someone deleted some: then they are created again).
+		countRelays: `SELECT count(*), count(*) FILTER (WHERE id < $1),
+    (SELECT count(*) FROM ` + s + `.lanes WHERE route = $2)
+FROM ` + s + `.relays WHERE route = $2`,
+
+		workedLanes: `
+SELECT count(*) FROM ` + s + `.lanes l
+WHERE l.route = $1 AND l.owner IS NOT NULL AND l.lease_until > now()
+  AND EXISTS (SELECT 1 FROM ` + s + `.relays r WHERE r.id = l.owner)`,
 
 		acquire: `
 UPDATE ` + s + `.lanes SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'

@@ -71,6 +71,9 @@ type Relay struct {
 	// lanes (only worker w touches it).
 	priority  []bool
 	ownedLane atomic.Int64
+	// leaseOK: when the lease heartbeat last succeeded (unix nanos);
+	// unworked: see UnworkedLanes.
+	leaseOK, unworked atomic.Int64
 	// handover holds lanes this relay is giving up: workers skip them so
 	// the leaser can release them at its next heartbeat.
 	handover atomic.Pointer[[]int16]
@@ -81,7 +84,10 @@ type Relay struct {
 	failures   atomic.Int64
 	failWarned atomic.Int64
 	draining   atomic.Bool
-	stats      Stats
+	// schemaErr is set while the schema needs a newer relay (it was
+	// migrated under a running relay): workers claim nothing.
+	schemaErr atomic.Pointer[error]
+	stats     Stats
 }
 
 // Stats are running totals, read with Relay.Stats.
@@ -163,15 +169,18 @@ func (r *Relay) Stats() StatsSnapshot {
 // DrainTimeout), hands its lanes back and returns nil. It does not close
 // the sink or the pool.
 func (r *Relay) Run(ctx context.Context) error {
-	v, err := r.schemaVersion(ctx)
+	v, relayMin, err := r.schemaVersion(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started: nothing to drain
 		}
 		return err
 	}
-	if v < migrations.Latest() {
-		return fmt.Errorf("outbox: schema %q is at version %d, this relay needs %d: run `outbox-relay migrate`", r.cfg.Schema, v, migrations.Latest())
+	if err := r.runsOn(v, relayMin); err != nil {
+		return err
+	}
+	if v > migrations.Latest() {
+		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
 	}
 
 	// hard is cancelled DrainTimeout after ctx: in-flight work then rolls
@@ -231,6 +240,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer close(leaseDone)
 		lease.run(ctx)
 	}()
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		r.watchSchema(ctx)
+	}()
+	defer func() { <-watchDone }()
 	listenDone := make(chan struct{})
 	go func() {
 		defer close(listenDone)
@@ -262,17 +277,17 @@ func (r *Relay) Run(ctx context.Context) error {
 // schemaVersion reads the schema version, waiting up to ConnectTimeout for
 // the database to be reachable: a relay started alongside its database (a
 // sidecar, a compose stack) should not exit just because it came first.
-func (r *Relay) schemaVersion(ctx context.Context) (int, error) {
+func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err error) {
 	deadline := time.Now().Add(r.cfg.ConnectTimeout)
 	bo := newReconnectBackoff()
 	for {
-		v, err := migrations.Current(ctx, r.pool, r.cfg.Schema)
+		version, relayMin, err = migrations.Requirement(ctx, r.pool, r.cfg.Schema)
 		if err == nil {
-			return v, nil
+			return version, relayMin, nil
 		}
 		d := bo.NextBackOff()
 		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
-			return 0, err
+			return 0, 0, err
 		}
 		r.log.Warn("database not reachable yet; retrying", "error", err, "retry_in", d)
 		sleep(ctx, d)
@@ -299,13 +314,21 @@ func (r *Relay) Live() error {
 }
 
 // Ready reports whether the relay can do its job right now: not draining,
-// the database reachable, the sink healthy (when it can tell).
+// its lane lease renewed within the lease TTL, the database reachable, the
+// sink healthy (when it can tell). It answers for this relay only: lanes
+// of its route that no relay works are reported by UnworkedLanes, not here.
 func (r *Relay) Ready(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
 	}
+	if err := r.schemaErr.Load(); err != nil {
+		return *err
+	}
 	if d, starved := r.starved(); starved {
 		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
+	}
+	if err := r.leaseHealthy(); err != nil {
+		return err
 	}
 	var readOnly bool
 	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
@@ -384,6 +407,11 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 	rotation := worker
 	for ctx.Err() == nil {
 		r.lastLoop[worker].Store(time.Now().UnixNano())
+		if r.schemaErr.Load() != nil {
+			// Claim nothing on a schema this relay does not know.
+			sleep(ctx, r.cfg.PollInterval)
+			continue
+		}
 		n, err := r.cycle(ctx, hard, worker, rotation)
 		rotation = (rotation + r.cfg.Workers) % numLanes
 		if err != nil {
@@ -391,6 +419,12 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				return
 			}
 			d := bo.NextBackOff()
+			if errors.Is(err, errNothingAttempted) {
+				// The sink could not reach its backend (it wrote nothing):
+				// the next cycle is the probe, and a backend that is back
+				// should not wait the database's reconnect pace.
+				d = min(d, time.Second)
+			}
 			log.Warn("batch failed; retrying", "error", err, "retry_in", d)
 			if ch, ok := r.cfg.Hooks.(CycleErrorHooks); ok {
 				ch.CycleError(err)
@@ -424,6 +458,10 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		t.Stop()
 	}
 }
+
+// errNothingAttempted: the sink tried none of a batch's messages and
+// reported no failure (its backend unreachable, or a broken sink).
+var errNothingAttempted = errors.New("outbox: sink attempted nothing")
 
 // claimed is one claimed row.
 type claimed struct {
@@ -528,20 +566,25 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	batch := make([]claimed, 0, r.cfg.BatchSize)
 	var dbNow time.Time
 	var headers []byte
+	var createdAt pgtype.Timestamptz
 	for rows.Next() {
 		var c claimed
 		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &m.CreatedAt, &c.attempts, &dbNow, &c.ctid); err != nil {
+		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &createdAt, &c.attempts, &dbNow, &c.ctid); err != nil {
 			rows.Close()
 			br.Close()
 			return 0, fmt.Errorf("outbox: claim: scan: %w", err)
 		}
+		// A created_at of ±infinity (only ever written by hand) is
+		// delivered as the claim's time.
+		m.CreatedAt = finiteTime(createdAt, dbNow)
 		if m.Headers, err = decodeHeaders(headers); err != nil {
 			rows.Close()
 			br.Close()
 			return 0, fmt.Errorf("outbox: claim: headers of message %d: %w", m.Seq, err)
 		}
 		m.Attempt = c.attempts + 1
+		m.ClaimedAt = dbNow
 		batch = append(batch, c)
 	}
 	rows.Close()
@@ -593,26 +636,19 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		// The sink tried nothing and reported no failure (it broke off, or
 		// breaks the contract): claiming the same batch again at once would
 		// spin. Release it and let the worker back off.
-		return len(batch), fmt.Errorf("outbox: sink attempted none of %d messages: %w", len(batch), sendErr)
+		return len(batch), fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), sendErr)
 	}
 
 	settleStart := time.Now()
 	b := &pgx.Batch{}
-	if len(s.delivered) > 0 {
-		if r.cfg.Archive {
-			b.Queue(q.archiveDelivered, s.delivered, r.cfg.Route)
-		} else {
-			b.Queue(q.deleteDelivered, s.deliveredTIDs)
-		}
-	}
-	if len(s.retryIDs) > 0 {
-		b.Queue(q.scheduleRetry, r.withRoute(copies, s.retryIDs, s.retryDelays, s.retryErrs)...)
-	}
-	if len(s.deadIDs) > 0 {
-		b.Queue(q.deadLetter, r.withRoute(copies, s.deadIDs, s.deadReasons, s.deadErrs)...)
-	}
+	r.queue(b, q, copies, s)
 	b.Queue("COMMIT")
 	err = pc.SendBatch(hard, b).Close()
+	if refusedRow(err) {
+		r.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
+		s, err = r.settleApart(hard, pc, q, copies, s)
+		ev.Delivered, ev.Retried, ev.DeadLettered, ev.DeadReasons = len(s.delivered), len(s.retryIDs), len(s.deadIDs), s.deadReasons
+	}
 	committed = err == nil
 	ev.SettleDuration = time.Since(settleStart)
 	ev.Committed = err == nil
@@ -692,90 +728,6 @@ func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, batch []claimed) error
 	r.stats.Delivered.Add(int64(len(tids)))
 	r.stats.DeadLettered.Add(int64(len(deadIDs)))
 	return nil
-}
-
-type settlement struct {
-	delivered     []int64
-	deliveredTIDs []pgtype.TID
-	retryIDs      []int64
-	retryDelays   []int64
-	retryErrs     []string
-	deadIDs       []int64
-	deadReasons   []string
-	deadErrs      []string
-}
-
-// Dead-letter reasons.
-const (
-	ReasonPermanent   = "permanent"
-	ReasonMaxAttempts = "max_attempts"
-)
-
-// settle decides what happens to each message of a batch given the sink's
-// answer. Walking in batch order, the first failure of a key decides that
-// key: later messages of the key stay untouched (no attempt counted), held
-// back by the failed one.
-func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlement {
-	var s settlement
-	held := map[string]bool{}
-	for i, c := range batch {
-		m := c.msg
-		err := sinks.Outcome(sendErr, i, len(batch))
-		if m.Key != "" && held[m.Key] {
-			if err == nil {
-				// The sink broke the ordering contract and delivered a later
-				// message of a failed key. It was delivered: do not deliver
-				// it twice, but say so loudly.
-				r.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
-					"message_id", m.ID, "topic", m.Topic)
-				s.delivered = append(s.delivered, m.Seq)
-				s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
-				ev.DeliveredMessages = append(ev.DeliveredMessages, m)
-			} else {
-				ev.Untouched++
-			}
-			continue
-		}
-		switch {
-		case err == nil:
-			s.delivered = append(s.delivered, m.Seq)
-			s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
-			ev.DeliveredMessages = append(ev.DeliveredMessages, m)
-		case errors.Is(err, sinks.ErrNotAttempted):
-			// Not tried (an earlier failure of the same key, which we
-			// have handled above, or a sink that stopped early): leave it.
-			ev.Untouched++
-			if m.Key != "" {
-				held[m.Key] = true
-			}
-		case sinks.IsPermanent(err) || c.attempts+1 >= r.cfg.MaxAttempts:
-			reason := ReasonMaxAttempts
-			if sinks.IsPermanent(err) {
-				reason = ReasonPermanent
-			}
-			s.deadIDs = append(s.deadIDs, m.Seq)
-			s.deadReasons = append(s.deadReasons, reason)
-			s.deadErrs = append(s.deadErrs, errText(err))
-			ev.DeadReasons = append(ev.DeadReasons, reason)
-			r.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
-			// The key moves on: later messages of it may go in this same
-			// batch, which the sink has already tried in order.
-		default:
-			delay := r.retryDelay(c.attempts + 1)
-			if ra, ok := sinks.RetryAfter(err); ok && ra > delay {
-				delay = min(ra, r.cfg.RetryMax)
-			}
-			s.retryIDs = append(s.retryIDs, m.Seq)
-			s.retryDelays = append(s.retryDelays, delay.Milliseconds())
-			s.retryErrs = append(s.retryErrs, errText(err))
-			if m.Key != "" {
-				held[m.Key] = true
-			}
-			r.log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", delay, "error", err)
-		}
-	}
-	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retryIDs), len(s.deadIDs)
-	return s
 }
 
 // warnFailing logs at most one warning per interval about failing

@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Make sure the local services the tests and the demo need are running:
 # start them when installed but stopped, install them (Debian packages)
-# when missing, and fail loudly when that is impossible.
+# when missing, and fail loudly when that is impossible. Every change it
+# makes to the machine is printed, as the command it runs, before it runs:
+#
+#   - apt-get update / apt-get install of postgresql, rabbitmq-server or
+#     docker-compose, when they are missing (the tests' throwaway servers
+#     need initdb and pg_ctl from postgresql, and rabbitmq-server and
+#     rabbitmqctl from rabbitmq-server);
+#   - two `trust` lines for 127.0.0.1 and ::1 at the top of the newest
+#     cluster's pg_hba.conf, then a reload, when loopback is not trusted yet;
+#   - starting PostgreSQL (pg_ctlcluster ... start) or RabbitMQ
+#     (rabbitmq-server -detached) when they are not listening;
+#   - CREATE DATABASE test when it does not exist.
+#
+# A service that is already running is only checked: never restarted,
+# stopped or reconfigured.
 #
 #   scripts/services.sh postgres rabbitmq
 set -euo pipefail
@@ -9,17 +23,23 @@ set -euo pipefail
 log() { echo "services: $*" >&2; }
 die() { echo "services: ERROR: $*" >&2; exit 1; }
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+SUDO=()
+if [ "$(id -u)" != 0 ]; then SUDO=(sudo); fi
+
+# run prints a command that changes the machine, then runs it.
+run() {
+	log "running: $*"
+	"$@"
+}
 
 apt_updated=""
 apt_install() {
 	command -v apt-get >/dev/null || die "apt-get not found: install $* by hand"
 	if [ -z "$apt_updated" ]; then
-		$SUDO apt-get update -qq >&2 || die "apt-get update failed"
+		run "${SUDO[@]}" apt-get update -qq >&2 || die "apt-get update failed"
 		apt_updated=1
 	fi
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
+	run "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -33,9 +53,15 @@ wait_for() { # name port seconds
 	die "$1 did not start listening on 127.0.0.1:$2 within $3s"
 }
 
+# has_initdb: the throwaway servers of internal/pgtest need initdb and pg_ctl.
+has_initdb() {
+	command -v initdb >/dev/null && return 0
+	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
 ensure_postgres() {
-	if ! command -v pg_ctlcluster >/dev/null; then
-		log "PostgreSQL not installed; installing the Debian package"
+	if ! command -v pg_ctlcluster >/dev/null || ! has_initdb; then
+		log "PostgreSQL (server, pg_ctlcluster, initdb) not installed"
 		apt_install postgresql postgresql-contrib
 	fi
 	local version
@@ -44,38 +70,51 @@ ensure_postgres() {
 	local hba="/etc/postgresql/$version/main/pg_hba.conf"
 	# The test suite connects as postgres over loopback without a password.
 	if ! grep -qE '^host\s+all\s+all\s+127\.0\.0\.1/32\s+trust' "$hba"; then
-		log "allowing trust auth on loopback in $hba (test machine)"
-		$SUDO sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
-		$SUDO pg_ctlcluster --skip-systemctl-redirect "$version" main reload 2>/dev/null || true
+		log "loopback is not trusted in $hba; adding at its top (test machines only):"
+		log "  host all all 127.0.0.1/32 trust"
+		log "  host all all ::1/128 trust"
+		run "${SUDO[@]}" sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+		if pg_isready -q -h 127.0.0.1 -p 5432; then
+			run "${SUDO[@]}" pg_ctlcluster --skip-systemctl-redirect "$version" main reload || die "could not reload PostgreSQL"
+		fi
 	fi
 	if ! pg_isready -q -h 127.0.0.1 -p 5432; then
-		log "starting PostgreSQL $version"
-		$SUDO pg_ctlcluster --skip-systemctl-redirect "$version" main start || die "could not start PostgreSQL"
+		log "PostgreSQL $version is not running"
+		run "${SUDO[@]}" pg_ctlcluster --skip-systemctl-redirect "$version" main start || die "could not start PostgreSQL"
 	fi
 	wait_for PostgreSQL 5432 30
 	for i in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
 	pg_isready -q -h 127.0.0.1 -p 5432 || die "PostgreSQL is not accepting connections"
 	if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
-		log "creating database test"
-		psql -h 127.0.0.1 -U postgres -d postgres -c 'CREATE DATABASE test' >/dev/null || die "could not create database test"
+		log "database test does not exist"
+		run psql -h 127.0.0.1 -U postgres -d postgres -c 'CREATE DATABASE test' >/dev/null || die "could not create database test"
 	fi
+}
+
+# has_rabbitmq: the throwaway nodes of internal/amqptest need rabbitmq-server
+# and rabbitmqctl (Debian keeps the real scripts in /usr/lib/rabbitmq/bin).
+has_rabbitmq() {
+	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ -x /usr/lib/rabbitmq/bin/rabbitmqctl ] && return 0
+	command -v rabbitmq-server >/dev/null && command -v rabbitmqctl >/dev/null
 }
 
 ensure_rabbitmq() {
-	if ! command -v rabbitmq-server >/dev/null; then
-		log "RabbitMQ not installed; installing the Debian package"
+	if ! has_rabbitmq; then
+		log "RabbitMQ (rabbitmq-server, rabbitmqctl) not installed"
 		apt_install rabbitmq-server
 	fi
 	if ! port_open 5672; then
-		log "starting RabbitMQ"
-		$SUDO rabbitmq-server -detached >&2 || die "could not start RabbitMQ"
+		log "RabbitMQ is not listening on 127.0.0.1:5672"
+		run "${SUDO[@]}" rabbitmq-server -detached >&2 || die "could not start RabbitMQ"
 		wait_for RabbitMQ 5672 120
 	fi
-	$SUDO timeout 120 rabbitmqctl -q await_startup >/dev/null 2>&1 || die "RabbitMQ did not finish starting"
+	"${SUDO[@]}" timeout 120 rabbitmqctl -q await_startup >/dev/null 2>&1 || die "RabbitMQ did not finish starting"
 }
 
 ensure_tool() { # command package
-	command -v "$1" >/dev/null || { log "$1 missing; installing $2"; apt_install "$2"; }
+	command -v "$1" >/dev/null && return 0
+	log "$1 not installed"
+	apt_install "$2"
 }
 
 for s in "$@"; do

@@ -34,6 +34,13 @@ type Message struct {
 	Headers map[string]string
 	// CreatedAt is the database time of the writing transaction.
 	CreatedAt time.Time
+	// ClaimedAt is the database's clock when the relay claimed the message
+	// (now() of the claim transaction); zero when the caller does not know
+	// it. A sink that must put the current time on the wire (a webhook's
+	// send timestamp) uses ClaimedAt plus the time elapsed since its Send
+	// began, not the relay host's wall clock: that clock may be off, and
+	// receivers and brokers refuse times too far from theirs.
+	ClaimedAt time.Time
 	// Attempt counts deliveries tried so far, this one included (1 on the
 	// first try).
 	Attempt int
@@ -75,6 +82,15 @@ var (
 	// ErrNotAttempted marks a message the sink did not try to deliver because
 	// an earlier message with the same key failed in the same batch. The
 	// relay leaves such messages untouched: no attempt is counted.
+	//
+	// A sink may also report it, wrapped with the cause, for a message it
+	// could not even start sending (the backend refused the connection):
+	// such a message was certainly not delivered, and the relay leaves it
+	// untouched rather than counting an attempt and storing a backoff in
+	// its row. When no message of a batch was attempted, the relay's worker
+	// backs off before claiming again, so an unreachable backend costs no
+	// attempts and its backlog goes out at the worker's next try once it is
+	// back.
 	ErrNotAttempted = errors.New("outbox: not attempted: an earlier message with the same key failed")
 )
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -111,9 +110,10 @@ func longPlan() plan {
 // TestChaos runs real relay processes against one outbox while
 // applications write, and breaks them: SIGKILL and restart, SIGSTOP past
 // the lease, pg_terminate_backend of every relay session, a receiver
-// outage, and (long form only) a PostgreSQL restart. Then it checks the
-// delivery contract from the receiver's log. CHAOS_LONG=1 selects the long
-// form; CHAOS_SEED fixes the random choices.
+// outage, and (long form only) a PostgreSQL restart, on a throwaway server
+// the long form runs on. Then it checks the delivery contract from the
+// receiver's log. CHAOS_LONG=1 selects the long form; CHAOS_SEED fixes the
+// random choices.
 func TestChaos(t *testing.T) {
 	t.Parallel()
 	p := shortPlan()
@@ -148,21 +148,25 @@ func runChaos(t *testing.T, p plan) {
 	}
 	t.Logf("chaos %s form, seed %d (CHAOS_SEED=%d reproduces the random choices)", p.name, seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0xC4A05))
-	pgVersion := ""
+	// A plan that restarts PostgreSQL runs on a throwaway server of its
+	// own: the shared one is never restarted.
+	var srv *pgtest.Instance
+	databaseURL := pgtest.URL()
+	var pool *pgxpool.Pool
+	var schema string
 	if slices.ContainsFunc(p.events, func(e event) bool { return e.kind == "pg-restart" }) {
-		var err error
-		if pgVersion, err = postgresCluster(); err != nil {
-			t.Fatalf("the long form restarts PostgreSQL with pg_ctlcluster: %v", err)
-		}
+		srv = pgtest.Server(t)
+		databaseURL = srv.URL()
+		pool, schema = srv.Schema(t)
+	} else {
+		pool, schema = pgtest.Schema(t)
 	}
-
-	pool, schema := pgtest.Schema(t)
 	bin := relayBinary(t)
 	ctx, cancel := testContext(t)
 	defer cancel()
 
 	rate := float64(p.messages) / 0.9 / p.writeFor.Seconds()
-	wl := newWorkload(t, schema, p.keys, rate, seed)
+	wl := newWorkload(t, databaseURL, schema, p.keys, rate, seed)
 	rc := newReceiver(t)
 	args := relayArgs(rc.url)
 	var copies *receiver
@@ -177,7 +181,7 @@ func runChaos(t *testing.T, p plan) {
 		args = append([]string{"--config", cfg}, args[2:]...) // instead of --sink
 		args = append(args, "--workers", "1")
 	}
-	c := newCluster(t, bin, pgtest.URL(), schema, args)
+	c := newCluster(t, bin, databaseURL, schema, args)
 	var pgDown, pgUp atomic.Int64 // unix nanos of the PostgreSQL restart window
 	c.tolerateExit = func(pr *proc) bool {
 		// A relay started while PostgreSQL restarts cannot read the schema
@@ -260,7 +264,9 @@ func runChaos(t *testing.T, p plan) {
 			case "pg-restart":
 				note("restarting PostgreSQL")
 				pgDown.Store(time.Now().UnixNano())
-				took, err := restartPostgres(ctx, pgVersion)
+				began := time.Now()
+				err := srv.Restart(ctx) // returns once the server accepts connections
+				took := time.Since(began)
 				pgUp.Store(time.Now().UnixNano())
 				if err != nil {
 					t.Errorf("restart PostgreSQL: %v", err)
@@ -433,56 +439,6 @@ SELECT count(*) FROM (
     WHERE application_name = $1 AND pid <> pg_backend_pid()
 ) t WHERE ok`, app).Scan(&n)
 	return n, err
-}
-
-// postgresCluster returns the version of the local cluster that
-// pg_ctlcluster manages.
-func postgresCluster() (string, error) {
-	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
-		return "", err
-	}
-	entries, err := os.ReadDir("/etc/postgresql")
-	if err != nil {
-		return "", err
-	}
-	var versions []string
-	for _, e := range entries {
-		if e.IsDir() {
-			versions = append(versions, e.Name())
-		}
-	}
-	if len(versions) == 0 {
-		return "", fmt.Errorf("no cluster under /etc/postgresql")
-	}
-	slices.Sort(versions)
-	return versions[len(versions)-1], nil
-}
-
-// restartPostgres restarts the local cluster (long form only: it breaks
-// every session on the server) and waits until it accepts connections.
-func restartPostgres(ctx context.Context, version string) (time.Duration, error) {
-	start := time.Now()
-	out, err := exec.CommandContext(ctx, "pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart").CombinedOutput()
-	if err != nil {
-		return time.Since(start), fmt.Errorf("pg_ctlcluster %s main restart: %v: %s", version, err, out)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		p, err := pgxpool.New(cctx, pgtest.URL())
-		if err == nil {
-			err = p.Ping(cctx)
-			p.Close()
-		}
-		cancel()
-		if err == nil {
-			return time.Since(start), nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return time.Since(start), fmt.Errorf("PostgreSQL not accepting connections after restart: %v", err)
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
 }
 
 // testContext ends a little before the test binary's deadline, so that

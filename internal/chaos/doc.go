@@ -4,7 +4,8 @@
 // break things while applications write: relays are SIGKILLed, paused and
 // restarted, their database sessions are terminated, the receiver fails,
 // and in the long form (CHAOS_LONG=1, `make chaos`) PostgreSQL itself is
-// restarted. The tests then check the delivery contract from the
+// restarted (a throwaway server of the test's own, from pgtest.Server: the
+// shared one is never restarted). The tests then check the delivery contract from the
 // consumer's side: every committed message arrives, no rolled-back one
 // does, per-key order holds and duplicates carry the message's stable id.
 //

@@ -29,7 +29,7 @@ func TestScaleOut(t *testing.T) {
 	bin := relayBinary(t)
 	ctx, cancel := testContext(t)
 	defer cancel()
-	wl := newWorkload(t, schema, 500, 1500, uint64(time.Now().UnixNano()))
+	wl := newWorkload(t, pgtest.URL(), schema, 500, 1500, uint64(time.Now().UnixNano()))
 	rc := newReceiver(t)
 	c := newCluster(t, bin, pgtest.URL(), schema, relayArgs(rc.url))
 

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -67,13 +66,13 @@ type workload struct {
 
 func (wl *workload) table(name string) string { return migrations.Ident(wl.schema) + "." + name }
 
-// newWorkload creates the business tables in schema and one accounts row
-// per key.
-func newWorkload(t *testing.T, schema string, nkeys int, rate float64, seed uint64) *workload {
+// newWorkload creates the business tables in schema on the database at
+// databaseURL and one accounts row per key.
+func newWorkload(t *testing.T, databaseURL, schema string, nkeys int, rate float64, seed uint64) *workload {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		t.Fatalf("TEST_DATABASE_URL: %v", err)
+		t.Fatalf("database URL: %v", err)
 	}
 	cfg.MaxConns = 10
 	cfg.ConnConfig.RuntimeParams["application_name"] = "chaos-app-" + schema

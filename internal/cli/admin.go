@@ -77,12 +77,36 @@ func printStatus(out io.Writer, st relay.Status) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s ago\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight,
-			st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond))
+		beat := "never"
+		if !r.HeartbeatAt.IsZero() {
+			beat = st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat)
 	}
 	_ = tw.Flush()
+	if len(st.Lanes) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(tw, "LANES OF ROUTE\tRELAYS\tWORKED\tUNWORKED\tMISSING ROWS")
+		for _, l := range st.Lanes {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", showRoute(l.Route), l.Relays, l.Worked, l.Unworked, l.Missing)
+		}
+		_ = tw.Flush()
+	}
 	fmt.Fprintf(out, "lanes held by no live relay: %d\n", st.FreeLanes)
+	for _, l := range st.Lanes {
+		if l.Relays > 0 && l.Unworked > 0 {
+			// Relays of the route take free lanes and recreate missing rows
+			// at their next heartbeat: this persisting is the problem.
+			fmt.Fprintf(out, "WARNING: route %s: %d lanes worked by no live relay (%d lane rows missing); their messages wait. "+
+				"Relays of the route take them at their next heartbeat; if they stay unworked, check the relays' logs.\n",
+				showRoute(l.Route), l.Unworked, l.Missing)
+		}
+	}
 }
+
+// showRoute quotes a route name ("" is the route of a relay without
+// routes).
+func showRoute(r string) string { return strconv.Quote(r) }
 
 func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
@@ -134,7 +158,9 @@ func newDLQ(g *globals) *cobra.Command {
 They keep their full content, attempts and errors. Replay puts them back in
 the outbox under their original message id; two operators replaying at once
 never publish a message twice. A dead fan-out copy (its ROUTE column is set)
-is replayed to that destination route only.`,
+is replayed to that destination route only. A dead letter whose dedup key a
+pending message holds is skipped and reported, not replayed twice (see
+dlq replay --help).`,
 	}
 	cmd.AddCommand(newDLQList(g), newDLQShow(g), newDLQReplay(g), newDLQPurge(g))
 	return cmd
@@ -282,14 +308,109 @@ func dlqChange(g *globals, use, short, example, verb, dryVerb string,
 }
 
 func newDLQReplay(g *globals) *cobra.Command {
-	return dlqChange(g, "replay", "Put dead letters back in the outbox (same message id)",
-		`  outbox-relay dlq replay --id 42
+	var sel selectionFlags
+	var dry, clearKeys, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Put dead letters back in the outbox (same message id)",
+		Long: `Puts the selected dead letters back in the outbox under their original id and
+message id, with a fresh attempt count; a dead fan-out copy goes back to its
+destination route only. Two operators replaying at once never publish a
+message twice.
+
+Dedup keys. A dead letter keeps its dedup key and gets it back on replay.
+When a pending message holds that key (the application wrote the operation
+again while the first one was dead), the dead letter is skipped, stays in
+the table, and the report names the pending message: replaying both would
+publish the same operation twice under two message ids, and consumers that
+deduplicate by message id would act on both (for payments: twice). Decide
+per dead letter: purge it when it is the same operation, replay it again
+once the pending message is delivered, or replay it without its dedup key
+(--clear-conflicting-dedup-keys) when it is a different one. Of several
+selected dead letters sharing a dedup key, the oldest gets it. A conflict
+never stops the other dead letters: they are replayed, and every selected
+dead letter is reported as replayed, replayed without its dedup key, or
+skipped with the reason. Skips do not change the exit status (0).`,
+		Example: `  outbox-relay dlq replay --id 42
   outbox-relay dlq replay --topic orders --dry-run
-  outbox-relay dlq replay --all`, "replayed", "would replay",
-		func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error) {
-			ids, err := a.Replay(ctx, s, dry)
-			return len(ids), idList(ids), err
-		})
+  outbox-relay dlq replay --all
+  outbox-relay dlq replay --id 42 --clear-conflicting-dedup-keys
+  outbox-relay dlq replay --all --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := sel.selection()
+			if err != nil {
+				return err
+			}
+			if s.Empty() {
+				return &usageError{relay.ErrEmptySelection}
+			}
+			a, done, err := g.admin(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := a.Replay(cmd.Context(), s, relay.ReplayOptions{DryRun: dry, ClearConflictingDedupKeys: clearKeys})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(g.stdout, res)
+			}
+			printReplay(g.stdout, res)
+			return nil
+		},
+	}
+	sel.add(cmd, true)
+	f := cmd.Flags()
+	f.BoolVar(&dry, "dry-run", false, "only show what would be done")
+	f.BoolVar(&clearKeys, "clear-conflicting-dedup-keys", false,
+		"replay a dead letter whose dedup key a pending message holds without its dedup key, instead of skipping it")
+	f.BoolVar(&asJSON, "json", false, "print the outcome of every selected dead letter as JSON")
+	return cliOnly(cmd)
+}
+
+// printReplay reports a replay: the replayed ids, then one line per dead
+// letter replayed without its dedup key or skipped, with the reason.
+func printReplay(out io.Writer, res relay.ReplayResult) {
+	verb, clearedVerb, skipVerb := "replayed", "replayed", "skipped"
+	if res.DryRun {
+		verb, clearedVerb, skipVerb = "would replay", "would replay", "would skip"
+	}
+	replayed := res.IDs(relay.Replayed)
+	fmt.Fprintf(out, "%s %d dead letters%s\n", verb, len(replayed), idList(replayed))
+	for _, o := range []struct {
+		outcome relay.ReplayOutcome
+		head    string
+	}{
+		{relay.ReplayedWithoutDedupKey, clearedVerb + " %d dead letters without their dedup key:\n"},
+		{relay.ReplaySkipped, skipVerb + " %d dead letters (left in the table):\n"},
+	} {
+		n := res.Count(o.outcome)
+		if n == 0 {
+			continue
+		}
+		fmt.Fprintf(out, o.head, n)
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ID\tROUTE\tDEDUP KEY\tREASON")
+		for _, d := range res.DeadLetters {
+			if d.Outcome != o.outcome {
+				continue
+			}
+			route := d.Route
+			if route == "" {
+				route = "-"
+			}
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", d.ID, route, oneLine(deref(d.DedupKey), 40), d.Reason)
+		}
+		_ = tw.Flush()
+	}
+	for _, d := range res.DeadLetters {
+		if d.Outcome == relay.ReplaySkipped && (d.Cause == relay.CauseDedupKeyPending || d.Cause == relay.CauseDedupKeyInRun) {
+			fmt.Fprintln(out, "(--clear-conflicting-dedup-keys replays those whose dedup key is held without it; see dlq replay --help)")
+			break
+		}
+	}
 }
 
 func newDLQPurge(g *globals) *cobra.Command {
@@ -404,7 +525,7 @@ func parseWhen(s string) (time.Time, time.Duration, error) {
 // routeIsFed reports whether the config file's route name takes its
 // messages from the fan-out router's copies.
 func routeIsFed(g *globals, name string) (bool, error) {
-	specs, err := decodeRouteSpecs(g)
+	specs, _, err := decodeRouteSpecs(g)
 	if err != nil {
 		return false, err
 	}

@@ -124,8 +124,9 @@ order of precedence. Config-file keys are the long flag names.`,
 // prepare applies env and file values, validates the shared options and
 // sets up logging.
 func (g *globals) prepare(cmd *cobra.Command) error {
+	var readable []readableFile
 	if !cmd.Flags().Changed("config") {
-		if v, ok, err := lookupEnv("OUTBOX_CONFIG"); err != nil {
+		if v, ok, err := lookupEnv("OUTBOX_CONFIG", &readable); err != nil {
 			return err
 		} else if ok {
 			g.configPath = v
@@ -136,7 +137,7 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 		return err
 	}
 	g.file = fc
-	if err := resolve(cmd, fc); err != nil {
+	if err := resolve(cmd, fc, &readable); err != nil {
 		return err
 	}
 	var level slog.Level
@@ -152,6 +153,7 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 	default:
 		return usagef("outbox: log-format: %q is not text or json", g.logFormat)
 	}
+	warnReadable(g.log, readable)
 	if err := migrations.ValidateSchema(g.schema); err != nil {
 		return &usageError{err}
 	}

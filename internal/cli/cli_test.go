@@ -205,3 +205,58 @@ func TestOperatorSelectorsIgnoreEnvironment(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.NotContains(t, out, "OUTBOX_ALL")
 }
+
+// TestMalformedURLsNeverEchoThePassword gives the database and sink URLs
+// with a password in userinfo or in a password-like parameter, in the
+// malformed forms operators type by mistake (a missing colon or slash, no
+// scheme, an invalid port or escape, a parameter in upper case) and in
+// sink options and config sections that are parsed and echoed in errors.
+// No output may contain the password.
+func TestMalformedURLsNeverEchoThePassword(t *testing.T) {
+	const pw = "S3cr3tPW"
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	databases := []string{
+		"postgres//u:" + pw + "@h/db",
+		"postgres:/u:" + pw + "@h/db",
+		"postgres:u:" + pw + "@h/db",
+		"u:" + pw + "@h/db",
+		"postgres://u:" + pw + "@h:99999/db",
+		"postgres://u:" + pw + "%zz@h/db",
+		"postgres://u:" + pw + "@h/db#x",
+		"postgres://u@127.0.0.1:1/db?PASSWORD=" + pw,
+		"postgres://u@127.0.0.1:1/db?sslmode=bogus&Password=" + pw,
+		"postgres://u@127.0.0.1:1/db?sslmode=bogus&password%3D" + pw,
+		"host=127.0.0.1 port=1 PASSWORD=" + pw,
+		"host=127.0.0.1 port=x password = '" + pw + " x'",
+		"host=127.0.0.1 port=x u:" + pw + "@h",
+	}
+	for _, db := range databases {
+		code, out, stderr := run(t, "status", "--database-url", db)
+		require.NotEqual(t, 0, code, "%s: %s", db, stderr)
+		require.NotContains(t, out+stderr, pw, "status --database-url %s", db)
+	}
+	sinkURLs := []string{
+		"https//u:" + pw + "@h/x",
+		"kafka//u:" + pw + "@h:1",
+		"u:" + pw + "@h",
+		"kafka://h:1/u:" + pw + "@x",
+		"kafka://h:1?tls=password%3D" + pw,
+		"kafka://u:" + pw + "@h:1?password=%" + pw[:2],
+		"https://h.example.com/x?timeout=token=" + pw,
+		"amqp://h/?exchange=x&heartbeat=password=" + pw,
+	}
+	for _, s := range sinkURLs {
+		code, out, stderr := run(t, "run", "--database-url", "postgres://x@127.0.0.1:1/d", "--sink", s)
+		require.Equal(t, 2, code, "%s: %s", s, stderr)
+		require.NotContains(t, out+stderr, pw, "run --sink %s", s)
+	}
+	// A secret in the wrong place of a sink section: YAML's type errors
+	// quote the value.
+	cfg := filepath.Join(t.TempDir(), "relay.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("kafka:\n  sasl: "+pw+"\n"), 0o600))
+	code, out, stderr := run(t, "run", "--config", cfg, "--database-url", "postgres://x@127.0.0.1:1/d", "--sink", "kafka://h:1")
+	require.Equal(t, 2, code, stderr)
+	require.NotContains(t, out+stderr, pw, "a YAML type error in the kafka section")
+	require.Contains(t, stderr, "line 2", "the line in the file, not in the section")
+}

@@ -5,15 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
+	"io/fs"
+	"log/slog"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // usageError marks errors caused by invalid configuration or arguments:
@@ -37,6 +42,7 @@ type fileConfig struct {
 	path     string
 	values   map[string]string
 	sections map[string]*yaml.Node
+	lines    map[string]int // line of each section's key
 }
 
 // envNames returns the environment variables that may set flag name, in
@@ -49,9 +55,19 @@ func envNames(name string) []string {
 	return []string{env}
 }
 
+// readableFile is a *_FILE secret that others can read: everyone, or a
+// group this process is not in. It is accepted (Docker and Kubernetes
+// mount secrets 0444/0644 by default) and logged as a warning once the
+// logger exists.
+type readableFile struct {
+	env  string
+	path string
+	mode fs.FileMode
+}
+
 // lookupEnv reads a variable, or the file named by its _FILE twin (for
-// secrets mounted as files).
-func lookupEnv(name string) (string, bool, error) {
+// secrets mounted as files). A file others can read is added to readable.
+func lookupEnv(name string, readable *[]readableFile) (string, bool, error) {
 	if v, ok := os.LookupEnv(name); ok {
 		return v, true, nil
 	}
@@ -60,15 +76,36 @@ func lookupEnv(name string) (string, bool, error) {
 		if err != nil {
 			return "", false, usagef("outbox: %s_FILE: %v", name, err)
 		}
+		// Stat follows symlinks: Kubernetes mounts a secret as a link
+		// to the file whose mode counts.
+		if fi, err := os.Stat(path); err == nil && exposed(fi) {
+			*readable = append(*readable, readableFile{env: name + "_FILE", path: path, mode: fi.Mode().Perm()})
+		}
 		return strings.TrimRight(string(b), "\r\n"), true, nil
 	}
 	return "", false, nil
 }
 
+// exposed reports whether users other than the file's owner and this
+// process's groups can read it.
+func exposed(fi fs.FileInfo) bool {
+	perm := fi.Mode().Perm()
+	return perm&0o004 != 0 || perm&0o040 != 0 && !groupIsOurs(fi)
+}
+
+// warnReadable logs the secret files others can read.
+func warnReadable(log *slog.Logger, files []readableFile) {
+	for _, f := range files {
+		log.Warn("secret file is readable by other users; make it 0400 or 0600 (in Kubernetes, where the file belongs to root: defaultMode 0440 and the pod's fsGroup)",
+			"env", f.env, "path", f.path, "mode", f.mode.String())
+	}
+}
+
 // loadFile parses the YAML config file. Keys are flag names; any key that
-// is neither a known flag nor a sink section is an error.
+// is neither a known flag nor a sink section is an error, and so are a
+// duplicate key anywhere in the file and a second YAML document.
 func loadFile(path string, known map[string]bool) (*fileConfig, error) {
-	fc := &fileConfig{path: path, values: map[string]string{}, sections: map[string]*yaml.Node{}}
+	fc := &fileConfig{path: path, values: map[string]string{}, sections: map[string]*yaml.Node{}, lines: map[string]int{}}
 	if path == "" {
 		return fc, nil
 	}
@@ -84,6 +121,14 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 		}
 		return nil, usagef("outbox: config %s: %v", path, err)
 	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, usagef("outbox: config %s: after the first document: %v", path, err)
+	case !emptyDocument(&next):
+		return nil, usagef("outbox: config %s line %d: a second YAML document; the config file holds one (remove the \"---\")", path, next.Line)
+	}
 	if len(root.Content) == 0 {
 		return fc, nil
 	}
@@ -91,11 +136,15 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 	if doc.Kind != yaml.MappingNode {
 		return nil, usagef("outbox: config %s: the top level must be a mapping of option names to values", path)
 	}
+	if err := duplicateKeys(doc, true); err != nil {
+		return nil, configError(path, err)
+	}
 	for i := 0; i+1 < len(doc.Content); i += 2 {
 		k, v := doc.Content[i], doc.Content[i+1]
 		key := strings.ReplaceAll(k.Value, "_", "-")
 		if contains(sinkSections, key) {
 			fc.sections[key] = v
+			fc.lines[key] = k.Line
 			continue
 		}
 		if !known[key] {
@@ -118,6 +167,208 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 		}
 	}
 	return fc, nil
+}
+
+// emptyDocument reports whether doc holds nothing (a trailing "---").
+func emptyDocument(doc *yaml.Node) bool {
+	if len(doc.Content) == 0 {
+		return true
+	}
+	n := doc.Content[0]
+	return len(doc.Content) == 1 && n.Kind == yaml.ScalarNode && n.Tag == "!!null" && n.Value == ""
+}
+
+// duplicateKeys reports the first key that a mapping in n repeats: YAML
+// parsers keep the last and drop the first without a word. At the top
+// level, "batch-size" and "batch_size" are the same option.
+func duplicateKeys(n *yaml.Node, top bool) error {
+	if n.Kind == yaml.MappingNode {
+		type seen struct {
+			line int
+			as   string
+		}
+		first := map[string]seen{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yaml.ScalarNode || k.Value == "<<" {
+				continue // merge keys may repeat; complex keys are rare
+			}
+			key := k.Value
+			if top {
+				key = strings.ReplaceAll(key, "_", "-")
+			}
+			if f, dup := first[key]; dup {
+				also := ""
+				if f.as != k.Value {
+					also = fmt.Sprintf(" as %q", f.as)
+				}
+				return fmt.Errorf("line %d: duplicate key %q (first at line %d%s)", k.Line, k.Value, f.line, also)
+			}
+			first[key] = seen{k.Line, k.Value}
+		}
+	}
+	for i, c := range n.Content {
+		if n.Kind == yaml.MappingNode && i%2 == 0 {
+			continue
+		}
+		if err := duplicateKeys(c, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// strictDecode decodes node into v (a pointer) like a decoder with
+// KnownFields, but keeps the file's line numbers, which re-encoding the
+// node for such a decoder would renumber: unknown keys are found by
+// walking the node along v's type. path names node in errors.
+func strictDecode(node *yaml.Node, v any, path string) error {
+	paths := map[int]string{}
+	if err := knownFields(node, reflect.TypeOf(v).Elem(), path, paths); err != nil {
+		return err
+	}
+	err := node.Decode(v)
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		// "line 3: cannot unmarshal ..." becomes "line 3: kafka.sasl:
+		// ...", naming the field that starts on that line.
+		msgs := make([]string, len(te.Errors))
+		for i, e := range te.Errors {
+			e = yamlValue.ReplaceAllString(e, "$1 value into ")
+			if line, rest, ok := strings.Cut(e, ": "); ok && strings.HasPrefix(line, "line ") {
+				field := path
+				if n, err := strconv.Atoi(strings.TrimPrefix(line, "line ")); err == nil && paths[n] != "" {
+					field = paths[n]
+				}
+				msgs[i] = line + ": " + field + ": " + rest
+			} else {
+				msgs[i] = path + ": " + e
+			}
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %s", path, yamlError(err))
+	}
+	return nil
+}
+
+// configError formats an error about the config file at path: "config
+// FILE line N: ..." when err starts with its line.
+func configError(path string, err error) error {
+	if strings.HasPrefix(err.Error(), "line ") {
+		return usagef("outbox: config %s %v", path, err)
+	}
+	return usagef("outbox: config %s: %v", path, err)
+}
+
+var (
+	nodeType        = reflect.TypeOf(yaml.Node{})
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
+)
+
+// knownFields reports the first mapping key in n that names no field of
+// t. Type mismatches are left to yaml's decoder; paths records, by line,
+// the deepest field whose value starts there, to name it in those errors.
+func knownFields(n *yaml.Node, t reflect.Type, path string, paths map[int]string) error {
+	paths[n.Line] = path
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias // recursion follows t, which is finite
+	}
+	if t == nodeType || reflect.PointerTo(t).Implements(unmarshalerType) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		fields, anyKey := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Value == "<<" {
+				merged := []*yaml.Node{v}
+				if v.Kind == yaml.SequenceNode {
+					merged = v.Content
+				}
+				for _, m := range merged {
+					if err := knownFields(m, t, path, paths); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			ft, ok := fields[k.Value]
+			if !ok {
+				if anyKey {
+					continue
+				}
+				return fmt.Errorf("line %d: %s.%s: field %s not found in type %s", k.Line, path, k.Value, k.Value, t)
+			}
+			if err := knownFields(v, ft, path+"."+k.Value, paths); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if n.Kind != yaml.SequenceNode {
+			return nil
+		}
+		for i, it := range n.Content {
+			if err := knownFields(it, t.Elem(), fmt.Sprintf("%s[%d]", path, i), paths); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if err := knownFields(n.Content[i+1], t.Elem(), path+"."+n.Content[i].Value, paths); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// yamlFields maps the keys yaml.v3 accepts for struct t to their types;
+// anyKey is true when an inline map takes the rest.
+func yamlFields(t reflect.Type) (fields map[string]reflect.Type, anyKey bool) {
+	fields = map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" {
+			continue
+		}
+		if strings.Contains(","+opts+",", ",inline,") {
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Map {
+				anyKey = true
+				continue
+			}
+			inner, innerAny := yamlFields(ft)
+			for k, v := range inner {
+				fields[k] = v
+			}
+			anyKey = anyKey || innerAny
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		fields[name] = f.Type
+	}
+	return fields, anyKey
 }
 
 func contains(xs []string, x string) bool {
@@ -170,14 +421,15 @@ func isCLIOnly(f *pflag.Flag) bool { return len(f.Annotations[cliOnlyAnnotation]
 
 // resolve fills every flag the user did not set on the command line from
 // the environment, then from the config file: flags > env > file.
-func resolve(cmd *cobra.Command, fc *fileConfig) error {
+// Secret files others can read are added to readable.
+func resolve(cmd *cobra.Command, fc *fileConfig, readable *[]readableFile) error {
 	var errs []error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Changed || f.Name == "help" || f.Name == "config" || isCLIOnly(f) {
 			return
 		}
 		for _, env := range envNames(f.Name) {
-			v, ok, err := lookupEnv(env)
+			v, ok, err := lookupEnv(env, readable)
 			if err != nil {
 				errs = append(errs, err)
 				return
@@ -205,34 +457,20 @@ func redactErr(flag string, err error) error {
 	return err
 }
 
-// redactURL hides the password in a URL (or a key/value connection
-// string) for logs and errors.
-func redactURL(raw string) string {
-	if !strings.Contains(raw, "://") {
-		// key=value form: password=secret, password='a b'.
-		return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-	}
-	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
-		for _, k := range []string{"password", "sslpassword"} {
-			if q.Has(k) {
-				q.Set(k, "xxxxx")
-			}
-		}
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
-}
+// redactURL hides the credentials in a database or sink URL (well-formed
+// or not, or a key/value connection string) for logs and errors.
+func redactURL(raw string) string { return redact.URL(raw) }
 
-var kvPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)`)
+// yamlValue matches the value yaml.v3 quotes in a type error
+// ("cannot unmarshal !!str `hunter2` into int"): the value may be a secret
+// in the wrong place.
+var yamlValue = regexp.MustCompile("(cannot unmarshal \\S+) `.*?` into ")
+
+// yamlError drops the values yaml.v3 quotes in its errors, keeping the line
+// and the types.
+func yamlError(err error) string {
+	return yamlValue.ReplaceAllString(err.Error(), "$1 value into ")
+}
 
 // envHelp appends the environment variable names to every flag's usage.
 func envHelp(fs *pflag.FlagSet) {

@@ -15,7 +15,9 @@ import (
 // database): it must never panic, and must either succeed (exit 0, the
 // migration SQL on stdout) or refuse the file as invalid configuration
 // (exit 2, an error on stderr). Exit 1 would mean an invalid file is
-// reported as a runtime failure.
+// reported as a runtime failure. It then runs `run` with the same file and
+// a database URL that does not parse, which decodes the sink sections and
+// routes: whatever the file holds, that is exit 2 before any connection.
 func FuzzConfigFile(f *testing.F) {
 	for _, s := range []string{
 		"",
@@ -44,6 +46,17 @@ func FuzzConfigFile(f *testing.F) {
 		"<<: {schema: merged}\n",
 		"schema: ~\n",
 		"config: other.yaml\n",
+		"schema: a\nschema: b\n",
+		"batch-size: 1\nbatch_size: 2\n",
+		"sink: kafka://h:1\nkafka: {client_id: a, client_id: b}\n",
+		"sink: kafka://h:1\nhttp: {timeout: 5s}\n",
+		"sink: kafka://h:1\nkafka: &x {tls: *x}\n",
+		"sink: kafka://h:1\nkafka: &x {brokers: *x, sasl: {password: [x]}}\n",
+		"sink: https://h.example.com/x\nhttp: {routes: [{topic: a, url: 5, colour: x}], <<: {timeout: 1s}}\n",
+		"routes:\n  - {name: a, topics: [x], sink: stdout, amqp: {exchange: e}}\n",
+		"http: {timeout: 5s}\nroutes:\n  - {name: a, topics: [x], sink: stdout}\n",
+		"routes: &r\n  - {name: a, topics: [x], sink: stdout, kafka: *r}\n",
+		"schema: x\n---\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -65,6 +78,12 @@ func FuzzConfigFile(f *testing.F) {
 			}
 		default:
 			t.Fatalf("exit %d for config %q; stderr %q", code, doc, stderr.String())
+		}
+		stdout.Reset()
+		stderr.Reset()
+		code = cli.Main([]string{"run", "--config", path, "--database-url", "postgres://x@127.0.0.1:1/d?sslmode=bogus"}, &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "outbox-relay: ") {
+			t.Fatalf("run: exit %d for config %q; stderr %q", code, doc, stderr.String())
 		}
 	})
 }

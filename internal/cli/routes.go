@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 
 	"fmt"
@@ -114,10 +113,12 @@ const routerName = "~fanout"
 // (if A is fed by the router and B shares topics with A, B is too), so
 // that every message of a route takes one path and keeps its key order.
 func parseRoutes(g *globals, base relay.Config) ([]route, error) {
-	specs, err := decodeRouteSpecs(g)
+	specs, items, err := decodeRouteSpecs(g)
 	if specs == nil || err != nil {
 		return nil, err
 	}
+	top := g.file.sinkSections()
+	used := map[string]bool{}
 	var out []route
 	var earlier, all []string
 	seen := map[string]bool{}
@@ -135,14 +136,22 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 			return nil, usagef("outbox: %s.sink: required", field)
 		}
 		seen[sp.Name] = true
-		sections := map[string]*yaml.Node{}
-		for name, n := range map[string]*yaml.Node{"kafka": &sp.Kafka, "amqp": &sp.AMQP, "http": &sp.HTTP} {
+		// The route's own sections (each must fit its sink), else the
+		// top-level section of its sink's kind, the default of every
+		// route of that kind.
+		sections := map[string]sinkSection{}
+		for kind, n := range map[string]*yaml.Node{"kafka": &sp.Kafka, "amqp": &sp.AMQP, "http": &sp.HTTP} {
 			if n.Kind != 0 {
-				sections[name] = n
-			} else if top := g.file.sections[name]; top != nil {
-				sections[name] = top
+				sections[kind] = sinkSection{node: n, name: field + "." + kind, line: keyLine(items[i], kind, n.Line)}
 			}
 		}
+		kind := sectionFor(sinkScheme(sp.Sink))
+		if _, own := sections[kind]; !own && kind != "" {
+			if sec, ok := top[kind]; ok {
+				sections[kind] = sec
+			}
+		}
+		used[kind] = true
 		open, name, err := parseSinkWith(sp.Sink, g, sections)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
@@ -174,6 +183,12 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 			}
 		}
 	}
+	for _, kind := range sinkKinds {
+		if sec, ok := top[kind]; ok && !used[kind] {
+			return nil, usagef("outbox: config %s line %d: %s: no route's sink is of this kind, so the section would be ignored",
+				g.file.path, sec.line, sec.name)
+		}
+	}
 	if router, ok := fanOutRouter(specs, out, base); ok {
 		out = append(out, router)
 	}
@@ -187,27 +202,47 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 	return out, nil
 }
 
-// decodeRouteSpecs decodes the config file's routes section, strictly;
-// nil without one.
-func decodeRouteSpecs(g *globals) ([]routeSpec, error) {
+// decodeRouteSpecs decodes the config file's routes section, strictly,
+// and returns each route's node (for the lines of its keys); nil without
+// one.
+func decodeRouteSpecs(g *globals) ([]routeSpec, []*yaml.Node, error) {
 	node := g.file.sections["routes"]
 	if node == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
-	b, err := yaml.Marshal(node)
-	if err != nil {
-		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
 	var specs []routeSpec
-	if err := dec.Decode(&specs); err != nil {
-		return nil, usagef("outbox: config %s: routes: %v", g.file.path, err)
+	if err := strictDecode(node, &specs, "routes"); err != nil {
+		return nil, nil, configError(g.file.path, err)
 	}
 	if len(specs) == 0 {
-		return nil, usagef("outbox: config %s: routes: empty list", g.file.path)
+		return nil, nil, usagef("outbox: config %s: routes: empty list", g.file.path)
 	}
-	return specs, nil
+	if node.Kind == yaml.AliasNode {
+		node = node.Alias
+	}
+	items := make([]*yaml.Node, len(specs))
+	for i := range items {
+		if i < len(node.Content) {
+			items[i] = node.Content[i]
+		}
+	}
+	return specs, items, nil
+}
+
+// keyLine returns the line of key in mapping m, or def.
+func keyLine(m *yaml.Node, key string, def int) int {
+	if m != nil && m.Kind == yaml.AliasNode {
+		m = m.Alias
+	}
+	if m == nil || m.Kind != yaml.MappingNode {
+		return def
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i].Line
+		}
+	}
+	return def
 }
 
 // fedRoutes reports, route by route, whether the route takes its messages

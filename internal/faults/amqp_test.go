@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -13,42 +11,24 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/amqptest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-func amqpURL() string {
-	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
-func rabbitmqctl(args ...string) error {
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rabbitmqctl %v: %v: %s", args, err, out)
-	}
-	return nil
-}
-
-// TestDisruptiveAMQPOutage stops the RabbitMQ application (rabbitmqctl
-// stop_app) under the relay binary for outageLength() while applications
-// keep writing, then starts it again. The exchange and queue are durable
-// and the sink publishes persistent messages, so what the broker confirmed
-// before the stop is still there after it. It stops the broker for every
-// client, so it runs only with TEST_AMQP_DISRUPTIVE=1.
-func TestDisruptiveAMQPOutage(t *testing.T) {
-	if os.Getenv("TEST_AMQP_DISRUPTIVE") != "1" {
-		t.Skip("stops the shared RabbitMQ (rabbitmqctl stop_app/start_app); set TEST_AMQP_DISRUPTIVE=1 to run")
-	}
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		pgtest.Unavailable(t, "rabbitmqctl not found: %v", err)
-	}
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		pgtest.Unavailable(t, "RabbitMQ at %s: %v", amqpURL(), err)
-	}
+// TestAMQPOutage stops the RabbitMQ application (rabbitmqctl stop_app)
+// under the relay binary for outageLength() while applications keep
+// writing, then starts it again. The exchange and queue are durable and
+// the sink publishes persistent messages, so what the broker confirmed
+// before the stop is still there after it. The broker is a throwaway node
+// of the test's own (amqptest.Server): the shared one is never stopped.
+func TestAMQPOutage(t *testing.T) {
+	t.Parallel()
+	broker := amqptest.Server(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	conn, err := amqp.Dial(broker.URL())
+	require.NoError(t, err)
 	name := "faults-outage-" + randHex(4)
 	ch, err := conn.Channel()
 	require.NoError(t, err)
@@ -57,21 +37,10 @@ func TestDisruptiveAMQPOutage(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(name, "orders", name, false, nil))
 	_ = conn.Close()
-	t.Cleanup(func() {
-		_ = rabbitmqctl("start_app") // no-op when running
-		_ = rabbitmqctl("await_startup")
-		if c, err := amqp.Dial(amqpURL()); err == nil {
-			if ch, err := c.Channel(); err == nil {
-				_, _ = ch.QueueDelete(name, false, false, false)
-				_ = ch.ExchangeDelete(name, false, false)
-			}
-			_ = c.Close()
-		}
-	})
 
 	pool, schema := pgtest.Schema(t)
 	cfg := outageConfig
-	sinkURL := amqpURL() + "?" + url.Values{"exchange": {name}, "reconnect_initial": {"200ms"}, "reconnect_max": {"1s"}}.Encode()
+	sinkURL := broker.URL() + "?" + url.Values{"exchange": {name}, "reconnect_initial": {"200ms"}, "reconnect_max": {"1s"}}.Encode()
 	p := startRelay(t, pgtest.URL(), schema, "--sink", sinkURL,
 		"--batch-size", fmt.Sprint(cfg.BatchSize), "--max-attempts", fmt.Sprint(cfg.MaxAttempts),
 		"--retry-initial", cfg.RetryInitial.String(), "--retry-multiplier", fmt.Sprint(cfg.RetryMultiplier),
@@ -119,14 +88,13 @@ func TestDisruptiveAMQPOutage(t *testing.T) {
 		}
 	}
 	downAt := time.Now()
-	require.NoError(t, rabbitmqctl("stop_app"))
+	require.NoError(t, broker.StopApp(ctx))
 	stopTook := time.Since(downAt)
 	for time.Since(downAt) < outage {
 		sample()
 		time.Sleep(100 * time.Millisecond)
 	}
-	require.NoError(t, rabbitmqctl("start_app"))
-	require.NoError(t, rabbitmqctl("await_startup"))
+	require.NoError(t, broker.StartApp(ctx)) // returns once it has booted
 	downtime := time.Since(downAt)
 	upAt := time.Now()
 	time.Sleep(time.Second)
@@ -142,7 +110,7 @@ func TestDisruptiveAMQPOutage(t *testing.T) {
 	mu.Lock()
 	written := append([]string(nil), want...)
 	mu.Unlock()
-	conn, err = amqp.Dial(amqpURL())
+	conn, err = amqp.Dial(broker.URL())
 	require.NoError(t, err)
 	defer conn.Close()
 	ch, err = conn.Channel()

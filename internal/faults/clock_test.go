@@ -232,3 +232,79 @@ func TestClockSkewRetrySchedule(t *testing.T) {
 	t.Logf("%d statements traced, none carried a time from the relay's clock; stored delay after 1 failure %s (backoff 1s ±20%%)",
 		tracer.count(), delay.Round(time.Millisecond))
 }
+
+// TestClockSkewSinkTimestamps: the times a sink puts on the wire must come
+// from the database, so that a relay host whose clock is off (which this
+// process cannot fake, see TestClockSkewRetrySchedule) changes nothing.
+// The sinks themselves are tested against a skewed host clock
+// (sinks/kafkasink TestRelayClockSkewRecordTimestamp, sinks/httpsink
+// TestRelayClockSkewWebhookTimestamp); this test checks what the relay
+// hands them:
+//   - every message carries ClaimedAt, the database's now() at claim, lying
+//     between the row's created_at and the database's clock during Send;
+//   - end to end through the Kafka sink, each record's timestamp is the
+//     row's created_at as stored in the database.
+func TestClockSkewSinkTimestamps(t *testing.T) {
+	t.Parallel()
+	t.Run("ClaimedAt", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := pgtest.Schema(t)
+		ctx := context.Background()
+		type seen struct{ created, claimed, dbAtSend time.Time }
+		var mu sync.Mutex
+		got := map[string]seen{}
+		sink := memory.New()
+		sink.SetFail(func(m sinks.Message) error {
+			var now time.Time
+			if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+				return fmt.Errorf("test: %w", err)
+			}
+			mu.Lock()
+			got[string(m.Payload)] = seen{m.CreatedAt, m.ClaimedAt, now}
+			mu.Unlock()
+			return nil
+		})
+		runInproc(t, pgtest.URL(), schema, sink, relay.Config{Workers: 2})
+		written := commit(t, pool, schema, messages("t", keyNames("k", 5), 0, 50, nil))
+		eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
+			n := len(sink.Delivered())
+			return n >= len(written), fmt.Sprintf("%d of %d delivered", n, len(written))
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range written {
+			s := got[p]
+			require.False(t, s.claimed.IsZero(), "%s: the relay did not fill ClaimedAt", p)
+			require.False(t, s.claimed.Before(s.created), "%s: claimed %s before it was created %s", p, s.claimed, s.created)
+			require.False(t, s.claimed.After(s.dbAtSend), "%s: claimed %s after the database's clock at Send %s", p, s.claimed, s.dbAtSend)
+		}
+	})
+	t.Run("KafkaRecordTimestamp", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := pgtest.Schema(t)
+		ctx := context.Background()
+		k := newKafkaRig(t, []string{"orders"})
+		written := commit(t, pool, schema, messages("orders", keyNames("k", 5), 0, 50, nil))
+		created := map[string]time.Time{}
+		rows, err := pool.Query(ctx, `SELECT payload, created_at FROM `+migrations.Ident(schema)+`.messages`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var p []byte
+			var at time.Time
+			require.NoError(t, rows.Scan(&p, &at))
+			created[string(p)] = at
+		}
+		require.NoError(t, rows.Err())
+		require.Len(t, created, len(written))
+
+		runInproc(t, pgtest.URL(), schema, k.sink(t, nil), relay.Config{Workers: 2})
+		eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
+			n := distinct(k.deliveries())
+			return n >= len(written), fmt.Sprintf("%d of %d delivered", n, len(written))
+		})
+		for p, ts := range k.timestamps() {
+			want := created[p].Truncate(time.Millisecond)
+			require.True(t, want.Equal(ts), "%s: record timestamp %s, created_at %s", p, ts, want)
+		}
+	})
+}

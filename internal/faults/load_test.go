@@ -35,7 +35,7 @@ func writerConns(t *testing.T, pool *pgxpool.Pool) (n int, why string) {
 	case free-10 >= 200:
 		n = 200
 	case long():
-		n = free - 20 // the long form runs alone: leave 20 for the relay and stragglers
+		n = free - 20 // a throwaway server: leave 20 for the relay and stragglers
 	default:
 		n = free / 3 // the default run shares the server with other packages
 	}
@@ -47,12 +47,23 @@ func writerConns(t *testing.T, pool *pgxpool.Pool) (n int, why string) {
 // other load and with many writer connections committing single-message
 // transactions as fast as they can. It reports the ratio; it asserts only
 // that everything is delivered (timing depends on the machine and on what
-// else runs).
+// else runs). The long form takes every connection slot it can, which
+// would lock everyone else out of the shared server, so it runs on a
+// throwaway server of its own.
 func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
-	pool, schema := pgtest.Schema(t)
+	databaseURL := pgtest.URL()
+	var pool *pgxpool.Pool
+	var schema string
+	if long() {
+		srv := pgtest.Server(t)
+		databaseURL = srv.URL()
+		pool, schema = srv.Schema(t)
+	} else {
+		pool, schema = pgtest.Schema(t)
+	}
 	ctx := context.Background()
 	writers, why := writerConns(t, pool)
-	p := startRelay(t, pgtest.URL(), schema, "--sink", "discard")
+	p := startRelay(t, databaseURL, schema, "--sink", "discard")
 	published := func() float64 {
 		v, err := p.metric("outbox_relay_messages_published_total")
 		if err != nil {
@@ -76,7 +87,7 @@ func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
 
 	// The load: writers connections, each committing one message per
 	// transaction in a loop.
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	cfg, err := pgxpool.ParseConfig(databaseURL)
 	require.NoError(t, err)
 	cfg.MaxConns, cfg.MinConns = int32(writers), int32(writers)
 	wpool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -3,9 +3,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,77 +12,23 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 )
 
-// pgctl runs pg_ctlcluster for the local cluster (the one directory under
-// /etc/postgresql).
-func pgctl(action string) error {
-	vs, err := os.ReadDir("/etc/postgresql")
-	if err != nil || len(vs) != 1 {
-		return fmt.Errorf("expected one PostgreSQL version under /etc/postgresql: %v", err)
-	}
-	args := []string{"--skip-systemctl-redirect", vs[0].Name(), "main", action}
-	if action == "stop" {
-		args = append(args, "-m", "fast")
-	}
-	out, err := exec.Command("pg_ctlcluster", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctlcluster %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-// pgUp waits until a new connection succeeds.
-func pgUp(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		c, err := pgx.Connect(ctx, pgtest.URL())
-		if err == nil {
-			err = c.Ping(ctx)
-			_ = c.Close(ctx)
-		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// TestDisruptivePostgresRestart restarts PostgreSQL under a relay in the
+// TestPostgresRestart restarts PostgreSQL under a relay in the
 // middle of a drain, then stops it for a few seconds and starts it again.
 // The relay must reconnect with backoff, lose nothing, and not spin while
 // the database is down (CPU time and reconnect attempts are measured).
-// It disturbs every other user of the server, so it runs only with
-// TEST_PG_DISRUPTIVE=1 (`make test-disruptive`, after the main suite).
-func TestDisruptivePostgresRestart(t *testing.T) {
-	if os.Getenv("TEST_PG_DISRUPTIVE") != "1" {
-		t.Skip("restarts the shared PostgreSQL server (pg_ctlcluster); set TEST_PG_DISRUPTIVE=1 to run")
-	}
-	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
-		pgtest.Unavailable(t, "pg_ctlcluster not found: %v", err)
-	}
-	pool, schema := pgtest.Schema(t)
-	// Registered after Schema's cleanup, so it runs first: the server is
-	// back before the schema is dropped, whatever happened.
-	t.Cleanup(func() {
-		if pgUp(2*time.Second) == nil {
-			return
-		}
-		if err := pgctl("start"); err != nil {
-			t.Errorf("restarting PostgreSQL after the test: %v", err)
-		}
-		if err := pgUp(60 * time.Second); err != nil {
-			t.Errorf("PostgreSQL is not back after the test: %v", err)
-		}
-	})
+// The server is a throwaway one of the test's own (pgtest.Server): the
+// shared server is never restarted.
+func TestPostgresRestart(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Server(t)
+	pool, schema := srv.Schema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 
 	const n = 40_000
 	want := commit(t, pool, schema, messages("orders", keyNames("k", 100), 0, n, nil))
 	rc := newReceiver(t, nil)
-	p := startRelay(t, pgtest.URL(), schema, "--sink", rc.url(), "--batch-size", "200")
+	p := startRelay(t, srv.URL(), schema, "--sink", rc.url(), "--batch-size", "200")
 	eventually(t, 30*time.Second, 5*time.Millisecond, func() (bool, string) {
 		return distinct(rc.deliveries()) >= 2000, "first deliveries"
 	})
@@ -93,9 +36,8 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	// 1. A plain restart in the middle of the drain.
 	before := distinct(rc.deliveries())
 	start := time.Now()
-	require.NoError(t, pgctl("restart"))
+	require.NoError(t, srv.Restart(ctx)) // returns once the server accepts connections
 	restartTook := time.Since(start)
-	require.NoError(t, pgUp(60*time.Second))
 	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
 		return distinct(rc.deliveries()) > before+1000, "the relay did not resume after the restart:\n" + p.logs.tail(5)
 	})
@@ -104,7 +46,7 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	// 2. Down for a while: the relay must wait with backoff, not spin.
 	require.Less(t, distinct(rc.deliveries()), n, "the drain finished before the second fault")
 	down := 6 * time.Second
-	require.NoError(t, pgctl("stop"))
+	require.NoError(t, srv.Stop(ctx))
 	stoppedAt := time.Now()
 	logsBefore := len(p.logLines())
 	cpu0, err := p.cpuTime()
@@ -113,8 +55,7 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	cpu1, err := p.cpuTime()
 	require.NoError(t, err)
 	lines := p.logLines()[logsBefore:]
-	require.NoError(t, pgctl("start"))
-	require.NoError(t, pgUp(60*time.Second))
+	require.NoError(t, srv.Start(ctx))
 	startedAt := time.Now()
 	attempts := map[string]int{}
 	for _, l := range lines {

@@ -51,6 +51,9 @@ func terminateRole(t testing.TB, pool *pgxpool.Pool, role string) int {
 // is switched on, and its sessions are terminated so that new ones pick
 // the setting up. Nothing may be lost or dead-lettered, the error must say
 // what is wrong, and delivery must resume once the database is writable.
+// It runs on the shared server: it changes only the setting of a role of
+// its own and ends only that role's sessions; the server and every other
+// role stay as they were.
 func TestReadOnlyDatabase(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)

@@ -42,8 +42,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte(u+"\n"), 0o600))
 	check("run, OUTBOX_DATABASE_URL_FILE", []string{"OUTBOX_DATABASE_URL_FILE=" + file}, append(run, "--sink", "discard")...)
 
-	// Key/value and query-parameter forms of the same password: open bug,
-	// see docs/security.md.
+	// Key/value and query-parameter forms of the same password (fixed, see
+	// docs/guarantees.md).
 	kv := "host=127.0.0.1 port=5432 user=postgres dbname=test password=" + pw
 	q := pgtest.URL() + "?password=" + pw
 	for name, args := range map[string][]string{
@@ -55,5 +55,32 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		leaked := strings.Contains(stdout+stderr, pw)
 		t.Logf("%s: exit %d, password printed: %t", name, code, leaked)
 		require.False(t, leaked, "%s printed the database password", name)
+	}
+
+	// Malformed URLs (issue 20, bug 2): a missing colon or slash, no
+	// scheme, an invalid port, a password parameter in upper case (which
+	// reaches the server as an unknown setting and fails the connection),
+	// and sink URLs of the same shapes. Every one fails; none may print
+	// the password, in its error or in a log line before it.
+	host := strings.TrimPrefix(pgtest.URL(), "postgres://postgres@")
+	fast := append(run, "--connect-timeout", "1s")
+	for name, args := range map[string][]string{
+		"status, postgres//":           {"status", "--database-url", "postgres//postgres:" + pw + "@" + host},
+		"status, postgres:/":           {"status", "--database-url", "postgres:/postgres:" + pw + "@" + host},
+		"status, no scheme":            {"status", "--database-url", "postgres:" + pw + "@" + host},
+		"status, bad port":             {"status", "--database-url", "postgres://postgres:" + pw + "@127.0.0.1:99999/test"},
+		"status, ?PASSWORD=":           {"status", "--database-url", pgtest.URL() + "?PASSWORD=" + pw, "--schema", schema},
+		"run, ?PASSWORD=":              append(fast, "--database-url", pgtest.URL()+"?PASSWORD="+pw, "--sink", "discard"),
+		"run, ?Password= and sslmode":  append(fast, "--database-url", pgtest.URL()+"?sslmode=disable&Password="+pw, "--sink", "discard"),
+		"run, sink https//":            append(run, "--database-url", u, "--sink", "https//u:"+pw+"@hooks.example.com/x"),
+		"run, sink kafka//":            append(run, "--database-url", u, "--sink", "kafka//relay:"+pw+"@127.0.0.1:1"),
+		"run, sink without scheme":     append(run, "--database-url", u, "--sink", "relay:"+pw+"@127.0.0.1:1"),
+		"run, sink path with userinfo": append(run, "--database-url", u, "--sink", "kafka://127.0.0.1:1/relay:"+pw+"@x"),
+	} {
+		code, stdout, stderr := cliEnv(t, nil, args...)
+		leaked := strings.Contains(stdout+stderr, pw)
+		t.Logf("%s: exit %d, password printed: %t", name, code, leaked)
+		require.NotEqual(t, 0, code, "%s: %s", name, stderr)
+		require.False(t, leaked, "%s printed the password:\n%s", name, stderr)
 	}
 }

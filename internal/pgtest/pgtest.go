@@ -1,7 +1,9 @@
 // Package pgtest gives tests an isolated, migrated outbox schema on the
 // local Postgres server (TEST_DATABASE_URL, default
 // postgres://postgres@127.0.0.1:5432/test), so tests that commit, LISTEN or
-// use several connections can run in parallel.
+// use several connections can run in parallel; and, for tests that
+// restart, stop, kill or reconfigure the server, a throwaway server of
+// their own (Server). The shared server is only ever read and written.
 package pgtest
 
 import (
@@ -63,9 +65,17 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	if checkErr != nil {
 		Unavailable(t, "postgres at %s: %v", URL(), checkErr)
 	}
-	cfg, err := pgxpool.ParseConfig(URL())
+	return connect(t, URL())
+}
+
+// connect opens a pool on url that is closed when the test ends.
+func connect(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		t.Fatalf("TEST_DATABASE_URL: %v", err)
+		t.Fatalf("database URL: %v", err)
 	}
 	cfg.MaxConns = 8
 	// A test that forgets a transaction must not hold back vacuum (and

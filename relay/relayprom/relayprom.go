@@ -39,6 +39,7 @@ type Metrics struct {
 	claimDur      prometheus.Histogram
 	settleDur     prometheus.Histogram
 	lanes         *prometheus.GaugeVec
+	unworked      *prometheus.GaugeVec
 
 	pending      prometheus.Gauge
 	oldestAge    prometheus.Gauge
@@ -110,6 +111,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Namespace: ns, Name: "lanes_owned",
 			Help: "Lanes (of 256 per route) this process currently owns.",
 		}, []string{"route"}),
+		unworked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "unworked_lanes",
+			Help: "Lanes of the route that no live relay has worked for longer than a lease TTL, as seen at this process's last heartbeat (missing lane rows included); their messages wait. 0 normally.",
+		}, []string{"route"}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "pending_messages",
 			Help: "Messages in the outbox and fan-out copies not yet delivered (all relays), as of the last periodic check.",
@@ -142,7 +147,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	})
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
-		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes,
+		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked,
 		m.pending, m.oldestAge, m.retrying, m.deadLetters, m.scrapeErrors, buildInfo)
 	return m
 }
@@ -155,6 +160,7 @@ func (m *Metrics) Hooks(route, sink string) relay.Hooks {
 	m.published.WithLabelValues(route, sink)
 	m.retried.WithLabelValues(route, sink)
 	m.cycleErrors.WithLabelValues(route)
+	m.unworked.WithLabelValues(route)
 	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
 		m.deadLettered.WithLabelValues(route, sink, r)
 	}
@@ -215,6 +221,9 @@ func (h *routeHooks) Batch(ev relay.BatchEvent) {
 // CycleError implements relay.CycleErrorHooks.
 func (h *routeHooks) CycleError(error) { h.m.cycleErrors.WithLabelValues(h.route).Inc() }
 
+// UnworkedLanes implements relay.LaneHealthHooks.
+func (h *routeHooks) UnworkedLanes(n int) { h.m.unworked.WithLabelValues(h.route).Set(float64(n)) }
+
 // Lanes implements relay.Hooks.
 func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(float64(owned)) }
 
@@ -223,13 +232,16 @@ func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(f
 // running on every scrape.
 func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
 	s := migrations.Ident(schema)
+	// A created_at of ±infinity (written by hand) counts as now, as the
+	// relay delivers it; subtracting it would fail the whole check.
+	const bounded = `CASE WHEN isfinite(created_at) THEN least(created_at, now()) ELSE now() END`
 	q := `SELECT
     (SELECT count(*) FROM ` + s + `.messages) + (SELECT count(*) FROM ` + s + `.deliveries),
     (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL)
         + (SELECT count(*) FROM ` + s + `.deliveries WHERE available_at IS NOT NULL),
     coalesce(extract(epoch FROM now() - least(
-        (SELECT created_at FROM ` + s + `.messages ORDER BY id LIMIT 1),
-        (SELECT min(created_at) FROM ` + s + `.deliveries))), 0)::float8,
+        (SELECT ` + bounded + ` FROM ` + s + `.messages ORDER BY id LIMIT 1),
+        (SELECT min(` + bounded + `) FROM ` + s + `.deliveries))), 0)::float8,
     (SELECT count(*) FROM ` + s + `.dead_letters)`
 	t := time.NewTicker(interval)
 	defer t.Stop()

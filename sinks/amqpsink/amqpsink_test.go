@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/amqptest"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -500,31 +499,15 @@ func TestConcurrentSends(t *testing.T) {
 }
 
 // TestBrokerRestart stops and starts the whole RabbitMQ application in the
-// middle of a stream of batches. It disturbs every client of the broker, so
-// it runs only with TEST_AMQP_DISRUPTIVE=1.
+// middle of a stream of batches, on a throwaway node of its own
+// (amqptest.Server): the shared broker is never stopped.
 func TestBrokerRestart(t *testing.T) {
-	if os.Getenv("TEST_AMQP_DISRUPTIVE") != "1" {
-		t.Skip("restarts the shared RabbitMQ (rabbitmqctl stop_app/start_app); set TEST_AMQP_DISRUPTIVE=1 to run")
-	}
-	needRabbitmqctl(t)
-	e := setup(t, durable(), noReader())
+	t.Parallel()
+	broker := amqptest.Server(t)
+	e := setup(t, onBroker(broker), durable(), noReader())
 	topic := e.topic("restart")
-	ctx := context.Background()
-	ctl := func(args ...string) error {
-		out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("rabbitmqctl %v: %v: %s", args, err, out)
-		}
-		return nil
-	}
-	// Registered after setup's cleanups, so it runs first: the broker is
-	// back before the queue and exchange are deleted.
-	t.Cleanup(func() {
-		if err := ctl("start_app"); err != nil {
-			t.Errorf("restoring the broker: %v", err)
-		}
-		_ = ctl("await_startup")
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 
 	var pending []sinks.Message // not yet confirmed, in order
 	confirmed := map[string]bool{}
@@ -557,7 +540,7 @@ func TestBrokerRestart(t *testing.T) {
 	require.NoError(t, send(true))
 
 	stopped := make(chan error, 1)
-	go func() { stopped <- ctl("stop_app") }()
+	go func() { stopped <- broker.StopApp(ctx) }()
 	failures := 0
 	for restarted := false; !restarted || failures == 0; {
 		if err := send(true); err != nil {
@@ -567,8 +550,7 @@ func TestBrokerRestart(t *testing.T) {
 		select {
 		case err := <-stopped:
 			require.NoError(t, err)
-			require.NoError(t, ctl("start_app"))
-			require.NoError(t, ctl("await_startup"))
+			require.NoError(t, broker.StartApp(ctx)) // returns once it has booted
 			restarted = true
 		default:
 		}
@@ -582,7 +564,7 @@ func TestBrokerRestart(t *testing.T) {
 
 	// Read the durable queue only now, so that it holds everything
 	// confirmed before, during and after the restart.
-	conn, err := amqp.Dial(testURL())
+	conn, err := amqp.Dial(broker.URL())
 	require.NoError(t, err)
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -619,33 +601,28 @@ func TestBrokerRestart(t *testing.T) {
 // blocks every publisher, and checks that Send still returns within its
 // deadline with retriable errors (the client library's socket writes ignore
 // contexts), and that it delivers again once the alarm clears. The alarm is
-// broker-wide, so it runs only with TEST_AMQP_DISRUPTIVE=1.
+// broker-wide, so the broker is a throwaway node of the test's own
+// (amqptest.Server).
 func TestBrokerMemoryAlarm(t *testing.T) {
-	if os.Getenv("TEST_AMQP_DISRUPTIVE") != "1" {
-		t.Skip("raises a broker-wide memory alarm (rabbitmqctl set_vm_memory_high_watermark); set TEST_AMQP_DISRUPTIVE=1 to run")
-	}
-	needRabbitmqctl(t)
-	e := setup(t, withConfig(func(c *Config) { c.PublishTimeout = 2 * time.Second }))
+	t.Parallel()
+	broker := amqptest.Server(t)
+	e := setup(t, onBroker(broker), withConfig(func(c *Config) { c.PublishTimeout = 2 * time.Second }))
 	topic := e.topic("alarm")
 	ctx := context.Background()
 	require.NoError(t, e.sink.Send(ctx, msgs(topic, 10, 2, 10)))
 	e.mustRead(10)
 
-	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	orig := strings.TrimSpace(string(out)) // 0.4 or {absolute,N}
+	ctlCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	out, err := broker.Ctl(ctlCtx, "eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+	require.NoError(t, err)
+	orig := strings.TrimSpace(out) // 0.4 or {absolute,N}
 	restoreArgs := []string{"set_vm_memory_high_watermark", orig}
 	if strings.HasPrefix(orig, "{absolute,") {
 		restoreArgs = []string{"set_vm_memory_high_watermark", "absolute", strings.TrimSuffix(strings.TrimPrefix(orig, "{absolute,"), "}")}
 	}
-	restore := func() {
-		if out, err := exec.Command("rabbitmqctl", restoreArgs...).CombinedOutput(); err != nil {
-			t.Errorf("restoring the memory watermark: %v: %s", err, out)
-		}
-	}
-	t.Cleanup(restore)
-	out, err = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", "0.000001").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	_, err = broker.Ctl(ctlCtx, "set_vm_memory_high_watermark", "0.000001")
+	require.NoError(t, err)
 
 	// Keyless, so 512 messages (10 MB) go out per round: more than the
 	// socket buffers hold, so writes block.
@@ -660,7 +637,8 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	require.Less(t, took, 2*time.Second+stuckGrace+3*time.Second, "Send overran its publish timeout")
 	t.Logf("blocked Send returned after %s: %v", took, err)
 
-	restore()
+	_, err = broker.Ctl(ctlCtx, restoreArgs...)
+	require.NoError(t, err, "restoring the memory watermark")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		err := e.sink.Send(ctx, msgs(topic, 10, 2, 10))

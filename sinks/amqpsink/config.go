@@ -13,6 +13,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -204,7 +206,7 @@ func (c Config) Validate() error {
 	switch c.Unroutable {
 	case "", UnroutablePermanent, UnroutableRetry:
 	default:
-		return fmt.Errorf("outbox: amqp: unroutable: must be %q or %q, got %q", UnroutablePermanent, UnroutableRetry, c.Unroutable)
+		return fmt.Errorf("outbox: amqp: unroutable: must be %q or %q, got %q", UnroutablePermanent, UnroutableRetry, redact.URL(c.Unroutable))
 	}
 	if len(c.ContentType) > 255 || strings.ContainsFunc(c.ContentType, isControl) {
 		return errors.New("outbox: amqp: content_type: longer than 255 bytes or contains control characters")
@@ -212,7 +214,7 @@ func (c Config) Validate() error {
 	switch c.DeclareExchange {
 	case "", DeclareNone, DeclarePassive:
 	default:
-		return fmt.Errorf("outbox: amqp: declare_exchange: must be %q or %q, got %q", DeclareNone, DeclarePassive, c.DeclareExchange)
+		return fmt.Errorf("outbox: amqp: declare_exchange: must be %q or %q, got %q", DeclareNone, DeclarePassive, redact.URL(c.DeclareExchange))
 	}
 	for _, d := range []struct {
 		name string
@@ -319,7 +321,7 @@ func (c *Config) setParam(name, v string) error {
 	dur := func(dst *time.Duration) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a duration: %q", name, v)
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a duration: %q", name, redact.URL(v))
 		}
 		*dst = d
 		return nil
@@ -327,7 +329,7 @@ func (c *Config) setParam(name, v string) error {
 	num := func(dst *int) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not an integer: %q", name, v)
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not an integer: %q", name, redact.URL(v))
 		}
 		*dst = n
 		return nil
@@ -370,7 +372,7 @@ func (c *Config) setParam(name, v string) error {
 	case "tls_insecure_skip_verify":
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a boolean: %q", name, v)
+			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a boolean: %q", name, redact.URL(v))
 		}
 		c.TLS.InsecureSkipVerify = b
 	default:
@@ -380,14 +382,15 @@ func (c *Config) setParam(name, v string) error {
 }
 
 // Redacted returns the configuration as a --sink URL with the password
-// replaced by "xxxxx", for logs and error messages.
+// (and anything else redact.URL takes for a credential) replaced by
+// "xxxxx", for logs and error messages.
 func (c Config) Redacted() string {
 	u, err := url.Parse(c.URL)
 	if err != nil {
 		return "amqp://(invalid url)"
 	}
 	u.RawQuery = ""
-	redacted := u.Redacted()
+	redacted := redact.URL(u.String())
 	q := url.Values{}
 	add := func(k, v string) {
 		if v != "" {
@@ -407,7 +410,7 @@ func (c Config) Redacted() string {
 	if len(q) == 0 {
 		return redacted
 	}
-	return redacted + "?" + q.Encode()
+	return redact.URL(redacted + "?" + q.Encode())
 }
 
 // tlsConfig builds the client TLS configuration, or nil for amqp://.

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/outbox-relay/outbox-relay/internal/amqptest"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -52,6 +53,7 @@ func randName(prefix string) string {
 // and a real consumer reading that queue.
 type testEnv struct {
 	t        testing.TB
+	url      string // the broker: TEST_AMQP_URL unless onBroker
 	sink     *Sink
 	cfg      Config
 	admin    *amqp.Connection
@@ -73,25 +75,23 @@ func withConfig(f func(*Config)) envOpt { return func(e *testEnv) { f(&e.cfg) } 
 func durable() envOpt                   { return func(e *testEnv) { e.durable = true } }
 func noReader() envOpt                  { return func(e *testEnv) { e.noReader = true } }
 
+// onBroker uses a throwaway broker instead of the shared one at
+// TEST_AMQP_URL: for tests that stop or reconfigure it.
+func onBroker(b *amqptest.Broker) envOpt { return func(e *testEnv) { e.url = b.URL() } }
+
 // setup declares a direct exchange and a queue with random names, starts a
 // consumer and a sink. Topics are bound on demand by topic().
 func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
-	url := testURL()
-	admin, err := amqp.Dial(url)
-	if err != nil {
-		unavailable(tb, "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", redactURL(url), err)
-	}
 	e := &testEnv{
 		t:        tb,
-		admin:    admin,
+		url:      testURL(),
 		exchange: randName("outbox-test-x"),
 		queue:    randName("outbox-test-q"),
 		prefix:   randName("t"),
 		bound:    map[string]bool{},
 	}
 	e.cfg = Config{
-		URL:              url,
 		Exchange:         e.exchange,
 		ConnectionName:   randName("outbox-test-conn"),
 		PublishTimeout:   10 * time.Second,
@@ -104,6 +104,14 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	for _, o := range opts {
 		o(e)
 	}
+	url := e.url
+	e.cfg.URL = url
+	admin, err := amqp.Dial(url)
+	if err != nil && url == testURL() {
+		unavailable(tb, "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", redactURL(url), err)
+	}
+	require.NoError(tb, err, "throwaway broker at %s", url)
+	e.admin = admin
 	ch, err := admin.Channel()
 	require.NoError(tb, err)
 	e.adminCh = ch

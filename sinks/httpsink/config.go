@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -129,7 +131,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("outbox: http: routes[%d].topic: required", i)
 		}
 		if _, err := path.Match(r.Topic, ""); err != nil {
-			return fmt.Errorf("outbox: http: routes[%d].topic: invalid pattern %q: %w", i, r.Topic, err)
+			return fmt.Errorf("outbox: http: routes[%d].topic: invalid pattern %q: %w", i, redact.URL(r.Topic), err)
 		}
 		if r.URL == "" {
 			return fmt.Errorf("outbox: http: routes[%d].url: required", i)
@@ -188,7 +190,7 @@ func (c Config) checkURL(raw string) error {
 		return errors.New("must not contain a fragment (it is never sent)")
 	}
 	if u.Scheme == "http" && !c.AllowInsecureHTTP && !isLoopbackHost(u.Hostname()) {
-		return fmt.Errorf("http:// to %s is refused (payloads and signatures would cross the network in clear text); use https:// or set allow_insecure_http", u.Hostname())
+		return fmt.Errorf("http:// to %s is refused (payloads and signatures would cross the network in clear text); use https:// or set allow_insecure_http", redact.URL(u.Hostname()))
 	}
 	if c.BlockPrivateNetworks {
 		// Catch the obvious case when the config is loaded; names are
@@ -221,7 +223,7 @@ func (c Config) Redacted() string {
 		fmt.Fprintf(&b, "url=%s ", redactURL(c.URL))
 	}
 	for i, r := range c.Routes {
-		fmt.Fprintf(&b, "routes[%d]=%q->%s ", i, r.Topic, redactURL(r.URL))
+		fmt.Fprintf(&b, "routes[%d]=%q->%s ", i, redact.URL(r.Topic), redactURL(r.URL))
 	}
 	fmt.Fprintf(&b, "content_type=%q secrets=%d timeout=%s dial_timeout=%s tls_handshake_timeout=%s response_header_timeout=%s max_retry_after=%s max_concurrency=%d retry_statuses=%v retry_4xx=%t allow_insecure_http=%t block_private_networks=%t}",
 		c.ContentType, len(c.Secrets), c.Timeout, c.DialTimeout, c.TLSHandshakeTimeout, c.ResponseHeaderTimeout,
@@ -242,7 +244,8 @@ func (c Config) LogValue() slog.Value { return slog.StringValue(c.Redacted()) }
 
 // redactURL reduces raw to scheme://host[:port]; everything after the host
 // is replaced by "/…" so that tokens in the path, query or userinfo never
-// reach logs or errors.
+// reach logs or errors. What is left still goes through redact.URL, which
+// decides what a credential looks like for every sink.
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
@@ -252,7 +255,7 @@ func redactURL(raw string) string {
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
 		s += "/…"
 	}
-	return s
+	return redact.URL(s)
 }
 
 // urlOptions are the query parameters ParseURL accepts; every other
@@ -309,7 +312,7 @@ func ParseURL(raw string) (Config, error) {
 		case "timeout", "dial_timeout", "tls_handshake_timeout", "response_header_timeout", "max_retry_after":
 			d, err := time.ParseDuration(v)
 			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a duration like 30s", name, v)
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a duration like 30s", name, redact.URL(v))
 			}
 			switch name {
 			case "timeout":
@@ -326,21 +329,21 @@ func ParseURL(raw string) (Config, error) {
 		case "max_concurrency":
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not an integer", name, v)
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not an integer", name, redact.URL(v))
 			}
 			c.MaxConcurrency = n
 		case "retry_statuses":
 			for _, f := range strings.Split(v, ",") {
 				n, err := strconv.Atoi(strings.TrimSpace(f))
 				if err != nil {
-					return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a status code", name, f)
+					return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a status code", name, redact.URL(f))
 				}
 				c.RetryStatuses = append(c.RetryStatuses, n)
 			}
 		case "retry_4xx", "allow_insecure_http", "block_private_networks":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not true or false", name, v)
+				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not true or false", name, redact.URL(v))
 			}
 			switch name {
 			case "retry_4xx":

@@ -61,6 +61,13 @@ const maxErrorBody = 2 << 10
 // connection can be reused; a longer body costs a new connection instead.
 const maxDrain = 64 << 10
 
+// bodyReadTimeout bounds reading a response body (the error snippet, the
+// drain), from the moment the headers arrived. The status line decides the
+// outcome; a receiver that drip-feeds the body after it must not hold the
+// Send for the whole request timeout. A body cut short costs the
+// connection, nothing else.
+const bodyReadTimeout = 500 * time.Millisecond
+
 // reservedHeaders may not be set by the application: the sink owns them,
 // or net/http derives them from the request (a value there would be
 // ignored or would corrupt the framing).
@@ -118,6 +125,9 @@ type Sink struct {
 	fallback  *target // nil when no default URL
 	retry     map[int]bool
 	hosts     int // distinct hosts among the destinations
+	// now reads the relay host's wall clock. Tests replace it to play a
+	// host whose clock is off.
+	now func() time.Time
 
 	abort       context.Context // cancelled when Close gives up waiting
 	abortCancel context.CancelFunc
@@ -139,7 +149,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Sink{cfg: cfg, log: logger, retry: map[int]bool{}}
+	s := &Sink{cfg: cfg, log: logger, retry: map[int]bool{}, now: time.Now}
 	for _, code := range cfg.RetryStatuses {
 		s.retry[code] = true
 	}
@@ -243,6 +253,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		lanes = append(lanes, []int{i})
 	}
 
+	start := time.Now()
 	be := sinks.NewBatchError(len(msgs))
 	runLane := func(lane []int) {
 		// Each lane holds one key, so a gate per lane is the whole
@@ -256,7 +267,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 			case ctx.Err() != nil:
 				be.Errs[i] = fmt.Errorf("%w (outbox: http: %w)", sinks.ErrNotAttempted, ctx.Err())
 			default:
-				if err := s.post(ctx, m); err != nil {
+				if err := s.post(ctx, m, start); err != nil {
 					be.Errs[i] = err
 					gate.Fail(m)
 					s.log.DebugContext(ctx, "http sink: delivery failed",
@@ -296,8 +307,9 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	return be.Err()
 }
 
-// post delivers one message and classifies the outcome.
-func (s *Sink) post(ctx context.Context, m sinks.Message) error {
+// post delivers one message of a Send that began at start and classifies
+// the outcome.
+func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error {
 	t := s.targetFor(m.Topic)
 	if t == nil {
 		return sinks.Permanent(fmt.Errorf("outbox: http: no route matches topic %q and no default url is configured", m.Topic))
@@ -316,12 +328,16 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 
 	// The timestamp is taken when the request leaves, not when the batch
 	// was claimed: receivers reject stale timestamps to stop replays.
-	ts := time.Now().Unix()
+	ts := s.sendTime(&m, start).Unix()
 	h[http.CanonicalHeaderKey(HeaderWebhookTimestamp)] = []string{strconv.FormatInt(ts, 10)}
 	if sig := s.signer.sign(m.ID, ts, m.Payload); sig != "" {
 		h[http.CanonicalHeaderKey(HeaderWebhookSignature)] = []string{sig}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.raw, bytes.NewReader(m.Payload))
+	// The request has a context of its own: cancelling it is the one way
+	// to end a body read that has started.
+	rctx, cancelReq := context.WithCancel(ctx)
+	defer cancelReq()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, t.raw, bytes.NewReader(m.Payload))
 	if err != nil {
 		return sinks.Permanent(fmt.Errorf("outbox: http: POST %s: cannot build request", t.display))
 	}
@@ -340,6 +356,8 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 		}
 		return fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
 	}
+	bodyTimer := time.AfterFunc(bodyReadTimeout, cancelReq)
+	defer bodyTimer.Stop()
 	code := resp.StatusCode
 	if code >= 200 && code <= 299 {
 		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
@@ -357,6 +375,18 @@ func (s *Sink) post(ctx context.Context, m sinks.Message) error {
 		return &sinks.RetryAfterError{Err: se, After: d}
 	}
 	return se
+}
+
+// sendTime is the best estimate of the current time for m, in a Send that
+// began at start: the database's clock at claim plus the time elapsed
+// since (a monotonic reading, immune to the host's clock being off or
+// stepped). Only a message without ClaimedAt (a caller other than the
+// relay) gets the host's clock.
+func (s *Sink) sendTime(m *sinks.Message, start time.Time) time.Time {
+	if m.ClaimedAt.IsZero() {
+		return s.now()
+	}
+	return m.ClaimedAt.Add(time.Since(start))
 }
 
 // retriable classifies a non-2xx status: 408, 425, 429 and 5xx other than

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	franzsasl "github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -177,7 +180,7 @@ func ParseURL(raw string) (Config, error) {
 		return cfg, errors.New("outbox: kafka: sink URL has no brokers (expected kafka://host:port[,host:port...])")
 	}
 	if u.Path != "" && u.Path != "/" {
-		return cfg, fmt.Errorf("outbox: kafka: sink URL has a path %q; the Kafka sink takes none", u.Path)
+		return cfg, fmt.Errorf("outbox: kafka: sink URL has a path %q; the Kafka sink takes none", redact.URL(u.Path))
 	}
 	if u.Fragment != "" {
 		return cfg, errors.New("outbox: kafka: sink URL has a fragment; the Kafka sink takes none")
@@ -195,7 +198,8 @@ func ParseURL(raw string) (Config, error) {
 
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return cfg, fmt.Errorf("outbox: kafka: sink URL query: %w", err)
+		// The error quotes the bad escape, which may be part of a secret.
+		return cfg, errors.New("outbox: kafka: sink URL query does not parse (percent-encode reserved characters)")
 	}
 	names := make([]string, 0, len(q))
 	for name := range q {
@@ -217,7 +221,7 @@ func ParseURL(raw string) (Config, error) {
 
 func setParam(cfg *Config, name, v string) error {
 	bad := func(err error) error {
-		return fmt.Errorf("outbox: kafka: sink URL parameter %s=%q: %w", name, v, err)
+		return fmt.Errorf("outbox: kafka: sink URL parameter %s=%q: %w", name, redact.URL(v), err)
 	}
 	var err error
 	switch name {
@@ -233,7 +237,7 @@ func setParam(cfg *Config, name, v string) error {
 				return bad(errors.New("want outbox_topic:kafka_topic[,outbox_topic:kafka_topic...]"))
 			}
 			if _, dup := cfg.TopicMap[from]; dup {
-				return bad(fmt.Errorf("topic %q mapped twice", from))
+				return bad(fmt.Errorf("topic %q mapped twice", redact.URL(from)))
 			}
 			cfg.TopicMap[from] = to
 		}
@@ -265,7 +269,13 @@ func setParam(cfg *Config, name, v string) error {
 		return fmt.Errorf("outbox: kafka: unknown sink URL parameter %q", name)
 	}
 	if err != nil {
-		return bad(err)
+		// strconv and time quote the whole value in their errors; bad
+		// shows it redacted.
+		var ne *strconv.NumError
+		if errors.As(err, &ne) {
+			return bad(ne.Err)
+		}
+		return bad(errors.New("not a duration such as 10s"))
 	}
 	return nil
 }
@@ -302,27 +312,28 @@ func (c Config) Validate() error {
 	for _, b := range c.Brokers {
 		host, port, err := net.SplitHostPort(b)
 		if err != nil || host == "" {
-			return fmt.Errorf("outbox: kafka: brokers: %q is not host:port", b)
+			return fmt.Errorf("outbox: kafka: brokers: %q is not host:port", redact.URL(b))
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return fmt.Errorf("outbox: kafka: brokers: %q has an invalid port", b)
+			return fmt.Errorf("outbox: kafka: brokers: %q has an invalid port", redact.URL(b))
 		}
 	}
 	if err := validTopicName(c.TopicPrefix, true); err != nil {
 		return fmt.Errorf("outbox: kafka: topic_prefix: %w", err)
 	}
-	for from, to := range c.TopicMap {
+	for _, from := range slices.Sorted(maps.Keys(c.TopicMap)) { // the same error every time
+		to := c.TopicMap[from]
 		if from == "" {
 			return errors.New("outbox: kafka: topic_map: empty outbox topic")
 		}
 		if err := validTopicName(to, false); err != nil {
-			return fmt.Errorf("outbox: kafka: topic_map: %q: %w", from, err)
+			return fmt.Errorf("outbox: kafka: topic_map: %q: %w", redact.URL(from), err)
 		}
 	}
 	switch c.Balancer {
 	case "", BalancerMurmur2, BalancerCRC32, BalancerFNV1a:
 	default:
-		return fmt.Errorf("outbox: kafka: balancer: %q is not one of murmur2, crc32, fnv1a", c.Balancer)
+		return fmt.Errorf("outbox: kafka: balancer: %q is not one of murmur2, crc32, fnv1a", redact.URL(c.Balancer))
 	}
 	if c.MaxMessageBytes < 0 || (c.MaxMessageBytes > 0 && c.MaxMessageBytes < recordBatchOverhead+64) {
 		return fmt.Errorf("outbox: kafka: max_message_bytes: %d is too small (minimum %d)", c.MaxMessageBytes, recordBatchOverhead+64)
@@ -355,13 +366,14 @@ func (c Config) Validate() error {
 			return errors.New("outbox: kafka: sasl.password: required with sasl.mechanism")
 		}
 	default:
-		return fmt.Errorf("outbox: kafka: sasl.mechanism: %q is not one of plain, scram-sha-256, scram-sha-512", c.SASL.Mechanism)
+		return fmt.Errorf("outbox: kafka: sasl.mechanism: %q is not one of plain, scram-sha-256, scram-sha-512", redact.URL(c.SASL.Mechanism))
 	}
 	return nil
 }
 
 // Redacted returns the configuration as a sink URL with the password
-// replaced by "xxxxx", for logs and error messages.
+// (and anything else redact.URL takes for a credential) replaced by
+// "xxxxx", for logs and error messages.
 func (c Config) Redacted() string {
 	u := url.URL{Scheme: "kafka", Host: strings.Join(c.Brokers, ",")}
 	if c.SASL.Username != "" || c.SASL.Password != "" {
@@ -410,7 +422,9 @@ func (c Config) Redacted() string {
 	}
 	set("sasl_mechanism", c.SASL.Mechanism)
 	u.RawQuery = q.Encode()
-	return u.String()
+	// Brokers and options come from the user too: a credential typed
+	// in the wrong place is still hidden.
+	return redact.URL(u.String())
 }
 
 // String redacts, so printing a Config with %v or logging it is safe.
@@ -514,14 +528,14 @@ func validTopicName(name string, prefix bool) error {
 		return errors.New("empty topic name")
 	}
 	if len(name) > maxTopicLen {
-		return fmt.Errorf("topic name %q is longer than %d characters", name, maxTopicLen)
+		return fmt.Errorf("topic name %q is longer than %d characters", redact.URL(name), maxTopicLen)
 	}
 	if !prefix && (name == "." || name == "..") {
-		return fmt.Errorf("topic name %q is not allowed", name)
+		return fmt.Errorf("topic name %q is not allowed", redact.URL(name))
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || slices.Contains([]rune("._-"), r)) {
-			return fmt.Errorf("topic name %q has the character %q (allowed: a-z A-Z 0-9 . _ -)", name, r)
+			return fmt.Errorf("topic name %q has the character %q (allowed: a-z A-Z 0-9 . _ -)", redact.URL(name), r)
 		}
 	}
 	return nil

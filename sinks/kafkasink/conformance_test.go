@@ -38,15 +38,42 @@ func (r *restartable) cluster() *kfake.Cluster {
 }
 
 func (r *restartable) restart() error {
+	r.stop()
+	return r.start()
+}
+
+// stop closes the cluster: its port refuses connections until start.
+func (r *restartable) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.c.Close()
+}
+
+// start brings the cluster back on the same port with the same data.
+func (r *restartable) start() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(r.port), kfake.DataDir(r.dir))
 	if err != nil {
 		return err
 	}
 	r.c = c
 	return nil
+}
+
+// newRestartable starts a cluster (with opts) that can be stopped and
+// started again on its port; it is closed when the test ends.
+func newRestartable(t *testing.T, opts ...kfake.Opt) *restartable {
+	t.Helper()
+	dir := t.TempDir()
+	first := newCluster(t, append([]kfake.Opt{kfake.DataDir(dir)}, opts...)...)
+	_, portStr, err := net.SplitHostPort(first.ListenAddrs()[0])
+	require.NoError(t, err)
+	port, err := strconv.Atoi(portStr)
+	require.NoError(t, err)
+	rc := &restartable{c: first, port: port, dir: dir}
+	t.Cleanup(func() { rc.cluster().Close() })
+	return rc
 }
 
 func TestConformance(t *testing.T) {
@@ -58,14 +85,8 @@ func TestConformance(t *testing.T) {
 }
 
 func conformanceEnv(t *testing.T) *sinktest.Env {
-	dir := t.TempDir()
-	first := newCluster(t, kfake.DataDir(dir))
-	_, portStr, err := net.SplitHostPort(first.ListenAddrs()[0])
-	require.NoError(t, err)
-	port, err := strconv.Atoi(portStr)
-	require.NoError(t, err)
-	rc := &restartable{c: first, port: port, dir: dir}
-	t.Cleanup(func() { rc.cluster().Close() })
+	rc := newRestartable(t)
+	first := rc.cluster()
 
 	s := newSink(t, first, func(cfg *Config) {
 		cfg.TopicPrefix = confPrefix

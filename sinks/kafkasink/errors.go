@@ -3,6 +3,7 @@ package kafkasink
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/segmentio/kafka-go"
 
@@ -25,12 +26,18 @@ import (
 // it is transient (partition moving, metadata propagating). A topic is
 // reported missing, permanently, only from fresh metadata and only when
 // allow_auto_topic_creation is off (see Sink.resolveTopics).
+//
+// INVALID_TIMESTAMP is absent too: it says that a clock (the database's,
+// which stamps the records, or the broker's) is off, or that the topic's
+// timestamp window is narrower than the backlog's age. The sink resends
+// the batch stamped with the send time (Sink.failed); if that is refused
+// as well, the rows wait for the clocks to be fixed, as they do for
+// credentials.
 var permanentCodes = map[kafka.Error]bool{
 	kafka.MessageSizeTooLarge:         true, // record batch above message.max.bytes
 	kafka.RecordListTooLarge:          true, // request above the broker's limit
 	kafka.InvalidTopic:                true,
 	kafka.InvalidRecord:               true, // e.g. a compacted topic and no key
-	kafka.InvalidTimestamp:            true,
 	kafka.UnsupportedForMessageFormat: true,
 }
 
@@ -56,6 +63,32 @@ func produceError(topic string, partition int32, code int16, msg string) error {
 func classify(err error) error {
 	if isPermanentCode(err) {
 		return sinks.Permanent(err)
+	}
+	return err
+}
+
+// notSentError is a failure that happened before any byte of a request
+// went out: the broker could not be dialled (connection refused, no route,
+// a name that does not resolve, the dial timeout), or the transport knows
+// no connection to it. The messages were certainly not delivered, so the
+// error matches sinks.ErrNotAttempted as well as its cause: the relay
+// leaves their rows untouched, neither counting an attempt nor storing a
+// backoff in them, and its worker backs off before claiming again. A
+// cluster that is down thus costs no attempts, and once it is back the
+// rows go at the worker's next try (its backoff is capped at a few
+// seconds) instead of at each row's exponential retry time, which after a
+// 30 s outage lay up to 39 s past the recovery.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
+func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
+
+// notSent wraps err in a *notSentError when it says that nothing was sent;
+// it returns any other error as is.
+func notSent(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, kafka.BrokerNotAvailable) {
+		return &notSentError{err}
 	}
 	return err
 }

@@ -4,8 +4,9 @@
 // Each outbox message becomes one Kafka record: key = outbox key (null when
 // the message has none), value = payload byte for byte, headers = the
 // outbox-message-id header followed by the application headers in key
-// order. Records are produced with acks=all and partitioned by a key hash
-// (murmur2 by default, like the Java client).
+// order, timestamp = the message's created_at (the database's clock, never
+// the relay host's). Records are produced with acks=all and partitioned by
+// a key hash (murmur2 by default, like the Java client).
 //
 // The sink talks to the brokers through kafka-go's Transport and builds the
 // produce requests itself instead of using kafka.Writer; see Send for why.
@@ -60,6 +61,9 @@ type Sink struct {
 	sasl      sasl.Mechanism
 	balancer  kafka.Balancer
 	transport *kafka.Transport
+	// now reads the relay host's wall clock. Tests replace it to play a
+	// host whose clock is off.
+	now func() time.Time
 
 	mu     sync.Mutex
 	closed bool
@@ -87,6 +91,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		tls:      tc,
 		sasl:     cfg.saslMechanism(),
 		balancer: cfg.balancer(),
+		now:      time.Now,
 	}
 	s.transport = s.newTransport(nil)
 	return s, nil
@@ -235,14 +240,14 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	clk := sendClock{start: time.Now(), hostNow: s.now}
 	for w, groups := range waves {
 		if err := ctx.Err(); err != nil {
-			notSent := fmt.Errorf("outbox: kafka: not sent: %w", err)
+			cut := fmt.Errorf("outbox: kafka: not sent: %w", err)
 			for _, rest := range waves[w:] {
 				for _, g := range rest {
 					for _, i := range g.idx {
-						be.Errs[i] = notSent
+						be.Errs[i] = cut
 					}
 				}
 			}
@@ -262,7 +267,7 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 				live = append(live, g)
 			}
 		}
-		s.produceWave(ctx, msgs, live, now, be)
+		s.produceWave(ctx, msgs, live, clk, be)
 		for _, g := range live {
 			for _, i := range g.idx {
 				if be.Errs[i] != nil {
@@ -272,6 +277,32 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		}
 	}
 	return be.Err()
+}
+
+// sendClock stamps the records of one Send.
+type sendClock struct {
+	start   time.Time        // when Send began (for its monotonic reading)
+	hostNow func() time.Time // the relay host's wall clock
+}
+
+// sent is the best estimate of the current time for m: the database's
+// clock at claim plus the time since Send began. Only a message without
+// ClaimedAt (a caller other than the relay) gets the host's clock, which
+// may be off.
+func (c sendClock) sent(m *sinks.Message) time.Time {
+	if m.ClaimedAt.IsZero() {
+		return c.hostNow()
+	}
+	return m.ClaimedAt.Add(time.Since(c.start))
+}
+
+// created is m's record timestamp: its creation time on the database
+// clock (CreateTime semantics), or the send time when it has none.
+func (c sendClock) created(m *sinks.Message) time.Time {
+	if m.CreatedAt.IsZero() {
+		return c.sent(m)
+	}
+	return m.CreatedAt
 }
 
 // keyGate remembers, per key, the position of the first message that
@@ -532,7 +563,7 @@ func topicMetaFrom(t *meta.ResponseTopic) *topicMeta {
 func (s *Sink) metadata(ctx context.Context, topics []string) (*meta.Response, error) {
 	r, err := s.transport.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics, AllowAutoTopicCreation: s.cfg.AllowAutoTopicCreation})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err)
+		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
 	}
 	return r.(*meta.Response), nil
 }
@@ -547,7 +578,7 @@ func (s *Sink) freshMetadata(ctx context.Context, topics []string) (*meta.Respon
 	defer cancel()
 	r, err := t.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err)
+		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
 	}
 	return r.(*meta.Response), nil
 }
@@ -571,7 +602,7 @@ func (s *Sink) refreshCache(ctx context.Context, topics []string) error {
 // produceWave sends the groups of one wave, one request per leader broker
 // (split at maxRequestBytes), concurrently, and records each message's
 // outcome in be.
-func (s *Sink) produceWave(ctx context.Context, msgs []sinks.Message, groups []*group, now time.Time, be *sinks.BatchError) {
+func (s *Sink) produceWave(ctx context.Context, msgs []sinks.Message, groups []*group, clk sendClock, be *sinks.BatchError) {
 	if len(groups) == 0 {
 		return
 	}
@@ -601,42 +632,70 @@ func (s *Sink) produceWave(ctx context.Context, msgs []sinks.Message, groups []*
 	errs := make([][]error, len(reqs))
 	var wg sync.WaitGroup
 	for r, gs := range reqs {
-		wg.Go(func() { errs[r] = s.produce(ctx, msgs, gs, now) })
+		wg.Go(func() { errs[r] = s.produce(ctx, msgs, gs, clk.created) })
 	}
 	wg.Wait()
 
 	for r, gs := range reqs {
 		for j, g := range gs {
-			err := errs[r][j]
-			if err == nil {
-				continue
-			}
-			if len(g.idx) > 1 && isPermanentCode(err) {
-				// Rejected as a whole for something one record (or the batch
-				// size) causes: find the offending records by halves.
-				wg.Go(func() {
-					s.log.WarnContext(ctx, "kafka: record batch rejected as a whole; resending it in halves to find the offending records",
-						"topic", g.tp.topic, "partition", g.tp.partition, "messages", len(g.idx), "error", err)
-					var gate sinks.KeyGate
-					mid := len(g.idx) / 2
-					s.sendHalves(ctx, msgs, g, g.idx[:mid], &gate, now, be)
-					s.sendHalves(ctx, msgs, g, g.idx[mid:], &gate, now, be)
-				})
-				continue
-			}
-			err = classify(err)
-			for _, i := range g.idx {
-				be.Errs[i] = err
+			if err := errs[r][j]; err != nil {
+				wg.Go(func() { s.failed(ctx, msgs, g, err, clk, be) })
 			}
 		}
 	}
 	wg.Wait()
 }
 
+// failed settles group g, whose record batch the broker refused with err.
+//
+// INVALID_TIMESTAMP refuses the records' creation times: the topic limits
+// how far a timestamp may be from the broker's clock
+// (log.message.timestamp.before.max.ms and after.max.ms) and the backlog
+// is older, or the database's clock is off. Nothing was appended (a
+// partition's batch is atomic), so the batch is sent once more stamped
+// with the send time on the database clock.
+//
+// A multi-record batch refused as a whole for something one record (or
+// the batch size) causes is resent by halves to find the offending
+// records. Any other error is the outcome of every message in g.
+func (s *Sink) failed(ctx context.Context, msgs []sinks.Message, g *group, err error, clk sendClock, be *sinks.BatchError) {
+	stamp := clk.created
+	if errors.Is(err, kafka.InvalidTimestamp) && hasCreatedAt(msgs, g.idx) {
+		s.log.WarnContext(ctx, "kafka: broker refused the records' creation times; sending them again stamped with the send time",
+			"topic", g.tp.topic, "partition", g.tp.partition, "messages", len(g.idx), "error", err)
+		stamp = clk.sent
+		if err = s.produce(ctx, msgs, []*group{g}, stamp)[0]; err == nil {
+			return
+		}
+	}
+	if len(g.idx) > 1 && isPermanentCode(err) {
+		s.log.WarnContext(ctx, "kafka: record batch rejected as a whole; resending it in halves to find the offending records",
+			"topic", g.tp.topic, "partition", g.tp.partition, "messages", len(g.idx), "error", err)
+		var gate sinks.KeyGate
+		mid := len(g.idx) / 2
+		s.sendHalves(ctx, msgs, g, g.idx[:mid], &gate, stamp, be)
+		s.sendHalves(ctx, msgs, g, g.idx[mid:], &gate, stamp, be)
+		return
+	}
+	err = classify(err)
+	for _, i := range g.idx {
+		be.Errs[i] = err
+	}
+}
+
+func hasCreatedAt(msgs []sinks.Message, idx []int) bool {
+	for _, i := range idx {
+		if !msgs[i].CreatedAt.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
 // sendHalves produces idx (a slice-ordered part of g) as one batch; when the
 // batch is rejected permanently as a whole it recurses on both halves, in
 // order. gate carries key failures from the earlier halves.
-func (s *Sink) sendHalves(ctx context.Context, msgs []sinks.Message, g *group, idx []int, gate *sinks.KeyGate, now time.Time, be *sinks.BatchError) {
+func (s *Sink) sendHalves(ctx context.Context, msgs []sinks.Message, g *group, idx []int, gate *sinks.KeyGate, stamp func(*sinks.Message) time.Time, be *sinks.BatchError) {
 	var kept []int
 	for _, i := range idx {
 		if gate.Blocked(msgs[i]) {
@@ -649,14 +708,14 @@ func (s *Sink) sendHalves(ctx context.Context, msgs []sinks.Message, g *group, i
 		return
 	}
 	part := &group{tp: g.tp, leader: g.leader, idx: kept}
-	err := s.produce(ctx, msgs, []*group{part}, now)[0]
+	err := s.produce(ctx, msgs, []*group{part}, stamp)[0]
 	if err == nil {
 		return
 	}
 	if len(kept) > 1 && isPermanentCode(err) {
 		mid := len(kept) / 2
-		s.sendHalves(ctx, msgs, g, kept[:mid], gate, now, be)
-		s.sendHalves(ctx, msgs, g, kept[mid:], gate, now, be)
+		s.sendHalves(ctx, msgs, g, kept[:mid], gate, stamp, be)
+		s.sendHalves(ctx, msgs, g, kept[mid:], gate, stamp, be)
 		return
 	}
 	err = classify(err)
@@ -666,9 +725,10 @@ func (s *Sink) sendHalves(ctx context.Context, msgs []sinks.Message, g *group, i
 	}
 }
 
-// produce sends groups (all led by one broker) in one produce request and
-// returns one error per group: nil when the broker appended its batch.
-func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*group, now time.Time) []error {
+// produce sends groups (all led by one broker) in one produce request,
+// each record stamped with stamp, and returns one error per group: nil when
+// the broker appended its batch.
+func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*group, stamp func(*sinks.Message) time.Time) []error {
 	errs := make([]error, len(groups))
 	req := &produce.Request{
 		Acks:    int16(kafka.RequireAll),
@@ -684,7 +744,7 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 		}
 		records := make([]protocol.Record, len(g.idx))
 		for j, i := range g.idx {
-			records[j] = record(&msgs[i], now)
+			records[j] = record(&msgs[i], stamp(&msgs[i]))
 		}
 		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, produce.RequestPartition{
 			Partition: g.tp.partition,
@@ -699,7 +759,7 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			err = fmt.Errorf("%w (write_timeout %s)", err, s.cfg.WriteTimeout)
 		}
-		err = fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, err)
+		err = notSent(fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, err))
 		for j := range errs {
 			errs[j] = err
 		}
@@ -732,13 +792,11 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 	return errs
 }
 
-// record converts m. The value is never null, even for an empty payload: a
-// null value is a tombstone on compacted topics. The record time is the
-// Send's time (the broker may replace it with LogAppendTime); the outbox
-// write time is not used because a replayed old message would otherwise
-// age out of time-based retention at once.
-func record(m *sinks.Message, now time.Time) protocol.Record {
-	r := protocol.Record{Time: now}
+// record converts m, stamped with ts (never zero: kafka-go would put the
+// host's clock in its place). The value is never null, even for an empty
+// payload: a null value is a tombstone on compacted topics.
+func record(m *sinks.Message, ts time.Time) protocol.Record {
+	r := protocol.Record{Time: ts}
 	if m.Key != "" {
 		r.Key = protocol.NewBytes([]byte(m.Key))
 	}

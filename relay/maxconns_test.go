@@ -1,21 +1,14 @@
-//go:build linux
-
 package relay_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,78 +25,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
-// throwawayServer starts a private PostgreSQL server (initdb and pg_ctl
-// from PG_BIN, default /usr/lib/postgresql/15/bin) on a free port with the
-// given settings, for tests that need settings the shared server must keep
-// (a small max_connections). Run as root, the server runs as the postgres
-// OS user. It returns a superuser URL; the server and its files are
-// removed when the test ends.
-//
-// Minimal on purpose: a shared helper for this is being written for
-// internal/pgtest, and this one should give way to it.
-func throwawayServer(t *testing.T, settings ...string) string {
-	t.Helper()
-	bin := os.Getenv("PG_BIN")
-	if bin == "" {
-		bin = "/usr/lib/postgresql/15/bin"
-	}
-	if _, err := os.Stat(filepath.Join(bin, "pg_ctl")); err != nil {
-		pgtest.Unavailable(t, "PostgreSQL server binaries (PG_BIN=%s): %v", bin, err)
-	}
-	var cred *syscall.Credential
-	dir, err := os.MkdirTemp("", "relay-pg-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if os.Geteuid() == 0 {
-		// initdb refuses to run as root.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			pgtest.Unavailable(t, "running as root and no postgres OS user to run a server as: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		require.NoError(t, os.Chown(dir, uid, gid))
-	}
-	run := func(name string, args ...string) error {
-		cmd := exec.Command(filepath.Join(bin, name), args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		cmd.Dir = dir
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%s: %w: %s", name, err, out)
-		}
-		return nil
-	}
-	data := filepath.Join(dir, "data")
-	require.NoError(t, run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	opts := []string{"-p " + strconv.Itoa(port), "-k " + dir, "-c listen_addresses=127.0.0.1",
-		"-c fsync=off", "-c shared_buffers=16MB", "-c autovacuum=off"}
-	for _, s := range settings {
-		opts = append(opts, "-c "+s)
-	}
-	require.NoError(t, run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "-o", strings.Join(opts, " "), "start"))
-	t.Cleanup(func() {
-		if err := run("pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"); err != nil {
-			t.Logf("stop throwaway server: %v", err)
-		}
-	})
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-}
-
 // roleURL returns u logged in as role.
 func roleURL(u, role string) string {
 	return strings.Replace(u, "postgres://postgres@", "postgres://"+role+"@", 1)
 }
 
-// smallServer is a throwaway server with max_connections=20 (17 for roles
-// that are not superusers), a migrated schema, and roles for relays
-// (migrations/roles/relay.sql) and for the application
-// (migrations/roles/writer.sql).
+// smallServer is a throwaway server (pgtest.Server, never the shared one)
+// with max_connections=20 (17 for roles that are not superusers), a
+// migrated schema, and roles for relays (migrations/roles/relay.sql) and
+// for the application (migrations/roles/writer.sql).
 type smallServer struct {
 	url    string
 	admin  *pgxpool.Pool // superuser, 2 connections
@@ -112,14 +42,28 @@ type smallServer struct {
 
 func newSmallServer(t *testing.T, relayRoles ...string) *smallServer {
 	t.Helper()
-	u := throwawayServer(t, "max_connections=20", "superuser_reserved_connections=3")
+	srv := pgtest.Server(t)
+	u := srv.URL()
+	ctx := context.Background()
+	func() {
+		conn, err := pgx.Connect(ctx, u)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		for _, set := range []string{"max_connections = 20", "superuser_reserved_connections = 3"} {
+			_, err := conn.Exec(ctx, "ALTER SYSTEM SET "+set)
+			require.NoError(t, err)
+		}
+	}()
+	require.NoError(t, srv.Restart(ctx))
 	cfg, err := pgxpool.ParseConfig(u)
 	require.NoError(t, err)
 	cfg.MaxConns = 2
-	ctx := context.Background()
 	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
+	var maxConns string
+	require.NoError(t, admin.QueryRow(ctx, "SHOW max_connections").Scan(&maxConns))
+	require.Equal(t, "20", maxConns)
 	s := &smallServer{url: u, admin: admin, schema: "outbox"}
 	_, err = migrations.Apply(ctx, admin, s.schema)
 	require.NoError(t, err)

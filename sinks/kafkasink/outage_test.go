@@ -1,0 +1,102 @@
+package kafkasink
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// allNotAttempted reports whether every message of a Send of n failed
+// with sinks.ErrNotAttempted.
+func allNotAttempted(err error, n int) bool {
+	if err == nil {
+		return false
+	}
+	for i := range n {
+		if !errors.Is(sinks.Outcome(err, i, n), sinks.ErrNotAttempted) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestBrokerDownIsNotAttempted: while the broker cannot even be dialled,
+// nothing goes on the wire and the sink says so (sinks.ErrNotAttempted),
+// so that the relay neither counts an attempt nor pushes each row into
+// its exponential retry schedule (which, after a 30 s outage, left the
+// tail 39 s behind the recovery). Once the broker is back, the very next
+// Send delivers: the sink keeps no reconnect backoff of its own.
+func TestBrokerDownIsNotAttempted(t *testing.T) {
+	t.Parallel()
+	rc := newRestartable(t, kfake.SeedTopics(3, "t"))
+	s := newSink(t, rc.cluster(), func(cfg *Config) { cfg.DialTimeout = time.Second })
+	ctx := context.Background()
+	batch := func() []sinks.Message {
+		return []sinks.Message{msg("t", "a", 1, "x"), msg("t", "b", 2, "y"), msg("t", "", 3, "z")}
+	}
+	require.NoError(t, s.Send(ctx, batch()))
+
+	rc.stop()
+	// A connection the broker dropped may fail a request already written
+	// (unexpected EOF): that one is an attempt. Dials that fail are not.
+	var err error
+	for i := range 3 {
+		err = s.Send(ctx, batch())
+		require.Error(t, err)
+		require.False(t, sinks.IsPermanent(err), "%v", err)
+		t.Logf("send %d with the broker down: %v", i+1, err)
+		if allNotAttempted(err, 3) {
+			break
+		}
+	}
+	require.True(t, allNotAttempted(err, 3), "the broker refuses connections, yet the messages are reported as attempted: %v", err)
+	var oe *net.OpError
+	require.ErrorAs(t, sinks.Outcome(err, 0, 3), &oe, "the cause is kept")
+
+	require.NoError(t, rc.start())
+	up := time.Now()
+	for {
+		if err = s.Send(ctx, batch()); err == nil {
+			break
+		}
+		require.Less(t, time.Since(up), 5*time.Second, "not delivering after the broker came back: %v", err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("delivering again %s after the broker came back", time.Since(up).Round(time.Millisecond))
+	require.Less(t, time.Since(up), time.Second)
+}
+
+// TestStartedWhileBrokerDown: a sink that never reached the broker fails
+// its metadata lookup, which sends nothing either. kafka-go retries the
+// lookup in the background at random within metadata_ttl, so the sink
+// delivers within about metadata_ttl of the broker's return.
+func TestStartedWhileBrokerDown(t *testing.T) {
+	t.Parallel()
+	rc := newRestartable(t, kfake.SeedTopics(1, "t"))
+	const ttl = time.Second
+	// New does not connect: the broker is gone before the first Send.
+	s := newSink(t, rc.cluster(), func(cfg *Config) { cfg.DialTimeout = time.Second; cfg.MetadataTTL = ttl })
+	rc.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := s.Send(ctx, []sinks.Message{msg("t", "k", 1, "x")})
+	require.True(t, allNotAttempted(err, 1), "%v", err)
+
+	require.NoError(t, rc.start())
+	up := time.Now()
+	for {
+		if err = s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "x")}); err == nil {
+			break
+		}
+		require.Less(t, time.Since(up), ttl+5*time.Second, "not delivering after the broker came back: %v", err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("delivering %s after the broker came back (metadata_ttl %s)", time.Since(up).Round(time.Millisecond), ttl)
+}
