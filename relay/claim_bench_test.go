@@ -12,7 +12,7 @@ import (
 
 // BenchmarkClaim measures the claim statement alone: BEGIN, claim a batch
 // of 500 from a 200k backlog over 1,000 keys (this worker's half of the
-// lanes), ROLLBACK. Compare runs with benchstat.
+// lanes, the default byte limit), ROLLBACK. Compare runs with benchstat.
 func BenchmarkClaim(b *testing.B) {
 	for _, c := range []struct {
 		name     string
@@ -60,7 +60,7 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 				// As the relay does: the priority probe pipelined with the claim.
 				batch := &pgx.Batch{}
 				batch.Queue(probe, 2, i%2, []string(nil), []string(nil))
-				batch.Queue(q, "me", 2, i%2, (i*2)%256, 500, "", []string(nil), []string(nil), []int16{})
+				batch.Queue(q, "me", 2, i%2, (i*2)%256, 500, "", []string(nil), []string(nil), []int16{}, int64(DefaultBatchBytes))
 				br := tx.SendBatch(ctx, batch)
 				var has bool
 				if err := br.QueryRow().Scan(&has); err != nil {

@@ -48,6 +48,15 @@ type Config struct {
 	// BatchSize is the most messages claimed and handed to the sink at
 	// once. Default 500.
 	BatchSize int
+	// BatchBytes is the most payload bytes claimed and handed to the sink
+	// at once: a claim ends before the message that would pass it, except
+	// that it always takes one message (a larger message goes alone).
+	// Payloads past the limit are not even read from the database. It
+	// bounds a worker's memory (measured: BatchBytes + 3 MiB of live heap
+	// for a batch of 1 MiB messages; a single larger message costs about
+	// three times its size, as pgx keeps a read buffer the size of the
+	// largest row). Default 16 MiB.
+	BatchBytes int64
 	// PollInterval is how often an idle worker looks for work when no
 	// notification arrives (LISTEN/NOTIFY is best effort). Default 1s.
 	PollInterval time.Duration
@@ -129,6 +138,7 @@ func (d Destination) matches(topic string) bool {
 const (
 	DefaultWorkers         = 2
 	DefaultBatchSize       = 500
+	DefaultBatchBytes      = 16 << 20
 	DefaultPollInterval    = time.Second
 	DefaultPublishTimeout  = 30 * time.Second
 	DefaultMaxAttempts     = 20
@@ -152,6 +162,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = DefaultBatchBytes
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
@@ -234,6 +247,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		bad("batch-size", "must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	if c.BatchBytes < 1 {
+		bad("batch-bytes", "must be at least 1, got %d", c.BatchBytes)
 	}
 	if c.PollInterval < time.Millisecond {
 		bad("poll-interval", "must be at least 1ms, got %s", c.PollInterval)

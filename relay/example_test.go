@@ -44,16 +44,11 @@ func Example() {
 // Fan-out in a library: a router copies "orders.*" to two destination
 // relays, each with its own sink, retries and dead letters. (The CLI's
 // routes table builds exactly this from `fanout: true`.) One pool serves
-// all three; size it for every relay's workers plus one each.
+// all three, sized by relay.Conns (their workers, three lane leases and
+// the shared LISTEN) plus one for health checks.
 func Example_fanOut() {
 	ctx := context.Background()
-	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", Workers: 3 * 3})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	kafka, webhook := openSinks()
-	router, err := relay.New(pool, nil, relay.Config{
+	routerCfg := relay.Config{
 		Route:  "~fanout",
 		Topics: []string{"orders.*"},
 		FanOut: []relay.Destination{
@@ -61,15 +56,25 @@ func Example_fanOut() {
 			{Route: "crm", Topics: []string{"orders.placed"}},
 		},
 		SharedListener: true,
-	})
+	}
+	kafkaCfg := relay.Config{Route: "kafka", Deliveries: true, SharedListener: true}
+	crmCfg := relay.Config{Route: "crm", Deliveries: true, SharedListener: true}
+	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app",
+		MaxConns: relay.Conns(routerCfg, kafkaCfg, crmCfg) + 1})
 	if err != nil {
 		log.Fatal(err)
 	}
-	toKafka, err := relay.New(pool, kafka, relay.Config{Route: "kafka", Deliveries: true, SharedListener: true})
+	defer pool.Close()
+	kafka, webhook := openSinks()
+	router, err := relay.New(pool, nil, routerCfg)
 	if err != nil {
 		log.Fatal(err)
 	}
-	toCRM, err := relay.New(pool, webhook, relay.Config{Route: "crm", Deliveries: true, SharedListener: true})
+	toKafka, err := relay.New(pool, kafka, kafkaCfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	toCRM, err := relay.New(pool, webhook, crmCfg)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // leaser keeps this relay registered and owning its fair share of lanes.
@@ -17,9 +18,11 @@ import (
 // died without waiting for the lease to expire.
 type leaser struct {
 	r          *Relay
+	held       *pgxpool.Conn // conn's pool handle (see dropConn)
 	conn       *pgx.Conn
 	owned      int
 	lanesReady bool
+	gaveUp     bool // the lanes were handed back for want of connections
 	// unworkedSince is when this relay's heartbeats began to see lanes of
 	// its route that no live relay works (zero: all worked); warned is
 	// when that was last logged.
@@ -56,11 +59,11 @@ func (l *leaser) run(ctx context.Context) {
 }
 
 func (l *leaser) closeConn(ctx context.Context) {
-	if l.conn != nil {
+	if l.held != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_ = l.conn.Close(cctx)
+		dropConn(cctx, l.held)
 		cancel()
-		l.conn = nil
+		l.held, l.conn = nil, nil
 	}
 }
 
@@ -74,7 +77,10 @@ func (l *leaser) tick(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		l.conn = pc.Hijack()
+		l.held, l.conn = pc, pc.Conn()
+	}
+	if d, starved := l.r.starved(); starved {
+		return l.giveUp(ctx, d)
 	}
 	ttl := cfg.LeaseTTL.Milliseconds()
 	owned := l.owned
@@ -165,6 +171,10 @@ func (l *leaser) tick(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if l.gaveUp {
+		l.gaveUp = false
+		l.r.log.Info("workers have database connections again; taking a share of the lanes")
+	}
 	l.noteUnworked(numLanes - worked)
 	if owned != l.owned {
 		l.r.log.Info("lanes rebalanced", "owned", owned, "was", l.owned)
@@ -236,7 +246,7 @@ func (l *leaser) releaseAll(ctx context.Context) {
 	defer l.closeConn(ctx)
 	if l.conn != nil && l.conn.IsClosed() {
 		// A heartbeat cancelled by the shutdown closed it.
-		l.conn = nil
+		l.closeConn(ctx)
 	}
 	if l.conn == nil {
 		pc, err := l.r.pool.Acquire(ctx)
@@ -244,7 +254,7 @@ func (l *leaser) releaseAll(ctx context.Context) {
 			l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
 			return
 		}
-		l.conn = pc.Hijack()
+		l.held, l.conn = pc, pc.Conn()
 	}
 	if _, err := l.conn.Exec(ctx, l.r.q.releaseAll, l.r.cfg.ID, l.r.cfg.Route); err != nil {
 		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
@@ -253,6 +263,56 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		l.r.log.Warn("could not unregister relay", "error", err)
 	}
 	l.r.ownedLane.Store(0)
+}
+
+// giveUp is the heartbeat of a relay whose workers have had no database
+// connection for longer than the lease TTL (waited for d): it cannot work
+// its lanes, so it hands them back and unregisters, and the other relays,
+// counting one relay fewer, take them at their next heartbeat, as they
+// would a dead relay's. Lanes a claim is using right now are skipped (a
+// worker that still has a connection finishes its batch) and go at a
+// later heartbeat; meanwhile the workers stop claiming from them. The
+// relay registers and takes its share again at the first heartbeat after
+// every worker has a connection.
+func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
+	cfg, q := l.r.cfg, l.r.q
+	var left []int16
+	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, q.owned, cfg.ID, cfg.Route)
+		if err != nil {
+			return fmt.Errorf("owned lanes: %w", err)
+		}
+		mine, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			return fmt.Errorf("owned lanes: %w", err)
+		}
+		rows, err = tx.Query(ctx, q.release, cfg.ID, mine, cfg.Route)
+		if err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		gone, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		left = without(mine, gone)
+		if _, err := tx.Exec(ctx, q.unregister, cfg.ID); err != nil {
+			return fmt.Errorf("unregister: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !l.gaveUp {
+		l.gaveUp = true
+		l.r.log.Warn("workers cannot get a database connection; handing lanes to other relays",
+			"waited", d.Round(time.Millisecond), "lanes", l.owned)
+	}
+	l.owned = len(left)
+	l.r.handover.Store(&left)
+	l.r.ownedLane.Store(int64(len(left)))
+	l.r.cfg.Hooks.Lanes(len(left))
+	return nil
 }
 
 // without returns xs minus the elements of drop.

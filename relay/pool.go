@@ -9,12 +9,25 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PoolConfig holds the session settings NewPool applies.
+// PoolConfig holds the session settings NewPool applies, and the
+// process's connection budget.
 type PoolConfig struct {
 	// URL is the database URL or DSN.
 	URL string
-	// Workers sizes the pool (Workers + 2 connections).
+	// Workers is how many workers the pool serves, over every relay that
+	// shares it; it sizes the default MaxConns. Default 2.
 	Workers int
+	// MaxConns caps every connection the process opens through the pool:
+	// the workers', the lane leases' and LISTEN's (which keep theirs for
+	// their whole life, still counted), and those of health checks,
+	// metrics and start-up checks, which wait for a free one. Conns tells
+	// the least a set of relays needs. A relay whose workers cannot get a
+	// connection (the cap, or the server's max_connections) for longer
+	// than its LeaseTTL hands its lanes to other relays. Default Workers +
+	// 3: a connection per worker, the lane lease, LISTEN and one for
+	// health checks and metrics, which fits one relay; for several relays
+	// on one pool use Conns(their configs...) + 1.
+	MaxConns int
 	// PublishTimeout sets the idle-in-transaction timeout (PublishTimeout +
 	// 30s): a relay that stops talking to the database mid-batch has its
 	// transaction aborted and its rows freed.
@@ -38,10 +51,16 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	if pc.Workers < 1 {
 		pc.Workers = DefaultWorkers
 	}
+	if pc.MaxConns == 0 {
+		pc.MaxConns = pc.Workers + 3
+	}
+	if pc.MaxConns < 1 {
+		return nil, fmt.Errorf("outbox: max-conns: must be positive, got %d", pc.MaxConns)
+	}
 	if pc.PublishTimeout <= 0 {
 		pc.PublishTimeout = DefaultPublishTimeout
 	}
-	cfg.MaxConns = int32(pc.Workers + 2)
+	cfg.MaxConns = int32(pc.MaxConns)
 	cfg.MinConns = 0
 	p := cfg.ConnConfig.RuntimeParams
 	if _, ok := p["application_name"]; !ok {
@@ -61,4 +80,70 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("outbox: connect: %w", err)
 	}
 	return pool, nil
+}
+
+// Conns returns how many connections one process running relays with
+// these configurations on one pool holds when every worker is busy: one
+// per worker and one lane lease per relay, a LISTEN connection per relay
+// that runs its own, and one shared LISTEN connection when relays have
+// SharedListener set (the caller runs Listen). It is the least
+// PoolConfig.MaxConns that lets every worker work; with exactly that many,
+// health checks and metrics wait for a worker's connection between
+// batches, so give one more.
+func Conns(cfgs ...Config) int {
+	n, shared := 0, false
+	for _, c := range cfgs {
+		w := c.Workers
+		if w == 0 {
+			w = DefaultWorkers
+		}
+		n += w + 1
+		if c.SharedListener {
+			shared = true
+		} else {
+			n++
+		}
+	}
+	if shared {
+		n++
+	}
+	return n
+}
+
+// A long-lived role (the lane lease, LISTEN) keeps a pool connection for
+// its whole life instead of hijacking it: a hijacked connection leaves the
+// pool's count, and the pool would open another in its place, past
+// MaxConns. The connection is closed when the role is done with it, never
+// returned to the pool, so that no session state (LISTEN) reaches a
+// worker.
+func dropConn(ctx context.Context, c *pgxpool.Conn) {
+	_ = c.Conn().Close(ctx)
+	c.Release() // destroys it: it is closed
+}
+
+// Starvation: a worker that cannot get a connection cannot work its
+// lanes, and while its relay keeps renewing them no other relay can
+// either. connWait[w] is when worker w started waiting for the
+// connection it still does not have (unix nanos, 0 while it has one or is
+// idle); the leaser hands the relay's lanes back when some worker has
+// waited longer than LeaseTTL, as if the relay were dead, and takes a
+// share again once every worker has a connection.
+
+func (r *Relay) waitingForConn(worker int) {
+	r.connWait[worker].CompareAndSwap(0, time.Now().UnixNano())
+}
+
+func (r *Relay) gotConn(worker int) { r.connWait[worker].Store(0) }
+
+// starved reports whether some worker has been without a connection for
+// longer than LeaseTTL, and for how long.
+func (r *Relay) starved() (time.Duration, bool) {
+	var longest time.Duration
+	now := time.Now()
+	for i := range r.connWait {
+		if since := r.connWait[i].Load(); since != 0 {
+			longest = max(longest, now.Sub(time.Unix(0, since)))
+		}
+	}
+	return longest, longest > r.cfg.LeaseTTL
 }

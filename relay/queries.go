@@ -28,6 +28,8 @@ type queries struct {
 	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays, acquire, release, releaseAll, unregister string
 	// workedLanes counts the route's lanes that a live relay has leased.
 	workedLanes string
+	// owned lists the lanes relay $1 owns in route $2.
+	owned string
 }
 
 // topicFilter is the route's topic condition on the row alias a: $7 are
@@ -64,15 +66,16 @@ func newQueries(schema string, deliveries bool) queries {
 		rc = func(a string) string { return a + ".route = $6 AND " }
 		deadRoute, retryRoute = "$4::text", " AND m.route = $4"
 	}
-	// The plain claim without its final LIMIT, shared by claim and the
-	// gated branch of claimPriority.
-	plain := `
-SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
+	// The plain claim's source rows, without a LIMIT: this worker's lanes
+	// in rotation order (pos), each lane's deliverable messages in id
+	// order. Shared by claim, the gated branch of claimPriority and the
+	// router's claim.
+	from := `
 FROM (
-    SELECT l.lane FROM ` + s + `.lanes l
+    SELECT l.lane, (l.lane + 256 - $4) % 256 AS pos FROM ` + s + `.lanes l
     WHERE l.route = $6 AND l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3
       AND NOT (l.lane = ANY($9::int2[]))
-    ORDER BY (l.lane + 256 - $4) % 256
+    ORDER BY pos
     FOR KEY SHARE
 ) o
 CROSS JOIN LATERAL (
@@ -85,13 +88,20 @@ CROSS JOIN LATERAL (
     LIMIT $5
     FOR UPDATE
 ) m`
+	// rows are the columns a claim returns, plus what byteCut orders and
+	// weighs them by: pos and lane (the claim order, with id), size.
+	const rows = `
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid`
+	plain := rows + `, o.pos, m.lane, octet_length(m.payload) AS size` + from
 	q := queries{
-		// Claim up to $5 deliverable messages from the lanes this worker
-		// owns in route $6 ($1 = relay id, lanes with lane % $2 = $3),
-		// starting at lane $4 so that every lane gets its turn. $7 and $8
-		// are the route's topic patterns (LIKE form) and those of earlier
-		// routes; NULL means no filter. $9 are lanes being handed over to
-		// another relay: not claimed any more.
+		// Claim up to $5 deliverable messages, and at most $10 payload bytes
+		// (but always the first message), from the lanes this worker owns
+		// in route $6 ($1 = relay id, lanes with lane % $2 = $3), starting
+		// at lane $4 so that every lane gets its turn. $7 and $8 are the
+		// route's topic patterns (LIKE form) and those of earlier routes;
+		// NULL means no filter. $9 are lanes being handed over to another
+		// relay: not claimed any more.
 		//
 		// The lane rows are locked FOR KEY SHARE as they are visited: a lane
 		// can change owner (which takes FOR UPDATE) only between two claim
@@ -101,8 +111,8 @@ CROSS JOIN LATERAL (
 		// a partial index that is empty unless something is failing). Only
 		// this route's waiting messages count: another route's failing sink
 		// holds back nothing here.
-		claim: plain + `
-LIMIT $5`,
+		claim: byteCut(plain + `
+LIMIT $5`),
 
 		// claimPriority is claim with a first phase for priorities: when
 		// the worker's lanes hold deliverable messages with priority > 0
@@ -115,7 +125,9 @@ LIMIT $5`,
 		// It costs more than the plain claim even without priority rows
 		// (measured: +9%, mostly a worse generic plan), so a worker runs it
 		// only while hasPriority, pipelined with every claim, says there
-		// are priority messages in its lanes.
+		// are priority messages in its lanes. The byte limit cuts either
+		// phase's rows in the order they were claimed (-priority, lane, id
+		// for the first).
 		claimPriority: `
 WITH pl AS MATERIALIZED (
     SELECT l.lane, k.prio FROM (
@@ -129,8 +141,8 @@ WITH pl AS MATERIALIZED (
     WHERE l.owner = $1 AND l.lease_until > now() AND NOT (l.lane = ANY($9::int2[]))
     ORDER BY k.prio DESC, l.lane
     FOR KEY SHARE OF l
-), pm AS MATERIALIZED (
-    SELECT m.* FROM pl CROSS JOIN LATERAL (
+), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, m.lane, octet_length(m.payload) AS size
+    FROM pl CROSS JOIN LATERAL (
         SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
         WHERE ` + rc("m") + `m.lane = pl.lane
           AND (m.available_at IS NULL OR m.available_at <= now())
@@ -145,10 +157,15 @@ WITH pl AS MATERIALIZED (
     ) m
     LIMIT $5
 )
-SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now(), m.row_ctid
-FROM pm m
-UNION ALL` + plain + `
+` + byteCut(`
+SELECT * FROM pm
+UNION ALL`+plain+`
 WHERE NOT EXISTS (SELECT 1 FROM pm)
+LIMIT $5`),
+
+		// The fan-out router copies rows inside the database: it needs
+		// neither payloads nor headers, so it has no byte limit either.
+		routerClaim: rows + from + `
 LIMIT $5`,
 
 		// hasPriority probes the partial priority index (empty unless
@@ -297,7 +314,30 @@ RETURNING lane`,
 
 		releaseAll: `UPDATE ` + s + `.lanes SET owner = NULL, lease_until = NULL WHERE route = $2 AND owner = $1`,
 		unregister: `DELETE FROM ` + s + `.relays WHERE id = $1`,
+		owned:      `SELECT lane FROM ` + s + `.lanes WHERE route = $2 AND owner = $1`,
 	}
-	q.routerClaim = strings.Replace(q.claim, "m.payload, m.headers,", `'\x'::bytea, '{}'::jsonb,`, 1)
+	q.routerClaim = strings.Replace(q.routerClaim, "m.payload, m.headers,", `'\x'::bytea, '{}'::jsonb,`, 1)
 	return q
+}
+
+// byteCut keeps the longest prefix of a claim's rows (src, at most $5 of
+// them, each with pos, lane and size columns) whose payloads add up to at
+// most $10 bytes, and always the first row: a message above the limit goes
+// alone. The prefix is taken in claim order (pos, lane, id), so when a
+// message is cut every later message of its lane, and so of its key, is cut
+// too. Cut rows stay locked until the claim's transaction ends (harmless:
+// the lanes are this worker's) and come back in the next claim. octet_length
+// of a stored bytea reads its length without detoasting it: payloads beyond
+// the cut never leave the database.
+func byteCut(src string) string {
+	return `
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid
+FROM (
+    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n
+    FROM (` + src + `
+    ) c
+    WINDOW w AS (ORDER BY c.pos, c.lane, c.id ROWS UNBOUNDED PRECEDING)
+) c
+WHERE c.run <= $10 OR c.n = 1
+ORDER BY c.pos, c.lane, c.id`
 }

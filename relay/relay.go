@@ -66,6 +66,7 @@ type Relay struct {
 
 	wake     []chan struct{}
 	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
+	connWait []atomic.Int64 // see starved
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
 	priority  []bool
@@ -100,9 +101,10 @@ type StatsSnapshot struct {
 }
 
 // New returns a relay that reads the outbox through pool and publishes to
-// sink. The pool needs at least Workers+1 connections (one is held for the
-// lane lease); use NewPool to get one with the session settings the relay
-// wants.
+// sink. The pool needs at least a connection per worker, one for the lane
+// lease and, unless SharedListener, one for LISTEN (Conns counts them for
+// a whole process); use NewPool to get one with the session settings the
+// relay wants.
 func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -111,8 +113,14 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if pool == nil || (sink == nil && len(cfg.FanOut) == 0) {
 		return nil, errors.New("outbox: relay: pool and sink are required")
 	}
-	if max := int(pool.Config().MaxConns); max < cfg.Workers+1 {
-		return nil, fmt.Errorf("outbox: workers: %d workers need a pool of at least %d connections, have %d", cfg.Workers, cfg.Workers+1, max)
+	// What this relay holds itself (a shared LISTEN is the caller's: see
+	// Conns for a whole process).
+	need, what := cfg.Workers+2, "one each, the lane lease and LISTEN"
+	if cfg.SharedListener {
+		need, what = cfg.Workers+1, "one each and the lane lease"
+	}
+	if max := int(pool.Config().MaxConns); max < need {
+		return nil, fmt.Errorf("outbox: max-conns: %d workers need a pool of at least %d connections (%s), have %d", cfg.Workers, need, what, max)
 	}
 	r := &Relay{
 		cfg:      cfg,
@@ -123,6 +131,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
+		connWait: make([]atomic.Int64, cfg.Workers),
 		priority: make([]bool, cfg.Workers),
 	}
 	for i := range r.wake {
@@ -162,6 +171,9 @@ func (r *Relay) Stats() StatsSnapshot {
 func (r *Relay) Run(ctx context.Context) error {
 	v, relayMin, err := r.schemaVersion(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started: nothing to drain
+		}
 		return err
 	}
 	if err := r.runsOn(v, relayMin); err != nil {
@@ -182,10 +194,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrainTimer()
 
-	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "archive", r.cfg.Archive)
+	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	if !r.cfg.Deliveries && len(r.cfg.FanOut) == 0 && r.cfg.Route != "" {
 		left, err := r.copiesLeft(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("outbox: look for fan-out copies of route %q: %w", r.cfg.Route, err)
 		}
 		if left {
@@ -196,6 +211,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Archive {
 		// Partitions must exist before the first delivery is archived.
 		if err := r.maintainArchive(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		archiveDone := make(chan struct{})
@@ -306,6 +324,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.schemaErr.Load(); err != nil {
 		return *err
 	}
+	if d, starved := r.starved(); starved {
+		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
+	}
 	if err := r.leaseHealthy(); err != nil {
 		return err
 	}
@@ -354,9 +375,10 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 			if err != nil {
 				return err
 			}
-			// The connection carries LISTEN state: never give it back.
-			pc := conn.Hijack()
-			defer pc.Close(context.WithoutCancel(ctx))
+			// The connection carries LISTEN state: never give it back to
+			// the pool (but keep it counted there, see dropConn).
+			defer dropConn(context.WithoutCancel(ctx), conn)
+			pc := conn.Conn()
 			if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
 				return err
 			}
@@ -452,10 +474,14 @@ type claimed struct {
 // transaction. It returns how many messages it claimed.
 func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, err error) {
 	start := time.Now()
+	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
+		// Still without a connection (through the backoff too): see
+		// starved.
 		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
+	r.gotConn(worker)
 	defer func() {
 		// A session that cannot write (it started on a read-only or
 		// standby server) stays that way: close it so that the pool opens
@@ -514,8 +540,13 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		}
 		cb.Queue(q.hasPriority, probe...)
 	}
-	cb.Queue(claim, r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
-		r.cfg.Route, topics, exclude, handover)
+	args := []any{r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
+		r.cfg.Route, topics, exclude, handover}
+	if !router {
+		// The router reads no payloads: it has no byte limit.
+		args = append(args, r.cfg.BatchBytes)
+	}
+	cb.Queue(claim, args...)
 	br := pc.SendBatch(hard, cb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()

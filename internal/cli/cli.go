@@ -234,6 +234,8 @@ type runOptions struct {
 	sink            string
 	workers         int
 	batchSize       int
+	batchBytes      int64
+	maxConns        int
 	pollInterval    time.Duration
 	publishTimeout  time.Duration
 	maxAttempts     int
@@ -271,6 +273,12 @@ the dead-letter table. On SIGTERM or SIGINT the relay stops claiming,
 finishes in-flight batches (up to --drain-timeout), hands its lanes to
 other relays and exits 0.
 
+Database connections: per route, one per worker and one for the lane
+lease; one LISTEN connection for the process; and one for health checks
+and metrics: 5 with the defaults. --max-conns caps them all (it must leave
+every worker, lease and LISTEN its connection); a relay whose workers
+cannot get a connection for --lease-ttl hands its lanes to other relays.
+
 Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 		Example: `  outbox-relay run --database-url postgres://localhost/app --sink stdout`,
 		Args:    cobra.NoArgs,
@@ -281,7 +289,9 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f := cmd.Flags()
 	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
+	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers, leases and LISTEN need, plus one for health checks and metrics)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
+	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
 	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work without a notification")
 	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
 	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
@@ -315,7 +325,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
-		"connect-timeout": int64(o.connectTimeout),
+		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes,
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -324,11 +334,15 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.heartbeat < 0 || o.drainTimeout < 0 || o.retryInitial < 0 {
 		return usagef("outbox: heartbeat, drain-timeout and retry-initial must not be negative")
 	}
+	if o.maxConns < 0 {
+		return usagef("outbox: max-conns: must not be negative (0: what the configuration needs, plus one)")
+	}
 	base := relay.Config{
 		ID:                  o.id,
 		Schema:              g.schema,
 		Workers:             o.workers,
 		BatchSize:           o.batchSize,
+		BatchBytes:          o.batchBytes,
 		PollInterval:        o.pollInterval,
 		PublishTimeout:      o.publishTimeout,
 		MaxAttempts:         o.maxAttempts,
@@ -372,6 +386,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			return err
 		}
 	}
+	maxConns, workers, err := connBudget(routes, o.maxConns)
+	if err != nil {
+		return err
+	}
 	if err := g.requireDatabase(); err != nil {
 		return err
 	}
@@ -391,18 +409,16 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			}
 		}
 	}()
-	conns := 0
 	for _, rt := range routes {
 		s, err := rt.open()
 		if err != nil {
 			return fmt.Errorf("outbox: sink %s: %w", rt.sinkName, err)
 		}
 		opened = append(opened, s)
-		conns += rt.cfg.Workers + 1
 	}
 
 	pool, err := relay.NewPool(parent, relay.PoolConfig{
-		URL: g.databaseURL, Workers: conns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
+		URL: g.databaseURL, Workers: workers, MaxConns: maxConns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
 	})
 	if err != nil {
 		return err
@@ -466,7 +482,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
 	}()
 	defer func() { stopWatch(); <-watchDone }()
-	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(routes))
+	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(routes), "max_conns", maxConns)
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -474,6 +490,29 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		ctx = runCtx
 	}
 	return relays.run(ctx, pool, g.schema, g.log)
+}
+
+// connBudget returns the process's connection cap (--max-conns, or by
+// default what the routes need plus one for health checks and metrics)
+// and its workers over all routes. A cap below the need is a usage error
+// rather than fewer workers than configured: a worker without a connection
+// of its own would make its relay hand its lanes away.
+func connBudget(routes []route, maxConns int) (int, int, error) {
+	cfgs := make([]relay.Config, len(routes))
+	workers := 0
+	for i, rt := range routes {
+		cfgs[i] = rt.cfg
+		cfgs[i].SharedListener = len(routes) > 1 // as run sets it
+		workers += rt.cfg.Workers
+	}
+	need := relay.Conns(cfgs...)
+	if maxConns == 0 {
+		return need + 1, workers, nil
+	}
+	if maxConns < need {
+		return 0, 0, usagef("outbox: max-conns: %d is below the %d connections this configuration holds (per route, one per worker and one for the lane lease; one LISTEN connection): raise max-conns or lower workers", maxConns, need)
+	}
+	return maxConns, workers, nil
 }
 
 // relaySet runs one relay per route and answers health checks for all.

@@ -25,6 +25,7 @@ type routeSpec struct {
 	Format         string         `yaml:"format"`
 	Workers        *int           `yaml:"workers"`
 	BatchSize      *int           `yaml:"batch-size"`
+	BatchBytes     *int64         `yaml:"batch-bytes"`
 	MaxAttempts    *int           `yaml:"max-attempts"`
 	RetryInitial   *time.Duration `yaml:"retry-initial"`
 	RetryMax       *time.Duration `yaml:"retry-max"`
@@ -163,6 +164,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		cfg.ID = base.ID + "/" + sp.Name
 		setIf(&cfg.Workers, sp.Workers)
 		setIf(&cfg.BatchSize, sp.BatchSize)
+		setIf(&cfg.BatchBytes, sp.BatchBytes)
 		setIf(&cfg.MaxAttempts, sp.MaxAttempts)
 		setIf(&cfg.RetryInitial, sp.RetryInitial)
 		setIf(&cfg.RetryMax, sp.RetryMax)

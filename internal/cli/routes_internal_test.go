@@ -69,3 +69,25 @@ func matchAny(pats []string, topic string) bool {
 	}
 	return false
 }
+
+func TestConnBudget(t *testing.T) {
+	one := []route{{cfg: relay.Config{Workers: 2}}}
+	max, workers, err := connBudget(one, 0)
+	require.NoError(t, err)
+	require.Equal(t, 5, max, "2 workers, lease, LISTEN, and one for health checks and metrics")
+	require.Equal(t, 2, workers)
+	max, _, err = connBudget(one, 4)
+	require.NoError(t, err)
+	require.Equal(t, 4, max, "the least: health checks wait for a worker's connection")
+	_, _, err = connBudget(one, 3)
+	require.ErrorContains(t, err, "max-conns: 3 is below the 4 connections")
+
+	// Routes: per route its workers and lease, one shared LISTEN.
+	three := []route{{cfg: relay.Config{Workers: 2}}, {cfg: relay.Config{Workers: 1}}, {cfg: relay.Config{Workers: 1}}}
+	max, workers, err = connBudget(three, 0)
+	require.NoError(t, err)
+	require.Equal(t, 3+2+2+1+1, max)
+	require.Equal(t, 4, workers)
+	_, _, err = connBudget(three, 7)
+	require.ErrorContains(t, err, "below the 8")
+}
