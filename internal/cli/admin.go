@@ -269,6 +269,20 @@ func newDLQShow(g *globals) *cobra.Command {
 
 // dlqChange builds dlq replay and dlq purge: both take a non-empty
 // selection and --dry-run, and report what they did (or would do).
+// selected reads a dead-letter selection from the flags (refusing an
+// empty one) and opens the operator API for it.
+func (g *globals) selected(cmd *cobra.Command, sel *selectionFlags) (relay.Selection, *relay.Admin, func(), error) {
+	s, err := sel.selection()
+	if err != nil {
+		return s, nil, nil, err
+	}
+	if s.Empty() {
+		return s, nil, nil, &usageError{relay.ErrEmptySelection}
+	}
+	a, done, err := g.admin(cmd)
+	return s, a, done, err
+}
+
 func dlqChange(g *globals, use, short, example, verb, dryVerb string,
 	do func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error)) *cobra.Command {
 	var sel selectionFlags
@@ -279,14 +293,7 @@ func dlqChange(g *globals, use, short, example, verb, dryVerb string,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := sel.selection()
-			if err != nil {
-				return err
-			}
-			if s.Empty() {
-				return &usageError{relay.ErrEmptySelection}
-			}
-			a, done, err := g.admin(cmd)
+			s, a, done, err := g.selected(cmd, &sel)
 			if err != nil {
 				return err
 			}
@@ -338,14 +345,7 @@ skipped with the reason. Skips do not change the exit status (0).`,
   outbox-relay dlq replay --all --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := sel.selection()
-			if err != nil {
-				return err
-			}
-			if s.Empty() {
-				return &usageError{relay.ErrEmptySelection}
-			}
-			a, done, err := g.admin(cmd)
+			s, a, done, err := g.selected(cmd, &sel)
 			if err != nil {
 				return err
 			}
