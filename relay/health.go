@@ -1,0 +1,61 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// Live reports whether every worker's loop has turned recently. A worker
+// may legitimately spend up to PublishTimeout in the sink plus the
+// statement timeouts in the database, so "recently" is generous. It does
+// not touch the database.
+func (r *Relay) Live() error {
+	limit := r.cfg.PublishTimeout + r.cfg.PollInterval + 2*time.Minute
+	now := time.Now()
+	for i := range r.lastLoop {
+		last := r.lastLoop[i].Load()
+		if last == 0 {
+			continue // not started yet
+		}
+		if age := now.Sub(time.Unix(0, last)); age > limit {
+			return fmt.Errorf("outbox: worker %d stuck for %s", i, age.Round(time.Second))
+		}
+	}
+	return nil
+}
+
+// Ready reports whether the relay can do its job right now: not draining,
+// its lane lease renewed within the lease TTL, the database reachable, the
+// sink healthy (when it can tell). It answers for this relay only: lanes
+// of its route that no relay works are reported by UnworkedLanes, not here.
+func (r *Relay) Ready(ctx context.Context) error {
+	if r.draining.Load() {
+		return errors.New("outbox: draining")
+	}
+	if err := r.schemaErr.Load(); err != nil {
+		return *err
+	}
+	if d, starved := r.starved(); starved {
+		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
+	}
+	if err := r.leaseHealthy(); err != nil {
+		return err
+	}
+	var readOnly bool
+	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
+		return fmt.Errorf("outbox: database: %w", err)
+	}
+	if readOnly {
+		return errors.New("outbox: database: read-only (a standby, or default_transaction_read_only is on)")
+	}
+	if hc, ok := r.sink.(sinks.HealthChecker); ok {
+		if err := hc.Healthy(ctx); err != nil {
+			return fmt.Errorf("outbox: sink: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,256 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// work is one worker's loop.
+func (r *Relay) work(ctx, hard context.Context, worker int) {
+	log := r.log.With("worker", worker)
+	bo := newReconnectBackoff()
+	rotation := worker
+	for ctx.Err() == nil {
+		r.lastLoop[worker].Store(time.Now().UnixNano())
+		if r.schemaErr.Load() != nil {
+			// Claim nothing on a schema this relay does not know.
+			sleep(ctx, r.cfg.PollInterval)
+			continue
+		}
+		n, err := r.cycle(ctx, hard, worker, rotation)
+		rotation = (rotation + r.cfg.Workers) % numLanes
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := bo.NextBackOff()
+			if errors.Is(err, errNothingAttempted) {
+				// The sink could not reach its backend (it wrote nothing):
+				// the next cycle is the probe, and a backend that is back
+				// should not wait the database's reconnect pace.
+				d = min(d, time.Second)
+			}
+			log.Warn("batch failed; retrying", "error", err, "retry_in", d)
+			if ch, ok := r.cfg.Hooks.(CycleErrorHooks); ok {
+				ch.CycleError(err)
+			}
+			sleep(ctx, d)
+			continue
+		}
+		bo.Reset()
+		if n == 0 && r.leftover.Load() {
+			// Nobody makes copies for this route any more: once none are
+			// left, none will appear.
+			if left, err := r.copiesLeft(ctx); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
+				log.Info("earlier fan-out copies all delivered; reading the outbox")
+				r.wakeAll() // the other workers may be idle until their next poll
+				continue
+			}
+		}
+		if n >= r.cfg.BatchSize {
+			continue // likely more waiting
+		}
+		if n > 0 {
+			// Others may be waiting in lanes this claim did not reach.
+			continue
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-r.wake[worker]:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// errNothingAttempted: the sink tried none of a batch's messages and
+// reported no failure (its backend unreachable, or a broken sink).
+var errNothingAttempted = errors.New("outbox: sink attempted nothing")
+
+// cycle claims one batch, publishes it and settles the outcome, all in one
+// transaction. It returns how many messages it claimed.
+func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, err error) {
+	start := time.Now()
+	r.waitingForConn(worker)
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		// Still without a connection (through the backoff too): see
+		// starved.
+		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
+	}
+	r.gotConn(worker)
+	defer func() {
+		// A session that cannot write (it started on a read-only or
+		// standby server) stays that way: close it so that the pool opens
+		// a new one instead of handing it out again.
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "25006" {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+		conn.Release()
+	}()
+	// From here on the batch belongs to the hard context: a drain lets it
+	// finish. BEGIN and the claim go out in one round trip, as do the
+	// settle statements and COMMIT below.
+	handover := []int16{}
+	if h := r.handover.Load(); h != nil && *h != nil {
+		handover = *h
+	}
+	pc := conn.Conn()
+	committed := false
+	defer func() {
+		if !committed && !pc.IsClosed() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
+			if _, rerr := pc.Exec(rctx, "ROLLBACK"); rerr != nil {
+				// The session's state is unknown: do not reuse it.
+				_ = pc.Close(rctx)
+			}
+			cancel()
+		}
+	}()
+	src := r.source()
+	q, copies := src.q, src.copies
+	batch, err := r.claim(hard, pc, src, worker, rotation, handover)
+	if err != nil {
+		return 0, err
+	}
+	claimDur := time.Since(start)
+	if len(batch) == 0 {
+		if _, err := pc.Exec(hard, "COMMIT"); err != nil {
+			return 0, fmt.Errorf("outbox: commit: %w", err)
+		}
+		committed = true
+		return 0, nil
+	}
+	r.stats.Claimed.Add(int64(len(batch)))
+	if src.router {
+		err := r.fanOut(hard, pc, batch)
+		committed = err == nil
+		return len(batch), err
+	}
+	r.inFlight.Add(int64(len(batch)))
+	defer r.inFlight.Add(-int64(len(batch)))
+
+	msgs := make([]sinks.Message, len(batch))
+	for i := range batch {
+		msgs[i] = batch[i].msg
+	}
+	sendStart := time.Now()
+	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
+	sendErr := r.sink.Send(sendCtx, msgs)
+	cancel()
+	sendDur := time.Since(sendStart)
+	// The claim ran at ClaimedAt (database clock), roughly at start.
+	ackedAt := batch[0].msg.ClaimedAt.Add(time.Since(start))
+	if hard.Err() != nil {
+		// Drain deadline passed mid-publish: roll back so the messages come
+		// back untouched (some may be delivered twice, never lost).
+		return len(batch), fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+	}
+
+	ev := BatchEvent{Worker: worker, Claimed: len(batch), Messages: msgs, ClaimDuration: claimDur,
+		SendStart: sendStart, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
+	s := r.settle(batch, sendErr, &ev)
+	if ev.Untouched == len(batch) {
+		// The sink tried nothing and reported no failure (it broke off, or
+		// breaks the contract): claiming the same batch again at once would
+		// spin. Release it and let the worker back off.
+		return len(batch), fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), sendErr)
+	}
+
+	settleStart := time.Now()
+	b := &pgx.Batch{}
+	r.queue(b, q, copies, s)
+	b.Queue("COMMIT")
+	err = pc.SendBatch(hard, b).Close()
+	if refusedRow(err) {
+		r.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
+		s, err = r.settleApart(hard, pc, q, copies, s)
+		ev.Delivered, ev.Retried, ev.DeadLettered, ev.DeadReasons = len(s.delivered), len(s.retryIDs), len(s.deadIDs), s.deadReasons
+	}
+	committed = err == nil
+	ev.SettleDuration = time.Since(settleStart)
+	ev.Committed = err == nil
+	r.stats.Batches.Add(1)
+	if err != nil {
+		r.stats.CommitFailures.Add(1)
+		r.cfg.Hooks.Batch(ev)
+		return len(batch), fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+	}
+	if failed := len(s.retryIDs) + len(s.deadIDs); failed > 0 {
+		r.warnFailing(failed, sendErr)
+	}
+	r.stats.Delivered.Add(int64(len(s.delivered)))
+	r.stats.Retried.Add(int64(len(s.retryIDs)))
+	r.stats.DeadLettered.Add(int64(len(s.deadIDs)))
+	r.cfg.Hooks.Batch(ev)
+	return len(batch), nil
+}
+
+// withRoute appends the route to a settle statement's arguments when the
+// relay works on fan-out copies (their statements also match the route).
+func (r *Relay) withRoute(copies bool, args ...any) []any {
+	if copies {
+		return append(args, r.cfg.Route)
+	}
+	return args
+}
+
+// warnFailing logs at most one warning per interval about failing
+// deliveries, with the count since the previous one and a sample error.
+func (r *Relay) warnFailing(n int, sample error) {
+	const every = 30 * time.Second
+	total := r.failures.Add(int64(n))
+	now := time.Now().UnixNano()
+	last := r.failWarned.Load()
+	if now-last < int64(every) || !r.failWarned.CompareAndSwap(last, now) {
+		return
+	}
+	r.failures.Add(-total)
+	if last == 0 {
+		r.log.Warn("deliveries failing", "failed", total, "error", sample)
+		return
+	}
+	r.log.Warn("deliveries failing", "failed", total, "since", time.Duration(now-last).Round(time.Second).String(), "error", sample)
+}
+
+// decodeHeaders decodes a jsonb headers value; "{}" (the common case)
+// costs nothing.
+func decodeHeaders(raw []byte) (map[string]string, error) {
+	if len(raw) <= 2 {
+		return nil, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// errText bounds what is stored of an error.
+func errText(err error) string {
+	const max = 2000
+	s := err.Error()
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
