@@ -16,8 +16,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-// TestAMQPOutage stops the RabbitMQ application (rabbitmqctl stop_app)
-// under the relay binary for outageLength() while applications keep
+// TestAMQPOutage stops the application of a throwaway RabbitMQ node (its
+// stop_app) under the relay binary for outageLength() while applications keep
 // writing, then starts it again. The exchange and queue are durable and
 // the sink publishes persistent messages, so what the broker confirmed
 // before the stop is still there after it. The broker is a throwaway node
