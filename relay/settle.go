@@ -233,30 +233,34 @@ func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, q *queries, copie
 		return out
 	}
 	var out settlement
-	// deadLetter moves row id to the dead letters; when the database
-	// refuses that too, the row is parked: its next attempt waits RetryMax,
-	// so it is neither lost nor sent again at every cycle.
-	deadLetter := func(id int64, reason, text string) error {
-		refused, err := try(q.deadLetter, r.withRoute(copies, []int64{id}, []string{reason}, []string{text})...)
-		if err != nil {
-			return err
-		}
-		if refused == nil {
-			out.deadIDs = append(out.deadIDs, id)
-			out.deadReasons = append(out.deadReasons, reason)
-			out.deadErrs = append(out.deadErrs, text)
-			return nil
-		}
+	// park keeps row id, whose dead letter the database refused, in the
+	// outbox: its next attempt waits RetryMax, so it is neither lost nor
+	// sent again at every cycle.
+	park := func(id int64, text string, refused error) error {
 		r.log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
 			"id", id, "retry_in", r.cfg.RetryMax, "error", refused)
-		park := errText(fmt.Errorf("cannot be dead-lettered (%v) after: %s", refused, text))
-		refused, err = try(q.scheduleRetry, r.withRoute(copies, []int64{id}, []int64{r.cfg.RetryMax.Milliseconds()}, []string{park})...)
+		text = errText(fmt.Errorf("cannot be dead-lettered (%v) after: %s", refused, text))
+		refused, err := try(q.scheduleRetry, r.withRoute(copies, []int64{id}, []int64{r.cfg.RetryMax.Milliseconds()}, []string{text})...)
 		if err == nil && refused == nil {
 			out.retryIDs = append(out.retryIDs, id)
 			out.retryDelays = append(out.retryDelays, r.cfg.RetryMax.Milliseconds())
-			out.retryErrs = append(out.retryErrs, park)
+			out.retryErrs = append(out.retryErrs, text)
 		}
 		return err
+	}
+	// deadLetter moves row id to the dead letters, or parks it.
+	deadLetter := func(id int64, reason, text string) error {
+		refused, err := try(q.deadLetter, r.withRoute(copies, []int64{id}, []string{reason}, []string{text})...)
+		if err != nil || refused != nil {
+			if refused != nil {
+				return park(id, text, refused)
+			}
+			return err
+		}
+		out.deadIDs = append(out.deadIDs, id)
+		out.deadReasons = append(out.deadReasons, reason)
+		out.deadErrs = append(out.deadErrs, text)
+		return nil
 	}
 
 	dl := present(s.delivered)
@@ -324,9 +328,9 @@ func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, q *queries, copie
 		out.deadIDs = append(out.deadIDs, s.deadIDs[k])
 		out.deadReasons = append(out.deadReasons, s.deadReasons[k])
 		out.deadErrs = append(out.deadErrs, s.deadErrs[k])
-	}, func(i int, _ error) error {
+	}, func(i int, refused error) error {
 		k := dd[i]
-		return deadLetter(s.deadIDs[k], s.deadReasons[k], s.deadErrs[k])
+		return park(s.deadIDs[k], s.deadErrs[k], refused)
 	})
 	if err != nil {
 		return settlement{}, err
