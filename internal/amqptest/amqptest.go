@@ -7,7 +7,6 @@
 package amqptest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -236,22 +235,7 @@ func (b *Broker) logTail(n int) string {
 
 // run runs one of the node's programs with the node's environment.
 func (b *Broker) run(ctx context.Context, name string, args ...string) (string, error) {
-	cmd := b.proc.Command(name, args, b.env, "RABBITMQ_", "ERL_", "HOME=")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return out.String(), err
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-done
-		return out.String(), ctx.Err()
-	}
+	return testproc.Output(ctx, b.proc.Command(name, args, b.env, "RABBITMQ_", "ERL_", "HOME="))
 }
 
 // rabbitBin finds the directory holding rabbitmq-server and rabbitmqctl.

@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -162,23 +161,7 @@ func (s *Instance) ctl(ctx context.Context, action string, args ...string) error
 // run runs one of the server's programs as the server's user; the output
 // is for error messages.
 func (s *Instance) run(ctx context.Context, name string, args ...string) (string, error) {
-	cmd := s.proc.Command(name, args, []string{"LC_ALL=C"}, "PG")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return out.String(), err
-	case <-ctx.Done():
-		// A server it was starting is killed at cleanup with the rest.
-		_ = cmd.Process.Kill()
-		<-done
-		return out.String(), ctx.Err()
-	}
+	return testproc.Output(ctx, s.proc.Command(name, args, []string{"LC_ALL=C"}, "PG"))
 }
 
 func appendFile(path, text string) error {
