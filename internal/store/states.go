@@ -1,0 +1,45 @@
+package store
+
+// The states of a message, defined once. A row of the outbox (messages) or
+// of a fan-out route's copies (deliveries) is in exactly one of:
+//
+//   - ready: deliverable now; the claim takes it (unless an earlier
+//     message of its key is held back, see Held).
+//   - retrying: it failed at least once and waits for its next attempt
+//     (attempts > 0, available_at in the future).
+//   - delayed: written with a delivery time that has not come yet
+//     (attempts = 0, available_at in the future).
+//
+// Pending is the three together: every message not yet delivered. Dead is
+// a row of dead_letters: the relay gave up on it and an operator may replay
+// or purge it.
+//
+// A failed message keeps attempts > 0 and a non-NULL available_at until it
+// is delivered or dead, so "has failed and is not done" (Failed) is the
+// count operators and metrics show as retrying whether or not its next
+// attempt is due; the partial indexes on available_at IS NOT NULL serve
+// both Failed and Waiting.
+//
+// Each function returns a condition on the row alias a.
+
+// Ready is true of a row that can be delivered now.
+func Ready(a string) string {
+	return "(" + a + ".available_at IS NULL OR " + a + ".available_at <= now())"
+}
+
+// Waiting is true of a row held back until its available_at: a retry or
+// a delayed delivery.
+func Waiting(a string) string {
+	return "(" + a + ".available_at IS NOT NULL AND " + a + ".available_at > now())"
+}
+
+// Failed is true of a row that failed at least once and is neither
+// delivered nor dead: the "retrying" of status and metrics.
+func Failed(a string) string {
+	return "(" + a + ".available_at IS NOT NULL AND " + a + ".attempts > 0)"
+}
+
+// Delayed is true of a row written with a delivery time still to come.
+func Delayed(a string) string {
+	return "(" + a + ".attempts = 0 AND " + Waiting(a) + ")"
+}
