@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -115,13 +116,7 @@ func (e *env) count(table string) int {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, d time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: "+format, append([]any{d}, args...)...)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, d, 10*time.Millisecond, func() (bool, string) { return cond(), fmt.Sprintf(format, args...) })
 }
 
 func waitCtx(t *testing.T, d time.Duration) context.Context {

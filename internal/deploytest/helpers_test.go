@@ -15,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
@@ -36,10 +37,7 @@ const demoTopic = "orders"
 // pgtest.Unavailable, for a tool the test needs but cannot find.
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("required tool unavailable (CI=true): "+format, args...)
-	}
-	t.Skipf("skipping, tool unavailable (set CI=true to fail instead): "+format, args...)
+	testenv.Unavailable(t, "tool", format, args...)
 }
 
 var (

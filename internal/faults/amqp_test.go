@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,36 +45,7 @@ func TestAMQPOutage(t *testing.T) {
 		"--retry-initial", cfg.RetryInitial.String(), "--retry-multiplier", fmt.Sprint(cfg.RetryMultiplier),
 		"--retry-max", cfg.RetryMax.String(), "--retry-jitter", fmt.Sprint(cfg.RetryJitter))
 
-	var mu sync.Mutex
-	var want []string
-	stop, writerDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		keys := keyNames("k", 30)
-		for seq := 0; ; seq += 20 {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			ps, err := commitErr(pool, schema, messages("orders", keys, seq, 20, nil))
-			if err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
-			mu.Lock()
-			want = append(want, ps...)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-writerDone
-	}()
+	w := startSteadyWriter(t, pool, schema, nil)
 	time.Sleep(time.Second)
 
 	outage := outageLength()
@@ -98,8 +68,7 @@ func TestAMQPOutage(t *testing.T) {
 	downtime := time.Since(downAt)
 	upAt := time.Now()
 	time.Sleep(time.Second)
-	close(stop)
-	<-writerDone
+	written := w.stop()
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
 		sample()
 		left := count(t, pool, schema, "messages")
@@ -107,9 +76,6 @@ func TestAMQPOutage(t *testing.T) {
 	})
 	recovered := time.Since(upAt)
 
-	mu.Lock()
-	written := append([]string(nil), want...)
-	mu.Unlock()
 	conn, err = amqp.Dial(broker.URL())
 	require.NoError(t, err)
 	defer conn.Close()

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -45,19 +46,7 @@ func randHex(n int) string {
 // test with cond's last explanation after timeout.
 func eventually(t testing.TB, timeout, interval time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var why string
-	for {
-		var ok bool
-		ok, why = cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %s", timeout, why)
-		}
-		time.Sleep(interval)
-	}
+	testenv.Eventually(t, timeout, interval, cond)
 }
 
 // syncBuffer is a goroutine-safe buffer for a child's output or a logger.
@@ -733,4 +722,51 @@ func fromMemory(ms []sinks.Message) []delivery {
 		out[i] = delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: string(m.Payload)}
 	}
 	return out
+}
+
+// steadyWriter is the outage tests' application: it commits 20 messages of
+// topic "orders" over 30 keys every 50ms until stopped.
+type steadyWriter struct {
+	mu      sync.Mutex
+	written []string
+	stopped chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+// startSteadyWriter starts writing with headers on every message; the
+// writer is stopped when the test ends if stop was not called.
+func startSteadyWriter(t testing.TB, pool *pgxpool.Pool, schema string, headers map[string]string) *steadyWriter {
+	w := &steadyWriter{stopped: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		keys := keyNames("k", 30)
+		for seq := 0; ; seq += 20 {
+			select {
+			case <-w.stopped:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			ps, err := commitErr(pool, schema, messages("orders", keys, seq, 20, headers))
+			if err != nil {
+				t.Errorf("writer: %v", err)
+				return
+			}
+			w.mu.Lock()
+			w.written = append(w.written, ps...)
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
+// stop stops the writer, waits for its last commit, and returns the
+// payloads of every message it committed.
+func (w *steadyWriter) stop() []string {
+	w.once.Do(func() { close(w.stopped) })
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.written...)
 }

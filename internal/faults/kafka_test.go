@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -53,20 +54,7 @@ func newKafkaRig(t testing.TB, topics []string, opts ...kfake.Opt) *kafkaRig {
 		if code == 0 {
 			return nil, nil, false
 		}
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kafkatest.Refuse(kreq, code), nil, true
 	})
 	k.cl, err = kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(32<<20))
@@ -188,37 +176,7 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	p := runInproc(t, pgtest.URL(), schema, cs, cfg)
 	outage := outageLength()
 
-	var mu sync.Mutex
-	var written []string
-	stop := make(chan struct{})
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		keys := keyNames("k", 30)
-		for seq := 0; ; seq += 20 {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			ps, err := commitErr(pool, schema, messages("orders", keys, seq, 20, nil))
-			if err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
-			mu.Lock()
-			written = append(written, ps...)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-writerDone
-	}()
+	w := startSteadyWriter(t, pool, schema, nil)
 
 	eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) {
 		return len(k.deliveries()) >= 100, "waiting for the first deliveries"
@@ -237,12 +195,8 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	upAt := time.Now()
 	delivered := len(k.deliveries())
 	time.Sleep(time.Second)
-	close(stop)
-	<-writerDone
+	want := w.stop()
 
-	mu.Lock()
-	want := append([]string(nil), written...)
-	mu.Unlock()
 	var resumed, emptied, drained time.Duration
 	eventually(t, 60*time.Second+outage, 50*time.Millisecond, func() (bool, string) {
 		if resumed == 0 && len(k.deliveries()) > delivered {

@@ -3,7 +3,6 @@ package faults
 import (
 	"fmt"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -79,38 +78,7 @@ func runOutage(t *testing.T, pool *pgxpool.Pool, schema string, rig outageRig) {
 	p := runInproc(t, pgtest.URL(), schema, cs, cfg)
 	outage := outageLength()
 
-	// A writer commits 20 messages over 30 keys every 50ms until stopped.
-	var mu sync.Mutex
-	var want []string
-	stop := make(chan struct{})
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		keys := keyNames("k", 30)
-		for seq := 0; ; seq += 20 {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			ps, err := commitErr(pool, schema, messages("orders", keys, seq, 20, map[string]string{"type": "OrderPlaced"}))
-			if err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
-			mu.Lock()
-			want = append(want, ps...)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-writerDone
-	}()
+	w := startSteadyWriter(t, pool, schema, map[string]string{"type": "OrderPlaced"})
 
 	// Steady state first.
 	eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) {
@@ -128,12 +96,8 @@ func runOutage(t *testing.T, pool *pgxpool.Pool, schema string, rig outageRig) {
 	rig.up()
 	upAt := time.Now()
 	time.Sleep(time.Second)
-	close(stop)
-	<-writerDone
+	written := w.stop()
 
-	mu.Lock()
-	written := append([]string(nil), want...)
-	mu.Unlock()
 	var recoveredAt time.Time
 	eventually(t, 60*time.Second+outage, 50*time.Millisecond, func() (bool, string) {
 		left := count(t, pool, schema, "messages")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -37,10 +38,7 @@ func URL() string {
 // why. Use it whenever a service the test needs cannot be reached.
 func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("required service unavailable (CI=true): "+format, args...)
-	}
-	t.Skipf("skipping, service unavailable (set CI=true to fail instead): "+format, args...)
+	testenv.Unavailable(t, "service", format, args...)
 }
 
 var (

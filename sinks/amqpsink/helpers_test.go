@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/internal/amqptest"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -36,11 +37,7 @@ func testURL() string {
 // unavailable fails the test under CI=true, else skips it, with reason.
 func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
+	testenv.Unavailable(tb, "service", format, args...)
 }
 
 func randName(prefix string) string {
