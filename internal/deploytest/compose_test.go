@@ -533,3 +533,19 @@ func TestTopicMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestComposeImagesPinned: every image of the stack names a release (a
+// tag with a minor version at least), so that `docker compose up` next
+// month runs what was tested; our own image is versioned by VERSION.
+func TestComposeImagesPinned(t *testing.T) {
+	cf, _ := loadCompose(t)
+	pinned := regexp.MustCompile(`:[0-9]+\.[0-9]+`)
+	for name, s := range cf.Services {
+		if _, ours := s.ours(); ours || s.Image == "" {
+			continue
+		}
+		if !pinned.MatchString(s.Image) {
+			t.Errorf("service %s: image %q is not pinned to a release (name at least major.minor)", name, s.Image)
+		}
+	}
+}
