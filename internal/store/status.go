@@ -21,6 +21,14 @@ func boundedTime(col string) string {
 	return `(CASE WHEN isfinite(` + col + `) THEN least(` + col + `, now()) ELSE now() END)`
 }
 
+// DatabaseNow is the database's clock, against which status measures
+// ages and heartbeats (an operator's clock may be off).
+func DatabaseNow(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	err := q.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}
+
 // Backlog counts the pending messages and dead letters of one topic or
 // route. Pending = Ready + Retrying + Delayed.
 type Backlog struct {

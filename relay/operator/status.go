@@ -127,7 +127,8 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 
 func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
 	s := a.schema
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&st.Now); err != nil {
+	var err error
+	if st.Now, err = store.DatabaseNow(ctx, tx); err != nil {
 		return err
 	}
 	topics, err := s.TopicBacklog(ctx, tx)
