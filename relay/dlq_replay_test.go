@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // deadLetterAll moves every pending message to the dead-letter table, as
@@ -46,8 +46,8 @@ func (e *env) dedupKeyOf(id int64) *string {
 	return k
 }
 
-func outcomes(res relay.ReplayResult) map[int64]relay.ReplayOutcome {
-	m := map[int64]relay.ReplayOutcome{}
+func outcomes(res operator.ReplayResult) map[int64]operator.ReplayOutcome {
+	m := map[int64]operator.ReplayOutcome{}
 	for _, d := range res.DeadLetters {
 		m[d.ID] = d.Outcome
 	}
@@ -73,28 +73,28 @@ func TestReplaySkipsDeadLetterWhoseDedupKeyIsPendingAndReplaysTheRest(t *testing
 	again := e.insert(outbox.Message{Topic: "pay", Key: "1", Payload: []byte("second try"), DedupKey: "pay:1"})
 	require.False(t, again.Duplicate)
 
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
-	want := map[int64]relay.ReplayOutcome{
-		pay1.ID: relay.ReplaySkipped, other1.ID: relay.Replayed, other2.ID: relay.Replayed,
-		pay2a.ID: relay.Replayed, pay2b.ID: relay.ReplaySkipped,
+	want := map[int64]operator.ReplayOutcome{
+		pay1.ID: operator.ReplaySkipped, other1.ID: operator.Replayed, other2.ID: operator.Replayed,
+		pay2a.ID: operator.Replayed, pay2b.ID: operator.ReplaySkipped,
 	}
-	dry, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{DryRun: true})
+	dry, err := admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, want, outcomes(dry), "the dry run predicts the outcome")
 	require.Equal(t, 5, e.count("dead_letters"), "a dry run changes nothing")
 
-	res, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{})
+	res, err := admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{})
 	require.NoError(t, err, "one conflict must not fail the whole replay")
 	require.Equal(t, want, outcomes(res))
 	for _, d := range res.DeadLetters {
 		switch d.ID {
 		case pay1.ID:
-			require.Equal(t, relay.CauseDedupKeyPending, d.Cause)
+			require.Equal(t, operator.CauseDedupKeyPending, d.Cause)
 			require.Equal(t, again.MessageID, d.HeldBy)
 			require.Contains(t, d.Reason, `dedup key "pay:1" is held by pending message `+again.MessageID)
 		case pay2b.ID:
-			require.Equal(t, relay.CauseDedupKeyInRun, d.Cause)
+			require.Equal(t, operator.CauseDedupKeyInRun, d.Cause)
 			require.Contains(t, d.Reason, `went to dead letter `)
 		default:
 			require.Empty(t, d.Reason)
@@ -107,18 +107,18 @@ func TestReplaySkipsDeadLetterWhoseDedupKeyIsPendingAndReplaysTheRest(t *testing
 	// Once the pending pay:1 is gone (delivered), the dead one gets its key back.
 	_, err = e.pool.Exec(ctx, "DELETE FROM "+e.table("messages")+" WHERE id = $1", again.ID)
 	require.NoError(t, err)
-	res, err = admin.Replay(ctx, relay.Selection{IDs: []int64{pay1.ID}}, relay.ReplayOptions{})
+	res, err = admin.Replay(ctx, operator.Selection{IDs: []int64{pay1.ID}}, operator.ReplayOptions{})
 	require.NoError(t, err)
-	require.Equal(t, map[int64]relay.ReplayOutcome{pay1.ID: relay.Replayed}, outcomes(res))
+	require.Equal(t, map[int64]operator.ReplayOutcome{pay1.ID: operator.Replayed}, outcomes(res))
 	require.Equal(t, "pay:1", *e.dedupKeyOf(pay1.ID))
 
 	// The operator knows pay:2's second message is a different operation.
-	dry, err = admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{DryRun: true, ClearConflictingDedupKeys: true})
+	dry, err = admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{DryRun: true, ClearConflictingDedupKeys: true})
 	require.NoError(t, err)
-	require.Equal(t, map[int64]relay.ReplayOutcome{pay2b.ID: relay.ReplayedWithoutDedupKey}, outcomes(dry))
-	res, err = admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{ClearConflictingDedupKeys: true})
+	require.Equal(t, map[int64]operator.ReplayOutcome{pay2b.ID: operator.ReplayedWithoutDedupKey}, outcomes(dry))
+	res, err = admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{ClearConflictingDedupKeys: true})
 	require.NoError(t, err)
-	require.Equal(t, map[int64]relay.ReplayOutcome{pay2b.ID: relay.ReplayedWithoutDedupKey}, outcomes(res))
+	require.Equal(t, map[int64]operator.ReplayOutcome{pay2b.ID: operator.ReplayedWithoutDedupKey}, outcomes(res))
 	require.Equal(t, pay2a.MessageID, res.DeadLetters[0].HeldBy)
 	require.Nil(t, e.dedupKeyOf(pay2b.ID))
 	require.Zero(t, e.count("dead_letters"))
@@ -134,12 +134,12 @@ func TestReplaySkipsDeadLetterWhoseIDIsPending(t *testing.T) {
 	e.deadLetterAll()
 	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.table("messages")+` (id, topic, payload) VALUES ($1, 't', 'y')`, m.ID)
 	require.NoError(t, err)
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	res, err := admin.Replay(ctx, relay.Selection{IDs: []int64{m.ID}}, relay.ReplayOptions{ClearConflictingDedupKeys: true})
+	admin, _ := operator.New(e.pool, e.schema)
+	res, err := admin.Replay(ctx, operator.Selection{IDs: []int64{m.ID}}, operator.ReplayOptions{ClearConflictingDedupKeys: true})
 	require.NoError(t, err)
 	require.Len(t, res.DeadLetters, 1)
-	require.Equal(t, relay.ReplaySkipped, res.DeadLetters[0].Outcome)
-	require.Equal(t, relay.CauseIDPending, res.DeadLetters[0].Cause)
+	require.Equal(t, operator.ReplaySkipped, res.DeadLetters[0].Outcome)
+	require.Equal(t, operator.CauseIDPending, res.DeadLetters[0].Cause)
 	require.Contains(t, res.DeadLetters[0].Reason, "already pending in the outbox")
 	require.Equal(t, 1, e.count("dead_letters"))
 }
@@ -161,14 +161,14 @@ func TestReplayWaitsForAWriterOfTheSameDedupKey(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, written[0].Duplicate)
 
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	admin, _ := operator.New(e.pool, e.schema)
 	type result struct {
-		res relay.ReplayResult
+		res operator.ReplayResult
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{})
+		res, err := admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{})
 		done <- result{res, err}
 	}()
 	// The replay's insert waits for the writer's transaction.
@@ -182,11 +182,11 @@ func TestReplayWaitsForAWriterOfTheSameDedupKey(t *testing.T) {
 	r := <-done
 	require.NoError(t, r.err)
 	got := outcomes(r.res)
-	require.Equal(t, relay.ReplaySkipped, got[dead.ID])
-	require.Len(t, r.res.IDs(relay.Replayed), 1, "the unrelated dead letter is replayed")
+	require.Equal(t, operator.ReplaySkipped, got[dead.ID])
+	require.Len(t, r.res.IDs(operator.Replayed), 1, "the unrelated dead letter is replayed")
 	for _, d := range r.res.DeadLetters {
 		if d.ID == dead.ID {
-			require.Equal(t, relay.CauseDedupKeyPending, d.Cause)
+			require.Equal(t, operator.CauseDedupKeyPending, d.Cause)
 			require.Contains(t, d.Reason, "written during the replay")
 		}
 	}

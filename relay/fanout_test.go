@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
@@ -73,9 +74,9 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 	require.NoError(t, ksink.WaitFor(waitCtx(t, 20*time.Second), 301), "kafka gets every orders message")
 	require.NoError(t, usink.WaitFor(waitCtx(t, 20*time.Second), 50), "the direct route is not affected")
 	eventually(t, 20*time.Second, func() bool { return hsink.Len() == 270 }, "hook got %d of the 270 messages not of key o7", hsink.Len())
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
-	var st relay.Status
+	var st operator.Status
 	eventually(t, 10*time.Second, func() bool {
 		st, err = admin.Status(context.Background())
 		require.NoError(t, err)
@@ -104,7 +105,7 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 		require.Equal(t, ids[m.Seq], m.ID, "copy of %d has another message id", m.Seq)
 	}
 
-	dead, err := admin.List(context.Background(), relay.Selection{})
+	dead, err := admin.List(context.Background(), operator.Selection{})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, "hook", dead[0].Route, "the dead letter names the destination that failed")
@@ -112,9 +113,9 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 
 	// Replay goes to the failed destination only.
 	hsink.SetFail(nil)
-	replayed, err := admin.Replay(context.Background(), relay.Selection{Route: "hook"}, relay.ReplayOptions{})
+	replayed, err := admin.Replay(context.Background(), operator.Selection{Route: "hook"}, operator.ReplayOptions{})
 	require.NoError(t, err)
-	require.Equal(t, []int64{dead[0].ID}, replayed.IDs(relay.Replayed))
+	require.Equal(t, []int64{dead[0].ID}, replayed.IDs(operator.Replayed))
 	require.NoError(t, hsink.WaitFor(waitCtx(t, 10*time.Second), 301))
 	require.Equal(t, "poison", string(hsink.Delivered()[300].Payload))
 	time.Sleep(300 * time.Millisecond)
@@ -180,15 +181,15 @@ func TestFanOutArchiveReplayToOneDestination(t *testing.T) {
 	stopK()
 	stopH()
 
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
-	n, err := admin.ReplayArchive(ctx, relay.ArchiveSelection{FromAgo: time.Hour}, true)
+	n, err := admin.ReplayArchive(ctx, operator.ArchiveSelection{FromAgo: time.Hour}, true)
 	require.NoError(t, err)
 	require.EqualValues(t, 20, n, "each message once, however many routes archived it")
-	_, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{FromAgo: time.Hour, ToRouteOnly: true}, false)
-	require.ErrorIs(t, err, relay.ErrReplayRoute)
+	_, err = admin.ReplayArchive(ctx, operator.ArchiveSelection{FromAgo: time.Hour, ToRouteOnly: true}, false)
+	require.ErrorIs(t, err, operator.ErrReplayRoute)
 
-	n, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{FromAgo: time.Hour, Route: "hook", ToRouteOnly: true}, false)
+	n, err = admin.ReplayArchive(ctx, operator.ArchiveSelection{FromAgo: time.Hour, Route: "hook", ToRouteOnly: true}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 20, n)
 	require.Equal(t, 0, e.count("messages"))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -75,7 +76,7 @@ func TestInfiniteCreatedAtIsDeliveredLikeAnyOther(t *testing.T) {
 	e.writeKeys(50)
 	e.exec("UPDATE " + e.table("messages") + " SET created_at = 'infinity' WHERE payload = '7'")
 	e.exec("UPDATE " + e.table("messages") + " SET created_at = '-infinity' WHERE payload = '8'")
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
 	st, err := admin.Status(context.Background())
 	require.NoError(t, err)
@@ -101,8 +102,8 @@ func TestDeadLetterWithInfiniteTimesIsListed(t *testing.T) {
 	e.exec("UPDATE " + e.table("messages") + " SET created_at = 'infinity'")
 	e.deadLetterAll()
 	e.exec("UPDATE " + e.table("dead_letters") + " SET first_failed_at = '-infinity', dead_at = 'infinity' WHERE payload = '1'")
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	admin, _ := operator.New(e.pool, e.schema)
+	dls, err := admin.List(context.Background(), operator.Selection{All: true})
 	require.NoError(t, err)
 	require.Len(t, dls, 2)
 	require.True(t, dls[0].CreatedAt.IsZero(), "not a finite time: shown as the zero time")
@@ -126,7 +127,7 @@ func TestFakeRelayWithHeartbeatInTheFutureIsReaped(t *testing.T) {
 	// failover reaps this one at the first heartbeat.
 	e.exec(`INSERT INTO ` + e.table("relays") + ` (id, hostname, pid, version, heartbeat_at, backend_pid, backend_start)
 VALUES ('fake-pid', 'nowhere', 1, 'fake', 'infinity', pg_backend_pid(), '2000-01-01')`)
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	admin, _ := operator.New(e.pool, e.schema)
 	st, err := admin.Status(context.Background())
 	require.NoError(t, err)
 	require.Len(t, st.Relays, 3)
@@ -179,10 +180,10 @@ func TestLanesNobodyWorksAreReported(t *testing.T) {
 	require.EqualValues(t, 128, hooks.unworked.Load())
 	require.NoError(t, r.Ready(context.Background()), "readiness is this relay's own: it works its share")
 
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	admin, _ := operator.New(e.pool, e.schema)
 	st, err := admin.Status(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, []relay.LaneStatus{{Route: "", Relays: 2, Worked: 128, Unworked: 128}}, st.Lanes)
+	require.Equal(t, []operator.LaneStatus{{Route: "", Relays: 2, Worked: 128, Unworked: 128}}, st.Lanes)
 	require.Equal(t, 128, st.FreeLanes)
 
 	cancel()
@@ -202,11 +203,11 @@ func TestStatusCountsMissingAndOrphanedLanes(t *testing.T) {
 	e.exec("DELETE FROM " + e.table("lanes") + " WHERE lane < 10")
 	e.exec("UPDATE " + e.table("lanes") + " SET owner = 'alive', lease_until = now() + interval '1 hour' WHERE lane BETWEEN 10 AND 39")
 	e.exec("UPDATE " + e.table("lanes") + " SET owner = 'ghost', lease_until = now() + interval '1 hour' WHERE lane BETWEEN 40 AND 59")
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	admin, _ := operator.New(e.pool, e.schema)
 	st, err := admin.Status(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 226, st.FreeLanes, "10 missing + 20 of a relay that is gone + 196 free")
-	require.Equal(t, []relay.LaneStatus{{Route: "", Relays: 1, Worked: 30, Unworked: 226, Missing: 10}}, st.Lanes)
+	require.Equal(t, []operator.LaneStatus{{Route: "", Relays: 1, Worked: 30, Unworked: 226, Missing: 10}}, st.Lanes)
 }
 
 // A relay whose lease heartbeat keeps failing holds no lanes after a

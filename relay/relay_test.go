@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
@@ -268,9 +269,9 @@ func TestDeadLetterAfterMaxAttemptsThenKeyMovesOn(t *testing.T) {
 	require.Equal(t, "after", string(e.sink.Delivered()[0].Payload))
 	eventually(t, 5*time.Second, func() bool { return e.count("messages") == 0 }, "outbox not empty")
 
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	dls, err := admin.List(context.Background(), operator.Selection{All: true})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	d := dls[0]
@@ -295,8 +296,8 @@ func TestPermanentErrorSkipsRetries(t *testing.T) {
 	e.start(e.config(), e.sink)
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 2))
 	eventually(t, 5*time.Second, func() bool { return e.count("dead_letters") == 1 }, "no dead letter")
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	admin, _ := operator.New(e.pool, e.schema)
+	dls, err := admin.List(context.Background(), operator.Selection{All: true})
 	require.NoError(t, err)
 	require.Equal(t, relay.ReasonPermanent, dls[0].Reason)
 	require.Equal(t, 1, dls[0].Attempts)
@@ -324,20 +325,20 @@ func TestReplayKeepsMessageIDAndConcurrentReplaysDoNotDuplicate(t *testing.T) {
 	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == n }, "not all dead-lettered")
 	stop()
 
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	before, err := admin.List(context.Background(), relay.Selection{All: true, Limit: n})
+	admin, _ := operator.New(e.pool, e.schema)
+	before, err := admin.List(context.Background(), operator.Selection{All: true, Limit: n})
 	require.NoError(t, err)
 	ids := map[int64]string{}
 	for _, d := range before {
 		ids[d.ID] = d.MessageID
 	}
 
-	dry, err := admin.Replay(context.Background(), relay.Selection{Topic: "replay"}, relay.ReplayOptions{DryRun: true})
+	dry, err := admin.Replay(context.Background(), operator.Selection{Topic: "replay"}, operator.ReplayOptions{DryRun: true})
 	require.NoError(t, err)
-	require.Len(t, dry.IDs(relay.Replayed), n)
+	require.Len(t, dry.IDs(operator.Replayed), n)
 	require.Equal(t, n, e.count("dead_letters"), "dry run changes nothing")
-	_, err = admin.Replay(context.Background(), relay.Selection{}, relay.ReplayOptions{})
-	require.ErrorIs(t, err, relay.ErrEmptySelection)
+	_, err = admin.Replay(context.Background(), operator.Selection{}, operator.ReplayOptions{})
+	require.ErrorIs(t, err, operator.ErrEmptySelection)
 
 	// Five operators replay everything at once.
 	var wg sync.WaitGroup
@@ -347,10 +348,10 @@ func TestReplayKeepsMessageIDAndConcurrentReplaysDoNotDuplicate(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got, err := admin.Replay(context.Background(), relay.Selection{All: true}, relay.ReplayOptions{})
+			got, err := admin.Replay(context.Background(), operator.Selection{All: true}, operator.ReplayOptions{})
 			require.NoError(t, err)
 			mu.Lock()
-			replayed = append(replayed, got.IDs(relay.Replayed)...)
+			replayed = append(replayed, got.IDs(operator.Replayed)...)
 			mu.Unlock()
 		}()
 	}
@@ -380,17 +381,17 @@ func TestPurge(t *testing.T) {
 	e.write(msg("a", "", "1"), msg("b", "", "2"))
 	e.start(e.config(), e.sink)
 	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == 2 }, "not dead-lettered")
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	n, err := admin.Purge(context.Background(), relay.Selection{Topic: "a"}, true)
+	admin, _ := operator.New(e.pool, e.schema)
+	n, err := admin.Purge(context.Background(), operator.Selection{Topic: "a"}, true)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	n, err = admin.Purge(context.Background(), relay.Selection{DeadBefore: time.Now().Add(-time.Hour)}, false)
+	n, err = admin.Purge(context.Background(), operator.Selection{DeadBefore: time.Now().Add(-time.Hour)}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, n, "nothing older than an hour")
-	n, err = admin.Purge(context.Background(), relay.Selection{OlderThan: time.Hour}, false)
+	n, err = admin.Purge(context.Background(), operator.Selection{OlderThan: time.Hour}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, n, "nothing older than an hour, by the database's clock")
-	n, err = admin.Purge(context.Background(), relay.Selection{Topic: "a"}, false)
+	n, err = admin.Purge(context.Background(), operator.Selection{Topic: "a"}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Equal(t, 1, e.count("dead_letters"))
@@ -498,7 +499,7 @@ func TestStatus(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.write(msg("a", "k", "1"), msg("a", "k", "2"), msg("b", "", "3"))
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
 	st, err := admin.Status(context.Background())
 	require.NoError(t, err)
@@ -566,10 +567,10 @@ func TestReplayRestoresDedupKey(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return e.count("dead_letters") == 1 }, "not dead-lettered")
 	stop()
 	// While dead, the key is free: a new write goes through.
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	replayed, err := admin.Replay(ctx, relay.Selection{All: true}, relay.ReplayOptions{})
+	admin, _ := operator.New(e.pool, e.schema)
+	replayed, err := admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{})
 	require.NoError(t, err)
-	require.Equal(t, 1, replayed.Count(relay.Replayed))
+	require.Equal(t, 1, replayed.Count(operator.Replayed))
 	tx, err = e.pool.Begin(ctx)
 	require.NoError(t, err)
 	res, err := e.w.Insert(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("y"), DedupKey: "d1"})
@@ -609,17 +610,17 @@ func TestArchiveAndReplay(t *testing.T) {
 	}
 	require.Len(t, parts, 3, "today and two days ahead; the 30-day-old partition is gone: %v", parts)
 
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
-	n, err := admin.ReplayArchive(ctx, relay.ArchiveSelection{FromAgo: time.Hour, Topic: "orders"}, true)
+	admin, _ := operator.New(e.pool, e.schema)
+	n, err := admin.ReplayArchive(ctx, operator.ArchiveSelection{FromAgo: time.Hour, Topic: "orders"}, true)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
-	n, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{FromAgo: time.Hour, ToAgo: time.Minute, Topic: "orders"}, true)
+	n, err = admin.ReplayArchive(ctx, operator.ArchiveSelection{FromAgo: time.Hour, ToAgo: time.Minute, Topic: "orders"}, true)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, n, "nothing was created more than a minute ago")
-	n, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, true)
+	n, err = admin.ReplayArchive(ctx, operator.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, true)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
-	n, err = admin.ReplayArchive(ctx, relay.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, false)
+	n, err = admin.ReplayArchive(ctx, operator.ArchiveSelection{From: time.Now().Add(-time.Hour), Topic: "orders"}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 	sink2 := memory.New()
@@ -715,7 +716,7 @@ func TestStatusShowsRelaysAndInFlight(t *testing.T) {
 	cfg := e.config()
 	cfg.ID = "status-relay"
 	e.start(cfg, e.sink)
-	admin, _ := relay.NewAdmin(e.pool, e.schema)
+	admin, _ := operator.New(e.pool, e.schema)
 	eventually(t, 10*time.Second, func() bool {
 		st, err := admin.Status(context.Background())
 		require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -92,11 +93,11 @@ func TestUnstorableRowDoesNotStallItsBatch(t *testing.T) {
 		require.Equal(t, 1, n[p], "message %s delivered %d times", p, n[p])
 	}
 
-	admin, err := relay.NewAdmin(e.pool, e.schema)
+	admin, err := operator.New(e.pool, e.schema)
 	require.NoError(t, err)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	dls, err := admin.List(context.Background(), operator.Selection{All: true})
 	require.NoError(t, err)
-	byPayload := map[string]relay.DeadLetter{}
+	byPayload := map[string]operator.DeadLetter{}
 	for _, d := range dls {
 		byPayload[string(d.Payload)] = d
 	}

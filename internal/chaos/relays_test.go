@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // proc is one outbox-relay process. A slot ("r1") is restarted under a new
@@ -532,8 +532,8 @@ func deliveredBy(p *proc) (int64, bool) {
 }
 
 // status runs `outbox-relay status --json`.
-func (c *cluster) status(ctx context.Context) (relay.Status, error) {
-	var st relay.Status
+func (c *cluster) status(ctx context.Context) (operator.Status, error) {
+	var st operator.Status
 	cmd := exec.CommandContext(ctx, c.bin, "status", "--json", "--database-url", c.dbURL, "--schema", c.schema)
 	cmd.Env = relayEnv()
 	var stderr bytes.Buffer

@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 func newStatus(g *globals) *cobra.Command {
@@ -30,7 +30,7 @@ func newStatus(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			admin, err := relay.NewAdmin(pool, g.schema)
+			admin, err := operator.New(pool, g.schema)
 			if err != nil {
 				return &usageError{err}
 			}
@@ -49,7 +49,7 @@ func newStatus(g *globals) *cobra.Command {
 	return cliOnly(cmd)
 }
 
-func printStatus(out io.Writer, st relay.Status) {
+func printStatus(out io.Writer, st operator.Status) {
 	fmt.Fprintf(out, "pending %d (retrying %d), oldest %s, dead letters %d\n\n",
 		st.Pending, st.Retrying, st.OldestAge.Round(time.Millisecond), st.DeadLetters)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -134,8 +134,8 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 	}
 }
 
-func (s *selectionFlags) selection() (relay.Selection, error) {
-	sel := relay.Selection{Topic: s.topic, Route: s.route, All: s.all}
+func (s *selectionFlags) selection() (operator.Selection, error) {
+	sel := operator.Selection{Topic: s.topic, Route: s.route, All: s.all}
 	for _, raw := range s.ids {
 		id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 		if err != nil || id <= 0 {
@@ -166,12 +166,12 @@ dlq replay --help).`,
 	return cmd
 }
 
-func (g *globals) admin(cmd *cobra.Command) (*relay.Admin, func(), error) {
+func (g *globals) admin(cmd *cobra.Command) (*operator.Admin, func(), error) {
 	pool, err := g.connect(cmd.Context())
 	if err != nil {
 		return nil, nil, err
 	}
-	a, err := relay.NewAdmin(pool, g.schema)
+	a, err := operator.New(pool, g.schema)
 	if err != nil {
 		pool.Close()
 		return nil, nil, &usageError{err}
@@ -247,7 +247,7 @@ func newDLQShow(g *globals) *cobra.Command {
 				return err
 			}
 			type shown struct {
-				relay.DeadLetter
+				operator.DeadLetter
 				Payload         any    `json:"payload"`
 				PayloadEncoding string `json:"payload_encoding"`
 			}
@@ -271,20 +271,20 @@ func newDLQShow(g *globals) *cobra.Command {
 // selection and --dry-run, and report what they did (or would do).
 // selected reads a dead-letter selection from the flags (refusing an
 // empty one) and opens the operator API for it.
-func (g *globals) selected(cmd *cobra.Command, sel *selectionFlags) (relay.Selection, *relay.Admin, func(), error) {
+func (g *globals) selected(cmd *cobra.Command, sel *selectionFlags) (operator.Selection, *operator.Admin, func(), error) {
 	s, err := sel.selection()
 	if err != nil {
 		return s, nil, nil, err
 	}
 	if s.Empty() {
-		return s, nil, nil, &usageError{relay.ErrEmptySelection}
+		return s, nil, nil, &usageError{operator.ErrEmptySelection}
 	}
 	a, done, err := g.admin(cmd)
 	return s, a, done, err
 }
 
 func dlqChange(g *globals, use, short, example, verb, dryVerb string,
-	do func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error)) *cobra.Command {
+	do func(ctx context.Context, a *operator.Admin, s operator.Selection, dry bool) (int, string, error)) *cobra.Command {
 	var sel selectionFlags
 	var dry bool
 	cmd := &cobra.Command{
@@ -350,7 +350,7 @@ skipped with the reason. Skips do not change the exit status (0).`,
 				return err
 			}
 			defer done()
-			res, err := a.Replay(cmd.Context(), s, relay.ReplayOptions{DryRun: dry, ClearConflictingDedupKeys: clearKeys})
+			res, err := a.Replay(cmd.Context(), s, operator.ReplayOptions{DryRun: dry, ClearConflictingDedupKeys: clearKeys})
 			if err != nil {
 				return err
 			}
@@ -372,19 +372,19 @@ skipped with the reason. Skips do not change the exit status (0).`,
 
 // printReplay reports a replay: the replayed ids, then one line per dead
 // letter replayed without its dedup key or skipped, with the reason.
-func printReplay(out io.Writer, res relay.ReplayResult) {
+func printReplay(out io.Writer, res operator.ReplayResult) {
 	verb, clearedVerb, skipVerb := "replayed", "replayed", "skipped"
 	if res.DryRun {
 		verb, clearedVerb, skipVerb = "would replay", "would replay", "would skip"
 	}
-	replayed := res.IDs(relay.Replayed)
+	replayed := res.IDs(operator.Replayed)
 	fmt.Fprintf(out, "%s %d dead letters%s\n", verb, len(replayed), idList(replayed))
 	for _, o := range []struct {
-		outcome relay.ReplayOutcome
+		outcome operator.ReplayOutcome
 		head    string
 	}{
-		{relay.ReplayedWithoutDedupKey, clearedVerb + " %d dead letters without their dedup key:\n"},
-		{relay.ReplaySkipped, skipVerb + " %d dead letters (left in the table):\n"},
+		{operator.ReplayedWithoutDedupKey, clearedVerb + " %d dead letters without their dedup key:\n"},
+		{operator.ReplaySkipped, skipVerb + " %d dead letters (left in the table):\n"},
 	} {
 		n := res.Count(o.outcome)
 		if n == 0 {
@@ -406,7 +406,7 @@ func printReplay(out io.Writer, res relay.ReplayResult) {
 		_ = tw.Flush()
 	}
 	for _, d := range res.DeadLetters {
-		if d.Outcome == relay.ReplaySkipped && (d.Cause == relay.CauseDedupKeyPending || d.Cause == relay.CauseDedupKeyInRun) {
+		if d.Outcome == operator.ReplaySkipped && (d.Cause == operator.CauseDedupKeyPending || d.Cause == operator.CauseDedupKeyInRun) {
 			fmt.Fprintln(out, "(--clear-conflicting-dedup-keys replays those whose dedup key is held without it; see dlq replay --help)")
 			break
 		}
@@ -416,7 +416,7 @@ func printReplay(out io.Writer, res relay.ReplayResult) {
 func newDLQPurge(g *globals) *cobra.Command {
 	return dlqChange(g, "purge", "Delete dead letters for good", `  outbox-relay dlq purge --older-than 720h`,
 		"purged", "would purge",
-		func(ctx context.Context, a *relay.Admin, s relay.Selection, dry bool) (int, string, error) {
+		func(ctx context.Context, a *operator.Admin, s operator.Selection, dry bool) (int, string, error) {
 			n, err := a.Purge(ctx, s, dry)
 			return int(n), "", err
 		})
@@ -470,7 +470,7 @@ only to that route (the routes are read from the config file).`,
   outbox-relay replay --from 24h --route crm --config relay.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sel := relay.ArchiveSelection{Topic: topic, NewIDs: newIDs, Route: route}
+			sel := operator.ArchiveSelection{Topic: topic, NewIDs: newIDs, Route: route}
 			var err error
 			if route != "" {
 				if sel.ToRouteOnly, err = routeIsFed(g, route); err != nil {

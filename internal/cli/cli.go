@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/relayotel"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 	"github.com/outbox-relay/outbox-relay/sinks"
@@ -570,10 +571,10 @@ func (rs relaySet) Ready(ctx context.Context) error {
 
 // cancelWhenEmpty cancels the run once the outbox holds no message.
 func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cancel func()) {
-	s := migrations.Ident(g.schema)
-	// One snapshot: the fan-out router moves messages to deliveries
-	// atomically, so a message is always in one of the two.
-	q := "SELECT NOT EXISTS (SELECT 1 FROM " + s + ".messages) AND NOT EXISTS (SELECT 1 FROM " + s + ".deliveries)"
+	s, err := store.NewSchema(g.schema)
+	if err != nil {
+		return // the relays refuse the schema and end the run
+	}
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -582,8 +583,7 @@ func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cance
 			return
 		case <-t.C:
 		}
-		var empty bool
-		if err := pool.QueryRow(ctx, q).Scan(&empty); err == nil && empty {
+		if empty, err := s.Empty(ctx, pool); err == nil && empty {
 			g.log.Info("outbox is empty; exiting")
 			cancel()
 			return

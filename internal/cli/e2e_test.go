@@ -25,6 +25,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // e2e prepares a migrated schema and the environment for in-process runs
@@ -67,11 +68,11 @@ func appOrders(t *testing.T, pool *pgxpool.Pool, w *outbox.Writer, n int, poison
 	require.NoError(t, tx.Rollback(ctx))
 }
 
-func deadLetters(t *testing.T, pool *pgxpool.Pool, schema string) []relay.DeadLetter {
+func deadLetters(t *testing.T, pool *pgxpool.Pool, schema string) []operator.DeadLetter {
 	t.Helper()
-	admin, err := relay.NewAdmin(pool, schema)
+	admin, err := operator.New(pool, schema)
 	require.NoError(t, err)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true})
+	dls, err := admin.List(context.Background(), operator.Selection{All: true})
 	require.NoError(t, err)
 	return dls
 }

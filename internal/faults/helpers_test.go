@@ -31,6 +31,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -115,11 +116,11 @@ func count(t testing.TB, pool *pgxpool.Pool, schema, table string) int {
 	return n
 }
 
-func deadLetters(t testing.TB, pool *pgxpool.Pool, schema string) []relay.DeadLetter {
+func deadLetters(t testing.TB, pool *pgxpool.Pool, schema string) []operator.DeadLetter {
 	t.Helper()
-	admin, err := relay.NewAdmin(pool, schema)
+	admin, err := operator.New(pool, schema)
 	require.NoError(t, err)
-	dls, err := admin.List(context.Background(), relay.Selection{All: true, Limit: 100000})
+	dls, err := admin.List(context.Background(), operator.Selection{All: true, Limit: 100000})
 	require.NoError(t, err)
 	return dls
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // poison is one message that must be dead-lettered (or, when reason is
@@ -69,7 +70,7 @@ func writePoisons(t *testing.T, pool *pgxpool.Pool, schema string, ps []poison) 
 func checkPoisons(t *testing.T, pool *pgxpool.Pool, schema string, ps []poison) {
 	t.Helper()
 	dls := deadLetters(t, pool, schema)
-	byKey := map[string]relay.DeadLetter{}
+	byKey := map[string]operator.DeadLetter{}
 	for _, d := range dls {
 		require.NotNil(t, d.Key)
 		byKey[*d.Key] = d

@@ -24,7 +24,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/relaybin"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay"
+	ops "github.com/outbox-relay/outbox-relay/relay/operator" // "operator" is the role here
 )
 
 // applyRoleFile renders migrations/roles/<name>.sql for schema and role the
@@ -184,7 +184,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	op := []string{"--database-url", dbURL(t, operator), "--schema", schema}
 	code, out, stderr := cli(t, append([]string{"status", "--json"}, op...)...)
 	require.Equal(t, 0, code, stderr)
-	var st relay.Status
+	var st ops.Status
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	require.EqualValues(t, 1, st.DeadLetters)
 	code, out, stderr = cli(t, append([]string{"dlq", "replay", "--all"}, op...)...)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // TestHostileSchemaName runs the whole command line (migrate, run, status,
@@ -69,12 +69,12 @@ func TestHostileSchemaName(t *testing.T) {
 	require.Equal(t, 40, distinct(rc.deliveries()))
 	checkAllDelivered(t, want, rc.deliveries())
 
-	var st relay.Status
+	var st operator.Status
 	require.NoError(t, json.Unmarshal([]byte(runCLI("status", "--json")), &st))
 	require.Zero(t, st.Pending)
 	require.EqualValues(t, 2, st.DeadLetters)
 
-	var dls []relay.DeadLetter
+	var dls []operator.DeadLetter
 	require.NoError(t, json.Unmarshal([]byte(runCLI("dlq", "list", "--json")), &dls))
 	require.Len(t, dls, 2)
 	show := runCLI("dlq", "show", fmt.Sprint(dls[0].ID))

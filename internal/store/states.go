@@ -43,3 +43,11 @@ func Failed(a string) string {
 func Delayed(a string) string {
 	return "(" + a + ".attempts = 0 AND " + Waiting(a) + ")"
 }
+
+// Queued is the "ready" of status and metrics: deliverable now and never
+// failed. Queued, Failed and Delayed partition the pending rows (a failed
+// message counts as retrying until it is delivered or dead, even once its
+// next attempt is due, when Ready is true of it too).
+func Queued(a string) string {
+	return "(" + Ready(a) + " AND NOT " + Failed(a) + ")"
+}

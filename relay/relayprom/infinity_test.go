@@ -2,17 +2,12 @@ package relayprom_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 )
 
 // Issue 20, bug 9: a created_at of ±infinity (written by hand) made every
@@ -26,12 +21,7 @@ func TestBacklogGaugesSurviveInfiniteCreatedAt(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, payload, created_at)
 VALUES ('t', 'a', '-infinity'), ('t', 'b', 'infinity'), ('t', 'c', now() - interval '10 seconds')`)
 	require.NoError(t, err)
-	reg := prometheus.NewRegistry()
-	m := relayprom.New(reg, "test")
-	m.Hooks("", "memory")
-	watchCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	go m.WatchOutbox(watchCtx, pool, schema, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	reg := watchOutbox(t, pool, schema)
 	eventually(t, func() bool { return value(t, reg, "outbox_relay_pending_messages", nil) == 3 }, "pending gauge never set")
 	require.Zero(t, value(t, reg, "outbox_relay_outbox_check_errors_total", nil))
 	// The oldest by id has created_at -infinity: it counts as now.

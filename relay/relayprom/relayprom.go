@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -44,6 +44,7 @@ type Metrics struct {
 	pending      prometheus.Gauge
 	oldestAge    prometheus.Gauge
 	retrying     prometheus.Gauge
+	delayed      prometheus.Gauge
 	deadLetters  prometheus.Gauge
 	scrapeErrors prometheus.Counter
 }
@@ -125,7 +126,11 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		}),
 		retrying: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "retrying_messages",
-			Help: "Messages in the outbox and fan-out copies waiting for a retry or a delayed delivery.",
+			Help: "Messages in the outbox and fan-out copies that failed at least once and are neither delivered nor dead, whether or not their next attempt is due.",
+		}),
+		delayed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "delayed_messages",
+			Help: "Messages in the outbox and fan-out copies written with a delivery time still to come.",
 		}),
 		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "dead_letters",
@@ -148,7 +153,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked,
-		m.pending, m.oldestAge, m.retrying, m.deadLetters, m.scrapeErrors, buildInfo)
+		m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.scrapeErrors, buildInfo)
 	return m
 }
 
@@ -229,24 +234,19 @@ func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(f
 
 // WatchOutbox refreshes the backlog gauges every interval until ctx ends.
 // The query counts rows (bounded by a statement timeout) rather than
-// running on every scrape.
+// running on every scrape. It counts the states as `outbox-relay status`
+// does (internal/store), so that both show the same numbers.
 func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
-	s := migrations.Ident(schema)
-	// A created_at of ±infinity (written by hand) counts as now, as the
-	// relay delivers it; subtracting it would fail the whole check.
-	const bounded = `CASE WHEN isfinite(created_at) THEN least(created_at, now()) ELSE now() END`
-	q := `SELECT
-    (SELECT count(*) FROM ` + s + `.messages) + (SELECT count(*) FROM ` + s + `.deliveries),
-    (SELECT count(*) FROM ` + s + `.messages WHERE available_at IS NOT NULL)
-        + (SELECT count(*) FROM ` + s + `.deliveries WHERE available_at IS NOT NULL),
-    coalesce(extract(epoch FROM now() - least(
-        (SELECT ` + bounded + ` FROM ` + s + `.messages ORDER BY id LIMIT 1),
-        (SELECT min(` + bounded + `) FROM ` + s + `.deliveries))), 0)::float8,
-    (SELECT count(*) FROM ` + s + `.dead_letters)`
+	s, err := store.NewSchema(schema)
+	if err != nil {
+		m.scrapeErrors.Inc()
+		log.Error("outbox metrics check not started", "error", err)
+		return
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := m.refresh(ctx, pool, q); err != nil && ctx.Err() == nil {
+		if err := m.refresh(ctx, pool, s); err != nil && ctx.Err() == nil {
 			m.scrapeErrors.Inc()
 			log.Warn("outbox metrics check failed", "error", err)
 		}
@@ -258,18 +258,18 @@ func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema st
 	}
 }
 
-func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, q string) error {
+func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, s store.Schema) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var pending, retrying, dead int64
-	var age float64
-	if err := pool.QueryRow(ctx, q).Scan(&pending, &retrying, &age, &dead); err != nil {
+	t, err := s.Totals(ctx, pool)
+	if err != nil {
 		return err
 	}
-	m.pending.Set(float64(pending))
-	m.retrying.Set(float64(retrying))
-	m.oldestAge.Set(max(age, 0))
-	m.deadLetters.Set(float64(dead))
+	m.pending.Set(float64(t.Pending))
+	m.retrying.Set(float64(t.Retrying))
+	m.delayed.Set(float64(t.Delayed))
+	m.oldestAge.Set(t.OldestAge.Seconds())
+	m.deadLetters.Set(float64(t.DeadLetters))
 	return nil
 }
 

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The status statements: what `outbox-relay status` and the operator API
+// show. They scan the outbox, so they are for operators, not for scraping
+// (metrics.go has the cheap counts). Run them in one read-only snapshot
+// so that their numbers add up.
+
+// boundedTime is a timestamp column as ages are measured: on the
+// database's clock, never later than now, and now for ±infinity (a row
+// edited by hand), which the relay delivers as if written now and which
+// would otherwise fail the subtraction.
+func boundedTime(col string) string {
+	return `(CASE WHEN isfinite(` + col + `) THEN least(` + col + `, now()) ELSE now() END)`
+}
+
+// DatabaseNow is the database's clock, against which status measures
+// ages and heartbeats (an operator's clock may be off).
+func DatabaseNow(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	err := q.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}
+
+// Backlog counts the pending messages and dead letters of one topic or
+// route. Pending = Ready + Retrying + Delayed.
+type Backlog struct {
+	Name        string
+	Pending     int64
+	Ready       int64
+	Retrying    int64
+	Delayed     int64
+	OldestAge   time.Duration
+	DeadLetters int64
+}
+
+// stateCounts counts the rows of alias a by state: the columns n, ready,
+// retrying, delayed, oldest. Every count on the states goes through it.
+func stateCounts(a string) string {
+	return `count(*) n, count(*) FILTER (WHERE ` + Queued(a) + `) ready,
+       count(*) FILTER (WHERE ` + Failed(a) + `) retrying, count(*) FILTER (WHERE ` + Delayed(a) + `) delayed,
+       min(` + boundedTime(a+".created_at") + `) oldest`
+}
+
+const backlogColumns = `coalesce(p.n, 0), coalesce(p.ready, 0), coalesce(p.retrying, 0), coalesce(p.delayed, 0),
+       coalesce(extract(epoch FROM now() - p.oldest), 0)::float8, coalesce(d.n, 0)`
+
+func scanBacklog(r pgx.CollectableRow) (Backlog, error) {
+	var b Backlog
+	var age float64
+	err := r.Scan(&b.Name, &b.Pending, &b.Ready, &b.Retrying, &b.Delayed, &age, &b.DeadLetters)
+	b.OldestAge = time.Duration(age * float64(time.Second))
+	return b, err
+}
+
+func (s Schema) topicBacklogSQL() string {
+	return `
+SELECT coalesce(p.topic, d.topic), ` + backlogColumns + `
+FROM (SELECT u.topic, ` + stateCounts("u") + `
+      FROM (SELECT topic, attempts, available_at, created_at FROM ` + s.Table("messages") + `
+            UNION ALL SELECT topic, attempts, available_at, created_at FROM ` + s.Table("deliveries") + `) u
+      GROUP BY u.topic) p
+FULL JOIN (SELECT topic, count(*) n FROM ` + s.Table("dead_letters") + ` GROUP BY topic) d ON d.topic = p.topic
+ORDER BY 1`
+}
+
+// TopicBacklog returns the backlog of every topic with pending messages or
+// dead letters, by topic; a fan-out copy counts once per destination.
+func (s Schema) TopicBacklog(ctx context.Context, q Querier) ([]Backlog, error) {
+	return collect(ctx, q, s.topicBacklogSQL(), nil, scanBacklog)
+}
+
+func (s Schema) routeBacklogSQL() string {
+	return `
+SELECT coalesce(p.route, d.route), ` + backlogColumns + `
+FROM (SELECT c.route, ` + stateCounts("c") + `
+      FROM ` + s.Table("deliveries") + ` c GROUP BY c.route) p
+FULL JOIN (SELECT route, count(*) n FROM ` + s.Table("dead_letters") + ` WHERE route <> '' GROUP BY route) d ON d.route = p.route
+ORDER BY 1`
+}
+
+// RouteBacklog returns the backlog of fan-out copies of every destination
+// route with pending copies or dead ones, by route.
+func (s Schema) RouteBacklog(ctx context.Context, q Querier) ([]Backlog, error) {
+	return collect(ctx, q, s.routeBacklogSQL(), nil, scanBacklog)
+}
+
+// DeadCount counts dead letters of one topic and reason.
+type DeadCount struct {
+	Topic  string
+	Reason string
+	Count  int64
+}
+
+func (s Schema) deadByReasonSQL() string {
+	return `SELECT topic, reason, count(*) FROM ` + s.Table("dead_letters") + ` GROUP BY 1, 2 ORDER BY 1, 2`
+}
+
+// DeadByReason counts dead letters by topic and reason.
+func (s Schema) DeadByReason(ctx context.Context, q Querier) ([]DeadCount, error) {
+	return collect(ctx, q, s.deadByReasonSQL(), nil, pgx.RowToStructByPos[DeadCount])
+}
+
+// Relay is a registered relay. StartedAt and HeartbeatAt are bounded by
+// the database's clock (a time in the future reads as now; -infinity as
+// the zero time).
+type Relay struct {
+	ID          string
+	Hostname    string
+	PID         int
+	Version     string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	Route       string
+	// Lanes is how many lanes it holds an unexpired lease on.
+	Lanes    int
+	InFlight int
+}
+
+func (s Schema) relaysSQL() string {
+	// A heartbeat in the future counts as now (relays reap such a row a
+	// lease TTL later).
+	return `
+SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
+       (SELECT count(*) FROM ` + s.Table("lanes") + ` l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight
+FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
+}
+
+// Relays returns the registered relays by route and id.
+func (s Schema) Relays(ctx context.Context, q Querier) ([]Relay, error) {
+	return collect(ctx, q, s.relaysSQL(), nil, func(r pgx.CollectableRow) (Relay, error) {
+		var x Relay
+		var started, beat pgtype.Timestamptz
+		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight)
+		x.StartedAt, x.HeartbeatAt = finiteOrZero(started), finiteOrZero(beat)
+		return x, err
+	})
+}
+
+// LaneCoverage says who works the 256 lanes of one route.
+type LaneCoverage struct {
+	Route string
+	// Relays registered for the route.
+	Relays int
+	// Worked lanes: leased, unexpired, by a registered relay.
+	Worked int
+	// Unworked lanes: 256 - Worked, missing rows included.
+	Unworked int
+	// Missing lane rows.
+	Missing int
+}
+
+func (s Schema) laneCoverageSQL() string {
+	lanes, relays := s.Table("lanes"), s.Table("relays")
+	// 256 lanes per route, fixed by migration 001.
+	return `
+WITH routes AS (SELECT route FROM ` + lanes + ` UNION SELECT route FROM ` + relays + `),
+cov AS (
+    SELECT rt.route,
+           (SELECT count(*) FROM ` + relays + ` r WHERE r.route = rt.route)::int AS relays,
+           (SELECT count(*) FROM ` + lanes + ` l WHERE l.route = rt.route AND l.lane BETWEEN 0 AND 255)::int AS present,
+           (SELECT count(*) FROM ` + lanes + ` l
+            WHERE l.route = rt.route AND l.lane BETWEEN 0 AND 255 AND l.owner IS NOT NULL AND l.lease_until > now()
+              AND EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner))::int AS worked
+    FROM routes rt
+)
+SELECT route, relays, worked, 256 - worked, 256 - present FROM cov ORDER BY 1`
+}
+
+// LaneCoverage returns the coverage of every route that has lane rows or
+// a registered relay, by route.
+func (s Schema) LaneCoverage(ctx context.Context, q Querier) ([]LaneCoverage, error) {
+	return collect(ctx, q, s.laneCoverageSQL(), nil, pgx.RowToStructByPos[LaneCoverage])
+}

@@ -1,0 +1,1 @@
+SELECT id, message_id::text, topic, key, payload, headers, created_at, attempts, reason, route, first_error, last_error, first_failed_at, dead_at FROM "outbox"."dead_letters" WHERE id = @id ORDER BY route

@@ -1,0 +1,4 @@
+DELETE FROM "outbox"."dead_letters" WHERE (@ids::bigint[] IS NULL OR id = ANY(@ids)) AND (@topic::text IS NULL OR topic = @topic)
+  AND (@dead_before::timestamptz IS NULL OR dead_at < @dead_before)
+  AND (@older_ms::bigint IS NULL OR dead_at < now() - @older_ms * interval '1 millisecond')
+  AND (@route::text IS NULL OR route = @route)

@@ -1,0 +1,118 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/store"
+)
+
+// DeadLetter is one row of the dead-letter table. A timestamp that is not
+// finite (a row edited by hand) shows as the zero time, or null.
+type DeadLetter struct {
+	ID        int64             `json:"id"`
+	MessageID string            `json:"message_id"`
+	Topic     string            `json:"topic"`
+	Key       *string           `json:"key"`
+	Payload   []byte            `json:"payload"`
+	Headers   map[string]string `json:"headers"`
+	CreatedAt time.Time         `json:"created_at"`
+	Attempts  int               `json:"attempts"`
+	Reason    string            `json:"reason"`
+	// Route is the fan-out destination whose copy died ("" for a message
+	// dead-lettered from the outbox itself).
+	Route         string     `json:"route"`
+	FirstError    *string    `json:"first_error"`
+	LastError     *string    `json:"last_error"`
+	FirstFailedAt *time.Time `json:"first_failed_at"`
+	DeadAt        time.Time  `json:"dead_at"`
+}
+
+// DefaultLimit is the page size of List when Selection.Limit is not set.
+const DefaultLimit = 100
+
+// Selection picks dead letters. Replay and Purge refuse an empty selection
+// (set All to mean everything).
+type Selection struct {
+	IDs   []int64 `json:"ids,omitempty"`
+	Topic string  `json:"topic,omitempty"`
+	// Route selects the dead letters of one fan-out destination.
+	Route string `json:"route,omitempty"`
+	// DeadBefore selects dead letters that died before this time.
+	DeadBefore time.Time `json:"dead_before,omitzero"`
+	// OlderThan selects dead letters that died longer ago than this, on
+	// the database clock (an operator's clock may be off).
+	OlderThan time.Duration `json:"older_than_ns,omitempty"`
+	All       bool          `json:"all,omitempty"`
+	// Limit caps List (default DefaultLimit); Replay and Purge ignore it.
+	Limit int `json:"limit,omitempty"`
+	// AfterID and AfterRoute page List: it returns the dead letters after
+	// this one in (id, route) order, so the next page starts after the
+	// last row of the previous one (pass both: after (7, "") come the dead
+	// fan-out copies of message 7). Replay and Purge ignore them: they act
+	// on the whole selection, not on a page of it.
+	AfterID    int64  `json:"after_id,omitempty"`
+	AfterRoute string `json:"after_route,omitempty"`
+}
+
+// Empty reports whether s selects nothing.
+func (s Selection) Empty() bool {
+	return len(s.IDs) == 0 && s.Topic == "" && s.Route == "" && s.DeadBefore.IsZero() && s.OlderThan <= 0 && !s.All
+}
+
+func (s Selection) filter() store.DeadLetterFilter {
+	return store.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Route: s.Route, DeadBefore: s.DeadBefore, OlderThan: s.OlderThan}
+}
+
+func deadLetters(rows []store.DeadLetter) []DeadLetter {
+	return convert(rows, func(r store.DeadLetter) DeadLetter { return DeadLetter(r) })
+}
+
+// List returns a page of the selected dead letters in (id, route) order:
+// at most Limit, after (AfterID, AfterRoute). An empty selection lists
+// from the first dead letter.
+func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
+	if sel.Limit <= 0 {
+		sel.Limit = DefaultLimit
+	}
+	rows, err := a.schema.ListDeadLetters(ctx, a.pool, sel.filter(),
+		store.DeadLetterKey{ID: sel.AfterID, Route: sel.AfterRoute}, sel.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	return deadLetters(rows), nil
+}
+
+// Show returns the dead letters of one message: one, or one per fan-out
+// destination whose copy died. It returns ErrNotFound when there is none.
+func (a *Admin) Show(ctx context.Context, id int64) ([]DeadLetter, error) {
+	rows, err := a.schema.DeadLettersOf(ctx, a.pool, id)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: show dead letter: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	return deadLetters(rows), nil
+}
+
+// Purge deletes the selected dead letters for good and returns how many;
+// with dryRun it only counts them.
+func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, error) {
+	if sel.Empty() {
+		return 0, ErrEmptySelection
+	}
+	if dryRun {
+		n, err := a.schema.CountDeadLetters(ctx, a.pool, sel.filter())
+		if err != nil {
+			return 0, fmt.Errorf("outbox: select dead letters: %w", err)
+		}
+		return n, nil
+	}
+	n, err := a.schema.PurgeDeadLetters(ctx, a.pool, sel.filter())
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,176 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/store"
+)
+
+// Status is a snapshot of the outbox for operators. Every pending message
+// is in exactly one of three states, the same ones the metrics count
+// (outbox_relay_*_messages): ready (deliverable now and never failed),
+// retrying (failed at least once, whether or not its next attempt is due)
+// and delayed (written with a delivery time still to come), so Pending =
+// Ready + Retrying + Delayed.
+type Status struct {
+	Now time.Time `json:"now"`
+	// Backlog is the whole outbox's: its DeadLetters include those of
+	// fan-out copies.
+	Backlog
+	Topics       []TopicStatus `json:"topics"`
+	DeadByReason []DeadCount   `json:"dead_letters_by_reason"`
+	// FanOut is the backlog of fan-out copies per destination route.
+	FanOut []RouteStatus `json:"fan_out"`
+	Relays []RelayStatus `json:"relays"`
+	Lanes  []LaneStatus  `json:"lanes"`
+	// FreeLanes is how many lanes, over all routes, no live relay works
+	// (LaneStatus.Unworked summed, missing lane rows included).
+	FreeLanes int `json:"free_lanes"`
+}
+
+// LaneStatus says who works the 256 lanes of one route (every route that
+// has lane rows or a live relay). A lane is worked when a relay in the
+// relays table holds an unexpired lease on it. Its messages wait while it
+// is not: briefly when a relay dies or hands lanes over, for good when
+// lane rows are missing or a dead relay is still registered (relays
+// repair both at their heartbeats, the second after a lease TTL).
+type LaneStatus struct {
+	Route string `json:"route"`
+	// Relays registered for the route.
+	Relays int `json:"relays"`
+	// Worked lanes: leased by a registered relay.
+	Worked int `json:"worked"`
+	// Unworked lanes: 256 - Worked, missing rows included.
+	Unworked int `json:"unworked"`
+	// Missing lane rows (deleted by hand): no relay can lease those lanes
+	// until a relay of the route creates them again.
+	Missing int `json:"missing"`
+}
+
+// Backlog is the pending messages and dead letters of one topic or route,
+// by state (see Status).
+type Backlog struct {
+	Pending     int64         `json:"pending"`
+	Ready       int64         `json:"ready"`
+	Retrying    int64         `json:"retrying"`
+	Delayed     int64         `json:"delayed"`
+	OldestAge   time.Duration `json:"oldest_pending_age_ns"`
+	DeadLetters int64         `json:"dead_letters"`
+}
+
+// RouteStatus is the backlog of fan-out copies of one destination route.
+type RouteStatus struct {
+	Route string `json:"route"`
+	Backlog
+}
+
+// TopicStatus is the backlog of one topic (fan-out copies count once per
+// destination).
+type TopicStatus struct {
+	Topic string `json:"topic"`
+	Backlog
+}
+
+// DeadCount counts dead letters by topic and reason.
+type DeadCount struct {
+	Topic  string `json:"topic"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// RelayStatus is one registered relay. StartedAt and HeartbeatAt are
+// bounded by the database's clock (a time in the future shows as now; the
+// zero time stands for -infinity).
+type RelayStatus struct {
+	ID          string    `json:"id"`
+	Hostname    string    `json:"hostname"`
+	PID         int       `json:"pid"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	Route       string    `json:"route"`
+	Lanes       int       `json:"lanes"`
+	InFlight    int       `json:"in_flight"`
+}
+
+func (b *Backlog) add(o Backlog) {
+	b.Pending += o.Pending
+	b.Ready += o.Ready
+	b.Retrying += o.Retrying
+	b.Delayed += o.Delayed
+	b.DeadLetters += o.DeadLetters
+	b.OldestAge = max(b.OldestAge, o.OldestAge)
+}
+
+func backlog(b store.Backlog) Backlog {
+	return Backlog{Pending: b.Pending, Ready: b.Ready, Retrying: b.Retrying, Delayed: b.Delayed,
+		OldestAge: b.OldestAge, DeadLetters: b.DeadLetters}
+}
+
+// Status reads the backlog per topic and route, dead letters, relays and
+// lanes, in one read-only snapshot. It scans the outbox, so it is for
+// operators, not for scraping every second (the metrics are).
+func (a *Admin) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		return a.status(ctx, tx, &st)
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("outbox: status: %w", err)
+	}
+	return st, nil
+}
+
+func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
+	s := a.schema
+	var err error
+	if st.Now, err = store.DatabaseNow(ctx, tx); err != nil {
+		return err
+	}
+	topics, err := s.TopicBacklog(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.Topics = convert(topics, func(t store.Backlog) TopicStatus { return TopicStatus{Topic: t.Name, Backlog: backlog(t)} })
+	for _, t := range st.Topics {
+		st.Backlog.add(t.Backlog)
+	}
+	dead, err := s.DeadByReason(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.DeadByReason = convert(dead, func(d store.DeadCount) DeadCount { return DeadCount(d) })
+	routes, err := s.RouteBacklog(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.FanOut = convert(routes, func(r store.Backlog) RouteStatus { return RouteStatus{Route: r.Name, Backlog: backlog(r)} })
+	relays, err := s.Relays(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.Relays = convert(relays, func(r store.Relay) RelayStatus { return RelayStatus(r) })
+	lanes, err := s.LaneCoverage(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.Lanes = convert(lanes, func(l store.LaneCoverage) LaneStatus { return LaneStatus(l) })
+	for _, l := range lanes {
+		st.FreeLanes += l.Unworked
+	}
+	return nil
+}
+
+// convert maps the store's rows to the API's types. An empty list stays
+// a list ([] in JSON, not null): a console iterates it.
+func convert[T, U any](rows []T, f func(T) U) []U {
+	out := make([]U, len(rows))
+	for i, r := range rows {
+		out[i] = f(r)
+	}
+	return out
+}
