@@ -1,0 +1,16 @@
+package httpsink
+
+import "github.com/outbox-relay/outbox-relay/sinks"
+
+// Driver describes the webhook sink to programs that configure sinks by
+// URL (see sinks.Driver).
+var Driver = sinks.Driver{
+	Schemes: []string{"http", "https"},
+	Section: "http",
+	Label:   "http",
+	System:  "webhook",
+	Binding: "http",
+	Parse: sinks.Typed(ParseURL, func(c Config, env sinks.Env) (*Sink, error) {
+		return New(c, env.Logger)
+	}),
+}
