@@ -154,7 +154,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		s.retry[code] = true
 	}
 	for _, sec := range cfg.Secrets {
-		k, err := decodeSecret(sec)
+		k, err := decodeSecret(string(sec))
 		if err != nil { // unreachable after Validate; kept for safety
 			return nil, fmt.Errorf("outbox: http: secrets: %w", err)
 		}
