@@ -27,6 +27,9 @@ type Driver struct {
 	// (the top level and each route may have one), or "" when the sink has
 	// no options beyond its URL.
 	Section string
+	// Params are the query parameters a sink URL may carry, for help
+	// texts and the registry's tests. Default: none.
+	Params []string
 	// Label is the value of the "sink" label of the relay's metrics.
 	// Required; the schemes of one driver share it ("amqp" for amqps://).
 	Label string

@@ -7,6 +7,7 @@ import "github.com/outbox-relay/outbox-relay/sinks"
 var Driver = sinks.Driver{
 	Schemes: []string{"amqp", "amqps"},
 	Section: "amqp",
+	Params:  params.Names(),
 	Label:   "amqp",
 	System:  "rabbitmq",
 	Binding: "amqp",

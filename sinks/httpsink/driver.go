@@ -7,6 +7,7 @@ import "github.com/outbox-relay/outbox-relay/sinks"
 var Driver = sinks.Driver{
 	Schemes: []string{"http", "https"},
 	Section: "http",
+	Params:  params.Names(),
 	Label:   "http",
 	System:  "webhook",
 	Binding: "http",

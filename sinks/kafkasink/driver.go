@@ -7,6 +7,7 @@ import "github.com/outbox-relay/outbox-relay/sinks"
 var Driver = sinks.Driver{
 	Schemes: []string{"kafka"},
 	Section: "kafka",
+	Params:  params.Names(),
 	Label:   "kafka",
 	System:  "kafka",
 	Binding: "kafka",
