@@ -102,6 +102,12 @@ func Typed[C TypedConfig, S Sink](parse func(raw string) (C, error), open func(C
 	}
 }
 
+// WithLogger adapts a sink constructor that needs only a logger (most
+// do) to Typed.
+func WithLogger[C any, S Sink](newSink func(C, *slog.Logger) (S, error)) func(C, Env) (S, error) {
+	return func(c C, env Env) (S, error) { return newSink(c, env.Logger) }
+}
+
 type typedConfig[C TypedConfig, S Sink] struct {
 	cfg  C
 	open func(C, Env) (S, error)

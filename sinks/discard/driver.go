@@ -7,7 +7,5 @@ import "github.com/outbox-relay/outbox-relay/sinks"
 var Driver = sinks.Driver{
 	Schemes: []string{"discard"},
 	Label:   "discard",
-	Parse: sinks.Typed(ParseURL, func(c Config, env sinks.Env) (*Sink, error) {
-		return New(c, env.Logger)
-	}),
+	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
 }

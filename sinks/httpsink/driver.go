@@ -11,7 +11,5 @@ var Driver = sinks.Driver{
 	Label:   "http",
 	System:  "webhook",
 	Binding: "http",
-	Parse: sinks.Typed(ParseURL, func(c Config, env sinks.Env) (*Sink, error) {
-		return New(c, env.Logger)
-	}),
+	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
 }

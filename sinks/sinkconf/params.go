@@ -109,69 +109,46 @@ func Func[C any](name string, set func(c *C, v string) error, get func(c *C) str
 
 // String is a text parameter.
 func String[C any](name string, field func(c *C) *string) Param[C] {
-	return one(name,
-		func(c *C, v string) error { *field(c) = v; return nil },
-		func(c *C) string { return *field(c) })
+	return scalar(name, field, func(v string) (string, error) { return v, nil }, "", func(v string) string { return v })
 }
 
 // Int is an integer parameter; 0 is unset.
 func Int[C any](name string, field func(c *C) *int) Param[C] {
-	return one(name,
-		func(c *C, v string) error {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return fmt.Errorf("%q is not an integer", redact.URL(v))
-			}
-			*field(c) = n
-			return nil
-		},
-		func(c *C) string {
-			if n := *field(c); n != 0 {
-				return strconv.Itoa(n)
-			}
-			return ""
-		})
+	return scalar(name, field, strconv.Atoi, "an integer", strconv.Itoa)
 }
 
 // Bool is a boolean parameter (strconv.ParseBool's spellings); false is
 // unset.
 func Bool[C any](name string, field func(c *C) *bool) Param[C] {
-	return one(name,
-		func(c *C, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("%q is not true or false", redact.URL(v))
-			}
-			*field(c) = b
-			return nil
-		},
-		func(c *C) string {
-			if *field(c) {
-				return "true"
-			}
-			return ""
-		})
+	return scalar(name, field, strconv.ParseBool, "true or false", strconv.FormatBool)
 }
 
 // Duration is a Go duration parameter ("10s"); 0 is unset.
 func Duration[C any](name string, field func(c *C) *time.Duration) Param[C] {
+	return scalar(name, field, time.ParseDuration, "a duration such as 10s", time.Duration.String)
+}
+
+// scalar is a parameter held in one field of type T, whose zero value
+// means unset. want names the syntax in errors ("an integer").
+func scalar[C any, T comparable](name string, field func(c *C) *T, parse func(string) (T, error), want string, format func(T) string) Param[C] {
 	return one(name,
 		func(c *C, v string) error {
-			d, err := time.ParseDuration(v)
+			x, err := parse(v)
 			if err != nil {
-				return fmt.Errorf("%q is not a duration such as 10s", redact.URL(v))
+				// parse's own error quotes the value unredacted.
+				return fmt.Errorf("%q is not %s", redact.URL(v), want)
 			}
-			*field(c) = d
+			*field(c) = x
 			return nil
 		},
 		func(c *C) string {
-			if d := *field(c); d != 0 {
-				return d.String()
+			var zero T
+			if x := *field(c); x != zero {
+				return format(x)
 			}
 			return ""
 		})
 }
-
 // Secrets is a parameter that may repeat, each value a secret: it shows
 // as "xxxxx" once per value.
 func Secrets[C any](name string, field func(c *C) *[]Secret) Param[C] {
