@@ -18,7 +18,9 @@ import (
 //
 // A driver is plain data plus one function, not an interface: a program
 // reads its fields to label, trace and format a sink before the sink is
-// opened, and a sink package only fills a struct literal.
+// opened, and a sink package only fills a struct literal. A sink that can
+// check its backend says so by implementing HealthChecker on the opened
+// Sink; the driver does not repeat it.
 type Driver struct {
 	// Schemes are the URL schemes the sink takes, the canonical one first
 	// ("amqp", "amqps"). Required; no two drivers of a registry share one.
