@@ -149,6 +149,7 @@ func scalar[C any, T comparable](name string, field func(c *C) *T, parse func(st
 			return ""
 		})
 }
+
 // Secrets is a parameter that may repeat, each value a secret: it shows
 // as "xxxxx" once per value.
 func Secrets[C any](name string, field func(c *C) *[]Secret) Param[C] {
