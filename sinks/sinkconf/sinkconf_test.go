@@ -86,3 +86,20 @@ func TestTLS(t *testing.T) {
 	_, err = sinkconf.TLS{CAFile: "/nonexistent/ca.pem"}.Config("test")
 	require.ErrorContains(t, err, "outbox: test: tls.ca_file")
 }
+
+// FuzzParams checks that whatever query a table accepts, the query it
+// shows back parses to the same configuration.
+func FuzzParams(f *testing.F) {
+	for _, s := range []string{"name=a&n=3&on=1&wait=1h", "n=+4", "wait=1.5s&on=false", "name=&n=0", "bogus=1", "n=1&n=2", "%zz"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, q string) {
+		var c conf
+		if params.Parse(&c, q) != nil || c.Keys != nil {
+			return // secrets show redacted, by design
+		}
+		var back conf
+		require.NoError(t, params.Parse(&back, params.Query(&c).Encode()))
+		require.Equal(t, c, back)
+	})
+}
