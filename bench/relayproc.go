@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -22,10 +21,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks"
-	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
-	"github.com/outbox-relay/outbox-relay/sinks/discard"
-	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
-	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
+	"github.com/outbox-relay/outbox-relay/sinks/builtin"
 )
 
 // relayProc is one outbox-relay process.
@@ -175,7 +171,7 @@ type drainResult struct {
 // --exit-when-empty`), or, when this build of the binary does not know the
 // sink's scheme yet, with relay.New + Run in this process.
 func (b *bench) drain(ctx context.Context, schema, sinkURL string, limit time.Duration) (drainResult, error) {
-	scheme := sinkScheme(sinkURL)
+	scheme := sinks.Scheme(sinkURL)
 	if b.cliSink[scheme] || strings.HasPrefix(sinkURL, "config:") {
 		p, err := b.startRelay(ctx, schema, sinkURL, nil, "--exit-when-empty")
 		if err != nil {
@@ -234,42 +230,15 @@ func (b *bench) drainInProcess(ctx context.Context, schema string, sink sinks.Si
 	return time.Since(start), nil
 }
 
-func sinkScheme(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
-		return u.Scheme
-	}
-	s, _, _ := strings.Cut(raw, ":")
-	return s
-}
-
 // openSink opens a sink in this process from its --sink URL.
 func openSink(raw string) (sinks.Sink, error) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	switch sinkScheme(raw) {
-	case "discard":
-		c, err := discard.ParseURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		return discard.New(c, log)
-	case "http", "https":
-		c, err := httpsink.ParseURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		return httpsink.New(c, log)
-	case "kafka":
-		c, err := kafkasink.ParseURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		return kafkasink.New(c, log)
-	case "amqp", "amqps":
-		c, err := amqpsink.ParseURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		return amqpsink.New(c, log)
+	d, ok := builtin.Registry.Lookup(sinks.Scheme(raw))
+	if !ok {
+		return nil, errors.New("no in-process opener for " + raw)
 	}
-	return nil, errors.New("no in-process opener for " + raw)
+	cfg, err := d.Parse(raw, nil)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Open(sinks.Env{Logger: slog.New(slog.DiscardHandler)})
 }

@@ -3,8 +3,11 @@
 //
 // Each backend lives in its own sub-package (sinks/kafkasink,
 // sinks/amqpsink, sinks/httpsink, sinks/stdout, ...) and must pass the
-// shared conformance suite in sinks/sinktest against a real backend. This
-// package has no broker dependencies.
+// shared conformance suite in sinks/sinktest against a real backend. Each
+// also exports a Driver (driver.go) that tells programs how to open it from
+// a URL, and what to call it in metrics, traces and formats; sinks/builtin
+// lists the shipped drivers, sinks/sinkconf holds the configuration pieces
+// they share. This package has no broker dependencies.
 package sinks
 
 import (

@@ -380,7 +380,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		if err != nil {
 			return err
 		}
-		routes = []route{{cfg: base, open: open, sinkName: name, label: relayprom.SinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
+		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
 	}
 	for i := range routes {
 		if err := routes[i].applyFormat(o); err != nil {

@@ -34,7 +34,7 @@ func usagef(format string, args ...any) error {
 
 // sinkSections are the config-file keys that hold structured sink options
 // rather than flag values.
-var sinkSections = []string{"kafka", "amqp", "http", "routes"}
+var sinkSections = append(sinkDrivers.Sections(), "routes")
 
 // fileConfig is the parsed optional YAML file: flag values by flag name,
 // and raw sink sections decoded later by the sink that needs them.

@@ -10,7 +10,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/format"
 )
@@ -30,9 +29,9 @@ type routeSpec struct {
 	RetryInitial   *time.Duration `yaml:"retry-initial"`
 	RetryMax       *time.Duration `yaml:"retry-max"`
 	PublishTimeout *time.Duration `yaml:"publish-timeout"`
-	Kafka          yaml.Node      `yaml:"kafka"`
-	AMQP           yaml.Node      `yaml:"amqp"`
-	HTTP           yaml.Node      `yaml:"http"`
+	// Sections are the route's own sink sections, by key ("kafka"); the
+	// keys are checked against the sink drivers' sections.
+	Sections map[string]yaml.Node `yaml:",inline"`
 }
 
 // route is a resolved route: its relay configuration and how to open its
@@ -57,11 +56,7 @@ func (rt *route) applyFormat(o runOptions) error {
 	if rt.format != "" {
 		name = rt.format
 	}
-	binding, ok := format.BindingForScheme(rt.scheme)
-	if !ok {
-		binding = format.BindingKafka // stdout, discard: show the Kafka form
-	}
-	f, err := format.Parse(name, format.Options{Binding: binding, Source: o.ceSource, AMQPPrefix: o.ceAMQPPrefix})
+	f, err := format.Parse(name, format.Options{Binding: sinkBinding(rt.scheme), Source: o.ceSource, AMQPPrefix: o.ceAMQPPrefix})
 	if err != nil {
 		return &usageError{err}
 	}
@@ -77,21 +72,6 @@ func (rt *route) applyFormat(o runOptions) error {
 		return format.Wrap(s, f), nil
 	}
 	return nil
-}
-
-// messagingSystem names the sink for OpenTelemetry's messaging.system.
-func messagingSystem(scheme string) string {
-	switch scheme {
-	case "kafka":
-		return "kafka"
-	case "amqp", "amqps":
-		return "rabbitmq"
-	case "http", "https":
-		return "webhook"
-	case "":
-		return "none"
-	}
-	return scheme
 }
 
 var routeName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -140,10 +120,12 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		// top-level section of its sink's kind, the default of every
 		// route of that kind.
 		sections := map[string]sinkSection{}
-		for kind, n := range map[string]*yaml.Node{"kafka": &sp.Kafka, "amqp": &sp.AMQP, "http": &sp.HTTP} {
-			if n.Kind != 0 {
-				sections[kind] = sinkSection{node: n, name: field + "." + kind, line: keyLine(items[i], kind, n.Line)}
+		for kind, n := range sp.Sections {
+			line := keyLine(items[i], kind, n.Line)
+			if !contains(sinkKinds, kind) {
+				return nil, configError(g.file.path, fmt.Errorf("line %d: %s.%s: field %s not found in type cli.routeSpec", line, field, kind, kind))
 			}
+			sections[kind] = sinkSection{node: &n, name: field + "." + kind, line: line}
 		}
 		kind := sectionFor(sinkScheme(sp.Sink))
 		if _, own := sections[kind]; !own && kind != "" {
@@ -172,7 +154,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		if err := cfg.Validate(); err != nil {
 			return nil, usagef("%s: %v", field, err)
 		}
-		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: relayprom.SinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
+		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
 		if !sp.FanOut {
 			earlier = append(earlier, sp.Topics...)
 		}

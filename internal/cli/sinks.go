@@ -1,36 +1,57 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
-	"reflect"
 	"regexp"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
-	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
-	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
-	"net/url"
-	"strings"
-
 	"github.com/outbox-relay/outbox-relay/sinks"
-	"github.com/outbox-relay/outbox-relay/sinks/discard"
-	"github.com/outbox-relay/outbox-relay/sinks/stdout"
+	"github.com/outbox-relay/outbox-relay/sinks/builtin"
+	"github.com/outbox-relay/outbox-relay/sinks/format"
 )
 
-// sinkSchemes lists the --sink URL schemes this build understands.
-var sinkSchemes = []string{"stdout", "discard", "kafka", "amqp", "amqps", "http", "https"}
+// sinkDrivers are the sinks this build can open; everything the CLI knows
+// about a kind of sink (schemes, file section, labels) comes from them.
+var sinkDrivers = builtin.Registry
 
-func sinkScheme(raw string) string {
-	if !strings.Contains(raw, ":") {
-		return raw
+// sinkSchemes lists the --sink URL schemes this build understands.
+var sinkSchemes = sinkDrivers.Schemes()
+
+func sinkScheme(raw string) string { return sinks.Scheme(raw) }
+
+// sinkLabel is the metrics label of the sink of a --sink URL: its
+// driver's, else the scheme itself.
+func sinkLabel(raw string) string {
+	if d, ok := sinkDrivers.Lookup(sinkScheme(raw)); ok {
+		return d.Label
 	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		scheme, _, _ := strings.Cut(raw, ":")
+	return sinkScheme(raw)
+}
+
+// sinkBinding is the CloudEvents binding for a sink scheme; sinks without
+// one (stdout, discard) show the Kafka form.
+func sinkBinding(scheme string) format.Binding {
+	if d, ok := sinkDrivers.Lookup(scheme); ok && d.Binding != "" {
+		return format.Binding(d.Binding)
+	}
+	return format.BindingKafka
+}
+
+// messagingSystem names the sink for OpenTelemetry's messaging.system.
+func messagingSystem(scheme string) string {
+	d, ok := sinkDrivers.Lookup(scheme)
+	switch {
+	case scheme == "":
+		return "none"
+	case !ok:
 		return scheme
+	case d.System != "":
+		return d.System
 	}
-	return u.Scheme
+	return d.Label
 }
 
 // validScheme is RFC 3986's scheme syntax.
@@ -54,7 +75,7 @@ type sinkSection struct {
 }
 
 // sinkKinds are the config sections that configure one kind of sink.
-var sinkKinds = []string{"kafka", "amqp", "http"}
+var sinkKinds = sinkDrivers.Sections()
 
 // sinkSections returns the file's top-level sink sections by kind.
 func (fc *fileConfig) sinkSections() map[string]sinkSection {
@@ -70,107 +91,52 @@ func (fc *fileConfig) sinkSections() map[string]sinkSection {
 // sectionFor names the config section of a sink scheme ("" when the sink
 // has none).
 func sectionFor(scheme string) string {
-	switch scheme {
-	case "kafka":
-		return "kafka"
-	case "amqp", "amqps":
-		return "amqp"
-	case "http", "https":
-		return "http"
-	}
-	return ""
+	d, _ := sinkDrivers.Lookup(scheme)
+	return d.Section
 }
 
 // parseSinkWith is parseSink with the sink sections to use (a route may
 // carry its own).
 func parseSinkWith(raw string, g *globals, sections map[string]sinkSection) (opener, string, error) {
-	log := g.log
 	if raw == "" {
 		return nil, "", usagef("outbox: sink: required (one of %s URLs; see --help)", strings.Join(sinkSchemes, ", "))
 	}
 	scheme := sinkScheme(raw)
-	// A section for another kind of sink would be ignored: refuse it
-	// (once the scheme is known to be one; an unknown one is reported
-	// below).
+	d, ok := sinkDrivers.Lookup(scheme)
+	if !ok {
+		// The scheme is echoed only when it is one: a malformed URL's
+		// "scheme" may be the whole of it, password included.
+		var note string
+		if validScheme.MatchString(scheme) {
+			note = fmt.Sprintf(" (scheme %q)", scheme)
+		}
+		return nil, "", usagef("outbox: sink: unsupported sink %q%s; supported schemes: %s",
+			redactURL(raw), note, strings.Join(sinkSchemes, ", "))
+	}
+	// A section for another kind of sink would be ignored: refuse it.
 	for _, kind := range sinkKinds {
-		if sec, ok := sections[kind]; ok && kind != sectionFor(scheme) && contains(sinkSchemes, scheme) {
+		if sec, ok := sections[kind]; ok && kind != d.Section {
 			return nil, "", usagef("outbox: config %s line %d: %s: this section configures the %s sink, but the sink is %q",
 				g.file.path, sec.line, sec.name, kind, scheme)
 		}
 	}
-	switch scheme {
-	case "stdout":
-		cfg, err := stdout.ParseURL(raw)
-		if err != nil {
-			return nil, "", &usageError{err}
+	var decode sinks.Decoder
+	if sec, ok := sections[d.Section]; ok && d.Section != "" {
+		decode = func(dst any) error {
+			if err := strictDecode(sec.node, dst, sec.name); err != nil {
+				return configError(g.file.path, err)
+			}
+			return nil
 		}
-		cfg.Output = g.stdout
-		return func() (sinks.Sink, error) { return stdout.New(cfg, log) }, cfg.Redacted(), nil
-	case "discard":
-		cfg, err := discard.ParseURL(raw)
-		if err != nil {
-			return nil, "", &usageError{err}
-		}
-		return func() (sinks.Sink, error) { return discard.New(cfg, log) }, cfg.Redacted(), nil
-	case "kafka":
-		cfg, err := sinkConfig(raw, g, sections, "kafka", kafkasink.ParseURL)
-		if err != nil {
-			return nil, "", err
-		}
-		return func() (sinks.Sink, error) { return kafkasink.New(cfg, log) }, cfg.Redacted(), nil
-	case "amqp", "amqps":
-		cfg, err := sinkConfig(raw, g, sections, "amqp", amqpsink.ParseURL)
-		if err != nil {
-			return nil, "", err
-		}
-		return func() (sinks.Sink, error) { return amqpsink.New(cfg, log) }, cfg.Redacted(), nil
-	case "http", "https":
-		cfg, err := sinkConfig(raw, g, sections, "http", httpsink.ParseURL)
-		if err != nil {
-			return nil, "", err
-		}
-		return func() (sinks.Sink, error) { return httpsink.New(cfg, log) }, cfg.Redacted(), nil
 	}
-	// The scheme is echoed only when it is one: a malformed URL's
-	// "scheme" may be the whole of it, password included.
-	var note string
-	if validScheme.MatchString(scheme) {
-		note = fmt.Sprintf(" (scheme %q)", scheme)
-	}
-	return nil, "", usagef("outbox: sink: unsupported sink %q%s; supported schemes: %s",
-		redactURL(raw), note, strings.Join(sinkSchemes, ", "))
-}
-
-// sinkConfig parses a sink URL and, when the config file has a section for
-// the sink, decodes it strictly (unknown keys are errors). Options given in
-// the URL win over the same options in the file. The result is validated.
-func sinkConfig[T interface{ Validate() error }](raw string, g *globals, sections map[string]sinkSection, section string, parse func(string) (T, error)) (T, error) {
-	cfg, err := parse(raw)
+	cfg, err := d.Parse(raw, decode)
 	if err != nil {
-		return cfg, &usageError{err}
-	}
-	if sec, ok := sections[section]; ok {
-		var fromFile T
-		if err := strictDecode(sec.node, &fromFile, sec.name); err != nil {
-			return cfg, configError(g.file.path, err)
+		var ue *usageError
+		if !errors.As(err, &ue) {
+			err = &usageError{err}
 		}
-		overlay(reflect.ValueOf(&fromFile).Elem(), reflect.ValueOf(cfg))
-		cfg = fromFile
+		return nil, "", err
 	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, &usageError{err}
-	}
-	return cfg, nil
-}
-
-// overlay copies every non-zero exported field of src onto dst.
-func overlay(dst, src reflect.Value) {
-	for i := 0; i < src.NumField(); i++ {
-		if !src.Type().Field(i).IsExported() {
-			continue
-		}
-		if f := src.Field(i); !f.IsZero() {
-			dst.Field(i).Set(f)
-		}
-	}
+	env := sinks.Env{Logger: g.log, Stdout: g.stdout}
+	return func() (sinks.Sink, error) { return cfg.Open(env) }, cfg.Redacted(), nil
 }

@@ -41,6 +41,8 @@ func TestConfigFileStrictness(t *testing.T) {
 			[]string{"line 1", "kafka", `"stdout"`}},
 		{"amqp section in an http route", "routes:\n  - name: a\n    topics: [x]\n    sink: https://h.example.com/x\n    amqp: {exchange: e}\n", []string{"run"},
 			[]string{"line 5", "routes[0].amqp", `"https"`}},
+		{"unknown key in a route", "routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    kafak: {}\n", []string{"run"},
+			[]string{"line 5", "routes[0].kafak", "not found"}},
 		{"top-level section no route uses", "http:\n  timeout: 5s\nroutes:\n  - name: a\n    topics: [x]\n    sink: stdout\n", []string{"run"},
 			[]string{"line 1", "http", "no route"}},
 		{"unknown key in a sink section", "sink: kafka://127.0.0.1:9092\nschema: s\n\nkafka:\n  client_id: a\n  tls:\n    enabel: true\n", []string{"run"},

@@ -3,7 +3,7 @@
 // sinks' URLs, well-formed or not. It is the one place that decides what a
 // secret looks like; callers pass anything a user gave as a URL through URL
 // before showing it. It does not hide secrets held in typed fields (those
-// have their own String methods, such as kafkasink.Secret).
+// have their own String methods, such as sinkconf.Secret).
 package redact
 
 import (

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"log/slog"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,8 +49,8 @@ type Metrics struct {
 }
 
 // New registers the relay metrics on reg. Series about deliveries are
-// labelled by route ("" for a relay without routes) and sink (the sink
-// URL's scheme, for example "kafka").
+// labelled by route ("" for a relay without routes) and sink (the label
+// of the sink's driver, sinks.Driver.Label, for example "kafka").
 func New(reg prometheus.Registerer, version string) *Metrics {
 	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
 	m := &Metrics{
@@ -271,21 +270,6 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, s store.Schem
 	m.oldestAge.Set(t.OldestAge.Seconds())
 	m.deadLetters.Set(float64(t.DeadLetters))
 	return nil
-}
-
-// SinkLabel derives the sink label from a sink URL's scheme.
-func SinkLabel(url string) string {
-	scheme, _, ok := strings.Cut(url, ":")
-	if !ok {
-		return url
-	}
-	switch scheme {
-	case "https":
-		return "http"
-	case "amqps":
-		return "amqp"
-	}
-	return scheme
 }
 
 // poolCollector exports pgxpool statistics.

@@ -330,15 +330,11 @@ func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.stopOnce.Do(func() { close(s.stopping) })
 
-	done := make(chan struct{})
-	go func() { s.sends.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
+	err := sinks.Wait(ctx, &s.sends)
+	if err != nil {
 		// Closing the connection below ends the stragglers: their
 		// unconfirmed messages fail as retriable.
-		err = fmt.Errorf("outbox: amqp: close: in-flight sends still running: %w", ctx.Err())
+		err = fmt.Errorf("outbox: amqp: close: in-flight sends still running: %w", err)
 	}
 	s.killOnce.Do(func() { close(s.kill) })
 	<-s.runDone

@@ -2,12 +2,9 @@ package amqpsink
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -242,8 +240,8 @@ func (c Config) Validate() error {
 	if !c.TLS.isZero() && u.Scheme != "amqps" {
 		return errors.New("outbox: amqp: tls: set, but the url scheme is amqp; use amqps://")
 	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		return errors.New("outbox: amqp: tls.cert_file: cert_file and key_file must be set together")
+	if err := sinkconf.TLS(c.TLS).CheckPair("amqp"); err != nil {
+		return err
 	}
 	return nil
 }
@@ -289,24 +287,9 @@ func ParseURL(raw string) (Config, error) {
 	if err != nil {
 		return Config{}, errors.New(`outbox: amqp: url: not a valid URL (percent-encode reserved characters such as "?", "#", "@", "/" in the user name and password)`)
 	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return Config{}, errors.New("outbox: amqp: url: malformed query string")
-	}
 	var c Config
-	names := make([]string, 0, len(q))
-	for name := range q {
-		names = append(names, name)
-	}
-	slices.Sort(names) // report problems deterministically
-	for _, name := range names {
-		vals := q[name]
-		if len(vals) != 1 {
-			return Config{}, fmt.Errorf("outbox: amqp: url: query parameter %q given %d times", name, len(vals))
-		}
-		if err := c.setParam(name, vals[0]); err != nil {
-			return Config{}, err
-		}
+	if err := params.Parse(&c, u.RawQuery); err != nil {
+		return Config{}, err
 	}
 	u.RawQuery = ""
 	u.ForceQuery = false
@@ -317,69 +300,28 @@ func ParseURL(raw string) (Config, error) {
 	return c, nil
 }
 
-func (c *Config) setParam(name, v string) error {
-	dur := func(dst *time.Duration) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a duration: %q", name, redact.URL(v))
-		}
-		*dst = d
-		return nil
-	}
-	num := func(dst *int) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not an integer: %q", name, redact.URL(v))
-		}
-		*dst = n
-		return nil
-	}
-	switch name {
-	case "exchange":
-		c.Exchange = v
-	case "routing_key":
-		c.RoutingKey = v
-	case "unroutable":
-		c.Unroutable = v
-	case "content_type":
-		c.ContentType = v
-	case "declare_exchange":
-		c.DeclareExchange = v
-	case "connection_name":
-		c.ConnectionName = v
-	case "publish_timeout":
-		return dur(&c.PublishTimeout)
-	case "dial_timeout":
-		return dur(&c.DialTimeout)
-	case "heartbeat":
-		return dur(&c.Heartbeat)
-	case "reconnect_initial":
-		return dur(&c.ReconnectInitial)
-	case "reconnect_max":
-		return dur(&c.ReconnectMax)
-	case "channels":
-		return num(&c.Channels)
-	case "max_message_size":
-		return num(&c.MaxMessageSize)
-	case "tls_ca_file":
-		c.TLS.CAFile = v
-	case "tls_cert_file":
-		c.TLS.CertFile = v
-	case "tls_key_file":
-		c.TLS.KeyFile = v
-	case "tls_server_name":
-		c.TLS.ServerName = v
-	case "tls_insecure_skip_verify":
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("outbox: amqp: url: query parameter %s: not a boolean: %q", name, redact.URL(v))
-		}
-		c.TLS.InsecureSkipVerify = b
-	default:
-		return fmt.Errorf("outbox: amqp: url: unknown query parameter %q", name)
-	}
-	return nil
-}
+// params are the URL query parameters, every Config field under its yaml
+// name (TLS fields with a tls_ prefix); Redacted shows them back.
+var params = sinkconf.NewParams("amqp", "",
+	sinkconf.String("exchange", func(c *Config) *string { return &c.Exchange }),
+	sinkconf.String("routing_key", func(c *Config) *string { return &c.RoutingKey }),
+	sinkconf.String("unroutable", func(c *Config) *string { return &c.Unroutable }),
+	sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType }),
+	sinkconf.String("declare_exchange", func(c *Config) *string { return &c.DeclareExchange }),
+	sinkconf.String("connection_name", func(c *Config) *string { return &c.ConnectionName }),
+	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
+	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
+	sinkconf.Duration("heartbeat", func(c *Config) *time.Duration { return &c.Heartbeat }),
+	sinkconf.Duration("reconnect_initial", func(c *Config) *time.Duration { return &c.ReconnectInitial }),
+	sinkconf.Duration("reconnect_max", func(c *Config) *time.Duration { return &c.ReconnectMax }),
+	sinkconf.Int("channels", func(c *Config) *int { return &c.Channels }),
+	sinkconf.Int("max_message_size", func(c *Config) *int { return &c.MaxMessageSize }),
+	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
+	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
+	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
+	sinkconf.String("tls_server_name", func(c *Config) *string { return &c.TLS.ServerName }),
+	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
+)
 
 // Redacted returns the configuration as a --sink URL with the password
 // (and anything else redact.URL takes for a credential) replaced by
@@ -389,28 +331,8 @@ func (c Config) Redacted() string {
 	if err != nil {
 		return "amqp://(invalid url)"
 	}
-	u.RawQuery = ""
-	redacted := redact.URL(u.String())
-	q := url.Values{}
-	add := func(k, v string) {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	add("exchange", c.Exchange)
-	add("routing_key", c.RoutingKey)
-	add("unroutable", c.Unroutable)
-	add("content_type", c.ContentType)
-	add("declare_exchange", c.DeclareExchange)
-	add("connection_name", c.ConnectionName)
-	add("tls_ca_file", c.TLS.CAFile)
-	add("tls_cert_file", c.TLS.CertFile)
-	add("tls_key_file", c.TLS.KeyFile)
-	add("tls_server_name", c.TLS.ServerName)
-	if len(q) == 0 {
-		return redacted
-	}
-	return redact.URL(redacted + "?" + q.Encode())
+	u.RawQuery = params.Query(&c).Encode()
+	return redact.URL(u.String())
 }
 
 // tlsConfig builds the client TLS configuration, or nil for amqp://.
@@ -419,33 +341,11 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	if err != nil || u.Scheme != "amqps" {
 		return nil, nil
 	}
-	tc := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         c.TLS.ServerName,
-		InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // documented as tests only
+	t := sinkconf.TLS(c.TLS)
+	if t.ServerName == "" {
+		t.ServerName = u.Hostname()
 	}
-	if tc.ServerName == "" {
-		tc.ServerName = u.Hostname()
-	}
-	if c.TLS.CAFile != "" {
-		pem, err := os.ReadFile(c.TLS.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: amqp: tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("outbox: amqp: tls.ca_file: no PEM certificate in %s", c.TLS.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if c.TLS.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: amqp: tls.cert_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
+	return t.Config("amqp")
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }

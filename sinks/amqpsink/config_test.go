@@ -52,10 +52,10 @@ func TestParseURL(t *testing.T) {
 func TestParseURLErrors(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ url, want string }{
-		{"amqp://h/?exchange=x&bogus=1", `unknown query parameter "bogus"`},
-		{"amqp://h/?exchange=x&heartbeat=1", "query parameter heartbeat: not a duration"},
-		{"amqp://h/?exchange=x&channels=many", "query parameter channels: not an integer"},
-		{"amqp://h/?exchange=x&exchange=y", `query parameter "exchange" given 2 times`},
+		{"amqp://h/?exchange=x&bogus=1", `unknown sink URL parameter "bogus"`},
+		{"amqp://h/?exchange=x&heartbeat=1", `sink URL parameter "heartbeat": "1" is not a duration`},
+		{"amqp://h/?exchange=x&channels=many", `sink URL parameter "channels": "many" is not an integer`},
+		{"amqp://h/?exchange=x&exchange=y", `sink URL parameter "exchange" given 2 times`},
 		{"amqp://h/", "exchange: required"},
 		{"http://h/?exchange=x", "url: scheme must be amqp or amqps"},
 		{"amqp:///?exchange=x", "url: host is missing"},

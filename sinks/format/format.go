@@ -77,8 +77,8 @@ const DefaultSource = "outbox-relay"
 type Options struct {
 	// Binding selects the CloudEvents protocol binding, which decides the
 	// header names: kafka, http or amqp. Required for cloudevents; ignored
-	// by the other formats. Use BindingForScheme to derive it from a sink
-	// URL.
+	// by the other formats. A sink's driver names its binding
+	// (sinks.Driver.Binding).
 	Binding Binding
 	// Source is the CloudEvents source attribute of every event, a URI
 	// reference. Default DefaultSource ("outbox-relay").
@@ -101,21 +101,6 @@ func Parse(name string, opts Options) (Format, error) {
 		return Debezium, nil
 	}
 	return nil, fmt.Errorf("outbox: format: unknown format %q (want one of %s)", name, strings.Join(Names, ", "))
-}
-
-// BindingForScheme returns the CloudEvents binding for a sink URL scheme:
-// kafka for kafka, http for http and https, amqp for amqp and amqps. Other
-// schemes (stdout, discard) have no CloudEvents binding; ok is false.
-func BindingForScheme(scheme string) (b Binding, ok bool) {
-	switch strings.ToLower(scheme) {
-	case "kafka":
-		return BindingKafka, true
-	case "http", "https":
-		return BindingHTTP, true
-	case "amqp", "amqps":
-		return BindingAMQP, true
-	}
-	return "", false
 }
 
 // Raw is the identity format: messages go out as written.

@@ -80,22 +80,6 @@ func TestParse(t *testing.T) {
 	}
 }
 
-func TestBindingForScheme(t *testing.T) {
-	t.Parallel()
-	for scheme, want := range map[string]format.Binding{
-		"kafka": format.BindingKafka, "http": format.BindingHTTP, "https": format.BindingHTTP,
-		"amqp": format.BindingAMQP, "amqps": format.BindingAMQP, "AMQP": format.BindingAMQP,
-	} {
-		b, ok := format.BindingForScheme(scheme)
-		require.True(t, ok, scheme)
-		require.Equal(t, want, b, scheme)
-	}
-	for _, scheme := range []string{"stdout", "discard", "nats", ""} {
-		_, ok := format.BindingForScheme(scheme)
-		require.False(t, ok, scheme)
-	}
-}
-
 // TestCloudEventsHeaders pins the exact headers of each binding.
 func TestCloudEventsHeaders(t *testing.T) {
 	t.Parallel()

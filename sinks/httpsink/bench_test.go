@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // BenchmarkSend posts batches of 500 messages of 200 bytes, 500 distinct
@@ -20,7 +21,7 @@ func BenchmarkSend(b *testing.B) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	s, err := New(Config{URL: srv.URL + "/hook", Secrets: []string{secretA}}, nil)
+	s, err := New(Config{URL: srv.URL + "/hook", Secrets: []sinkconf.Secret{secretA}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

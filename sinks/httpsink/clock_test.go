@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // skew makes the sink's host clock read off by d.
@@ -47,7 +48,7 @@ func webhookTime(t *testing.T, r request) time.Time {
 func TestRelayClockSkewWebhookTimestamp(t *testing.T) {
 	t.Parallel()
 	rc := verifyingReceiver(t)
-	s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []string{secretA}})
+	s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []sinkconf.Secret{secretA}})
 	skew(s, -2*time.Hour)
 
 	m := msg(sinksID(), "t", "k", `{"n":1}`, nil)

@@ -8,12 +8,12 @@ import (
 	"net/netip"
 	"net/url"
 	"path"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -46,7 +46,7 @@ type Config struct {
 	// signature per secret in webhook-signature, so a receiver can rotate
 	// its secret without downtime: list the new secret and the old one
 	// until the receiver has switched. Default: none (no signature header).
-	Secrets []string `yaml:"secrets"`
+	Secrets []sinkconf.Secret `yaml:"secrets"`
 	// Timeout bounds one request from dial to the end of the response
 	// body. Default: 30s.
 	Timeout time.Duration `yaml:"timeout"`
@@ -144,7 +144,7 @@ func (c Config) Validate() error {
 		return errors.New("outbox: http: content_type: contains control characters")
 	}
 	for i, s := range c.Secrets {
-		if _, err := decodeSecret(s); err != nil {
+		if _, err := decodeSecret(string(s)); err != nil {
 			return fmt.Errorf("outbox: http: secrets[%d]: %w", i, err)
 		}
 	}
@@ -211,23 +211,23 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// Redacted returns a one-line description of c that is safe to log:
-// secrets are replaced by "whsec_***" and URLs are reduced to scheme and
-// host, because webhook URLs often carry a token in their path, query or
+// Redacted returns c as a --sink URL that is safe to log, followed by its
+// routes: secrets show as "xxxxx" and URLs are reduced to scheme and host,
+// because webhook URLs often carry a token in their path, query or
 // userinfo.
 func (c Config) Redacted() string {
-	c = c.withDefaults()
 	var b strings.Builder
-	b.WriteString("http sink{")
 	if c.URL != "" {
-		fmt.Fprintf(&b, "url=%s ", redactURL(c.URL))
+		b.WriteString(redactURL(c.URL))
+	} else {
+		b.WriteString("(no default url)")
+	}
+	if q := params.Query(&c).Encode(); q != "" {
+		b.WriteString("?" + q)
 	}
 	for i, r := range c.Routes {
-		fmt.Fprintf(&b, "routes[%d]=%q->%s ", i, redact.URL(r.Topic), redactURL(r.URL))
+		fmt.Fprintf(&b, " routes[%d]=%q->%s", i, redact.URL(r.Topic), redactURL(r.URL))
 	}
-	fmt.Fprintf(&b, "content_type=%q secrets=%d timeout=%s dial_timeout=%s tls_handshake_timeout=%s response_header_timeout=%s max_retry_after=%s max_concurrency=%d retry_statuses=%v retry_4xx=%t allow_insecure_http=%t block_private_networks=%t}",
-		c.ContentType, len(c.Secrets), c.Timeout, c.DialTimeout, c.TLSHandshakeTimeout, c.ResponseHeaderTimeout,
-		c.MaxRetryAfter, c.MaxConcurrency, c.RetryStatuses, c.Retry4xx, c.AllowInsecureHTTP, c.BlockPrivateNetworks)
 	return b.String()
 }
 
@@ -258,12 +258,40 @@ func redactURL(raw string) string {
 	return redact.URL(s)
 }
 
-// urlOptions are the query parameters ParseURL accepts; every other
-// parameter is an error.
-var urlOptions = []string{
-	"secret", "content_type", "timeout", "dial_timeout", "tls_handshake_timeout",
-	"response_header_timeout", "max_retry_after", "max_concurrency", "retry_statuses",
-	"retry_4xx", "allow_insecure_http", "block_private_networks",
+// params are the --sink URL's query parameters, the Config yaml keys
+// ("secret" may repeat); Redacted shows them back.
+var params = sinkconf.NewParams("http", " (a webhook URL with its own query string belongs in the config file)",
+	sinkconf.Secrets("secret", func(c *Config) *[]sinkconf.Secret { return &c.Secrets }),
+	sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType }),
+	sinkconf.Duration("timeout", func(c *Config) *time.Duration { return &c.Timeout }),
+	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
+	sinkconf.Duration("tls_handshake_timeout", func(c *Config) *time.Duration { return &c.TLSHandshakeTimeout }),
+	sinkconf.Duration("response_header_timeout", func(c *Config) *time.Duration { return &c.ResponseHeaderTimeout }),
+	sinkconf.Duration("max_retry_after", func(c *Config) *time.Duration { return &c.MaxRetryAfter }),
+	sinkconf.Int("max_concurrency", func(c *Config) *int { return &c.MaxConcurrency }),
+	sinkconf.Func("retry_statuses", setRetryStatuses, retryStatusesString),
+	sinkconf.Bool("retry_4xx", func(c *Config) *bool { return &c.Retry4xx }),
+	sinkconf.Bool("allow_insecure_http", func(c *Config) *bool { return &c.AllowInsecureHTTP }),
+	sinkconf.Bool("block_private_networks", func(c *Config) *bool { return &c.BlockPrivateNetworks }),
+)
+
+func setRetryStatuses(c *Config, v string) error {
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("%q is not a status code", redact.URL(f))
+		}
+		c.RetryStatuses = append(c.RetryStatuses, n)
+	}
+	return nil
+}
+
+func retryStatusesString(c *Config) string {
+	codes := make([]string, len(c.RetryStatuses))
+	for i, n := range c.RetryStatuses {
+		codes[i] = strconv.Itoa(n)
+	}
+	return strings.Join(codes, ",")
 }
 
 // ParseURL parses the --sink URL: an http:// or https:// webhook URL whose
@@ -284,76 +312,8 @@ func ParseURL(raw string) (Config, error) {
 	if u.Fragment != "" || strings.Contains(raw, "#") {
 		return c, errors.New("outbox: http: --sink: must not contain a fragment")
 	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return c, errors.New("outbox: http: --sink: malformed query string")
-	}
-	names := make([]string, 0, len(q))
-	for name := range q {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		vals := q[name]
-		if !slices.Contains(urlOptions, name) {
-			return c, fmt.Errorf("outbox: http: --sink: unknown query parameter %q (a webhook URL with its own query string belongs in the config file)", name)
-		}
-		if name == "secret" {
-			c.Secrets = append(c.Secrets, vals...)
-			continue
-		}
-		if len(vals) != 1 {
-			return c, fmt.Errorf("outbox: http: --sink: query parameter %q given %d times", name, len(vals))
-		}
-		v := vals[0]
-		switch name {
-		case "content_type":
-			c.ContentType = v
-		case "timeout", "dial_timeout", "tls_handshake_timeout", "response_header_timeout", "max_retry_after":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a duration like 30s", name, redact.URL(v))
-			}
-			switch name {
-			case "timeout":
-				c.Timeout = d
-			case "dial_timeout":
-				c.DialTimeout = d
-			case "tls_handshake_timeout":
-				c.TLSHandshakeTimeout = d
-			case "response_header_timeout":
-				c.ResponseHeaderTimeout = d
-			case "max_retry_after":
-				c.MaxRetryAfter = d
-			}
-		case "max_concurrency":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not an integer", name, redact.URL(v))
-			}
-			c.MaxConcurrency = n
-		case "retry_statuses":
-			for _, f := range strings.Split(v, ",") {
-				n, err := strconv.Atoi(strings.TrimSpace(f))
-				if err != nil {
-					return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not a status code", name, redact.URL(f))
-				}
-				c.RetryStatuses = append(c.RetryStatuses, n)
-			}
-		case "retry_4xx", "allow_insecure_http", "block_private_networks":
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return c, fmt.Errorf("outbox: http: --sink: query parameter %q: %q is not true or false", name, redact.URL(v))
-			}
-			switch name {
-			case "retry_4xx":
-				c.Retry4xx = b
-			case "allow_insecure_http":
-				c.AllowInsecureHTTP = b
-			case "block_private_networks":
-				c.BlockPrivateNetworks = b
-			}
-		}
+	if err := params.Parse(&c, u.RawQuery); err != nil {
+		return c, err
 	}
 	u.RawQuery = ""
 	u.ForceQuery = false

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 func TestParseURL(t *testing.T) {
@@ -19,7 +21,7 @@ func TestParseURL(t *testing.T) {
 	require.Equal(t, Config{
 		URL:                   "https://user:pw@example.com:8443/hook/path",
 		ContentType:           "application/json",
-		Secrets:               []string{secretA, secretB},
+		Secrets:               []sinkconf.Secret{secretA, secretB},
 		Timeout:               5 * time.Second,
 		DialTimeout:           time.Second,
 		TLSHandshakeTimeout:   2 * time.Second,
@@ -41,8 +43,8 @@ func TestParseURL(t *testing.T) {
 	require.Equal(t, "https://example.com/hook", c.URL)
 
 	for _, tc := range []struct{ in, err string }{
-		{"https://example.com/?token=abc", `unknown query parameter "token"`},
-		{"https://example.com/?timeout=5s&Timeout=1s", `unknown query parameter "Timeout"`},
+		{"https://example.com/?token=abc", `unknown sink URL parameter "token"`},
+		{"https://example.com/?timeout=5s&Timeout=1s", `unknown sink URL parameter "Timeout"`},
 		{"https://example.com/?timeout=5s&timeout=6s", `"timeout" given 2 times`},
 		{"https://example.com/?timeout=5", `"timeout": "5" is not a duration`},
 		{"https://example.com/?max_concurrency=x", `"max_concurrency": "x" is not an integer`},
@@ -55,7 +57,7 @@ func TestParseURL(t *testing.T) {
 	} {
 		_, err := ParseURL(tc.in)
 		require.ErrorContains(t, err, tc.err, tc.in)
-		require.True(t, strings.HasPrefix(err.Error(), "outbox: http: --sink: "), err.Error())
+		require.True(t, strings.HasPrefix(err.Error(), "outbox: http: "), err.Error())
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
@@ -38,7 +39,7 @@ func TestConformance(t *testing.T) {
 				w.WriteHeader(http.StatusNoContent)
 				return http.StatusNoContent
 			})
-			s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []string{secretA}})
+			s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []sinkconf.Secret{secretA}})
 			return &sinktest.Env{
 				Sink:  s,
 				Topic: func(suffix string) string { return "conformance." + suffix },

@@ -132,9 +132,7 @@ type Sink struct {
 	abort       context.Context // cancelled when Close gives up waiting
 	abortCancel context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	inflight sinks.Inflight
 }
 
 var _ sinks.Sink = (*Sink)(nil)
@@ -154,7 +152,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		s.retry[code] = true
 	}
 	for _, sec := range cfg.Secrets {
-		k, err := decodeSecret(sec)
+		k, err := decodeSecret(string(sec))
 		if err != nil { // unreachable after Validate; kept for safety
 			return nil, fmt.Errorf("outbox: http: secrets: %w", err)
 		}
@@ -216,14 +214,10 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 // slice order, and after one fails the later ones are reported with
 // sinks.ErrNotAttempted.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.inflight.Enter() {
 		return sinks.ErrClosed
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	defer s.wg.Done()
+	defer s.inflight.Leave()
 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("outbox: http: %w", err)
@@ -466,16 +460,9 @@ func (s *Sink) headers(m sinks.Message) (http.Header, error) {
 // Close stops new Sends, waits for in-flight ones until ctx ends (then
 // aborts them) and closes idle connections. It is idempotent.
 func (s *Sink) Close(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("outbox: http: close: %w", ctx.Err())
+	err := s.inflight.Close(ctx)
+	if err != nil {
+		err = fmt.Errorf("outbox: http: close: %w", err)
 	}
 	// Nothing may still be running after Close returns on time, and what
 	// is still running after ctx ended must stop now.

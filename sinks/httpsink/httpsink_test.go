@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 func TestMain(m *testing.M) {
@@ -75,7 +76,7 @@ func TestDecodeSecret(t *testing.T) {
 func TestSendSignedRequest(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t)
-	s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []string{secretA, secretB}})
+	s := newSink(t, Config{URL: rc.URL("/hook"), Secrets: []sinkconf.Secret{secretA, secretB}})
 
 	payload := "{\"n\": 1, \"bytes\": \"\x00\xff\"}\n"
 	m := msg("6f1c1c2e-0b7e-4d0e-9b8a-1f2e3d4c5b6a", "orders.created", "order/42 ü", payload,
@@ -471,7 +472,7 @@ func TestFailureBlocksOnlyItsKey(t *testing.T) {
 func TestBadHeadersArePermanentAndNeverSent(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t)
-	s := newSink(t, Config{URL: rc.URL("/"), Secrets: []string{secretA}})
+	s := newSink(t, Config{URL: rc.URL("/"), Secrets: []sinkconf.Secret{secretA}})
 	for _, tc := range []struct {
 		name string
 		m    sinks.Message
@@ -668,7 +669,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	cfg := Config{
 		URL:     "https://user:hunter2@hooks.example.com/services/T0/B0/pathtoken?token=querytoken",
 		Routes:  []Route{{Topic: "a.*", URL: "https://hooks.example.com/routetoken"}},
-		Secrets: []string{secretA, secretB},
+		Secrets: []sinkconf.Secret{secretA, secretB},
 	}
 	var logged strings.Builder
 	slog.New(slog.NewJSONHandler(&logged, nil)).Info("config", "sink", cfg)
@@ -680,7 +681,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	}
 
 	bad := cfg
-	bad.Secrets = []string{"whsec_dG9vc2hvcnQ="}
+	bad.Secrets = []sinkconf.Secret{"whsec_dG9vc2hvcnQ="}
 	err := bad.Validate()
 	require.ErrorContains(t, err, "secrets[0]")
 	require.NotContains(t, err.Error(), "dG9vc2hvcnQ")
@@ -710,7 +711,7 @@ func TestValidate(t *testing.T) {
 		{"bad pattern", Config{URL: "https://a.example/", Routes: []Route{{Topic: "[", URL: "https://a.example/"}}}, "routes[0].topic: invalid pattern"},
 		{"empty pattern", Config{Routes: []Route{{URL: "https://a.example/"}}}, "routes[0].topic: required"},
 		{"empty route url", Config{Routes: []Route{{Topic: "a"}}}, "routes[0].url: required"},
-		{"secret", Config{URL: "https://a.example/", Secrets: []string{secretA, "nope"}}, "secrets[1]: must start with"},
+		{"secret", Config{URL: "https://a.example/", Secrets: []sinkconf.Secret{secretA, "nope"}}, "secrets[1]: must start with"},
 		{"negative timeout", Config{URL: "https://a.example/", Timeout: -1}, "timeout: must not be negative"},
 		{"negative dial", Config{URL: "https://a.example/", DialTimeout: -1}, "dial_timeout: must not be negative"},
 		{"negative concurrency", Config{URL: "https://a.example/", MaxConcurrency: -1}, "max_concurrency"},

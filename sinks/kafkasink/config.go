@@ -3,13 +3,11 @@ package kafkasink
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -23,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -54,28 +53,9 @@ const (
 	SASLScramSHA512 = "scram-sha-512"
 )
 
-// Secret is a string that never prints: fmt, slog and YAML/JSON encoding
-// show "xxxxx" instead of the value, so a Config can be logged safely.
-type Secret string
-
-const redacted = "xxxxx"
-
-// String implements fmt.Stringer.
-func (s Secret) String() string {
-	if s == "" {
-		return ""
-	}
-	return redacted
-}
-
-// GoString implements fmt.GoStringer (%#v).
-func (s Secret) GoString() string { return strconv.Quote(s.String()) }
-
-// MarshalText implements encoding.TextMarshaler (JSON, slog's JSON handler).
-func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
-
-// MarshalYAML implements yaml.Marshaler.
-func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+// Secret is the string type of passwords: it never prints (see
+// sinkconf.Secret).
+type Secret = sinkconf.Secret
 
 // Config configures the Kafka sink. The zero value of every optional field
 // means "use the default" documented on the field.
@@ -196,88 +176,53 @@ func ParseURL(raw string) (Config, error) {
 		cfg.SASL.Mechanism = SASLScramSHA512
 	}
 
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		// The error quotes the bad escape, which may be part of a secret.
-		return cfg, errors.New("outbox: kafka: sink URL query does not parse (percent-encode reserved characters)")
-	}
-	names := make([]string, 0, len(q))
-	for name := range q {
-		names = append(names, name)
-	}
-	sort.Strings(names) // report the same error for the same URL
-	for _, name := range names {
-		vals := q[name]
-		if len(vals) != 1 {
-			return cfg, fmt.Errorf("outbox: kafka: sink URL parameter %q is given %d times", name, len(vals))
-		}
-		v := vals[0]
-		if err := setParam(&cfg, name, v); err != nil {
-			return cfg, err
-		}
+	if err := params.Parse(&cfg, u.RawQuery); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }
 
-func setParam(cfg *Config, name, v string) error {
-	bad := func(err error) error {
-		return fmt.Errorf("outbox: kafka: sink URL parameter %s=%q: %w", name, redact.URL(v), err)
-	}
-	var err error
-	switch name {
-	case "client_id":
-		cfg.ClientID = v
-	case "topic_prefix":
-		cfg.TopicPrefix = v
-	case "topic_map":
-		cfg.TopicMap = map[string]string{}
-		for _, pair := range strings.Split(v, ",") {
-			from, to, ok := strings.Cut(pair, ":")
-			if !ok || from == "" || to == "" {
-				return bad(errors.New("want outbox_topic:kafka_topic[,outbox_topic:kafka_topic...]"))
-			}
-			if _, dup := cfg.TopicMap[from]; dup {
-				return bad(fmt.Errorf("topic %q mapped twice", redact.URL(from)))
-			}
-			cfg.TopicMap[from] = to
+// params are the URL query parameters; Redacted shows them back.
+var params = sinkconf.NewParams("kafka", "",
+	sinkconf.String("client_id", func(c *Config) *string { return &c.ClientID }),
+	sinkconf.String("topic_prefix", func(c *Config) *string { return &c.TopicPrefix }),
+	sinkconf.Func("topic_map", setTopicMap, topicMapString),
+	sinkconf.String("balancer", func(c *Config) *string { return &c.Balancer }),
+	sinkconf.Int("max_message_bytes", func(c *Config) *int { return &c.MaxMessageBytes }),
+	sinkconf.Duration("write_timeout", func(c *Config) *time.Duration { return &c.WriteTimeout }),
+	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
+	sinkconf.Duration("metadata_ttl", func(c *Config) *time.Duration { return &c.MetadataTTL }),
+	sinkconf.Bool("allow_auto_topic_creation", func(c *Config) *bool { return &c.AllowAutoTopicCreation }),
+	sinkconf.Bool("tls", func(c *Config) *bool { return &c.TLS.Enable }),
+	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
+	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
+	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
+	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
+	sinkconf.String("sasl_mechanism", func(c *Config) *string { return &c.SASL.Mechanism }),
+)
+
+func setTopicMap(cfg *Config, v string) error {
+	cfg.TopicMap = map[string]string{}
+	for _, pair := range strings.Split(v, ",") {
+		from, to, ok := strings.Cut(pair, ":")
+		if !ok || from == "" || to == "" {
+			return errors.New("want outbox_topic:kafka_topic[,outbox_topic:kafka_topic...]")
 		}
-	case "balancer":
-		cfg.Balancer = v
-	case "max_message_bytes":
-		cfg.MaxMessageBytes, err = strconv.Atoi(v)
-	case "write_timeout":
-		cfg.WriteTimeout, err = time.ParseDuration(v)
-	case "dial_timeout":
-		cfg.DialTimeout, err = time.ParseDuration(v)
-	case "metadata_ttl":
-		cfg.MetadataTTL, err = time.ParseDuration(v)
-	case "allow_auto_topic_creation":
-		cfg.AllowAutoTopicCreation, err = strconv.ParseBool(v)
-	case "tls":
-		cfg.TLS.Enable, err = strconv.ParseBool(v)
-	case "tls_ca_file":
-		cfg.TLS.CAFile = v
-	case "tls_cert_file":
-		cfg.TLS.CertFile = v
-	case "tls_key_file":
-		cfg.TLS.KeyFile = v
-	case "tls_insecure_skip_verify":
-		cfg.TLS.InsecureSkipVerify, err = strconv.ParseBool(v)
-	case "sasl_mechanism":
-		cfg.SASL.Mechanism = v
-	default:
-		return fmt.Errorf("outbox: kafka: unknown sink URL parameter %q", name)
-	}
-	if err != nil {
-		// strconv and time quote the whole value in their errors; bad
-		// shows it redacted.
-		var ne *strconv.NumError
-		if errors.As(err, &ne) {
-			return bad(ne.Err)
+		if _, dup := cfg.TopicMap[from]; dup {
+			return fmt.Errorf("topic %q mapped twice", redact.URL(from))
 		}
-		return bad(errors.New("not a duration such as 10s"))
+		cfg.TopicMap[from] = to
 	}
 	return nil
+}
+
+func topicMapString(cfg *Config) string {
+	pairs := make([]string, 0, len(cfg.TopicMap))
+	for from, to := range cfg.TopicMap {
+		pairs = append(pairs, from+":"+to)
+	}
+	sort.Strings(pairs)
+	return strings.Join(pairs, ",")
 }
 
 // withDefaults returns c with every zero optional field set to its default.
@@ -350,8 +295,8 @@ func (c Config) Validate() error {
 	if !c.TLS.Enable && (c.TLS.CAFile != "" || c.TLS.CertFile != "" || c.TLS.KeyFile != "" || c.TLS.InsecureSkipVerify) {
 		return errors.New("outbox: kafka: tls.enable: TLS options are set but TLS is not enabled")
 	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		return errors.New("outbox: kafka: tls.cert_file: cert_file and key_file must be set together")
+	if err := (sinkconf.TLS{CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}).CheckPair("kafka"); err != nil {
+		return err
 	}
 	switch c.SASL.Mechanism {
 	case "":
@@ -378,50 +323,12 @@ func (c Config) Redacted() string {
 	u := url.URL{Scheme: "kafka", Host: strings.Join(c.Brokers, ",")}
 	if c.SASL.Username != "" || c.SASL.Password != "" {
 		if c.SASL.Password != "" {
-			u.User = url.UserPassword(c.SASL.Username, redacted)
+			u.User = url.UserPassword(c.SASL.Username, sinkconf.Redacted)
 		} else {
 			u.User = url.User(c.SASL.Username)
 		}
 	}
-	q := url.Values{}
-	set := func(k, v string) {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	set("client_id", c.ClientID)
-	set("topic_prefix", c.TopicPrefix)
-	if len(c.TopicMap) > 0 {
-		pairs := make([]string, 0, len(c.TopicMap))
-		for from, to := range c.TopicMap {
-			pairs = append(pairs, from+":"+to)
-		}
-		sort.Strings(pairs)
-		q.Set("topic_map", strings.Join(pairs, ","))
-	}
-	set("balancer", c.Balancer)
-	if c.MaxMessageBytes != 0 {
-		q.Set("max_message_bytes", strconv.Itoa(c.MaxMessageBytes))
-	}
-	for k, d := range map[string]time.Duration{"write_timeout": c.WriteTimeout, "dial_timeout": c.DialTimeout, "metadata_ttl": c.MetadataTTL} {
-		if d != 0 {
-			q.Set(k, d.String())
-		}
-	}
-	if c.AllowAutoTopicCreation {
-		q.Set("allow_auto_topic_creation", "true")
-	}
-	if c.TLS.Enable {
-		q.Set("tls", "true")
-	}
-	set("tls_ca_file", c.TLS.CAFile)
-	set("tls_cert_file", c.TLS.CertFile)
-	set("tls_key_file", c.TLS.KeyFile)
-	if c.TLS.InsecureSkipVerify {
-		q.Set("tls_insecure_skip_verify", "true")
-	}
-	set("sasl_mechanism", c.SASL.Mechanism)
-	u.RawQuery = q.Encode()
+	u.RawQuery = params.Query(&c).Encode()
 	// Brokers and options come from the user too: a credential typed
 	// in the wrong place is still hidden.
 	return redact.URL(u.String())
@@ -453,29 +360,12 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	if !c.TLS.Enable {
 		return nil, nil
 	}
-	tc := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // opt-in, documented as test-only
-	}
-	if c.TLS.CAFile != "" {
-		pem, err := os.ReadFile(c.TLS.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: kafka: tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("outbox: kafka: tls.ca_file: %s holds no PEM certificate", c.TLS.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if c.TLS.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: kafka: tls.cert_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
+	return sinkconf.TLS{
+		CAFile:             c.TLS.CAFile,
+		CertFile:           c.TLS.CertFile,
+		KeyFile:            c.TLS.KeyFile,
+		InsecureSkipVerify: c.TLS.InsecureSkipVerify,
+	}.Config("kafka")
 }
 
 func (c Config) saslMechanism() sasl.Mechanism {

@@ -51,7 +51,7 @@ func TestParseURLErrors(t *testing.T) {
 		"kafka://":                               "no brokers",
 		"kafka://h:9092/path":                    "path",
 		"kafka://h:9092?acks=1":                  `unknown sink URL parameter "acks"`,
-		"kafka://h:9092?client_id=a&client_id=b": `"client_id" is given 2 times`,
+		"kafka://h:9092?client_id=a&client_id=b": `"client_id" given 2 times`,
 		"kafka://h:9092?write_timeout=soon":      "write_timeout",
 		"kafka://h:9092?tls=maybe":               "tls",
 		"kafka://h:9092?topic_map=a":             "topic_map",

@@ -65,9 +65,7 @@ type Sink struct {
 	// host whose clock is off.
 	now func() time.Time
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	inflight sinks.Inflight
 }
 
 // New validates cfg, applies defaults and returns a sink. It does not
@@ -115,30 +113,13 @@ func (s *Sink) newTransport(metadataTopics []string) *kafka.Transport {
 	}
 }
 
-func (s *Sink) enter() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.wg.Add(1)
-	return true
-}
-
 // Close waits for in-flight Sends (or ctx) and closes every connection.
 // Later Sends return sinks.ErrClosed. Close is idempotent. There is nothing
 // to flush: the sink buffers nothing between Sends.
 func (s *Sink) Close(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("outbox: kafka: close: in-flight sends did not finish: %w", ctx.Err())
+	err := s.inflight.Close(ctx)
+	if err != nil {
+		err = fmt.Errorf("outbox: kafka: close: in-flight sends did not finish: %w", err)
 	}
 	s.transport.CloseIdleConnections()
 	return err
@@ -149,10 +130,10 @@ func (s *Sink) Close(ctx context.Context) error {
 // dropped and the round trip tried once more on a new one, so a restarted
 // but healthy cluster does not read as down.
 func (s *Sink) Healthy(ctx context.Context) error {
-	if !s.enter() {
+	if !s.inflight.Enter() {
 		return sinks.ErrClosed
 	}
-	defer s.wg.Done()
+	defer s.inflight.Leave()
 	client := &kafka.Client{Addr: s.addr, Transport: s.transport, Timeout: s.cfg.WriteTimeout}
 	var err error
 	for range 2 {
@@ -223,10 +204,10 @@ func (s *Sink) Healthy(ctx context.Context) error {
 // kafka-go has no idempotent producer; consumers deduplicate on
 // HeaderMessageID.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.enter() {
+	if !s.inflight.Enter() {
 		return sinks.ErrClosed
 	}
-	defer s.wg.Done()
+	defer s.inflight.Leave()
 	if len(msgs) == 0 {
 		return nil
 	}

@@ -1,0 +1,103 @@
+package builtin_test
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/builtin"
+)
+
+const secret = "s3cr3tPW"
+
+// fullURLs set every parameter of every scheme to a value that shows in
+// Redacted (non-zero, true), with secret wherever the sink takes one.
+var fullURLs = map[string]string{
+	"stdout":  "stdout://",
+	"discard": "discard://",
+	"kafka": "kafka://relay:" + secret + "@h1:9092,h2:9093?client_id=me&topic_prefix=prod.&topic_map=orders:o.v1&balancer=crc32" +
+		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true" +
+		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_insecure_skip_verify=true&sasl_mechanism=scram-sha-256",
+	"amqp": "amqp://relay:" + secret + "@rabbit:5672/vh?exchange=events&routing_key={topic}&unroutable=retry&content_type=text/plain" +
+		"&declare_exchange=passive&connection_name=r1&publish_timeout=5s&dial_timeout=2s&heartbeat=3s&reconnect_initial=1s" +
+		"&reconnect_max=10s&channels=4&max_message_size=1024",
+	"amqps": "amqps://relay:" + secret + "@rabbit:5671/vh?exchange=events&routing_key={topic}&unroutable=retry&content_type=text/plain" +
+		"&declare_exchange=passive&connection_name=r1&publish_timeout=5s&dial_timeout=2s&heartbeat=3s&reconnect_initial=1s" +
+		"&reconnect_max=10s&channels=4&max_message_size=1024" +
+		"&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=rabbit&tls_insecure_skip_verify=true",
+	"http": "http://user:" + secret + "@127.0.0.1:9000/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
+		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
+		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=false",
+	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
+		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
+		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
+}
+
+// TestDrivers checks that every registered driver describes itself and
+// round-trips: URLs that together set every parameter parse, and their
+// redacted forms show every parameter but no secret.
+func TestDrivers(t *testing.T) {
+	t.Parallel()
+	for _, d := range builtin.Registry.Drivers() {
+		t.Run(d.Label, func(t *testing.T) {
+			t.Parallel()
+			require.NotEmpty(t, d.Label)
+			covered := map[string]bool{}
+			for _, scheme := range d.Schemes {
+				raw, ok := fullURLs[scheme]
+				require.True(t, ok, "add a URL that sets the parameters of %q to fullURLs", scheme)
+				u, err := url.Parse(raw)
+				require.NoError(t, err)
+				cfg, err := d.Parse(raw, nil)
+				require.NoError(t, err, scheme)
+				red := cfg.Redacted()
+				require.NotContains(t, red, secret, scheme)
+				require.True(t, strings.HasPrefix(red, scheme+"://"), red)
+				for p, v := range u.Query() {
+					require.Contains(t, d.Params, p, "driver does not list its parameter %q", p)
+					covered[p] = true
+					if v[0] != "false" {
+						require.Contains(t, red, p+"=", "Redacted does not show %q", p)
+					}
+				}
+			}
+			for _, p := range d.Params {
+				require.True(t, covered[p], "no URL in fullURLs sets %q", p)
+			}
+		})
+	}
+}
+
+// TestDescriptions pins what programs read from the drivers instead of
+// switching on schemes.
+func TestDescriptions(t *testing.T) {
+	t.Parallel()
+	for scheme, want := range map[string][4]string{ // section, label, system, binding
+		"stdout":  {"", "stdout", "", ""},
+		"discard": {"", "discard", "", ""},
+		"kafka":   {"kafka", "kafka", "kafka", "kafka"},
+		"amqp":    {"amqp", "amqp", "rabbitmq", "amqp"},
+		"AMQPS":   {"amqp", "amqp", "rabbitmq", "amqp"},
+		"http":    {"http", "http", "webhook", "http"},
+		"https":   {"http", "http", "webhook", "http"},
+	} {
+		d, ok := builtin.Registry.Lookup(scheme)
+		require.True(t, ok, scheme)
+		require.Equal(t, want, [4]string{d.Section, d.Label, d.System, d.Binding}, scheme)
+	}
+	for _, scheme := range []string{"nats", ""} {
+		_, ok := builtin.Registry.Lookup(scheme)
+		require.False(t, ok, scheme)
+	}
+	require.Equal(t, []string{"kafka", "amqp", "http"}, builtin.Registry.Sections())
+}
+
+func TestRegistryRefusesClashes(t *testing.T) {
+	t.Parallel()
+	d := sinks.Driver{Schemes: []string{"x"}, Label: "x", Parse: func(string, sinks.Decoder) (sinks.Config, error) { return nil, nil }}
+	require.Panics(t, func() { sinks.NewRegistry(d, d) })
+	require.Panics(t, func() { sinks.NewRegistry(sinks.Driver{Schemes: []string{"y"}}) })
+}

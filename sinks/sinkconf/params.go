@@ -1,0 +1,173 @@
+package sinkconf
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
+)
+
+// Param is one query parameter of a sink URL: how to set it on a config C
+// and how to show it again. Build one with String, Int, Bool, Duration,
+// Secrets or Func.
+type Param[C any] struct {
+	name string
+	// set applies the parameter's values (one unless repeat); its error
+	// says what is wrong with the value, without the parameter's name.
+	set func(c *C, vals []string) error
+	// get returns the values to show (none when unset), secrets redacted.
+	get    func(c *C) []string
+	repeat bool
+}
+
+// Params is a sink's table of URL query parameters.
+type Params[C any] struct {
+	sink   string
+	hint   string
+	params []Param[C]
+}
+
+// NewParams returns the table of sink (the name in errors: "kafka"). hint,
+// if any, ends the error about an unknown parameter.
+func NewParams[C any](sink, hint string, params ...Param[C]) Params[C] {
+	return Params[C]{sink: sink, hint: hint, params: params}
+}
+
+// Names returns the parameter names, in table order.
+func (p Params[C]) Names() []string {
+	names := make([]string, len(p.params))
+	for i, pr := range p.params {
+		names[i] = pr.name
+	}
+	return names
+}
+
+// Parse sets c from a raw query string. Each parameter may appear once
+// (unless it repeats by nature); any parameter not in the table is an
+// error naming it. Values in errors go through redact.URL.
+func (p Params[C]) Parse(c *C, rawQuery string) error {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		// The error quotes the bad escape, which may be part of a secret.
+		return fmt.Errorf("outbox: %s: malformed query string in the sink URL (percent-encode reserved characters)", p.sink)
+	}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	slices.Sort(names) // the same error for the same URL
+	for _, name := range names {
+		i := slices.IndexFunc(p.params, func(pr Param[C]) bool { return pr.name == name })
+		if i < 0 {
+			return fmt.Errorf("outbox: %s: unknown sink URL parameter %q%s", p.sink, name, p.hint)
+		}
+		pr, vals := p.params[i], q[name]
+		if len(vals) != 1 && !pr.repeat {
+			return fmt.Errorf("outbox: %s: sink URL parameter %q given %d times", p.sink, name, len(vals))
+		}
+		if err := pr.set(c, vals); err != nil {
+			return fmt.Errorf("outbox: %s: sink URL parameter %q: %w", p.sink, name, err)
+		}
+	}
+	return nil
+}
+
+// Query returns c's parameters that are set, secrets redacted: the query
+// of the sink's Redacted URL.
+func (p Params[C]) Query(c *C) url.Values {
+	q := url.Values{}
+	for _, pr := range p.params {
+		for _, v := range pr.get(c) {
+			q.Add(pr.name, v)
+		}
+	}
+	return q
+}
+
+func one[C any](name string, set func(c *C, v string) error, get func(c *C) string) Param[C] {
+	return Param[C]{
+		name: name,
+		set:  func(c *C, vals []string) error { return set(c, vals[0]) },
+		get: func(c *C) []string {
+			if v := get(c); v != "" {
+				return []string{v}
+			}
+			return nil
+		},
+	}
+}
+
+// Func is a parameter with its own syntax: set parses a value (its error
+// says what is wrong, without the parameter name), get shows the field
+// ("" when unset).
+func Func[C any](name string, set func(c *C, v string) error, get func(c *C) string) Param[C] {
+	return one(name, set, get)
+}
+
+// String is a text parameter.
+func String[C any](name string, field func(c *C) *string) Param[C] {
+	return scalar(name, field, func(v string) (string, error) { return v, nil }, "", func(v string) string { return v })
+}
+
+// Int is an integer parameter; 0 is unset.
+func Int[C any](name string, field func(c *C) *int) Param[C] {
+	return scalar(name, field, strconv.Atoi, "an integer", strconv.Itoa)
+}
+
+// Bool is a boolean parameter (strconv.ParseBool's spellings); false is
+// unset.
+func Bool[C any](name string, field func(c *C) *bool) Param[C] {
+	return scalar(name, field, strconv.ParseBool, "true or false", strconv.FormatBool)
+}
+
+// Duration is a Go duration parameter ("10s"); 0 is unset.
+func Duration[C any](name string, field func(c *C) *time.Duration) Param[C] {
+	return scalar(name, field, time.ParseDuration, "a duration such as 10s", time.Duration.String)
+}
+
+// scalar is a parameter held in one field of type T, whose zero value
+// means unset. want names the syntax in errors ("an integer").
+func scalar[C any, T comparable](name string, field func(c *C) *T, parse func(string) (T, error), want string, format func(T) string) Param[C] {
+	return one(name,
+		func(c *C, v string) error {
+			x, err := parse(v)
+			if err != nil {
+				// parse's own error quotes the value unredacted.
+				return fmt.Errorf("%q is not %s", redact.URL(v), want)
+			}
+			*field(c) = x
+			return nil
+		},
+		func(c *C) string {
+			var zero T
+			if x := *field(c); x != zero {
+				return format(x)
+			}
+			return ""
+		})
+}
+
+// Secrets is a parameter that may repeat, each value a secret: it shows
+// as "xxxxx" once per value.
+func Secrets[C any](name string, field func(c *C) *[]Secret) Param[C] {
+	return Param[C]{
+		name:   name,
+		repeat: true,
+		set: func(c *C, vals []string) error {
+			for _, v := range vals {
+				*field(c) = append(*field(c), Secret(v))
+			}
+			return nil
+		},
+		get: func(c *C) []string {
+			out := make([]string, len(*field(c)))
+			for i := range out {
+				out[i] = Redacted
+			}
+			return out
+		},
+	}
+}
