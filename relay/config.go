@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/topic"
 )
 
 // Config configures a Relay. The zero value of every field means "use the
@@ -21,8 +22,9 @@ type Config struct {
 	// several (each route leases its own lanes). Default "": the single
 	// route of a relay without a routes table.
 	Route string
-	// Topics are the glob patterns ('*' any run of characters, '?' one
-	// character) of the topics this route takes. Default: every topic.
+	// Topics are the patterns (package topic: '*' any run of characters,
+	// '?' one character) of the topics this route takes. Default: every
+	// topic.
 	Topics []string
 	// ExcludeTopics are patterns taken by earlier routes (first match
 	// wins). Default none.
@@ -111,8 +113,8 @@ type Config struct {
 }
 
 // Destination is one route a fan-out router copies messages to: those
-// whose topic matches one of Topics and none of ExcludeTopics (globs, as
-// in Config.Topics).
+// whose topic matches one of Topics and none of ExcludeTopics (patterns,
+// as in Config.Topics).
 type Destination struct {
 	Route         string
 	Topics        []string
@@ -120,18 +122,8 @@ type Destination struct {
 }
 
 // matches reports whether a message of topic goes to d.
-func (d Destination) matches(topic string) bool {
-	for _, p := range d.ExcludeTopics {
-		if MatchTopic(p, topic) {
-			return false
-		}
-	}
-	for _, p := range d.Topics {
-		if MatchTopic(p, topic) {
-			return true
-		}
-	}
-	return false
+func (d Destination) matches(t string) bool {
+	return !topic.MatchAny(d.ExcludeTopics, t) && topic.MatchAny(d.Topics, t)
 }
 
 // Defaults, exported for documentation and flags.
