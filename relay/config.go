@@ -32,7 +32,8 @@ type Config struct {
 	// Deliveries makes this relay take the fan-out copies made for Route
 	// (the deliveries table) instead of messages from the outbox. A route
 	// that shares topics with a fan-out route runs this way, with a
-	// router (FanOut) feeding it. Default false.
+	// router (FanOut) feeding it; a Set decides which (RouterFeeds).
+	// Default false.
 	Deliveries bool
 	// FanOut makes this relay the fan-out router instead of a publisher:
 	// each message its Topics match is copied, in the transaction that
@@ -42,7 +43,8 @@ type Config struct {
 	FanOut []Destination
 	// SharedListener: the caller runs Listen for this relay (and others
 	// in the same process) and it calls Wake, instead of each relay
-	// holding a LISTEN connection of its own. Default false.
+	// holding a LISTEN connection of its own. A Set does this for its
+	// relays. Default false.
 	SharedListener bool
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
