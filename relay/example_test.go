@@ -45,30 +45,16 @@ func Example() {
 // with its own retry policy. Messages of other topics are dead-lettered
 // with the reason `no route matches topic "…"` (the Set adds that
 // route), where an operator sees them. One pool serves every route, sized
-// by SetConfig.Conns plus one for health checks.
+// by SetConfig.Conns plus one for health checks (runRoutes).
 func ExampleNewSet() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
 	kafka, webhook := openSinks()
 	base := relay.Config{Workers: 4}
 	billing := base
 	billing.MaxAttempts = 50
-	sc := relay.SetConfig{Config: base, Routes: []relay.Route{
+	runRoutes(relay.SetConfig{Config: base, Routes: []relay.Route{
 		{Name: "orders", Topics: []string{"orders.*"}, Sink: kafka},
 		{Name: "billing", Topics: []string{"billing.*", "invoices.*"}, Sink: webhook, Config: &billing},
-	}}
-	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", MaxConns: sc.Conns() + 1})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	set, err := relay.NewSet(pool, sc)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := set.Run(ctx); err != nil {
-		log.Fatal(err)
-	}
+	}})
 }
 
 // Fan-out in a library: "orders.*" goes to Kafka, and "orders.placed"
@@ -76,12 +62,17 @@ func ExampleNewSet() {
 // dead letters; the Set adds the fan-out router that copies the messages
 // for them (as the CLI's routes table does for `fanout: true`).
 func Example_fanOut() {
-	ctx := context.Background()
 	kafka, webhook := openSinks()
-	sc := relay.SetConfig{Routes: []relay.Route{
+	runRoutes(relay.SetConfig{Routes: []relay.Route{
 		{Name: "kafka", Topics: []string{"orders.*"}, Sink: kafka},
 		{Name: "crm", Topics: []string{"orders.placed"}, Sink: webhook, FanOut: true},
-	}}
+	}})
+}
+
+// runRoutes runs the routes until SIGTERM, then drains them.
+func runRoutes(sc relay.SetConfig) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
 	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", MaxConns: sc.Conns() + 1})
 	if err != nil {
 		log.Fatal(err)
