@@ -1,6 +1,7 @@
 package topic_test
 
 import (
+	"path"
 	"testing"
 	"unicode/utf8"
 
@@ -180,4 +181,30 @@ func words(alphabet []string, n int) []string {
 		last = next
 	}
 	return out
+}
+
+// Match against path.Match (what webhook routes used) and the recursive
+// definition (what relay routes used), on a router's typical patterns.
+func BenchmarkMatch(b *testing.B) {
+	cases := []struct{ pattern, topic string }{
+		{"orders.*", "orders.placed"},
+		{"*.created", "customers.eu.created"},
+		{"billing.invoice.*", "orders.placed"},
+	}
+	for _, impl := range []struct {
+		name  string
+		match func(p, t string) bool
+	}{
+		{"topic.Match", topic.Match},
+		{"path.Match", func(p, t string) bool { ok, _ := path.Match(p, t); return ok }},
+		{"recursive", reference},
+	} {
+		b.Run(impl.name, func(b *testing.B) {
+			for b.Loop() {
+				for _, c := range cases {
+					impl.match(c.pattern, c.topic)
+				}
+			}
+		})
+	}
 }
