@@ -408,9 +408,6 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
 		defer cancel()
 		for _, s := range opened {
-			if s == nil {
-				continue // the fan-out router has no sink
-			}
 			if err := s.Close(cctx); err != nil {
 				g.log.Warn("closing sink", "error", err)
 			}
@@ -449,7 +446,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		defer cancel()
 		_ = shutdownTracing(cctx)
 	}()
-	hooks, err := routeHooks(routes, metrics, tracing)
+	hooks, err := routeHooks(routes, planned, metrics, tracing)
 	if err != nil {
 		return err
 	}
@@ -457,7 +454,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	for _, cfg := range relays.Configs() {
+	for _, cfg := range planned {
 		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}
 	if o.adminAddr != "" {

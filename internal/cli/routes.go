@@ -250,26 +250,20 @@ func setIf[T any](dst *T, v *T) {
 	}
 }
 
-// routeHooks returns the hooks of each relay run serves, by route: its
+// routeHooks returns the hooks of each planned relay, by route: its
 // metrics and, unless it is the fan-out router (it publishes nothing, so
 // it has no batches, spans or sink), its traces.
-func routeHooks(routes []route, metrics *relayprom.Metrics, tracing bool) (func(string) relay.Hooks, error) {
-	all := map[string]route{}
-	for name, rt := range builtIn {
-		all[name] = rt
-	}
-	for _, rt := range routes {
-		all[rt.cfg.Route] = rt
-	}
+func routeHooks(routes []route, planned []relay.Config, metrics *relayprom.Metrics, tracing bool) (func(string) relay.Hooks, error) {
 	hooks := map[string]relay.Hooks{}
-	for name, rt := range all {
-		hooks[name] = metrics.Hooks(name, rt.label)
+	for _, cfg := range planned {
+		rt := describe(routes, cfg.Route)
+		hooks[cfg.Route] = metrics.Hooks(cfg.Route, rt.label)
 		if tracing && !rt.router {
 			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
 			if err != nil {
 				return nil, err
 			}
-			hooks[name] = relay.MultiHooks(hooks[name], th)
+			hooks[cfg.Route] = relay.MultiHooks(hooks[cfg.Route], th)
 		}
 	}
 	return func(route string) relay.Hooks { return hooks[route] }, nil
@@ -280,7 +274,6 @@ type runner interface {
 	Run(ctx context.Context) error
 	Live() error
 	Ready(ctx context.Context) error
-	Configs() []relay.Config
 }
 
 // newRelays builds the relays of the routes on their opened sinks.
@@ -290,16 +283,5 @@ func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base rel
 	}
 	cfg := routes[0].cfg
 	cfg.Hooks = hooks(cfg.Route)
-	r, err := relay.New(pool, opened[0], cfg)
-	if err != nil {
-		return nil, err
-	}
-	return oneRelay{r, cfg}, nil
+	return relay.New(pool, opened[0], cfg)
 }
-
-type oneRelay struct {
-	*relay.Relay
-	cfg relay.Config
-}
-
-func (o oneRelay) Configs() []relay.Config { return []relay.Config{o.cfg} }
