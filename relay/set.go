@@ -43,10 +43,12 @@ type Route struct {
 	// close it.
 	Sink sinks.Sink
 	// Config tunes the route's relay: workers, batch size and bytes,
-	// retry policy, publish timeout, hooks... The Set sets its ID
-	// (SetConfig.Config.ID + "/" + Name), Schema, Route, Topics,
-	// ExcludeTopics, Deliveries, FanOut and SharedListener. Default nil:
-	// SetConfig.Config.
+	// retry policy, publish timeout, logger, hooks... It is a whole
+	// configuration: its zero fields take the package defaults, not
+	// SetConfig.Config's (copy that and change what differs). The Set
+	// sets its ID (SetConfig.Config.ID + "/" + Name), Schema, Route,
+	// Topics, ExcludeTopics, Deliveries, FanOut and SharedListener.
+	// Default nil: SetConfig.Config.
 	Config *Config
 }
 
