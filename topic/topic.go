@@ -13,8 +13,8 @@
 //   - A pattern matches the whole topic, not a prefix of it.
 //
 // The relay also runs these patterns in SQL (as LIKE patterns); that
-// translation lives with the relay's queries, not here. This package has
-// no dependencies.
+// translation lives with the relay's queries, not here. This package
+// needs the standard library only, so that sinks can use it.
 package topic
 
 import "unicode/utf8"
