@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/topic"
 )
 
 // Config configures a Relay. The zero value of every field means "use the
@@ -21,8 +22,9 @@ type Config struct {
 	// several (each route leases its own lanes). Default "": the single
 	// route of a relay without a routes table.
 	Route string
-	// Topics are the glob patterns ('*' any run of characters, '?' one
-	// character) of the topics this route takes. Default: every topic.
+	// Topics are the patterns (package topic: '*' any run of characters,
+	// '?' one character) of the topics this route takes. Default: every
+	// topic.
 	Topics []string
 	// ExcludeTopics are patterns taken by earlier routes (first match
 	// wins). Default none.
@@ -30,7 +32,8 @@ type Config struct {
 	// Deliveries makes this relay take the fan-out copies made for Route
 	// (the deliveries table) instead of messages from the outbox. A route
 	// that shares topics with a fan-out route runs this way, with a
-	// router (FanOut) feeding it. Default false.
+	// router (FanOut) feeding it; a Set decides which (RouterFeeds).
+	// Default false.
 	Deliveries bool
 	// FanOut makes this relay the fan-out router instead of a publisher:
 	// each message its Topics match is copied, in the transaction that
@@ -40,7 +43,8 @@ type Config struct {
 	FanOut []Destination
 	// SharedListener: the caller runs Listen for this relay (and others
 	// in the same process) and it calls Wake, instead of each relay
-	// holding a LISTEN connection of its own. Default false.
+	// holding a LISTEN connection of its own. A Set does this for its
+	// relays. Default false.
 	SharedListener bool
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
@@ -111,8 +115,8 @@ type Config struct {
 }
 
 // Destination is one route a fan-out router copies messages to: those
-// whose topic matches one of Topics and none of ExcludeTopics (globs, as
-// in Config.Topics).
+// whose topic matches one of Topics and none of ExcludeTopics (patterns,
+// as in Config.Topics).
 type Destination struct {
 	Route         string
 	Topics        []string
@@ -120,18 +124,8 @@ type Destination struct {
 }
 
 // matches reports whether a message of topic goes to d.
-func (d Destination) matches(topic string) bool {
-	for _, p := range d.ExcludeTopics {
-		if MatchTopic(p, topic) {
-			return false
-		}
-	}
-	for _, p := range d.Topics {
-		if MatchTopic(p, topic) {
-			return true
-		}
-	}
-	return false
+func (d Destination) matches(t string) bool {
+	return !topic.MatchAny(d.ExcludeTopics, t) && topic.MatchAny(d.Topics, t)
 }
 
 // Defaults, exported for documentation and flags.

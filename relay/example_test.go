@@ -41,15 +41,61 @@ func Example() {
 	}
 }
 
-// Fan-out in a library: a router copies "orders.*" to two destination
-// relays, each with its own sink, retries and dead letters. (The CLI's
-// routes table builds exactly this from `fanout: true`.) One pool serves
-// all three, sized by relay.Conns (their workers, three lane leases and
-// the shared LISTEN) plus one for health checks.
+// Several routes in one process: orders to Kafka, billing to a webhook
+// with its own retry policy. Messages of other topics are dead-lettered
+// with the reason `no route matches topic "…"` (the Set adds that
+// route), where an operator sees them. One pool serves every route, sized
+// by SetConfig.Conns plus one for health checks (runRoutes).
+func ExampleNewSet() {
+	kafka, webhook := openSinks()
+	base := relay.Config{Workers: 4}
+	billing := base
+	billing.MaxAttempts = 50
+	runRoutes(relay.SetConfig{Config: base, Routes: []relay.Route{
+		{Name: "orders", Topics: []string{"orders.*"}, Sink: kafka},
+		{Name: "billing", Topics: []string{"billing.*", "invoices.*"}, Sink: webhook, Config: &billing},
+	}})
+}
+
+// Fan-out in a library: "orders.*" goes to Kafka, and "orders.placed"
+// also to the CRM's webhook. Each destination has its own retries and
+// dead letters; the Set adds the fan-out router that copies the messages
+// for them (as the CLI's routes table does for `fanout: true`).
 func Example_fanOut() {
+	kafka, webhook := openSinks()
+	runRoutes(relay.SetConfig{Routes: []relay.Route{
+		{Name: "kafka", Topics: []string{"orders.*"}, Sink: kafka},
+		{Name: "crm", Topics: []string{"orders.placed"}, Sink: webhook, FanOut: true},
+	}})
+}
+
+// runRoutes runs the routes until SIGTERM, then drains them.
+func runRoutes(sc relay.SetConfig) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", MaxConns: sc.Conns() + 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	set, err := relay.NewSet(pool, sc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := set.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// The pieces a Set assembles, wired by hand: a router copies "orders.*"
+// to two destination relays, each with its own sink, retries and dead
+// letters, all woken by one shared Listen. Prefer NewSet, which also
+// decides which routes the router must feed and dead-letters unrouted
+// topics; this remains for programs that run the relays themselves.
+func Example_fanOutByHand() {
 	ctx := context.Background()
 	routerCfg := relay.Config{
-		Route:  "~fanout",
+		Route:  relay.RouterRoute,
 		Topics: []string{"orders.*"},
 		FanOut: []relay.Destination{
 			{Route: "kafka", Topics: []string{"orders.*"}},

@@ -17,6 +17,11 @@
 // Idle-in-transaction and statement timeouts on the relay's sessions bound
 // how long a relay cut off from the database can hold rows.
 //
+// Routes. A Relay serves one route; a Set runs several in one process
+// (relay.NewSet), with the fan-out router, the unrouted route and one
+// shared LISTEN, as the CLI's routes table does. Topic patterns are
+// package topic's.
+//
 // This package does not parse flags or know any concrete sink.
 package relay
 

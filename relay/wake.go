@@ -26,7 +26,7 @@ func (r *Relay) Wake() { r.wakeAll() }
 // from the fan-out router), until ctx ends. A relay runs it itself unless
 // Config.SharedListener is set: a process running several relays (one per
 // route) saves a connection per relay by running one Listen that wakes
-// them all. Notifications are an optimization: workers poll anyway, so a
+// them all, as a Set does. Notifications are an optimization: workers poll anyway, so a
 // lost connection only costs latency until it is back.
 func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
 	if log == nil {

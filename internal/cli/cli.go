@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -372,6 +371,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return err
 	}
+	single := false // --sink: one relay, no relay.Set
 	switch {
 	case routes != nil && o.sink != "":
 		return usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
@@ -381,13 +381,20 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			return err
 		}
 		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
+		single = true
 	}
 	for i := range routes {
 		if err := routes[i].applyFormat(o); err != nil {
 			return err
 		}
 	}
-	maxConns, workers, err := connBudget(routes, o.maxConns)
+	planned := []relay.Config{base}
+	if !single {
+		if planned, err = setConfig(routes, nil, base, nil).Plan(); err != nil {
+			return &usageError{err}
+		}
+	}
+	maxConns, workers, err := connBudget(planned, o.maxConns)
 	if err != nil {
 		return err
 	}
@@ -402,9 +409,6 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
 		defer cancel()
 		for _, s := range opened {
-			if s == nil {
-				continue // the fan-out router has no sink
-			}
 			if err := s.Close(cctx); err != nil {
 				g.log.Warn("closing sink", "error", err)
 			}
@@ -443,26 +447,16 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		defer cancel()
 		_ = shutdownTracing(cctx)
 	}()
-	relays := make(relaySet, len(routes))
-	for i, rt := range routes {
-		// Several routes share one LISTEN connection (relaySet.run).
-		rt.cfg.SharedListener = len(routes) > 1
-		// The fan-out router reports its lanes and cycle errors; it
-		// publishes nothing, so it has no batches, spans or sink.
-		rt.cfg.Hooks = metrics.Hooks(rt.cfg.Route, rt.label)
-		if tracing && !rt.router {
-			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
-			if err != nil {
-				return err
-			}
-			rt.cfg.Hooks = relay.MultiHooks(rt.cfg.Hooks, th)
-		}
-		r, err := relay.New(pool, opened[i], rt.cfg)
-		if err != nil {
-			return &usageError{err}
-		}
-		relays[i] = r
-		g.log.Info("relaying", "route", rt.cfg.Route, "topics", rt.cfg.Topics, "sink", rt.sinkName)
+	hooks, err := routeHooks(routes, planned, metrics, tracing)
+	if err != nil {
+		return err
+	}
+	relays, err := newRelays(pool, routes, opened, base, single, hooks)
+	if err != nil {
+		return &usageError{err}
+	}
+	for _, cfg := range planned {
+		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}
 	if o.adminAddr != "" {
 		srv, err := adminhttp.Start(o.adminAddr, reg, relays, g.log)
@@ -483,30 +477,27 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
 	}()
 	defer func() { stopWatch(); <-watchDone }()
-	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(routes), "max_conns", maxConns)
+	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns)
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go g.cancelWhenEmpty(runCtx, pool, cancel)
 		ctx = runCtx
 	}
-	return relays.run(ctx, pool, g.schema, g.log)
+	return relays.Run(ctx)
 }
 
 // connBudget returns the process's connection cap (--max-conns, or by
-// default what the routes need plus one for health checks and metrics)
-// and its workers over all routes. A cap below the need is a usage error
-// rather than fewer workers than configured: a worker without a connection
-// of its own would make its relay hand its lanes away.
-func connBudget(routes []route, maxConns int) (int, int, error) {
-	cfgs := make([]relay.Config, len(routes))
+// default what the planned relays need plus one for health checks and
+// metrics) and its workers over all relays. A cap below the need is a
+// usage error rather than fewer workers than configured: a worker without
+// a connection of its own would make its relay hand its lanes away.
+func connBudget(planned []relay.Config, maxConns int) (int, int, error) {
 	workers := 0
-	for i, rt := range routes {
-		cfgs[i] = rt.cfg
-		cfgs[i].SharedListener = len(routes) > 1 // as run sets it
-		workers += rt.cfg.Workers
+	for _, c := range planned {
+		workers += c.Workers
 	}
-	need := relay.Conns(cfgs...)
+	need := relay.Conns(planned...)
 	if maxConns == 0 {
 		return need + 1, workers, nil
 	}
@@ -514,59 +505,6 @@ func connBudget(routes []route, maxConns int) (int, int, error) {
 		return 0, 0, usagef("outbox: max-conns: %d is below the %d connections this configuration holds (per route, one per worker and one for the lane lease; one LISTEN connection): raise max-conns or lower workers", maxConns, need)
 	}
 	return maxConns, workers, nil
-}
-
-// relaySet runs one relay per route and answers health checks for all.
-type relaySet []*relay.Relay
-
-func (rs relaySet) run(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) error {
-	errs := make([]error, len(rs))
-	var wg sync.WaitGroup
-	// One route failing to start stops the others: the process must not
-	// half-run.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if len(rs) > 1 {
-		listenDone := make(chan struct{})
-		go func() {
-			defer close(listenDone)
-			relay.Listen(ctx, pool, schema, log, func() {
-				for _, r := range rs {
-					r.Wake()
-				}
-			})
-		}()
-		defer func() { cancel(); <-listenDone }()
-	}
-	for i, r := range rs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if errs[i] = r.Run(ctx); errs[i] != nil {
-				cancel()
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (rs relaySet) Live() error {
-	for _, r := range rs {
-		if err := r.Live(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (rs relaySet) Ready(ctx context.Context) error {
-	for _, r := range rs {
-		if err := r.Ready(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // cancelWhenEmpty cancels the run once the outbox holds no message.

@@ -2,14 +2,15 @@ package cli
 
 import (
 	"context"
-
 	"fmt"
-	"regexp"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/relayotel"
+	"github.com/outbox-relay/outbox-relay/relay/relayprom"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/format"
 )
@@ -37,6 +38,7 @@ type routeSpec struct {
 // route is a resolved route: its relay configuration and how to open its
 // sink.
 type route struct {
+	spec     relay.Route // name, topics, fan-out; the sink once opened
 	cfg      relay.Config
 	open     opener
 	sinkName string // redacted URL
@@ -44,6 +46,22 @@ type route struct {
 	scheme   string
 	format   string // per-route override of --format
 	router   bool   // the fan-out router: no sink, no format, no spans
+}
+
+// builtIn describes the relays relay.Set adds beside the routes.
+var builtIn = map[string]route{
+	relay.RouterRoute:   {sinkName: "(fan-out router)", label: "none", router: true},
+	relay.UnroutedRoute: {sinkName: "(dead letter)", label: "none"},
+}
+
+// describe returns the route of the Set's relay serving name.
+func describe(routes []route, name string) route {
+	for _, rt := range routes {
+		if rt.cfg.Route == name {
+			return rt
+		}
+	}
+	return builtIn[name]
 }
 
 // applyFormat wraps the route's sink in the message format chosen by
@@ -74,24 +92,9 @@ func (rt *route) applyFormat(o runOptions) error {
 	return nil
 }
 
-var routeName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-// routerName is the fan-out router's route name in the lanes and relays
-// tables; route names cannot start with '~'.
-const routerName = "~fanout"
-
-// parseRoutes decodes the routes section, strictly. Topic patterns are
-// tried in order and the first matching route takes a message; a route
-// with fanout: true instead receives a copy of every message its patterns
-// match, whichever route takes it. Messages that match no route go to an
-// implicit last route that dead-letters them with reason "no route".
-//
-// Fan-out needs per-destination state: routes that can share a topic with
-// a fan-out route (their patterns overlap) take their messages from the
-// copies a router makes (relay.Config.Deliveries), the others read the
-// outbox directly as before. Overlap between ordinary routes spreads this
-// (if A is fed by the router and B shares topics with A, B is too), so
-// that every message of a route takes one path and keeps its key order.
+// parseRoutes decodes the routes section, strictly, into the routes of a
+// relay.Set (which documents how routes take messages, fan out and
+// dead-letter what no route takes); nil without one.
 func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 	specs, items, err := decodeRouteSpecs(g)
 	if specs == nil || err != nil {
@@ -100,22 +103,11 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 	top := g.file.sinkSections()
 	used := map[string]bool{}
 	var out []route
-	var earlier, all []string
-	seen := map[string]bool{}
-	catchAll := false
 	for i, sp := range specs {
 		field := fmt.Sprintf("routes[%d]", i)
-		switch {
-		case !routeName.MatchString(sp.Name):
-			return nil, usagef("outbox: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", field, sp.Name)
-		case seen[sp.Name]:
-			return nil, usagef("outbox: %s.name: %q used twice", field, sp.Name)
-		case len(sp.Topics) == 0:
-			return nil, usagef("outbox: %s.topics: at least one topic pattern is required", field)
-		case sp.Sink == "":
+		if sp.Sink == "" {
 			return nil, usagef("outbox: %s.sink: required", field)
 		}
-		seen[sp.Name] = true
 		// The route's own sections (each must fit its sink), else the
 		// top-level section of its sink's kind, the default of every
 		// route of that kind.
@@ -134,16 +126,8 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 			}
 		}
 		used[kind] = true
-		open, name, err := parseSinkWith(sp.Sink, g, sections)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
 		cfg := base
-		cfg.Route, cfg.Topics = sp.Name, sp.Topics
-		if !sp.FanOut {
-			cfg.ExcludeTopics = append([]string(nil), earlier...)
-		}
-		cfg.ID = base.ID + "/" + sp.Name
+		cfg.Route = sp.Name
 		setIf(&cfg.Workers, sp.Workers)
 		setIf(&cfg.BatchSize, sp.BatchSize)
 		setIf(&cfg.BatchBytes, sp.BatchBytes)
@@ -151,35 +135,26 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		setIf(&cfg.RetryInitial, sp.RetryInitial)
 		setIf(&cfg.RetryMax, sp.RetryMax)
 		setIf(&cfg.PublishTimeout, sp.PublishTimeout)
+		rt := route{spec: relay.Route{Name: sp.Name, Topics: sp.Topics, FanOut: sp.FanOut}, cfg: cfg,
+			label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format}
+		if rt.open, rt.sinkName, err = parseSinkWith(sp.Sink, g, sections); err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		// Zero in the file is a mistake, not "the default".
 		if err := cfg.Validate(); err != nil {
 			return nil, usagef("%s: %v", field, err)
 		}
-		out = append(out, route{cfg: cfg, open: open, sinkName: name, label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format})
-		if !sp.FanOut {
-			earlier = append(earlier, sp.Topics...)
-		}
-		all = append(all, sp.Topics...)
-		for _, t := range sp.Topics {
-			if t == "*" {
-				catchAll = true
-			}
-		}
+		out = append(out, rt)
+	}
+	// Names, patterns, and how the routes share topics: relay.Set's rules.
+	if _, err := setConfig(out, nil, base, nil).Plan(); err != nil {
+		return nil, &usageError{err}
 	}
 	for _, kind := range sinkKinds {
 		if sec, ok := top[kind]; ok && !used[kind] {
 			return nil, usagef("outbox: config %s line %d: %s: no route's sink is of this kind, so the section would be ignored",
 				g.file.path, sec.line, sec.name)
 		}
-	}
-	if router, ok := fanOutRouter(specs, out, base); ok {
-		out = append(out, router)
-	}
-	if !catchAll {
-		cfg := base
-		cfg.Route, cfg.Topics, cfg.ExcludeTopics = "unrouted", nil, all
-		cfg.ID = base.ID + "/unrouted"
-		cfg.Workers = 1
-		out = append(out, route{cfg: cfg, open: func() (sinks.Sink, error) { return noRoute{}, nil }, sinkName: "(dead letter)", label: "none"})
 	}
 	return out, nil
 }
@@ -228,61 +203,28 @@ func keyLine(m *yaml.Node, key string, def int) int {
 }
 
 // fedRoutes reports, route by route, whether the route takes its messages
-// from the fan-out router's copies: fan-out routes that share a possible
-// topic with another route, ordinary routes that share one with a fan-out
-// route, and, spreading, ordinary routes that share one with those.
+// from the fan-out router's copies (see relay.RouterFeeds).
 func fedRoutes(specs []routeSpec) []bool {
-	overlap := func(i, j int) bool {
-		for _, a := range specs[i].Topics {
-			for _, b := range specs[j].Topics {
-				if relay.PatternsOverlap(a, b) {
-					return true
-				}
-			}
-		}
-		return false
+	routes := make([]relay.Route, len(specs))
+	for i, sp := range specs {
+		routes[i] = relay.Route{Name: sp.Name, Topics: sp.Topics, FanOut: sp.FanOut}
 	}
-	fed := make([]bool, len(specs))
-	for i := range specs {
-		for j := range specs {
-			if i != j && (specs[i].FanOut || specs[j].FanOut) && overlap(i, j) {
-				fed[i], fed[j] = true, true
-			}
-		}
-	}
-	for changed := true; changed; {
-		changed = false
-		for i := range specs {
-			for j := range specs {
-				if fed[i] && !fed[j] && !specs[j].FanOut && !specs[i].FanOut && overlap(i, j) {
-					fed[j], changed = true, true
-				}
-			}
-		}
-	}
-	return fed
+	return relay.RouterFeeds(routes)
 }
 
-// fanOutRouter decides which routes are fed by the fan-out router, turns
-// them into destinations (rewriting their configuration in place) and
-// returns the router's route; false when no route needs one.
-func fanOutRouter(specs []routeSpec, routes []route, base relay.Config) (route, bool) {
-	fed := fedRoutes(specs)
-	rcfg := base
-	rcfg.Route, rcfg.ID = routerName, base.ID+"/"+routerName
-	for i := range routes {
-		if !fed[i] {
-			continue
+// setConfig is the relay.Set of the routes, on their opened sinks (nil:
+// not opened yet, enough to Plan).
+func setConfig(routes []route, opened []sinks.Sink, base relay.Config, hooks func(string) relay.Hooks) relay.SetConfig {
+	sc := relay.SetConfig{Config: base, Hooks: hooks}
+	for i, rt := range routes {
+		r := rt.spec
+		r.Config = &routes[i].cfg
+		if opened != nil {
+			r.Sink = opened[i]
 		}
-		c := &routes[i].cfg
-		rcfg.FanOut = append(rcfg.FanOut, relay.Destination{Route: c.Route, Topics: c.Topics, ExcludeTopics: c.ExcludeTopics})
-		rcfg.Topics = append(rcfg.Topics, c.Topics...)
-		c.Deliveries, c.Topics, c.ExcludeTopics = true, nil, nil
+		sc.Routes = append(sc.Routes, r)
 	}
-	if len(rcfg.FanOut) == 0 {
-		return route{}, false
-	}
-	return route{cfg: rcfg, open: func() (sinks.Sink, error) { return nil, nil }, sinkName: "(fan-out router)", label: "none", router: true}, true
+	return sc
 }
 
 func setIf[T any](dst *T, v *T) {
@@ -291,17 +233,38 @@ func setIf[T any](dst *T, v *T) {
 	}
 }
 
-// noRoute refuses every message: a topic no route matches is a
-// configuration problem the operator must see, so the message goes to
-// the dead-letter table (and can be replayed once a route exists).
-type noRoute struct{}
-
-func (noRoute) Send(_ context.Context, msgs []sinks.Message) error {
-	be := sinks.NewBatchError(len(msgs))
-	for i, m := range msgs {
-		be.Errs[i] = sinks.Permanent(fmt.Errorf("no route matches topic %q", m.Topic))
+// routeHooks returns the hooks of each planned relay, by route: its
+// metrics and, unless it is the fan-out router (it publishes nothing, so
+// it has no batches, spans or sink), its traces.
+func routeHooks(routes []route, planned []relay.Config, metrics *relayprom.Metrics, tracing bool) (func(string) relay.Hooks, error) {
+	hooks := map[string]relay.Hooks{}
+	for _, cfg := range planned {
+		rt := describe(routes, cfg.Route)
+		hooks[cfg.Route] = metrics.Hooks(cfg.Route, rt.label)
+		if tracing && !rt.router {
+			th, err := relayotel.New(relayotel.Config{System: messagingSystem(rt.scheme)})
+			if err != nil {
+				return nil, err
+			}
+			hooks[cfg.Route] = relay.MultiHooks(hooks[cfg.Route], th)
+		}
 	}
-	return be.Err()
+	return func(route string) relay.Hooks { return hooks[route] }, nil
 }
 
-func (noRoute) Close(context.Context) error { return nil }
+// runner is what run runs: one relay for --sink, a relay.Set for routes.
+type runner interface {
+	Run(ctx context.Context) error
+	Live() error
+	Ready(ctx context.Context) error
+}
+
+// newRelays builds the relays of the routes on their opened sinks.
+func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single bool, hooks func(string) relay.Hooks) (runner, error) {
+	if !single {
+		return relay.NewSet(pool, setConfig(routes, opened, base, hooks))
+	}
+	cfg := routes[0].cfg
+	cfg.Hooks = hooks(cfg.Route)
+	return relay.New(pool, opened[0], cfg)
+}

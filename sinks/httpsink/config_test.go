@@ -118,3 +118,29 @@ block_private_networks: true
 	require.True(t, c.BlockPrivateNetworks)
 	require.Len(t, c.Secrets, 2)
 }
+
+// Webhook routes read topic patterns as relay routes do (package topic),
+// not as path.Match did.
+func TestRoutePatternsAreTopicPatterns(t *testing.T) {
+	t.Parallel()
+	c := Config{URL: "https://fallback.example/", Routes: []Route{
+		{Topic: "orders.*", URL: "https://orders.example/"},
+		{Topic: "a/?", URL: "https://a.example/"},
+	}}
+	require.NoError(t, c.Validate())
+	s, err := New(c, nil)
+	require.NoError(t, err)
+	defer s.Close(t.Context())
+	for topic, want := range map[string]string{
+		"orders.eu.placed": "https://orders.example/", // '*' crosses dots
+		"a/b":              "https://a.example/",
+		"a/bc":             "https://fallback.example/",
+		"orders":           "https://fallback.example/",
+	} {
+		require.Equal(t, want, s.targetFor(topic).raw, topic)
+	}
+	for _, p := range []string{"[ab]", "a]", `a\*`} {
+		c := Config{Routes: []Route{{Topic: p, URL: "https://a.example/"}}}
+		require.ErrorContains(t, c.Validate(), "routes[0].topic: invalid pattern", p)
+	}
+}

@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
-	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +31,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/topic"
 )
 
 // Headers the sink sets on every request besides the application headers.
@@ -405,9 +405,9 @@ func (s *Sink) retriable(code int) bool {
 }
 
 // targetFor returns the destination of topic, nil when nothing matches.
-func (s *Sink) targetFor(topic string) *target {
+func (s *Sink) targetFor(t string) *target {
 	for _, r := range s.routes {
-		if ok, _ := path.Match(r.pattern, topic); ok {
+		if topic.Match(r.pattern, t) {
 			return r.t
 		}
 	}

@@ -1,0 +1,229 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+	"github.com/outbox-relay/outbox-relay/topic"
+)
+
+func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
+	t.Parallel()
+	sc := relay.SetConfig{Config: relay.Config{ID: "r"}, Routes: []relay.Route{
+		{Name: "orders", Topics: []string{"orders.*"}},
+		{Name: "payments", Topics: []string{"orders.paid", "payments.*"}}, // first match: shadowed by orders for orders.paid
+		{Name: "users", Topics: []string{"users.*"}},
+		{Name: "audit", Topics: []string{"*.created"}, FanOut: true},
+		{Name: "lonely", Topics: []string{"metrics"}, FanOut: true},
+	}}
+	cfgs, err := sc.Plan()
+	require.NoError(t, err)
+	byRoute := map[string]relay.Config{}
+	for _, c := range cfgs {
+		byRoute[c.Route] = c
+		require.Equal(t, "r/"+c.Route, c.ID)
+		require.True(t, c.SharedListener, "one LISTEN for all")
+	}
+	require.Len(t, cfgs, 7, "the routes, the router and the unrouted route")
+	// audit overlaps orders (orders.created) and users (users.created);
+	// payments shares orders.paid with orders, so it is fed too.
+	fed := map[string]bool{}
+	for _, rt := range sc.Routes {
+		fed[rt.Name] = byRoute[rt.Name].Deliveries
+	}
+	require.Equal(t, map[string]bool{"orders": true, "payments": true, "users": true, "audit": true, "lonely": false}, fed)
+	require.Equal(t, []bool{true, true, true, true, false}, relay.RouterFeeds(sc.Routes))
+	require.Equal(t, []string{"metrics"}, byRoute["lonely"].Topics, "a fan-out route sharing nothing reads the outbox itself")
+	router := byRoute[relay.RouterRoute]
+	require.Equal(t, relay.RouterRoute, cfgs[5].Route)
+
+	dest := func(tp string) []string {
+		var out []string
+		for _, d := range router.FanOut {
+			if topic.MatchAny(d.Topics, tp) && !topic.MatchAny(d.ExcludeTopics, tp) {
+				out = append(out, d.Route)
+			}
+		}
+		return out
+	}
+	require.Equal(t, []string{"orders", "audit"}, dest("orders.created"))
+	require.Equal(t, []string{"orders"}, dest("orders.paid"), "first match wins among ordinary routes")
+	require.Equal(t, []string{"payments"}, dest("payments.settled"))
+	require.Equal(t, []string{"users", "audit"}, dest("users.created"))
+	require.Equal(t, []string{"audit"}, dest("invoices.created"))
+
+	unrouted := cfgs[6]
+	require.Equal(t, relay.UnroutedRoute, unrouted.Route)
+	require.Equal(t, []string{"orders.*", "orders.paid", "payments.*", "users.*", "*.created", "metrics"}, unrouted.ExcludeTopics)
+
+	sc.Routes = sc.Routes[:3]
+	cfgs, err = sc.Plan()
+	require.NoError(t, err)
+	require.Len(t, cfgs, 4, "no fan-out route, no router")
+	require.False(t, cfgs[0].Deliveries)
+	require.Equal(t, []string{"orders.*"}, cfgs[1].ExcludeTopics, "the first match wins")
+
+	sc.Routes = []relay.Route{{Name: "all", Topics: []string{"*"}}}
+	cfgs, err = sc.Plan()
+	require.NoError(t, err)
+	require.Len(t, cfgs, 1, `a route takes "*": nothing is unrouted`)
+	require.False(t, cfgs[0].SharedListener, "alone, the relay listens itself")
+	require.Equal(t, 2+1+1, sc.Conns())
+}
+
+func TestSetPlanRouteConfigAndHooks(t *testing.T) {
+	t.Parallel()
+	own := relay.Config{Workers: 5, MaxAttempts: 3, Schema: "ignored", Route: "ignored"}
+	var hooked []string
+	sc := relay.SetConfig{
+		Config: relay.Config{Schema: "s", Workers: 1},
+		Routes: []relay.Route{{Name: "a", Topics: []string{"a"}, Config: &own}, {Name: "b", Topics: []string{"b"}}},
+		Hooks:  func(route string) relay.Hooks { hooked = append(hooked, route); return nil },
+	}
+	cfgs, err := sc.Plan()
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b", relay.UnroutedRoute}, hooked)
+	require.Equal(t, 5, cfgs[0].Workers)
+	require.Equal(t, 3, cfgs[0].MaxAttempts)
+	require.Equal(t, "s", cfgs[0].Schema, "every route reads the Set's schema")
+	require.Equal(t, "a", cfgs[0].Route)
+	require.Equal(t, 1, cfgs[1].Workers, "no config of its own: the Set's")
+	require.Equal(t, relay.Conns(cfgs...), sc.Conns())
+	require.Equal(t, (5+1)+(1+1)+(1+1)+1, sc.Conns())
+}
+
+func TestSetPlanErrorsNameRouteAndField(t *testing.T) {
+	t.Parallel()
+	ok := relay.Route{Name: "a", Topics: []string{"a"}}
+	for _, c := range []struct {
+		routes []relay.Route
+		want   string
+	}{
+		{nil, "outbox: routes: at least one route is required"},
+		{[]relay.Route{ok, {Name: "B", Topics: []string{"b"}}}, `outbox: routes[1].name: "B" must be 1-63 lower-case`},
+		{[]relay.Route{ok, {Name: "~fanout", Topics: []string{"b"}}}, `routes[1].name`},
+		{[]relay.Route{ok, ok}, `outbox: routes[1].name: "a" used twice`},
+		{[]relay.Route{{Name: "a"}}, "outbox: routes[0].topics: at least one topic pattern is required"},
+		{[]relay.Route{{Name: "a", Topics: []string{""}}}, "routes[0]: outbox: topics: patterns must not be empty"},
+		{[]relay.Route{{Name: "a", Topics: []string{"a"}, Config: &relay.Config{MaxAttempts: -1}}}, "routes[0]: outbox: max-attempts: must be at least 1"},
+	} {
+		_, err := relay.SetConfig{Routes: c.routes}.Plan()
+		require.ErrorContains(t, err, c.want)
+		require.Zero(t, relay.SetConfig{Routes: c.routes}.Conns())
+	}
+	pool, _ := pgtest.Schema(t)
+	_, err := relay.NewSet(pool, relay.SetConfig{Routes: []relay.Route{ok}})
+	require.ErrorContains(t, err, "outbox: routes[0].sink: required")
+}
+
+// startSet runs a Set on a pool of its own until the test ends and
+// returns it with stop, which cancels Run and returns its error.
+func (e *env) startSet(sc relay.SetConfig) (set *relay.Set, stop func() error, done <-chan struct{}) {
+	e.t.Helper()
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), MaxConns: sc.Conns() + 1})
+	require.NoError(e.t, err)
+	e.t.Cleanup(pool.Close)
+	set, err = relay.NewSet(pool, sc)
+	require.NoError(e.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	var runErr error
+	go func() { runErr = set.Run(ctx); close(finished) }()
+	stop = func() error {
+		cancel()
+		select {
+		case <-finished:
+			return runErr
+		case <-time.After(30 * time.Second):
+			return errors.New("set did not stop within 30s")
+		}
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return set, stop, finished
+}
+
+// A library user gets fan-out from routes alone: the Set adds the router,
+// feeds the overlapping routes and dead-letters what no route takes.
+func TestSetFanOutDeliversToBothRoutes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	orders, audit := memory.New(), memory.New()
+	cfg := e.config()
+	cfg.PollInterval = time.Hour // only the shared LISTEN wakes them in time
+	set, stop, _ := e.startSet(relay.SetConfig{Config: cfg, Routes: []relay.Route{
+		{Name: "orders", Topics: []string{"orders.*"}, Sink: orders},
+		{Name: "audit", Topics: []string{"*.created"}, FanOut: true, Sink: audit},
+	}})
+	require.Len(t, set.Relays(), 4, "orders, audit, the router, unrouted")
+	e.write(msg("orders.created", "o1", "1"), msg("orders.paid", "o1", "2"), msg("users.created", "u1", "3"), msg("other", "x", "4"))
+	require.NoError(t, orders.WaitFor(waitCtx(t, 20*time.Second), 2))
+	require.NoError(t, audit.WaitFor(waitCtx(t, 20*time.Second), 2))
+	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == 1 }, "the unrouted message is dead-lettered")
+	require.Equal(t, []string{"orders.created", "orders.paid"}, topics(orders.Delivered()))
+	require.Equal(t, []string{"orders.created", "users.created"}, topics(audit.Delivered()))
+	require.NoError(t, set.Live())
+	require.NoError(t, set.Ready(context.Background()))
+	require.NoError(t, stop())
+	require.ErrorContains(t, set.Ready(context.Background()), "draining")
+}
+
+// One route failing to start stops the others: a process must not
+// half-run.
+func TestSetOneRouteFailingStopsTheOthers(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// The archive route cannot create its partitions.
+	_, err := e.pool.Exec(context.Background(), "DROP TABLE "+e.table("archive")+" CASCADE")
+	require.NoError(t, err)
+	broken := e.config()
+	broken.Archive = true
+	_, stop, done := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
+		{Name: "fine", Topics: []string{"a"}, Sink: memory.New()},
+		{Name: "broken", Topics: []string{"b"}, Sink: memory.New(), Config: &broken},
+	}})
+	select {
+	case <-done:
+		require.ErrorContains(t, stop(), "archive")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the set kept running with a route down")
+	}
+}
+
+// Ready answers for every relay of the Set: one route's sick sink makes
+// the whole Set unready.
+func TestSetReadyOverAllRoutes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	set, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
+		{Name: "fine", Topics: []string{"a"}, Sink: memory.New()},
+		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
+	}})
+	eventually(t, 20*time.Second, func() bool {
+		err := set.Ready(context.Background())
+		return err != nil && err.Error() == "outbox: sink: down"
+	}, "the sick route makes the set unready")
+	require.NoError(t, set.Live())
+}
+
+type sickSink struct{ *memory.Sink }
+
+func (sickSink) Healthy(context.Context) error { return errors.New("down") }
+
+// topics returns the messages' topics, sorted.
+func topics(msgs []sinks.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.Topic
+	}
+	sort.Strings(out)
+	return out
+}
