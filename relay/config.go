@@ -178,10 +178,11 @@ func (c Config) WithDefaults() Config {
 	if c.RetryMultiplier == 0 {
 		c.RetryMultiplier = DefaultRetryMultiplier
 	}
+	// A negative jitter (disabled) stays negative, so that WithDefaults
+	// can be applied twice (a Set's plan, then New) without turning "no
+	// jitter" into the default.
 	if c.RetryJitter == 0 {
 		c.RetryJitter = DefaultRetryJitter
-	} else if c.RetryJitter < 0 {
-		c.RetryJitter = 0
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL

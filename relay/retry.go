@@ -12,7 +12,7 @@ import (
 func (r *Relay) retryDelay(failures int) time.Duration {
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     r.cfg.RetryInitial,
-		RandomizationFactor: r.cfg.RetryJitter,
+		RandomizationFactor: max(r.cfg.RetryJitter, 0), // negative: disabled
 		Multiplier:          r.cfg.RetryMultiplier,
 		MaxInterval:         r.cfg.RetryMax,
 		MaxElapsedTime:      0,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -128,7 +129,6 @@ func (c SetConfig) Plan() ([]Config, error) {
 	var out []Config
 	var earlier, all []string
 	seen := map[string]bool{}
-	catchAll := false
 	for i, rt := range c.Routes {
 		cfg, err := c.routeConfig(base, i, earlier, seen)
 		if err != nil {
@@ -139,14 +139,11 @@ func (c SetConfig) Plan() ([]Config, error) {
 			earlier = append(earlier, rt.Topics...)
 		}
 		all = append(all, rt.Topics...)
-		for _, p := range rt.Topics {
-			catchAll = catchAll || p == "*"
-		}
 	}
 	if router, ok := c.router(base, out); ok {
 		out = append(out, router)
 	}
-	if !catchAll {
+	if !c.catchAll() {
 		cfg := base
 		cfg.Route, cfg.Topics, cfg.ExcludeTopics = UnroutedRoute, nil, all
 		cfg.ID = base.ID + "/" + UnroutedRoute
@@ -165,6 +162,17 @@ func (c SetConfig) Plan() ([]Config, error) {
 	return out, nil
 }
 
+// catchAll reports whether a route takes every topic ("*"): then no
+// UnroutedRoute is added.
+func (c SetConfig) catchAll() bool {
+	for _, rt := range c.Routes {
+		if slices.Contains(rt.Topics, "*") {
+			return true
+		}
+	}
+	return false
+}
+
 // routeConfig returns the relay configuration of route i, which takes
 // what the earlier routes' patterns do not.
 func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[string]bool) (Config, error) {
@@ -177,6 +185,10 @@ func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[st
 		return Config{}, fmt.Errorf("outbox: %s.name: %q used twice", field, rt.Name)
 	case len(rt.Topics) == 0:
 		return Config{}, fmt.Errorf("outbox: %s.topics: at least one topic pattern is required", field)
+	case rt.Name == UnroutedRoute && !c.catchAll():
+		// Two relays in one route would split its lanes, and the built-in
+		// one would dead-letter this route's messages in its share.
+		return Config{}, fmt.Errorf("outbox: %s.name: %q is the built-in route that dead-letters the topics no route matches: rename the route, or add a route for \"*\" (then there is no built-in one)", field, rt.Name)
 	}
 	seen[rt.Name] = true
 	cfg := base

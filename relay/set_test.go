@@ -115,13 +115,17 @@ func TestSetPlanErrorsNameRouteAndField(t *testing.T) {
 		{[]relay.Route{{Name: "a"}}, "outbox: routes[0].topics: at least one topic pattern is required"},
 		{[]relay.Route{{Name: "a", Topics: []string{""}}}, "routes[0]: outbox: topics: patterns must not be empty"},
 		{[]relay.Route{{Name: "a", Topics: []string{"a"}, Config: &relay.Config{MaxAttempts: -1}}}, "routes[0]: outbox: max-attempts: must be at least 1"},
+		{[]relay.Route{ok, {Name: relay.UnroutedRoute, Topics: []string{"b"}}}, `outbox: routes[1].name: "unrouted" is the built-in route`},
 	} {
 		_, err := relay.SetConfig{Routes: c.routes}.Plan()
 		require.ErrorContains(t, err, c.want)
 		require.Zero(t, relay.SetConfig{Routes: c.routes}.Conns())
 	}
+	// With a catch-all route there is no built-in "unrouted": the name is free.
+	_, err := relay.SetConfig{Routes: []relay.Route{{Name: relay.UnroutedRoute, Topics: []string{"*"}}}}.Plan()
+	require.NoError(t, err)
 	pool, _ := pgtest.Schema(t)
-	_, err := relay.NewSet(pool, relay.SetConfig{Routes: []relay.Route{ok}})
+	_, err = relay.NewSet(pool, relay.SetConfig{Routes: []relay.Route{ok}})
 	require.ErrorContains(t, err, "outbox: routes[0].sink: required")
 }
 

@@ -1,0 +1,26 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+// TestNoJitterSurvivesDefaultsTwice: a disabled jitter (negative, what
+// --retry-jitter=0 sets) stays disabled when defaults are applied twice, as
+// a Set's plan and then New do. It used to become 0 the first time and the
+// 0.2 default the second, so every route of a routes table jittered.
+func TestNoJitterSurvivesDefaultsTwice(t *testing.T) {
+	cfg := Config{RetryJitter: -1, RetryInitial: time.Second, RetryMultiplier: 2, RetryMax: time.Minute}
+	r := &Relay{cfg: cfg.WithDefaults().WithDefaults()}
+	for range 50 {
+		if d := r.retryDelay(1); d != time.Second {
+			t.Fatalf("first retry delay %s with jitter disabled, want exactly 1s", d)
+		}
+		if d := r.retryDelay(3); d != 4*time.Second {
+			t.Fatalf("third retry delay %s with jitter disabled, want exactly 4s", d)
+		}
+	}
+	if got := (Config{}).WithDefaults().WithDefaults().RetryJitter; got != DefaultRetryJitter {
+		t.Fatalf("unset jitter after defaults: %g, want the default %g", got, DefaultRetryJitter)
+	}
+}
