@@ -162,38 +162,38 @@ func (a *apart) delivered(s settlement) error {
 // retries schedules s's retries. A retry that cannot be scheduled becomes
 // a dead letter saying why.
 func (a *apart) retries(s settlement) error {
-	rt := a.present(s.retries.IDs)
-	return a.each(len(rt), func(b *pgx.Batch, is ...int) {
-		var p store.Retries
-		for _, i := range is {
-			addRetry(&p, s.retries, rt[i])
-		}
-		a.src.QueueRetry(b, p)
-	}, func(i int) {
-		addRetry(&a.out.retries, s.retries, rt[i])
-	}, func(i int, refused error) error {
-		k := rt[i]
-		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, s.retries.Errors[k]))
-		a.r.log.Warn("message dead-lettered: the database refused its retry", "id", s.retries.IDs[k], "error", refused)
-		return a.deadLetter(s.retries.IDs[k], ReasonPermanent, text)
+	rt := s.retries
+	return settleRows(a, rt.IDs, rt, addRetry, a.src.QueueRetry, &a.out.retries, func(k int, refused error) error {
+		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, rt.Errors[k]))
+		a.r.log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
+		return a.deadLetter(rt.IDs[k], ReasonPermanent, text)
 	})
 }
 
 // deadLetters moves s's dead letters. One that cannot be dead-lettered is
 // parked.
 func (a *apart) deadLetters(s settlement) error {
-	dd := a.present(s.dead.IDs)
-	return a.each(len(dd), func(b *pgx.Batch, is ...int) {
-		var p store.DeadLetters
+	dd := s.dead
+	return settleRows(a, dd.IDs, dd, addDead, a.src.QueueDeadLetter, &a.out.dead, func(k int, refused error) error {
+		return a.park(dd.IDs[k], dd.Errors[k], refused)
+	})
+}
+
+// settleRows settles rows (whose k-th row is ids[k]) as a whole, or row by
+// row (see apart.each), with the statement queue queues, adding each row
+// settled to out and calling fallback for each row refused.
+func settleRows[P any](a *apart, ids []int64, rows P, add func(to *P, from P, k int), queue func(*pgx.Batch, P), out *P, fallback func(k int, refused error) error) error {
+	idx := a.present(ids)
+	return a.each(len(idx), func(b *pgx.Batch, is ...int) {
+		var p P
 		for _, i := range is {
-			addDead(&p, s.dead, dd[i])
+			add(&p, rows, idx[i])
 		}
-		a.src.QueueDeadLetter(b, p)
+		queue(b, p)
 	}, func(i int) {
-		addDead(&a.out.dead, s.dead, dd[i])
+		add(out, rows, idx[i])
 	}, func(i int, refused error) error {
-		k := dd[i]
-		return a.park(s.dead.IDs[k], s.dead.Errors[k], refused)
+		return fallback(idx[i], refused)
 	})
 }
 

@@ -51,16 +51,9 @@ func (r *Relay) maintainArchive(ctx context.Context) error {
 // keepArchive runs maintainArchive every ten minutes until ctx ends: the
 // next days' partitions exist well before the first delivery of the day.
 func (r *Relay) keepArchive(ctx context.Context) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, 10*time.Minute, func() {
 		if err := r.maintainArchive(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("archive maintenance failed", "error", err)
 		}
-	}
+	})
 }

@@ -267,6 +267,20 @@ func spawn(f func()) <-chan struct{} {
 	return done
 }
 
+// every calls f every d until ctx ends (not at once).
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
+	}
+}
+
 func defaultID() string {
 	host, _ := os.Hostname()
 	if host == "" {

@@ -90,14 +90,14 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, into *Claim) {
 	if handover == nil {
 		handover = []int16{} // NULL would exclude every lane
 	}
-	args := e.args(pgx.NamedArgs{
+	args := pgx.NamedArgs{
 		"relay": p.Relay, "workers": p.Workers, "worker": p.Worker, "rotation": p.Rotation,
 		"limit": p.Limit, "max_bytes": p.MaxBytes, "topics": p.Topics, "exclude": p.Exclude,
 		"handover": handover,
-	})
+	}
 	claim := e.claim
 	if e.source != Router {
-		b.Queue(e.hasPriority, args).QueryRow(func(row pgx.Row) error {
+		b.Queue(e.hasPriority.sql, e.args(e.hasPriority, args)...).QueryRow(func(row pgx.Row) error {
 			if err := row.Scan(&into.Priority); err != nil {
 				return fmt.Errorf("priority probe: %w", err)
 			}
@@ -108,7 +108,7 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, into *Claim) {
 		}
 	}
 	into.Rows = make([]ClaimedRow, 0, p.Limit)
-	b.Queue(claim, args).Query(func(rows pgx.Rows) error {
+	b.Queue(claim.sql, e.args(claim, args)...).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var c ClaimedRow
 			if err := rows.Scan(&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
@@ -172,23 +172,23 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
        m.created_at, m.attempts, now() AS claimed_at, m.row_ctid`
 	if e.source == Router {
 		// No byte limit: nothing to weigh.
-		e.claim = rows + from + `
-LIMIT @limit`
+		e.claim = newStmt(rows + from + `
+LIMIT @limit`)
 		return
 	}
 	// What byteCut orders and weighs the rows by: pos and lane (the claim
 	// order, with id), size.
 	weighed := rows + `, o.pos, m.lane, octet_length(m.payload) AS size`
-	e.claim = byteCut(weighed + from + `
-LIMIT @limit`)
-	e.claimPriority = e.priorityClaim(s, rows, weighed+from)
+	e.claim = newStmt(byteCut(weighed + from + `
+LIMIT @limit`))
+	e.claimPriority = newStmt(e.priorityClaim(s, rows, weighed+from))
 
 	// The probe of the partial priority index (empty unless someone sets
 	// priorities) for this worker's lanes.
-	e.hasPriority = `SELECT EXISTS (SELECT 1 FROM ` + src + ` p
+	e.hasPriority = newStmt(`SELECT EXISTS (SELECT 1 FROM ` + src + ` p
     WHERE ` + e.ofRoute("p") + `p.priority > 0 AND p.lane % @workers = @worker
       AND ` + Ready("p") + `
-      AND ` + topicFilter("p") + `)`
+      AND ` + topicFilter("p") + `)`)
 }
 
 // priorityClaim is the claim with a first phase: when the worker's lanes hold

@@ -46,10 +46,10 @@ type Engine struct {
 	source Source
 	route  string
 
-	claim, claimPriority, hasPriority string
-	deleteDelivered, archiveDelivered string
-	scheduleRetry, deadLetter, relock string
-	copyToRoutes, copiesLeft          string
+	claim, claimPriority, hasPriority stmt
+	deleteDelivered, archiveDelivered stmt
+	scheduleRetry, deadLetter, relock stmt
+	copyToRoutes, copiesLeft          stmt
 }
 
 // NewEngine renders the statements of source for schema s and route.
@@ -64,11 +64,11 @@ func NewEngine(s Schema, source Source, route string) *Engine {
 // Source is the engine's source.
 func (e *Engine) Source() Source { return e.source }
 
-// args are a statement's named arguments with the engine's route added:
-// statements that do not mention @route ignore it.
-func (e *Engine) args(a pgx.NamedArgs) pgx.NamedArgs {
+// args are st's arguments: a, and the engine's route (statements that do
+// not mention @route ignore it).
+func (e *Engine) args(st stmt, a pgx.NamedArgs) []any {
 	a["route"] = e.route
-	return a
+	return st.args(a)
 }
 
 // table is the source's table: the outbox, or the fan-out copies.

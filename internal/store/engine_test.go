@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -22,31 +23,31 @@ func TestEngineGolden(t *testing.T) {
 	for _, src := range []Source{Outbox, Copies, Router} {
 		e := NewEngine(s, src, "orders")
 		p := "engine_" + src.String() + "_"
-		golden(t, p+"claim", e.claim)
-		golden(t, p+"delete", e.deleteDelivered)
-		golden(t, p+"dead_letter", e.deadLetter)
+		golden(t, p+"claim", e.claim.named)
+		golden(t, p+"delete", e.deleteDelivered.named)
+		golden(t, p+"dead_letter", e.deadLetter.named)
 		if src == Router {
 			// The router claims in id order whatever the priority, and
 			// settles by copying: it runs nothing else.
-			golden(t, p+"copy", e.copyToRoutes)
+			golden(t, p+"copy", e.copyToRoutes.named)
 			continue
 		}
-		golden(t, p+"claim_priority", e.claimPriority)
-		golden(t, p+"has_priority", e.hasPriority)
-		golden(t, p+"archive", e.archiveDelivered)
-		golden(t, p+"retry", e.scheduleRetry)
-		golden(t, p+"relock", e.relock)
+		golden(t, p+"claim_priority", e.claimPriority.named)
+		golden(t, p+"has_priority", e.hasPriority.named)
+		golden(t, p+"archive", e.archiveDelivered.named)
+		golden(t, p+"retry", e.scheduleRetry.named)
+		golden(t, p+"relock", e.relock.named)
 	}
-	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders").copiesLeft)
+	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders").copiesLeft.named)
 
 	l := NewLeases(s, "relay-1", "orders")
-	for name, sql := range map[string]string{
+	for name, sql := range map[string]stmt{
 		"ensure_lanes": l.ensureLanes, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
 		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
 		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
 		"owned": l.owned,
 	} {
-		golden(t, "lease_"+name, sql)
+		golden(t, "lease_"+name, sql.named)
 	}
 	golden(t, "archive_create_partition", NewPartitions(s).createSQL(time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)))
 }
@@ -73,13 +74,20 @@ type engineEnv struct {
 	s    Schema
 }
 
-func setupEngine(t *testing.T) *engineEnv {
+// migrated returns a pool and a fresh migrated schema.
+func migrated(t *testing.T) (*pgxpool.Pool, Schema) {
 	t.Helper()
 	pool, name := pgtest.Schema(t)
 	s, err := NewSchema(name)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pool, s
+}
+
+func setupEngine(t *testing.T) *engineEnv {
+	t.Helper()
+	pool, s := migrated(t)
 	e := &engineEnv{t: t, pool: pool, s: s}
 	ctx := context.Background()
 	if got, err := NewLeases(s, "me", "").Acquire(ctx, pool, time.Hour, NumLanes); err != nil || len(got) != NumLanes {
@@ -178,7 +186,7 @@ func TestClaimOrderHoldAndByteCut(t *testing.T) {
 	// A message waiting for its retry holds back the later ones of its
 	// key, and only of its key; the probe sees a priority.
 	e.exec(`DELETE FROM ` + e.s.Table("messages"))
-	e.exec(`INSERT INTO `+e.s.Table("messages")+` (id, topic, key, payload, available_at, attempts, priority) VALUES
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, key, payload, available_at, attempts, priority) VALUES
  (10, 'orders', 'a', '', now() + interval '1 hour', 1, 0), (11, 'orders', 'a', '', NULL, 0, 0), (12, 'orders', 'b', '', NULL, 0, 3),
  (13, 'other', 'c', '', NULL, 0, 0)`)
 	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Limit: 100, MaxBytes: 1 << 20, Topics: []string{"ord%"}}, nil)
@@ -261,11 +269,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 
 func TestLeasesAcquireShareRelease(t *testing.T) {
 	t.Parallel()
-	pool, name := pgtest.Schema(t)
-	s, err := NewSchema(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, s := migrated(t)
 	ctx := context.Background()
 	me, other := NewLeases(s, "r1", "x"), NewLeases(s, "r2", "x")
 	if n, err := me.EnsureLanes(ctx, pool); err != nil || n != NumLanes {
@@ -324,15 +328,11 @@ func TestLeasesAcquireShareRelease(t *testing.T) {
 
 func TestArchivePartitions(t *testing.T) {
 	t.Parallel()
-	pool, name := pgtest.Schema(t)
-	s, err := NewSchema(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, s := migrated(t)
 	ctx := context.Background()
 	p := NewPartitions(s)
 	day := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := p.Lock(ctx, tx); err != nil {
 			return err
 		}
@@ -355,34 +355,66 @@ func TestArchivePartitions(t *testing.T) {
 	}
 }
 
-// BenchmarkClaimRewrite measures what named arguments add to every claim:
-// pgx rewrites @names to $n (a lexer pass over the statement) each time
-// it is sent. Compare with BenchmarkClaim in package relay (the claim's
-// round trip, milliseconds).
+// BenchmarkClaimRewrite measures what named arguments would add to every
+// claim if pgx rewrote them at each call (pgx.NamedArgs), against the
+// statement rendered once (stmt.args). Compare with BenchmarkClaim in
+// package relay (the claim's round trip, milliseconds).
 func BenchmarkClaimRewrite(b *testing.B) {
 	s, err := NewSchema("")
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, prio := range []bool{false, true} {
-		e := NewEngine(s, Outbox, "")
-		sql := e.claim
-		if prio {
-			sql = e.claimPriority
+	e := NewEngine(s, Outbox, "")
+	args := func() pgx.NamedArgs {
+		return pgx.NamedArgs{
+			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "route": "",
+			"max_bytes": int64(1 << 24), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
 		}
-		b.Run(map[bool]string{false: "plain", true: "priority"}[prio], func(b *testing.B) {
+	}
+	for _, st := range []struct {
+		name string
+		stmt stmt
+	}{{"plain", e.claim}, {"priority", e.claimPriority}} {
+		b.Run(st.name+"/each-call", func(b *testing.B) {
 			ctx := context.Background()
 			for b.Loop() {
-				args := e.args(pgx.NamedArgs{
-					"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500,
-					"max_bytes": int64(1 << 24), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
-				})
-				for _, q := range []string{e.hasPriority, sql} {
-					if _, _, err := args.RewriteQuery(ctx, nil, q, nil); err != nil {
-						b.Fatal(err)
-					}
+				if _, _, err := args().RewriteQuery(ctx, nil, st.stmt.named, nil); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})
+		b.Run(st.name+"/rendered-once", func(b *testing.B) {
+			for b.Loop() {
+				_ = st.stmt.args(args())
+			}
+		})
 	}
+}
+
+// Rendering once must give what pgx gives at each call.
+func TestStmtMatchesNamedArgs(t *testing.T) {
+	t.Parallel()
+	e := NewEngine(testSchema(t), Copies, "orders")
+	a := pgx.NamedArgs{
+		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "route": "orders",
+		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3},
+	}
+	for _, st := range []stmt{e.claim, e.claimPriority, e.hasPriority} {
+		sql, want, err := a.RewriteQuery(context.Background(), nil, st.named, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sql != st.sql {
+			t.Fatalf("rendered\n%s\npgx\n%s", st.sql, sql)
+		}
+		if got := st.args(a); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("arguments %v, pgx %v", got, want)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a missing argument was sent as NULL")
+		}
+	}()
+	e.claim.args(pgx.NamedArgs{"relay": "me"})
 }

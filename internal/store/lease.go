@@ -18,8 +18,8 @@ import (
 type Leases struct {
 	relay, route string
 
-	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays string
-	workedLanes, acquire, release, releaseAll, unregister, owned      string
+	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays stmt
+	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
 }
 
 // Heartbeat is what a relay's registration says about it.
@@ -47,38 +47,39 @@ func NewLeases(s Schema, relay, route string) *Leases {
 	return l
 }
 
-func (l *Leases) args(a pgx.NamedArgs) pgx.NamedArgs {
+// args are st's arguments: a, the relay and its route.
+func (l *Leases) args(st stmt, a pgx.NamedArgs) []any {
 	a["relay"], a["route"] = l.relay, l.route
-	return a
+	return st.args(a)
 }
 
 // EnsureLanes creates the route's lane rows that are missing and returns
 // how many it created.
 func (l *Leases) EnsureLanes(ctx context.Context, q Querier) (int64, error) {
-	tag, err := q.Exec(ctx, l.ensureLanes, l.args(pgx.NamedArgs{}))
+	tag, err := q.Exec(ctx, l.ensureLanes.sql, l.args(l.ensureLanes, pgx.NamedArgs{})...)
 	return tag.RowsAffected(), err
 }
 
 // Heartbeat registers the relay, or renews its registration, with the
 // identity of q's session (other relays reap it when that session is gone).
 func (l *Leases) Heartbeat(ctx context.Context, q Querier, h Heartbeat) error {
-	_, err := q.Exec(ctx, l.heartbeat, l.args(pgx.NamedArgs{
+	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
 		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight,
-	}))
+	})...)
 	return err
 }
 
 // ClampHeartbeats sets the other relays' heartbeats that lie in the future
 // to now.
 func (l *Leases) ClampHeartbeats(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, l.clampHeartbeats, l.args(pgx.NamedArgs{}))
+	_, err := q.Exec(ctx, l.clampHeartbeats.sql, l.args(l.clampHeartbeats, pgx.NamedArgs{})...)
 	return err
 }
 
 // Reap unregisters the relays whose heartbeat is older than ttl or, with
 // fastFailover, whose lease session is gone.
 func (l *Leases) Reap(ctx context.Context, q Querier, ttl time.Duration, fastFailover bool) error {
-	_, err := q.Exec(ctx, l.reap, l.args(pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover}))
+	_, err := q.Exec(ctx, l.reap.sql, l.args(l.reap, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover})...)
 	return err
 }
 
@@ -90,14 +91,14 @@ func (l *Leases) Renew(ctx context.Context, q Querier, ttl time.Duration) ([]int
 // CountRelays counts the route's relays and lane rows.
 func (l *Leases) CountRelays(ctx context.Context, q Querier) (RelayCount, error) {
 	var c RelayCount
-	err := q.QueryRow(ctx, l.countRelays, l.args(pgx.NamedArgs{})).Scan(&c.Alive, &c.Rank, &c.Lanes)
+	err := q.QueryRow(ctx, l.countRelays.sql, l.args(l.countRelays, pgx.NamedArgs{})...).Scan(&c.Alive, &c.Rank, &c.Lanes)
 	return c, err
 }
 
 // WorkedLanes counts the route's lanes that a live relay has leased.
 func (l *Leases) WorkedLanes(ctx context.Context, q Querier) (int, error) {
 	var n int
-	err := q.QueryRow(ctx, l.workedLanes, l.args(pgx.NamedArgs{})).Scan(&n)
+	err := q.QueryRow(ctx, l.workedLanes.sql, l.args(l.workedLanes, pgx.NamedArgs{})...).Scan(&n)
 	return n, err
 }
 
@@ -115,13 +116,13 @@ func (l *Leases) Release(ctx context.Context, q Querier, lanes []int16) ([]int16
 
 // ReleaseAll hands every lane of the relay back.
 func (l *Leases) ReleaseAll(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, l.releaseAll, l.args(pgx.NamedArgs{}))
+	_, err := q.Exec(ctx, l.releaseAll.sql, l.args(l.releaseAll, pgx.NamedArgs{})...)
 	return err
 }
 
 // Unregister removes the relay's registration.
 func (l *Leases) Unregister(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, l.unregister, l.args(pgx.NamedArgs{}))
+	_, err := q.Exec(ctx, l.unregister.sql, l.args(l.unregister, pgx.NamedArgs{})...)
 	return err
 }
 
@@ -130,9 +131,9 @@ func (l *Leases) Owned(ctx context.Context, q Querier) ([]int16, error) {
 	return l.lanes(ctx, q, l.owned, pgx.NamedArgs{})
 }
 
-// lanes runs sql, which returns lane numbers.
-func (l *Leases) lanes(ctx context.Context, q Querier, sql string, a pgx.NamedArgs) ([]int16, error) {
-	rows, err := q.Query(ctx, sql, l.args(a))
+// lanes runs st, which returns lane numbers.
+func (l *Leases) lanes(ctx context.Context, q Querier, st stmt, a pgx.NamedArgs) ([]int16, error) {
+	rows, err := q.Query(ctx, st.sql, l.args(st, a)...)
 	if err != nil {
 		return nil, err
 	}
@@ -141,14 +142,14 @@ func (l *Leases) lanes(ctx context.Context, q Querier, sql string, a pgx.NamedAr
 
 func (l *Leases) render(s Schema) {
 	lanes, relays := s.Table("lanes"), s.Table("relays")
-	l.ensureLanes = `INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`
+	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`)
 
-	l.heartbeat = `
+	l.heartbeat = newStmt(`
 INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
 SELECT @relay, @hostname, @pid, @version, @route, @in_flight, pg_backend_pid(), a.backend_start
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
-    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`
+    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`)
 
 	// Heartbeats are written with the database's now(); one in the future
 	// was written by hand (or the server's clock stepped back). It is set
@@ -156,11 +157,11 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_fli
 	// 'infinity' would otherwise count as a live relay forever, and its
 	// fair share of the lanes would never be worked. Locked rows are
 	// skipped, as in reap.
-	l.clampHeartbeats = `
+	l.clampHeartbeats = newStmt(`
 UPDATE ` + relays + ` SET heartbeat_at = now()
 WHERE id IN (
     SELECT id FROM ` + relays + ` WHERE id <> @relay AND heartbeat_at > clock_timestamp()
-    FOR UPDATE SKIP LOCKED)`
+    FOR UPDATE SKIP LOCKED)`)
 
 	// A relay is dead when its heartbeat is older than the lease TTL or,
 	// with fast failover, when its lease connection no longer exists (its
@@ -172,7 +173,7 @@ WHERE id IN (
 	// Waiting for it instead deadlocked relays that all reconnected at once
 	// (each one's reap waiting for the other's heartbeat), which stalled
 	// whole routes in the fan-out chaos test.
-	l.reap = `
+	l.reap = newStmt(`
 DELETE FROM ` + relays + ` WHERE id IN (
     SELECT r.id FROM ` + relays + ` r
     WHERE r.id <> @relay AND (
@@ -180,20 +181,20 @@ DELETE FROM ` + relays + ` WHERE id IN (
         OR (@fast_failover AND NOT EXISTS (
             SELECT 1 FROM pg_stat_activity a
             WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))
-    FOR UPDATE SKIP LOCKED)`
+    FOR UPDATE SKIP LOCKED)`)
 
-	l.renew = `UPDATE ` + lanes + ` SET lease_until = now() + @ttl_ms * interval '1 millisecond' WHERE route = @route AND owner = @relay RETURNING lane`
+	l.renew = newStmt(`UPDATE ` + lanes + ` SET lease_until = now() + @ttl_ms * interval '1 millisecond' WHERE route = @route AND owner = @relay RETURNING lane`)
 
-	l.countRelays = `SELECT count(*), count(*) FILTER (WHERE id < @relay),
+	l.countRelays = newStmt(`SELECT count(*), count(*) FILTER (WHERE id < @relay),
     (SELECT count(*) FROM ` + lanes + ` WHERE route = @route)
-FROM ` + relays + ` WHERE route = @route`
+FROM ` + relays + ` WHERE route = @route`)
 
-	l.workedLanes = `
+	l.workedLanes = newStmt(`
 SELECT count(*) FROM ` + lanes + ` l
 WHERE l.route = @route AND l.owner IS NOT NULL AND l.lease_until > now()
-  AND EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner)`
+  AND EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner)`)
 
-	l.acquire = `
+	l.acquire = newStmt(`
 UPDATE ` + lanes + ` SET owner = @relay, lease_until = now() + @ttl_ms * interval '1 millisecond'
 WHERE lane IN (
     SELECT l.lane FROM ` + lanes + ` l
@@ -203,17 +204,17 @@ WHERE lane IN (
     LIMIT @n
     FOR UPDATE SKIP LOCKED)
   AND route = @route
-RETURNING lane`
+RETURNING lane`)
 
-	l.release = `
+	l.release = newStmt(`
 UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL
 WHERE lane IN (
     SELECT l.lane FROM ` + lanes + ` l WHERE l.route = @route AND l.owner = @relay AND l.lane = ANY(@lanes::int2[])
     FOR UPDATE SKIP LOCKED)
   AND route = @route
-RETURNING lane`
+RETURNING lane`)
 
-	l.releaseAll = `UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL WHERE route = @route AND owner = @relay`
-	l.unregister = `DELETE FROM ` + relays + ` WHERE id = @relay`
-	l.owned = `SELECT lane FROM ` + lanes + ` WHERE route = @route AND owner = @relay`
+	l.releaseAll = newStmt(`UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL WHERE route = @route AND owner = @relay`)
+	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
+	l.owned = newStmt(`SELECT lane FROM ` + lanes + ` WHERE route = @route AND owner = @relay`)
 }

@@ -34,19 +34,19 @@ type DeadLetters struct {
 // physical address cannot change, and a TID scan saves a primary-key
 // descent per row.
 func (e *Engine) QueueDelete(b *pgx.Batch, ctids []pgtype.TID) {
-	b.Queue(e.deleteDelivered, pgx.NamedArgs{"ctids": ctids})
+	b.Queue(e.deleteDelivered.sql, e.args(e.deleteDelivered, pgx.NamedArgs{"ctids": ctids})...)
 }
 
 // QueueArchive queues the move of the delivered rows ids to the day's
 // archive partition (with the archive on), recording the relay's route.
 func (e *Engine) QueueArchive(b *pgx.Batch, ids []int64) {
-	b.Queue(e.archiveDelivered, e.args(pgx.NamedArgs{"ids": ids}))
+	b.Queue(e.archiveDelivered.sql, e.args(e.archiveDelivered, pgx.NamedArgs{"ids": ids})...)
 }
 
 // QueueRetry queues the retries r: each row counts one more attempt,
 // becomes deliverable after its delay, and keeps its first and last error.
 func (e *Engine) QueueRetry(b *pgx.Batch, r Retries) {
-	b.Queue(e.scheduleRetry, e.args(pgx.NamedArgs{"ids": r.IDs, "delay_ms": r.DelayMillis, "errors": r.Errors}))
+	b.Queue(e.scheduleRetry.sql, e.args(e.scheduleRetry, pgx.NamedArgs{"ids": r.IDs, "delay_ms": r.DelayMillis, "errors": r.Errors})...)
 }
 
 // QueueDeadLetter queues the move of rows d to the dead letters. A dead
@@ -54,7 +54,7 @@ func (e *Engine) QueueRetry(b *pgx.Batch, r Retries) {
 // the outbox (a replay routes it again), the relay's own for a fan-out
 // copy (a replay goes to that route only).
 func (e *Engine) QueueDeadLetter(b *pgx.Batch, d DeadLetters) {
-	b.Queue(e.deadLetter, e.args(pgx.NamedArgs{"ids": d.IDs, "reasons": d.Reasons, "errors": d.Errors}))
+	b.Queue(e.deadLetter.sql, e.args(e.deadLetter, pgx.NamedArgs{"ids": d.IDs, "reasons": d.Reasons, "errors": d.Errors})...)
 }
 
 // Relock locks the rows ids of this source again in a new transaction,
@@ -63,7 +63,7 @@ func (e *Engine) QueueDeadLetter(b *pgx.Batch, d DeadLetters) {
 // again row by row this way (their ctids are unchanged unless another
 // relay took them).
 func (e *Engine) Relock(ctx context.Context, q Querier, ids []int64) (map[int64]pgtype.TID, error) {
-	rows, err := q.Query(ctx, e.relock, e.args(pgx.NamedArgs{"ids": ids}))
+	rows, err := q.Query(ctx, e.relock.sql, e.args(e.relock, pgx.NamedArgs{"ids": ids})...)
 	if err != nil {
 		return nil, err
 	}
@@ -85,21 +85,21 @@ func (e *Engine) andRoute(a string) string {
 
 func (e *Engine) renderSettle(s Schema) {
 	src := e.table(s)
-	e.deleteDelivered = `DELETE FROM ` + src + ` WHERE ctid = ANY(@ctids::tid[])`
+	e.deleteDelivered = newStmt(`DELETE FROM ` + src + ` WHERE ctid = ANY(@ctids::tid[])`)
 
-	e.relock = `SELECT m.id, m.ctid FROM ` + src + ` m WHERE m.id = ANY(@ids)` + e.andRoute("m") + ` FOR UPDATE SKIP LOCKED`
+	e.relock = newStmt(`SELECT m.id, m.ctid FROM ` + src + ` m WHERE m.id = ANY(@ids)` + e.andRoute("m") + ` FOR UPDATE SKIP LOCKED`)
 
-	e.archiveDelivered = `
+	e.archiveDelivered = newStmt(`
 WITH d AS (
     DELETE FROM ` + src + ` m WHERE ` + e.ofRoute("m") + `id = ANY(@ids)
     RETURNING id, message_id, topic, key, payload, headers, created_at
 )
 INSERT INTO ` + s.Table("archive") + ` (id, message_id, topic, key, payload, headers, created_at, delivered_at, route)
-SELECT id, message_id, topic, key, payload, headers, created_at, now(), @route::text FROM d`
+SELECT id, message_id, topic, key, payload, headers, created_at, now(), @route::text FROM d`)
 
 	// clock_timestamp: the delay counts from the settlement, not from the
 	// claim (a slow sink would otherwise eat into it).
-	e.scheduleRetry = `
+	e.scheduleRetry = newStmt(`
 UPDATE ` + src + ` m SET
     attempts = m.attempts + 1,
     available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
@@ -107,13 +107,13 @@ UPDATE ` + src + ` m SET
     first_error = coalesce(m.first_error, f.err),
     first_failed_at = coalesce(m.first_failed_at, clock_timestamp())
 FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err)
-WHERE m.id = f.id` + e.andRoute("m")
+WHERE m.id = f.id` + e.andRoute("m"))
 
 	deadRoute := "''"
 	if e.source == Copies {
 		deadRoute = "@route::text"
 	}
-	e.deadLetter = `
+	e.deadLetter = newStmt(`
 WITH f AS (
     SELECT * FROM unnest(@ids::bigint[], @reasons::text[], @errors::text[]) AS f(id, reason, err)
 ), d AS (
@@ -131,5 +131,5 @@ ON CONFLICT (id, route) DO UPDATE SET
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
     attempts = EXCLUDED.attempts, reason = EXCLUDED.reason, first_error = EXCLUDED.first_error,
     last_error = EXCLUDED.last_error, first_failed_at = EXCLUDED.first_failed_at,
-    dedup_key = EXCLUDED.dedup_key, priority = EXCLUDED.priority, dead_at = now()`
+    dedup_key = EXCLUDED.dedup_key, priority = EXCLUDED.priority, dead_at = now()`)
 }
