@@ -71,33 +71,28 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	// What the probe finds chooses the claim of the worker's next cycle
 	// (the one with a priority phase costs more, so it runs only while
 	// there are priority messages).
-	var res store.Claim
-	res.Priority = r.priority[worker]
+	batch := make([]claimed, 0, r.cfg.BatchSize)
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
 		Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: handover,
 		Priority: r.priority[worker],
-	}, &res)
-	if err := pc.SendBatch(hard, cb).Close(); err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
-	}
-	r.priority[worker] = res.Priority
-	batch := make([]claimed, len(res.Rows))
-	for i, row := range res.Rows {
-		c := &batch[i]
-		c.attempts, c.ctid = row.Attempts, row.CTID
-		c.msg = sinks.Message{
-			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload,
+	}, &r.priority[worker], func(row store.ClaimedRow) error {
+		headers, err := decodeHeaders(row.Headers)
+		if err != nil {
+			return fmt.Errorf("headers of message %d: %w", row.ID, err)
+		}
+		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, msg: sinks.Message{
+			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
 			// delivered as the claim's time.
 			CreatedAt: finiteTime(row.CreatedAt, row.ClaimedAt),
 			Attempt:   row.Attempts + 1, ClaimedAt: row.ClaimedAt,
-		}
-		var err error
-		if c.msg.Headers, err = decodeHeaders(row.Headers); err != nil {
-			return nil, fmt.Errorf("outbox: claim: headers of message %d: %w", row.ID, err)
-		}
+		}})
+		return nil
+	})
+	if err := pc.SendBatch(hard, cb).Close(); err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	return batch, nil
 }

@@ -49,7 +49,7 @@ type ClaimParams struct {
 	// Handover are lanes this relay is giving up: not claimed.
 	Handover []int16
 	// Priority runs the claim with a first phase for priorities: set it
-	// while the previous claim's probe (Claim.Priority) found some.
+	// while the previous claim's probe (see QueueClaim) found some.
 	Priority bool
 }
 
@@ -71,21 +71,16 @@ type ClaimedRow struct {
 	CTID pgtype.TID
 }
 
-// Claim is what a claim returns once its batch is sent.
-type Claim struct {
-	Rows []ClaimedRow
-	// Priority: the worker's lanes hold deliverable messages with a
-	// priority (the probe that rides along with every claim but the
-	// router's); the next claim should set ClaimParams.Priority.
-	Priority bool
-}
-
 // QueueClaim queues a claim on b: the priority probe (except for the
 // router, which copies in id order whatever the priority: the
-// destinations' claims honour it) and the claim itself, which fill into
-// when b's results are closed. The caller begins the transaction first
-// and settles it after: the claimed rows stay locked until then.
-func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, into *Claim) {
+// destinations' claims honour it) and the claim itself. When b's results
+// are read, *priority is set to the probe's answer (the worker's lanes
+// hold deliverable messages with a priority: its next claim should set
+// ClaimParams.Priority) and row is called for each claimed row, in claim
+// order; an error from row ends the batch with it. The caller begins the
+// transaction first and settles it after: the claimed rows stay locked
+// until then.
+func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row func(ClaimedRow) error) {
 	handover := p.Handover
 	if handover == nil {
 		handover = []int16{} // NULL would exclude every lane
@@ -97,8 +92,8 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, into *Claim) {
 	}
 	claim := e.claim
 	if e.source != Router {
-		b.Queue(e.hasPriority.sql, e.args(e.hasPriority, args)...).QueryRow(func(row pgx.Row) error {
-			if err := row.Scan(&into.Priority); err != nil {
+		b.Queue(e.hasPriority.sql, e.args(e.hasPriority, args)...).QueryRow(func(r pgx.Row) error {
+			if err := r.Scan(priority); err != nil {
 				return fmt.Errorf("priority probe: %w", err)
 			}
 			return nil
@@ -107,15 +102,18 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, into *Claim) {
 			claim = e.claimPriority
 		}
 	}
-	into.Rows = make([]ClaimedRow, 0, p.Limit)
 	b.Queue(claim.sql, e.args(claim, args)...).Query(func(rows pgx.Rows) error {
+		// One ClaimedRow serves every row: pgx scans each value into
+		// fresh memory, and row gets a copy.
+		var c ClaimedRow
 		for rows.Next() {
-			var c ClaimedRow
 			if err := rows.Scan(&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
 				&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID); err != nil {
 				return fmt.Errorf("scan: %w", err)
 			}
-			into.Rows = append(into.Rows, c)
+			if err := row(c); err != nil {
+				return err
+			}
 		}
 		return rows.Err()
 	})

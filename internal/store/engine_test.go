@@ -105,7 +105,13 @@ func (e *engineEnv) exec(sql string, args ...any) {
 
 // claim runs one claim (and settle, when it queues anything) in a
 // transaction and commits it.
-func (e *engineEnv) claim(en *Engine, p ClaimParams, settle func(b *pgx.Batch, c Claim)) Claim {
+// claim is what one claim returned.
+type claim struct {
+	Rows     []ClaimedRow
+	Priority bool
+}
+
+func (e *engineEnv) claim(en *Engine, p ClaimParams, settle func(b *pgx.Batch, c claim)) claim {
 	e.t.Helper()
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
@@ -116,9 +122,9 @@ func (e *engineEnv) claim(en *Engine, p ClaimParams, settle func(b *pgx.Batch, c
 	if p.Relay == "" {
 		p.Relay, p.Workers, p.Limit, p.MaxBytes = "me", 1, 100, 1<<20
 	}
-	var c Claim
+	var c claim
 	b := &pgx.Batch{}
-	en.QueueClaim(b, p, &c)
+	en.QueueClaim(b, p, &c.Priority, func(r ClaimedRow) error { c.Rows = append(c.Rows, r); return nil })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -207,7 +213,7 @@ func TestSettleDeleteRetryDeadLetter(t *testing.T) {
 	e := setupEngine(t)
 	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) SELECT g, 'orders', '' FROM generate_series(1, 3) g`)
 	en := NewEngine(e.s, Outbox, "")
-	e.claim(en, ClaimParams{}, func(b *pgx.Batch, c Claim) {
+	e.claim(en, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		en.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
 		en.QueueRetry(b, Retries{IDs: []int64{2}, DelayMillis: []int64{3_600_000}, Errors: []string{"boom"}})
 		en.QueueDeadLetter(b, DeadLetters{IDs: []int64{3}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
@@ -232,7 +238,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 	ctx := context.Background()
 	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, key, payload) VALUES (1, 'orders', 'k', 'p')`)
 	router := NewEngine(e.s, Router, "")
-	e.claim(router, ClaimParams{}, func(b *pgx.Batch, c Claim) {
+	e.claim(router, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		if len(c.Rows) != 1 || len(c.Rows[0].Payload) != 0 {
 			t.Fatalf("router claimed %+v, want message 1 without its payload", c.Rows)
 		}
@@ -250,7 +256,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 	if _, err := la.Acquire(ctx, e.pool, time.Hour, NumLanes); err != nil {
 		t.Fatal(err)
 	}
-	e.claim(a, ClaimParams{}, func(b *pgx.Batch, c Claim) {
+	e.claim(a, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		if len(c.Rows) != 1 || string(c.Rows[0].Payload) != "p" {
 			t.Fatalf("route a claimed %+v, want its copy of message 1", c.Rows)
 		}
