@@ -21,7 +21,7 @@ import (
 
 // claimCatcher records the first claim statement the relay sends (the
 // one with the LATERAL join over its lanes) with its arguments, so that
-// EXPLAIN runs exactly what the relay runs, whatever relay/queries.go
+// EXPLAIN runs exactly what the relay runs, whatever internal/store/claim.go
 // says today.
 type claimCatcher struct {
 	mu   sync.Mutex

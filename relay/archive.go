@@ -3,65 +3,43 @@ package relay
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 )
-
-// archivePartition names the archive partition of one UTC day.
-func archivePartition(day time.Time) string {
-	return "archive_p" + day.UTC().Format("20060102")
-}
 
 // maintainArchive creates the archive partitions for today and the next
 // two days and drops those older than the retention. Relays serialize on
 // an advisory lock so two of them never race on the DDL.
 func (r *Relay) maintainArchive(ctx context.Context) error {
-	s := migrations.Ident(r.cfg.Schema)
+	parts := store.NewPartitions(r.schema)
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", archiveLockKey, r.cfg.Schema); err != nil {
-			return err
-		}
-		var now time.Time
-		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		now, err := parts.Lock(ctx, tx)
+		if err != nil {
 			return err
 		}
 		today := now.UTC().Truncate(24 * time.Hour)
 		for d := 0; d < 3; d++ {
-			from := today.AddDate(0, 0, d)
-			name := migrations.Ident(r.cfg.Schema) + "." + pgx.Identifier{archivePartition(from)}.Sanitize()
-			sql := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s.archive FOR VALUES FROM ('%s') TO ('%s')",
-				name, s, from.Format(time.RFC3339), from.AddDate(0, 0, 1).Format(time.RFC3339))
-			if _, err := tx.Exec(ctx, sql); err != nil {
+			if err := parts.Create(ctx, tx, today.AddDate(0, 0, d)); err != nil {
 				return fmt.Errorf("outbox: create archive partition: %w", err)
 			}
 		}
-		rows, err := tx.Query(ctx, `
-SELECT c.relname FROM pg_inherits i
-JOIN pg_class c ON c.oid = i.inhrelid
-JOIN pg_class p ON p.oid = i.inhparent
-JOIN pg_namespace n ON n.oid = p.relnamespace
-WHERE p.relname = 'archive' AND n.nspname = $1`, r.cfg.Schema)
-		if err != nil {
-			return err
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		names, err := parts.List(ctx, tx)
 		if err != nil {
 			return err
 		}
 		cutoff := now.Add(-r.cfg.ArchiveRetention).UTC()
 		for _, n := range names {
-			day, err := time.Parse("20060102", strings.TrimPrefix(n, "archive_p"))
-			if err != nil || !strings.HasPrefix(n, "archive_p") {
+			day, ok := store.PartitionDay(n)
+			if !ok {
 				continue // not ours
 			}
 			if day.AddDate(0, 0, 1).After(cutoff) {
 				continue
 			}
-			if _, err := tx.Exec(ctx, "DROP TABLE "+s+"."+pgx.Identifier{n}.Sanitize()); err != nil {
+			if err := parts.Drop(ctx, tx, n); err != nil {
 				return fmt.Errorf("outbox: drop archive partition %s: %w", n, err)
 			}
 			r.log.Info("archive partition dropped", "partition", n)
@@ -70,4 +48,12 @@ WHERE p.relname = 'archive' AND n.nspname = $1`, r.cfg.Schema)
 	})
 }
 
-const archiveLockKey = 0x6f757463 // "outc"
+// keepArchive runs maintainArchive every ten minutes until ctx ends: the
+// next days' partitions exist well before the first delivery of the day.
+func (r *Relay) keepArchive(ctx context.Context) {
+	every(ctx, 10*time.Minute, func() {
+		if err := r.maintainArchive(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("archive maintenance failed", "error", err)
+		}
+	})
+}

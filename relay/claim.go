@@ -3,11 +3,11 @@ package relay
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -21,28 +21,43 @@ type claimed struct {
 // source is where a worker's claims come from, and the statements that
 // settle them: the outbox itself, the fan-out copies of this relay's
 // route (the deliveries table), or, for the fan-out router, the outbox
-// without payloads.
+// without payloads. New chooses it once; the only switch at run time is
+// to the leftover copies (see Relay.leftover).
 type source struct {
-	q *queries
-	// copies: the rows are fan-out copies (their statements also match
-	// the route).
-	copies bool
-	// router: the rows are copied to their destination routes, not
-	// published.
-	router bool
+	*store.Engine
 	// topics and exclude are the route's patterns in LIKE form (nil: no
 	// filter).
 	topics, exclude []string
 }
 
-// source returns the source of the next claim.
-func (r *Relay) source() source {
-	if r.leftover.Load() {
-		// Every copy made for this route is this route's, whatever its
-		// patterns say now.
-		return source{q: &r.copyQ, copies: true}
+// router reports whether the claimed rows are copied to their destination
+// routes instead of published.
+func (s *source) router() bool { return s.Source() == store.Router }
+
+// newSources renders the relay's source, and the one for the fan-out
+// copies that an earlier configuration left for its route.
+func newSources(schema store.Schema, cfg Config) (main, leftover *source) {
+	kind := store.Outbox
+	switch {
+	case len(cfg.FanOut) > 0:
+		kind = store.Router
+	case cfg.Deliveries:
+		kind = store.Copies
 	}
-	return source{q: &r.q, copies: r.cfg.Deliveries, router: len(r.cfg.FanOut) > 0, topics: r.topics, exclude: r.exclude}
+	main = &source{Engine: store.NewEngine(schema, kind, cfg.Route),
+		topics: likePatterns(cfg.Topics), exclude: likePatterns(cfg.ExcludeTopics)}
+	// Every copy made for this route is this route's, whatever its
+	// patterns say now: no topic filter.
+	leftover = &source{Engine: store.NewEngine(schema, store.Copies, cfg.Route)}
+	return main, leftover
+}
+
+// source returns the source of the next claim.
+func (r *Relay) source() *source {
+	if r.leftover.Load() {
+		return r.leftoverSrc
+	}
+	return r.src
 }
 
 // claim begins the batch's transaction on pc and claims up to BatchSize
@@ -50,83 +65,33 @@ func (r *Relay) source() source {
 // (rotation chooses the first lane, handover are lanes no longer to be
 // claimed). BEGIN, the priority probe and the claim go out in one round
 // trip. The transaction stays open: the caller settles and commits it.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src source, worker, rotation int, handover []int16) ([]claimed, error) {
-	// The priority probe rides along with every claim; what it finds
-	// chooses the claim of the worker's next cycle (the one with a
-	// priority phase costs more, so it runs only while there are priority
-	// messages).
-	// The fan-out router copies in id order whatever the priority (the
-	// destinations' claims honour it).
-	q, copies, topics, exclude, router := src.q, src.copies, src.topics, src.exclude, src.router
-	claim := q.claim
-	switch {
-	case router:
-		claim = q.routerClaim
-	case r.priority[worker]:
-		claim = q.claimPriority
-	}
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, handover []int16) ([]claimed, error) {
 	cb := &pgx.Batch{}
 	cb.Queue("BEGIN")
-	if !router {
-		probe := []any{r.cfg.Workers, worker, topics, exclude}
-		if copies {
-			probe = append(probe, r.cfg.Route)
-		}
-		cb.Queue(q.hasPriority, probe...)
-	}
-	args := []any{r.cfg.ID, r.cfg.Workers, worker, rotation, r.cfg.BatchSize,
-		r.cfg.Route, topics, exclude, handover}
-	if !router {
-		// The router reads no payloads: it has no byte limit.
-		args = append(args, r.cfg.BatchBytes)
-	}
-	cb.Queue(claim, args...)
-	br := pc.SendBatch(hard, cb)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, fmt.Errorf("outbox: begin: %w", err)
-	}
-	if !router {
-		if err := br.QueryRow().Scan(&r.priority[worker]); err != nil {
-			br.Close()
-			return nil, fmt.Errorf("outbox: claim: priority probe: %w", err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		br.Close()
-		return nil, fmt.Errorf("outbox: claim: %w", err)
-	}
+	// What the probe finds chooses the claim of the worker's next cycle
+	// (the one with a priority phase costs more, so it runs only while
+	// there are priority messages).
 	batch := make([]claimed, 0, r.cfg.BatchSize)
-	var dbNow time.Time
-	var headers []byte
-	var createdAt pgtype.Timestamptz
-	for rows.Next() {
-		var c claimed
-		m := &c.msg
-		if err := rows.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &m.Payload, &headers, &createdAt, &c.attempts, &dbNow, &c.ctid); err != nil {
-			rows.Close()
-			br.Close()
-			return nil, fmt.Errorf("outbox: claim: scan: %w", err)
+	src.QueueClaim(cb, store.ClaimParams{
+		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
+		Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		Topics: src.topics, Exclude: src.exclude, Handover: handover,
+		Priority: r.priority[worker],
+	}, &r.priority[worker], func(row store.ClaimedRow) error {
+		headers, err := decodeHeaders(row.Headers)
+		if err != nil {
+			return fmt.Errorf("headers of message %d: %w", row.ID, err)
 		}
-		// A created_at of ±infinity (only ever written by hand) is
-		// delivered as the claim's time.
-		m.CreatedAt = finiteTime(createdAt, dbNow)
-		if m.Headers, err = decodeHeaders(headers); err != nil {
-			rows.Close()
-			br.Close()
-			return nil, fmt.Errorf("outbox: claim: headers of message %d: %w", m.Seq, err)
-		}
-		m.Attempt = c.attempts + 1
-		m.ClaimedAt = dbNow
-		batch = append(batch, c)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		br.Close()
-		return nil, fmt.Errorf("outbox: claim: %w", err)
-	}
-	if err := br.Close(); err != nil {
+		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, msg: sinks.Message{
+			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
+			// A created_at of ±infinity (only ever written by hand) is
+			// delivered as the claim's time.
+			CreatedAt: finiteTime(row.CreatedAt, row.ClaimedAt),
+			Attempt:   row.Attempts + 1, ClaimedAt: row.ClaimedAt,
+		}})
+		return nil
+	})
+	if err := pc.SendBatch(hard, cb).Close(); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	return batch, nil

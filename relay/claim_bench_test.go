@@ -7,12 +7,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // BenchmarkClaim measures the claim statement alone: BEGIN, claim a batch
 // of 500 from a 200k backlog over 1,000 keys (this worker's half of the
-// lanes, the default byte limit), ROLLBACK. Compare runs with benchstat.
+// lanes, the default byte limit) and scan it, ROLLBACK. Compare runs with
+// benchstat.
 func BenchmarkClaim(b *testing.B) {
 	for _, c := range []struct {
 		name     string
@@ -46,39 +48,31 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 				b.Fatal(err)
 			}
 			defer conn.Release()
-			qs := newQueries(schema, false)
-			q, probe := qs.claim, qs.hasPriority
-			if c.priority {
-				q = qs.claimPriority
+			st, err := store.NewSchema(schema)
+			if err != nil {
+				b.Fatal(err)
 			}
+			e := store.NewEngine(st, store.Outbox, "")
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tx, err := conn.Begin(ctx)
 				if err != nil {
 					b.Fatal(err)
 				}
-				// As the relay does: the priority probe pipelined with the claim.
+				// As the relay does: the priority probe pipelined with the
+				// claim, every row scanned.
 				batch := &pgx.Batch{}
-				batch.Queue(probe, 2, i%2, []string(nil), []string(nil))
-				batch.Queue(q, "me", 2, i%2, (i*2)%256, 500, "", []string(nil), []string(nil), []int16{}, int64(DefaultBatchBytes))
-				br := tx.SendBatch(ctx, batch)
-				var has bool
-				if err := br.QueryRow().Scan(&has); err != nil {
-					b.Fatal(err)
-				}
-				rows, err := br.Query()
-				if err != nil {
-					b.Fatal(err)
-				}
+				var prio bool
 				n := 0
-				for rows.Next() {
-					n++
-				}
-				if rows.Err() != nil || n == 0 {
-					b.Fatalf("claimed %d: %v", n, rows.Err())
-				}
-				if err := br.Close(); err != nil {
+				e.QueueClaim(batch, store.ClaimParams{
+					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
+					Limit: 500, MaxBytes: DefaultBatchBytes, Priority: c.priority,
+				}, &prio, func(store.ClaimedRow) error { n++; return nil })
+				if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 					b.Fatal(err)
+				}
+				if n == 0 {
+					b.Fatal("claimed nothing")
 				}
 				if err := tx.Rollback(ctx); err != nil {
 					b.Fatal(err)

@@ -5,52 +5,40 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 )
-
-// copiesLeft reports whether fan-out copies for this relay's route exist.
-func (r *Relay) copiesLeft(ctx context.Context) (bool, error) {
-	var left bool
-	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+migrations.Ident(r.cfg.Schema)+`.deliveries WHERE route = $1)`,
-		r.cfg.Route).Scan(&left)
-	return left, err
-}
 
 // fanOut is the router's settle: each claimed message is copied to its
 // destination routes and leaves the outbox, in the claim's transaction
 // (so a crash copies nothing, and a copy is never made twice). A message
 // no destination takes (the routes changed under it) is dead-lettered.
-func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, batch []claimed) error {
-	var ids []int64
-	var routes []string
-	var tids []pgtype.TID
-	var deadIDs []int64
-	var deadReasons, deadErrs []string
+func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, src *source, batch []claimed) error {
+	var copies store.CopyParams
+	var dead store.DeadLetters
 	for _, c := range batch {
-		n := len(ids)
+		n := len(copies.IDs)
 		for _, d := range r.cfg.FanOut {
 			if d.matches(c.msg.Topic) {
-				ids = append(ids, c.msg.Seq)
-				routes = append(routes, d.Route)
+				copies.IDs = append(copies.IDs, c.msg.Seq)
+				copies.Routes = append(copies.Routes, d.Route)
 			}
 		}
-		if len(ids) == n {
-			deadIDs = append(deadIDs, c.msg.Seq)
-			deadReasons = append(deadReasons, ReasonPermanent)
-			deadErrs = append(deadErrs, fmt.Sprintf("no route matches topic %q", c.msg.Topic))
+		if len(copies.IDs) == n {
+			dead.IDs = append(dead.IDs, c.msg.Seq)
+			dead.Reasons = append(dead.Reasons, ReasonPermanent)
+			dead.Errors = append(dead.Errors, fmt.Sprintf("no route matches topic %q", c.msg.Topic))
 			continue
 		}
-		tids = append(tids, c.ctid)
+		copies.CTIDs = append(copies.CTIDs, c.ctid)
 	}
 	b := &pgx.Batch{}
-	if len(ids) > 0 {
-		b.Queue(r.q.copyToRoutes, ids, routes, tids)
-		b.Queue(r.q.deleteDelivered, tids)
+	if len(copies.IDs) > 0 {
+		src.QueueCopy(b, copies)
+		src.QueueDelete(b, copies.CTIDs)
 	}
-	if len(deadIDs) > 0 {
-		b.Queue(r.q.deadLetter, deadIDs, deadReasons, deadErrs)
+	if len(dead.IDs) > 0 {
+		src.QueueDeadLetter(b, dead)
 	}
 	b.Queue("COMMIT")
 	r.stats.Batches.Add(1)
@@ -58,7 +46,7 @@ func (r *Relay) fanOut(ctx context.Context, pc *pgx.Conn, batch []claimed) error
 		r.stats.CommitFailures.Add(1)
 		return fmt.Errorf("outbox: fan-out of %d messages: %w", len(batch), err)
 	}
-	r.stats.Delivered.Add(int64(len(tids)))
-	r.stats.DeadLettered.Add(int64(len(deadIDs)))
+	r.stats.Delivered.Add(int64(len(copies.CTIDs)))
+	r.stats.DeadLettered.Add(int64(len(dead.IDs)))
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -45,8 +46,8 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.leaseHealthy(); err != nil {
 		return err
 	}
-	var readOnly bool
-	if err := r.pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
+	readOnly, err := store.ReadOnly(ctx, r.pool)
+	if err != nil {
 		return fmt.Errorf("outbox: database: %w", err)
 	}
 	if readOnly {

@@ -10,7 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/store"
 )
+
+// numLanes is how many lanes a route has.
+const numLanes = store.NumLanes
 
 // leaser keeps this relay registered and owning its fair share of lanes.
 // It holds one connection for its whole life: the server-side identity of
@@ -70,8 +75,6 @@ func (l *leaser) closeConn(ctx context.Context) {
 // tick registers the heartbeat, reaps dead relays, renews this relay's
 // lanes and moves it towards its fair share.
 func (l *leaser) tick(ctx context.Context) error {
-	cfg := l.r.cfg
-	q := l.r.q
 	if l.conn == nil {
 		pc, err := l.r.pool.Acquire(ctx)
 		if err != nil {
@@ -82,91 +85,16 @@ func (l *leaser) tick(ctx context.Context) error {
 	if d, starved := l.r.starved(); starved {
 		return l.giveUp(ctx, d)
 	}
-	ttl := cfg.LeaseTTL.Milliseconds()
-	owned := l.owned
-	var worked int
-	var handover []int16
 	if !l.lanesReady {
-		if _, err := l.conn.Exec(ctx, q.ensureLanes, cfg.Route); err != nil {
-			return fmt.Errorf("create lanes of route %q: %w", cfg.Route, err)
+		if _, err := l.r.leases.EnsureLanes(ctx, l.conn); err != nil {
+			return fmt.Errorf("create lanes of route %q: %w", l.r.cfg.Route, err)
 		}
 		l.lanesReady = true
 	}
-	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
-		host, _ := os.Hostname()
-		if _, err := tx.Exec(ctx, q.heartbeat, cfg.ID, host, os.Getpid(), cfg.Version, cfg.Route, l.r.inFlight.Load()); err != nil {
-			return fmt.Errorf("heartbeat: %w", err)
-		}
-		if _, err := tx.Exec(ctx, q.clampHeartbeats, cfg.ID); err != nil {
-			return fmt.Errorf("bound heartbeats: %w", err)
-		}
-		if _, err := tx.Exec(ctx, q.reap, cfg.ID, ttl, !cfg.DisableFastFailover); err != nil {
-			return fmt.Errorf("reap: %w", err)
-		}
-		rows, err := tx.Query(ctx, q.renew, cfg.ID, ttl, cfg.Route)
-		if err != nil {
-			return fmt.Errorf("renew: %w", err)
-		}
-		mine, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-		if err != nil {
-			return fmt.Errorf("renew: %w", err)
-		}
-		owned = len(mine)
-		var alive, rank, lanes int
-		if err := tx.QueryRow(ctx, q.countRelays, cfg.ID, cfg.Route).Scan(&alive, &rank, &lanes); err != nil {
-			return fmt.Errorf("count relays: %w", err)
-		}
-		if lanes < numLanes {
-			// Lane rows were deleted under the running relays: the messages
-			// of those lanes would wait forever. The insert is idempotent;
-			// the count above keeps it off the usual heartbeat.
-			tag, err := tx.Exec(ctx, q.ensureLanes, cfg.Route)
-			if err != nil {
-				return fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
-			}
-			if n := tag.RowsAffected(); n > 0 {
-				l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
-			}
-		}
-		if alive < 1 {
-			alive = 1
-		}
-		target := numLanes / alive
-		if rank < numLanes%alive {
-			target++
-		}
-		switch {
-		case owned < target:
-			rows, err := tx.Query(ctx, q.acquire, cfg.ID, ttl, target-owned, cfg.Route)
-			if err != nil {
-				return fmt.Errorf("acquire: %w", err)
-			}
-			got, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-			if err != nil {
-				return fmt.Errorf("acquire: %w", err)
-			}
-			owned += len(got)
-		case owned > target:
-			// Hand over the highest lanes. Those a claim is using right now
-			// are skipped here; the workers stop claiming from them (see
-			// Relay.handover) so that the next heartbeat can release them.
-			sort.Slice(mine, func(i, j int) bool { return mine[i] > mine[j] })
-			giving := mine[:owned-target]
-			rows, err := tx.Query(ctx, q.release, cfg.ID, giving, cfg.Route)
-			if err != nil {
-				return fmt.Errorf("release: %w", err)
-			}
-			gone, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-			if err != nil {
-				return fmt.Errorf("release: %w", err)
-			}
-			owned -= len(gone)
-			handover = without(giving, gone)
-		}
-		if err := tx.QueryRow(ctx, q.workedLanes, cfg.Route).Scan(&worked); err != nil {
-			return fmt.Errorf("count worked lanes: %w", err)
-		}
-		return nil
+	var s share
+	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) (err error) {
+		s, err = l.heartbeat(ctx, tx)
+		return err
 	})
 	if err != nil {
 		return err
@@ -175,18 +103,110 @@ func (l *leaser) tick(ctx context.Context) error {
 		l.gaveUp = false
 		l.r.log.Info("workers have database connections again; taking a share of the lanes")
 	}
-	l.noteUnworked(numLanes - worked)
-	if owned != l.owned {
-		l.r.log.Info("lanes rebalanced", "owned", owned, "was", l.owned)
-		if owned > l.owned {
+	l.noteUnworked(numLanes - s.worked)
+	if s.owned != l.owned {
+		l.r.log.Info("lanes rebalanced", "owned", s.owned, "was", l.owned)
+		if s.owned > l.owned {
 			l.r.wakeAll()
 		}
 	}
-	l.owned = owned
-	l.r.handover.Store(&handover)
-	l.r.ownedLane.Store(int64(owned))
-	l.r.cfg.Hooks.Lanes(owned)
+	l.owned = s.owned
+	l.r.handover.Store(&s.handover)
+	l.r.ownedLane.Store(int64(s.owned))
+	l.r.cfg.Hooks.Lanes(s.owned)
 	return nil
+}
+
+// share is what a heartbeat leaves this relay with: the lanes it owns,
+// those it is handing over (a claim was using them), and how many lanes
+// of the route a live relay works.
+type share struct {
+	owned, worked int
+	handover      []int16
+}
+
+// heartbeat is a tick's transaction: register this relay, reap dead
+// ones, renew this relay's leases, then take or hand over lanes towards
+// its fair share.
+func (l *leaser) heartbeat(ctx context.Context, tx pgx.Tx) (share, error) {
+	cfg, q := l.r.cfg, l.r.leases
+	var s share
+	host, _ := os.Hostname()
+	hb := store.Heartbeat{Hostname: host, PID: os.Getpid(), Version: cfg.Version, InFlight: l.r.inFlight.Load()}
+	if err := q.Heartbeat(ctx, tx, hb); err != nil {
+		return s, fmt.Errorf("heartbeat: %w", err)
+	}
+	if err := q.ClampHeartbeats(ctx, tx); err != nil {
+		return s, fmt.Errorf("bound heartbeats: %w", err)
+	}
+	if err := q.Reap(ctx, tx, cfg.LeaseTTL, !cfg.DisableFastFailover); err != nil {
+		return s, fmt.Errorf("reap: %w", err)
+	}
+	mine, err := q.Renew(ctx, tx, cfg.LeaseTTL)
+	if err != nil {
+		return s, fmt.Errorf("renew: %w", err)
+	}
+	count, err := q.CountRelays(ctx, tx)
+	if err != nil {
+		return s, fmt.Errorf("count relays: %w", err)
+	}
+	if count.Lanes < numLanes {
+		// Lane rows were deleted under the running relays: the messages
+		// of those lanes would wait forever. The insert is idempotent;
+		// the count above keeps it off the usual heartbeat.
+		n, err := q.EnsureLanes(ctx, tx)
+		if err != nil {
+			return s, fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
+		}
+		if n > 0 {
+			l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
+		}
+	}
+	if s.owned, s.handover, err = l.rebalance(ctx, tx, mine, fairShare(count)); err != nil {
+		return s, err
+	}
+	if s.worked, err = q.WorkedLanes(ctx, tx); err != nil {
+		return s, fmt.Errorf("count worked lanes: %w", err)
+	}
+	return s, nil
+}
+
+// fairShare is how many lanes this relay should own: an equal part, the
+// remainder going to the relays with the smallest ids.
+func fairShare(c store.RelayCount) int {
+	alive := max(c.Alive, 1)
+	target := numLanes / alive
+	if c.Rank < numLanes%alive {
+		target++
+	}
+	return target
+}
+
+// rebalance acquires lanes, or hands over the highest of mine, until this
+// relay owns target lanes. It returns how many it owns and the lanes it is
+// still handing over.
+func (l *leaser) rebalance(ctx context.Context, tx pgx.Tx, mine []int16, target int) (int, []int16, error) {
+	q, owned := l.r.leases, len(mine)
+	switch {
+	case owned < target:
+		got, err := q.Acquire(ctx, tx, l.r.cfg.LeaseTTL, target-owned)
+		if err != nil {
+			return 0, nil, fmt.Errorf("acquire: %w", err)
+		}
+		return owned + len(got), nil, nil
+	case owned > target:
+		// Hand over the highest lanes. Those a claim is using right now
+		// are skipped here; the workers stop claiming from them (see
+		// Relay.handover) so that the next heartbeat can release them.
+		sort.Slice(mine, func(i, j int) bool { return mine[i] > mine[j] })
+		giving := mine[:owned-target]
+		gone, err := q.Release(ctx, tx, giving)
+		if err != nil {
+			return 0, nil, fmt.Errorf("release: %w", err)
+		}
+		return owned - len(gone), without(giving, gone), nil
+	}
+	return owned, nil, nil
 }
 
 // noteUnworked tracks the lanes of this relay's route that no live relay
@@ -256,10 +276,10 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		}
 		l.held, l.conn = pc, pc.Conn()
 	}
-	if _, err := l.conn.Exec(ctx, l.r.q.releaseAll, l.r.cfg.ID, l.r.cfg.Route); err != nil {
+	if err := l.r.leases.ReleaseAll(ctx, l.conn); err != nil {
 		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
 	}
-	if _, err := l.conn.Exec(ctx, l.r.q.unregister, l.r.cfg.ID); err != nil {
+	if err := l.r.leases.Unregister(ctx, l.conn); err != nil {
 		l.r.log.Warn("could not unregister relay", "error", err)
 	}
 	l.r.ownedLane.Store(0)
@@ -275,27 +295,19 @@ func (l *leaser) releaseAll(ctx context.Context) {
 // relay registers and takes its share again at the first heartbeat after
 // every worker has a connection.
 func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
-	cfg, q := l.r.cfg, l.r.q
+	q := l.r.leases
 	var left []int16
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, q.owned, cfg.ID, cfg.Route)
+		mine, err := q.Owned(ctx, tx)
 		if err != nil {
 			return fmt.Errorf("owned lanes: %w", err)
 		}
-		mine, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-		if err != nil {
-			return fmt.Errorf("owned lanes: %w", err)
-		}
-		rows, err = tx.Query(ctx, q.release, cfg.ID, mine, cfg.Route)
-		if err != nil {
-			return fmt.Errorf("release: %w", err)
-		}
-		gone, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		gone, err := q.Release(ctx, tx, mine)
 		if err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
 		left = without(mine, gone)
-		if _, err := tx.Exec(ctx, q.unregister, cfg.ID); err != nil {
+		if err := q.Unregister(ctx, tx); err != nil {
 			return fmt.Errorf("unregister: %w", err)
 		}
 		return nil

@@ -1,28 +1,3 @@
-// Package relay is the engine of outbox-relay: workers claim committed
-// outbox rows, hand them to a sink, and delete what the sink accepted, in
-// one transaction per batch ("lock while publishing").
-//
-// Ordering. Every message belongs to one of 256 lanes (a hash of its key).
-// Relay processes lease lanes through the lanes table, each taking a fair
-// share; a lane is worked on by one worker of one process at a time, and in
-// id order. Messages with the same key therefore reach the sink in the
-// order they were written, never concurrently, whatever the number of
-// relay processes. A message whose delivery failed waits for its retry in
-// the row (attempts, available_at) and holds back the later messages of its
-// key, and only of its key.
-//
-// Failure. A relay that dies mid-batch loses nothing: its transaction
-// aborts and the rows are claimable again. Its lanes go to other relays
-// when its lease connection is seen closed, or at the latest after LeaseTTL.
-// Idle-in-transaction and statement timeouts on the relay's sessions bound
-// how long a relay cut off from the database can hold rows.
-//
-// Routes. A Relay serves one route; a Set runs several in one process
-// (relay.NewSet), with the fan-out router, the unrouted route and one
-// shared LISTEN, as the CLI's routes table does. Topic patterns are
-// package topic's.
-//
-// This package does not parse flags or know any concrete sink.
 package relay
 
 import (
@@ -40,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
@@ -49,19 +25,18 @@ type Relay struct {
 	cfg  Config
 	pool *pgxpool.Pool
 	sink sinks.Sink
-	q    queries
 	log  *slog.Logger
 
+	schema store.Schema
+	// src is where the workers claim from, chosen by New.
+	src *source
 	// leftover: this relay reads the outbox, but fan-out copies made for
 	// its route under an earlier configuration are still waiting; it
-	// delivers them (with copyQ) before it reads the outbox again, so that
-	// they are not stranded and each key stays in order.
-	leftover atomic.Bool
-	copyQ    queries
-
-	// topics and exclude are the route's patterns in LIKE form (nil: no
-	// filter).
-	topics, exclude []string
+	// delivers them (from leftoverSrc) before it reads the outbox again,
+	// so that they are not stranded and each key stays in order.
+	leftover    atomic.Bool
+	leftoverSrc *source
+	leases      *store.Leases
 
 	wake     []chan struct{}
 	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
@@ -121,12 +96,16 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if max := int(pool.Config().MaxConns); max < need {
 		return nil, fmt.Errorf("outbox: max-conns: %d workers need a pool of at least %d connections (%s), have %d", cfg.Workers, need, what, max)
 	}
+	schema, err := store.NewSchema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
 	r := &Relay{
 		cfg:      cfg,
 		pool:     pool,
 		sink:     sink,
-		q:        newQueries(cfg.Schema, cfg.Deliveries),
-		copyQ:    newQueries(cfg.Schema, true),
+		schema:   schema,
+		leases:   store.NewLeases(schema, cfg.ID, cfg.Route),
 		log:      cfg.Logger.With("relay_id", cfg.ID),
 		wake:     make([]chan struct{}, cfg.Workers),
 		lastLoop: make([]atomic.Int64, cfg.Workers),
@@ -137,8 +116,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.wake[i] = make(chan struct{}, 1)
 		r.priority[i] = true // until the first probe says otherwise
 	}
-	r.topics = likePatterns(cfg.Topics)
-	r.exclude = likePatterns(cfg.ExcludeTopics)
+	r.src, r.leftoverSrc = newSources(schema, cfg)
 	if cfg.Route != "" {
 		r.log = r.log.With("route", cfg.Route)
 	}
@@ -194,18 +172,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopDrainTimer()
 
 	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
-	if !r.cfg.Deliveries && len(r.cfg.FanOut) == 0 && r.cfg.Route != "" {
-		left, err := r.copiesLeft(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("outbox: look for fan-out copies of route %q: %w", r.cfg.Route, err)
+	if err := r.findLeftover(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
 		}
-		if left {
-			r.leftover.Store(true)
-			r.log.Warn("fan-out copies made for this route under an earlier configuration are waiting; delivering them before the outbox")
-		}
+		return err
 	}
 	if r.cfg.Archive {
 		// Partitions must exist before the first delivery is archived.
@@ -215,43 +186,18 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		archiveDone := make(chan struct{})
+		archiveDone := spawn(func() { r.keepArchive(ctx) })
 		defer func() { <-archiveDone }()
-		go func() {
-			defer close(archiveDone)
-			t := time.NewTicker(10 * time.Minute)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-				if err := r.maintainArchive(ctx); err != nil && ctx.Err() == nil {
-					r.log.Warn("archive maintenance failed", "error", err)
-				}
-			}
-		}()
 	}
 	lease := newLeaser(r)
-	leaseDone := make(chan struct{})
-	go func() {
-		defer close(leaseDone)
-		lease.run(ctx)
-	}()
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		r.watchSchema(ctx)
-	}()
+	leaseDone := spawn(func() { lease.run(ctx) })
+	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
-	listenDone := make(chan struct{})
-	go func() {
-		defer close(listenDone)
+	listenDone := spawn(func() {
 		if !r.cfg.SharedListener {
 			Listen(ctx, r.pool, r.cfg.Schema, r.log, r.wakeAll)
 		}
-	}()
+	})
 
 	var wg sync.WaitGroup
 	for i := 0; i < r.cfg.Workers; i++ {
@@ -273,6 +219,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// findLeftover looks, for a relay that reads the outbox in a named route,
+// for fan-out copies made for that route under an earlier configuration:
+// they are delivered first (see Relay.leftover).
+func (r *Relay) findLeftover(ctx context.Context) error {
+	if r.cfg.Deliveries || len(r.cfg.FanOut) > 0 || r.cfg.Route == "" {
+		return nil
+	}
+	left, err := r.leftoverSrc.CopiesLeft(ctx, r.pool)
+	if err != nil {
+		return fmt.Errorf("outbox: look for fan-out copies of route %q: %w", r.cfg.Route, err)
+	}
+	if left {
+		r.leftover.Store(true)
+		r.log.Warn("fan-out copies made for this route under an earlier configuration are waiting; delivering them before the outbox")
+	}
+	return nil
+}
+
 // schemaVersion reads the schema version, waiting up to ConnectTimeout for
 // the database to be reachable: a relay started alongside its database (a
 // sidecar, a compose stack) should not exit just because it came first.
@@ -290,6 +254,30 @@ func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err e
 		}
 		r.log.Warn("database not reachable yet; retrying", "error", err, "retry_in", d)
 		sleep(ctx, d)
+	}
+}
+
+// spawn runs f in a goroutine and returns a channel closed when f returns.
+func spawn(f func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	return done
+}
+
+// every calls f every d until ctx ends (not at once).
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -30,17 +29,10 @@ func (r *Relay) runsOn(version, relayMin int) error {
 // that the old relay neither breaks nor duplicates anything until it is
 // replaced. It resumes if the requirement drops again (a restore).
 func (r *Relay) watchSchema(ctx context.Context) {
-	t := time.NewTicker(r.cfg.Heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, r.cfg.Heartbeat, func() {
 		version, relayMin, err := migrations.Requirement(ctx, r.pool, r.cfg.Schema)
 		if err != nil {
-			continue // the database is away; the workers will say so
+			return // the database is away; the workers will say so
 		}
 		err = r.runsOn(version, relayMin)
 		switch prev := r.schemaErr.Load(); {
@@ -51,5 +43,5 @@ func (r *Relay) watchSchema(ctx context.Context) {
 			r.log.Info("schema is compatible again; claiming")
 			r.schemaErr.Store(nil)
 		}
-	}
+	})
 }

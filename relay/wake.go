@@ -4,10 +4,9 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 )
 
 func (r *Relay) wakeAll() {
@@ -32,7 +31,12 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 	if log == nil {
 		log = slog.Default()
 	}
-	channel := pgx.Identifier{migrations.Channel(schema)}.Sanitize()
+	s, err := store.NewSchema(schema)
+	if err != nil {
+		log.Error("cannot listen for notifications; polling", "error", err)
+		<-ctx.Done()
+		return
+	}
 	bo := newReconnectBackoff()
 	for ctx.Err() == nil {
 		err := func() error {
@@ -44,7 +48,7 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 			// the pool (but keep it counted there, see dropConn).
 			defer dropConn(context.WithoutCancel(ctx), conn)
 			pc := conn.Conn()
-			if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
+			if err := store.Listen(ctx, pc, s); err != nil {
 				return err
 			}
 			bo.Reset()

@@ -49,7 +49,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		if n == 0 && r.leftover.Load() {
 			// Nobody makes copies for this route any more: once none are
 			// left, none will appear.
-			if left, err := r.copiesLeft(ctx); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
+			if left, err := r.leftoverSrc.CopiesLeft(ctx, r.pool); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
 				log.Info("earlier fan-out copies all delivered; reading the outbox")
 				r.wakeAll() // the other workers may be idle until their next poll
 				continue
@@ -100,30 +100,19 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 	}()
 	// From here on the batch belongs to the hard context: a drain lets it
 	// finish. BEGIN and the claim go out in one round trip, as do the
-	// settle statements and COMMIT below.
-	handover := []int16{}
-	if h := r.handover.Load(); h != nil && *h != nil {
-		handover = *h
-	}
+	// settle statements and COMMIT.
 	pc := conn.Conn()
 	committed := false
 	defer func() {
-		if !committed && !pc.IsClosed() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
-			if _, rerr := pc.Exec(rctx, "ROLLBACK"); rerr != nil {
-				// The session's state is unknown: do not reuse it.
-				_ = pc.Close(rctx)
-			}
-			cancel()
+		if !committed {
+			rollback(hard, pc)
 		}
 	}()
 	src := r.source()
-	q, copies := src.q, src.copies
-	batch, err := r.claim(hard, pc, src, worker, rotation, handover)
+	batch, err := r.claim(hard, pc, src, worker, rotation, r.handoverLanes())
 	if err != nil {
 		return 0, err
 	}
-	claimDur := time.Since(start)
 	if len(batch) == 0 {
 		if _, err := pc.Exec(hard, "COMMIT"); err != nil {
 			return 0, fmt.Errorf("outbox: commit: %w", err)
@@ -132,77 +121,107 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		return 0, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
-	if src.router {
-		err := r.fanOut(hard, pc, batch)
-		committed = err == nil
-		return len(batch), err
+	if src.router() {
+		err = r.fanOut(hard, pc, src, batch)
+	} else {
+		err = r.publish(hard, pc, src, batch, BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: time.Since(start)})
 	}
+	committed = err == nil
+	return len(batch), err
+}
+
+// handoverLanes are the lanes the leaser is giving up: not to be claimed.
+func (r *Relay) handoverLanes() []int16 {
+	if h := r.handover.Load(); h != nil && *h != nil {
+		return *h
+	}
+	return []int16{}
+}
+
+// rollback ends the claim's transaction on pc when it did not commit.
+func rollback(hard context.Context, pc *pgx.Conn) {
+	if pc.IsClosed() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
+	defer cancel()
+	if _, err := pc.Exec(rctx, "ROLLBACK"); err != nil {
+		// The session's state is unknown: do not reuse it.
+		_ = pc.Close(rctx)
+	}
+}
+
+// publish hands a claimed batch to the sink and settles the outcome in
+// the claim's transaction, committing it; ev holds what the claim knows.
+// A nil error means the transaction committed.
+func (r *Relay) publish(hard context.Context, pc *pgx.Conn, src *source, batch []claimed, ev BatchEvent) error {
 	r.inFlight.Add(int64(len(batch)))
 	defer r.inFlight.Add(-int64(len(batch)))
-
-	msgs := make([]sinks.Message, len(batch))
-	for i := range batch {
-		msgs[i] = batch[i].msg
-	}
-	sendStart := time.Now()
-	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
-	sendErr := r.sink.Send(sendCtx, msgs)
-	cancel()
-	sendDur := time.Since(sendStart)
-	// The claim ran at ClaimedAt (database clock), roughly at start.
-	ackedAt := batch[0].msg.ClaimedAt.Add(time.Since(start))
+	r.send(hard, batch, &ev)
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
-		return len(batch), fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+		return fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
-
-	ev := BatchEvent{Worker: worker, Claimed: len(batch), Messages: msgs, ClaimDuration: claimDur,
-		SendStart: sendStart, SendDuration: sendDur, SendErr: sendErr, AckedAt: ackedAt}
-	s := r.settle(batch, sendErr, &ev)
+	s := r.settle(batch, ev.SendErr, &ev)
 	if ev.Untouched == len(batch) {
 		// The sink tried nothing and reported no failure (it broke off, or
 		// breaks the contract): claiming the same batch again at once would
 		// spin. Release it and let the worker back off.
-		return len(batch), fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), sendErr)
+		return fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), ev.SendErr)
 	}
-
-	settleStart := time.Now()
-	b := &pgx.Batch{}
-	r.queue(b, q, copies, s)
-	b.Queue("COMMIT")
-	err = pc.SendBatch(hard, b).Close()
-	if refusedRow(err) {
-		r.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
-		s, err = r.settleApart(hard, pc, q, copies, s)
-		ev.Delivered, ev.Retried, ev.DeadLettered, ev.DeadReasons = len(s.delivered), len(s.retryIDs), len(s.deadIDs), s.deadReasons
-	}
-	committed = err == nil
-	ev.SettleDuration = time.Since(settleStart)
-	ev.Committed = err == nil
+	s, err := r.commit(hard, pc, src, s, &ev)
 	r.stats.Batches.Add(1)
 	if err != nil {
 		r.stats.CommitFailures.Add(1)
 		r.cfg.Hooks.Batch(ev)
-		return len(batch), fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
-	if failed := len(s.retryIDs) + len(s.deadIDs); failed > 0 {
-		r.warnFailing(failed, sendErr)
+	if failed := len(s.retries.IDs) + len(s.dead.IDs); failed > 0 {
+		r.warnFailing(failed, ev.SendErr)
 	}
 	r.stats.Delivered.Add(int64(len(s.delivered)))
-	r.stats.Retried.Add(int64(len(s.retryIDs)))
-	r.stats.DeadLettered.Add(int64(len(s.deadIDs)))
+	r.stats.Retried.Add(int64(len(s.retries.IDs)))
+	r.stats.DeadLettered.Add(int64(len(s.dead.IDs)))
 	r.cfg.Hooks.Batch(ev)
-	return len(batch), nil
+	return nil
 }
 
-// withRoute appends the route to a settle statement's arguments when the
-// relay works on fan-out copies (their statements also match the route).
-func (r *Relay) withRoute(copies bool, args ...any) []any {
-	if copies {
-		return append(args, r.cfg.Route)
+// send hands batch to the sink within PublishTimeout and records the
+// answer in ev.
+func (r *Relay) send(hard context.Context, batch []claimed, ev *BatchEvent) {
+	msgs := make([]sinks.Message, len(batch))
+	for i := range batch {
+		msgs[i] = batch[i].msg
 	}
-	return args
+	ev.Messages = msgs
+	ev.SendStart = time.Now()
+	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
+	ev.SendErr = r.sink.Send(sendCtx, msgs)
+	cancel()
+	ev.SendDuration = time.Since(ev.SendStart)
+	// The claim ran at ClaimedAt (database clock), roughly when the claim
+	// began.
+	ev.AckedAt = batch[0].msg.ClaimedAt.Add(ev.ClaimDuration + time.Since(ev.SendStart))
+}
+
+// commit queues s's statements and COMMIT in one round trip; when the
+// database refuses them as a whole, the batch is settled row by row
+// (settleApart). It returns what was settled, and records it in ev.
+func (r *Relay) commit(hard context.Context, pc *pgx.Conn, src *source, s settlement, ev *BatchEvent) (settlement, error) {
+	start := time.Now()
+	b := &pgx.Batch{}
+	r.queue(b, src, s)
+	b.Queue("COMMIT")
+	err := pc.SendBatch(hard, b).Close()
+	if refusedRow(err) {
+		r.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(ev.Messages), "error", err)
+		s, err = r.settleApart(hard, pc, src, s)
+		ev.Delivered, ev.Retried, ev.DeadLettered, ev.DeadReasons = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.dead.Reasons
+	}
+	ev.SettleDuration = time.Since(start)
+	ev.Committed = err == nil
+	return s, err
 }
 
 // warnFailing logs at most one warning per interval about failing

@@ -4,8 +4,11 @@
 // in the module writes SQL against those tables.
 //
 // A statement is rendered once per schema (the only thing ever spliced into
-// its text is the schema name, quoted as an identifier) and takes its values
-// as named arguments (@name, pgx.NamedArgs), never by position. Each
+// its text is the schema name, quoted as an identifier; the archive's DDL,
+// which takes no arguments, also names its partitions and their bounds) and
+// takes its values as named arguments (@name, pgx.NamedArgs), never by
+// position; the relay's statements are turned into pgx's positional form
+// once, when rendered (stmt.go), as they run for every batch. Each
 // statement has a typed method or argument struct that builds those
 // arguments, so a caller cannot pass a value in the wrong place. The
 // rendered text of every statement is kept under testdata/ and compared by

@@ -1,0 +1,426 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+)
+
+// The relay engine's statements: their rendered text (golden files) and
+// what each family does against a real database.
+
+func TestEngineGolden(t *testing.T) {
+	t.Parallel()
+	s := testSchema(t)
+	for _, src := range []Source{Outbox, Copies, Router} {
+		e := NewEngine(s, src, "orders")
+		p := "engine_" + src.String() + "_"
+		golden(t, p+"claim", e.claim.named)
+		golden(t, p+"delete", e.deleteDelivered.named)
+		golden(t, p+"dead_letter", e.deadLetter.named)
+		if src == Router {
+			// The router claims in id order whatever the priority, and
+			// settles by copying: it runs nothing else.
+			golden(t, p+"copy", e.copyToRoutes.named)
+			continue
+		}
+		golden(t, p+"claim_priority", e.claimPriority.named)
+		golden(t, p+"has_priority", e.hasPriority.named)
+		golden(t, p+"archive", e.archiveDelivered.named)
+		golden(t, p+"retry", e.scheduleRetry.named)
+		golden(t, p+"relock", e.relock.named)
+	}
+	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders").copiesLeft.named)
+
+	l := NewLeases(s, "relay-1", "orders")
+	for name, sql := range map[string]stmt{
+		"ensure_lanes": l.ensureLanes, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
+		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
+		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
+		"owned": l.owned,
+	} {
+		golden(t, "lease_"+name, sql.named)
+	}
+	golden(t, "archive_create_partition", NewPartitions(s).createSQL(time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)))
+}
+
+func TestPartitionDay(t *testing.T) {
+	t.Parallel()
+	day := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
+	got, ok := PartitionDay(PartitionName(day.Add(5 * time.Hour)))
+	if !ok || !got.Equal(day) {
+		t.Fatalf("PartitionDay(PartitionName(%s)) = %s, %v", day, got, ok)
+	}
+	for _, n := range []string{"archive", "archive_pnope", "other_p20260102"} {
+		if _, ok := PartitionDay(n); ok {
+			t.Errorf("%s taken for a partition", n)
+		}
+	}
+}
+
+// engineEnv is a migrated schema whose lanes of route "" all belong to
+// relay "me".
+type engineEnv struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	s    Schema
+}
+
+// migrated returns a pool and a fresh migrated schema.
+func migrated(t *testing.T) (*pgxpool.Pool, Schema) {
+	t.Helper()
+	pool, name := pgtest.Schema(t)
+	s, err := NewSchema(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, s
+}
+
+func setupEngine(t *testing.T) *engineEnv {
+	t.Helper()
+	pool, s := migrated(t)
+	e := &engineEnv{t: t, pool: pool, s: s}
+	ctx := context.Background()
+	if got, err := NewLeases(s, "me", "").Acquire(ctx, pool, time.Hour, NumLanes); err != nil || len(got) != NumLanes {
+		t.Fatalf("acquire: %d lanes, %v", len(got), err)
+	}
+	return e
+}
+
+func (e *engineEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// claim runs one claim (and settle, when it queues anything) in a
+// transaction and commits it.
+// claim is what one claim returned.
+type claim struct {
+	Rows     []ClaimedRow
+	Priority bool
+}
+
+func (e *engineEnv) claim(en *Engine, p ClaimParams, settle func(b *pgx.Batch, c claim)) claim {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if p.Relay == "" {
+		p.Relay, p.Workers, p.Limit, p.MaxBytes = "me", 1, 100, 1<<20
+	}
+	var c claim
+	b := &pgx.Batch{}
+	en.QueueClaim(b, p, &c.Priority, func(r ClaimedRow) error { c.Rows = append(c.Rows, r); return nil })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		e.t.Fatal(err)
+	}
+	if settle != nil {
+		b := &pgx.Batch{}
+		settle(b, c)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+func ids(rows []ClaimedRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func (e *engineEnv) count(sql string) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func TestClaimOrderHoldAndByteCut(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	// Keyless messages 1..6 fall in lanes 1..6.
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) SELECT g, 'orders', convert_to(repeat('x', 100), 'UTF8') FROM generate_series(1, 6) g`)
+	en := NewEngine(e.s, Outbox, "")
+
+	c := e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 1 << 20}, nil)
+	if got, want := ids(c.Rows), []int64{3, 4, 5, 6, 1, 2}; !slices.Equal(got, want) {
+		t.Fatalf("claim order %v, want %v (lanes from the rotation on)", got, want)
+	}
+	if c.Priority {
+		t.Fatal("priority probe found priorities in an outbox without any")
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 250}, nil)
+	if got, want := ids(c.Rows), []int64{3, 4}; !slices.Equal(got, want) {
+		t.Fatalf("250 bytes of 100-byte payloads claimed %v, want %v", got, want)
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 1}, nil)
+	if got, want := ids(c.Rows), []int64{3}; !slices.Equal(got, want) {
+		t.Fatalf("a payload above the byte limit claimed %v, want it alone: %v", got, want)
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 2, Worker: 1, Limit: 100, MaxBytes: 1 << 20, Handover: []int16{3}}, nil)
+	if got, want := ids(c.Rows), []int64{1, 5}; !slices.Equal(got, want) {
+		t.Fatalf("worker 1 of 2 without lane 3 claimed %v, want %v", got, want)
+	}
+	c = e.claim(en, ClaimParams{Relay: "someone else", Workers: 1, Limit: 100, MaxBytes: 1 << 20}, nil)
+	if len(c.Rows) != 0 {
+		t.Fatalf("a relay without lanes claimed %v", ids(c.Rows))
+	}
+
+	// A message waiting for its retry holds back the later ones of its
+	// key, and only of its key; the probe sees a priority.
+	e.exec(`DELETE FROM ` + e.s.Table("messages"))
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, key, payload, available_at, attempts, priority) VALUES
+ (10, 'orders', 'a', '', now() + interval '1 hour', 1, 0), (11, 'orders', 'a', '', NULL, 0, 0), (12, 'orders', 'b', '', NULL, 0, 3),
+ (13, 'other', 'c', '', NULL, 0, 0)`)
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Limit: 100, MaxBytes: 1 << 20, Topics: []string{"ord%"}}, nil)
+	if got, want := ids(c.Rows), []int64{12}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v, want %v (11 held back by 10, 13 another topic)", got, want)
+	}
+	if !c.Priority {
+		t.Fatal("the priority probe missed message 12")
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Limit: 100, MaxBytes: 1 << 20, Priority: true, Exclude: []string{"ord%"}}, nil)
+	if got, want := ids(c.Rows), []int64{13}; !slices.Equal(got, want) {
+		t.Fatalf("priority claim without the orders topics claimed %v, want %v", got, want)
+	}
+}
+
+func TestSettleDeleteRetryDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) SELECT g, 'orders', '' FROM generate_series(1, 3) g`)
+	en := NewEngine(e.s, Outbox, "")
+	e.claim(en, ClaimParams{}, func(b *pgx.Batch, c claim) {
+		en.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
+		en.QueueRetry(b, Retries{IDs: []int64{2}, DelayMillis: []int64{3_600_000}, Errors: []string{"boom"}})
+		en.QueueDeadLetter(b, DeadLetters{IDs: []int64{3}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
+	})
+	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("messages") + ` m WHERE m.id = 2 AND m.attempts = 1 AND m.last_error = 'boom' AND ` + Waiting("m")); n != 1 {
+		t.Fatal("the retry was not scheduled")
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("messages")); n != 1 {
+		t.Fatalf("%d messages left, want the retry only", n)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("dead_letters") + ` WHERE id = 3 AND reason = 'permanent' AND route = '' AND attempts = 1`); n != 1 {
+		t.Fatal("the dead letter was not moved")
+	}
+	if c := e.claim(en, ClaimParams{}, nil); len(c.Rows) != 0 {
+		t.Fatalf("claimed %v while the only message waits for its retry", ids(c.Rows))
+	}
+}
+
+func TestFanOutCopiesAndTheirRoute(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	ctx := context.Background()
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, key, payload) VALUES (1, 'orders', 'k', 'p')`)
+	router := NewEngine(e.s, Router, "")
+	e.claim(router, ClaimParams{}, func(b *pgx.Batch, c claim) {
+		if len(c.Rows) != 1 || len(c.Rows[0].Payload) != 0 {
+			t.Fatalf("router claimed %+v, want message 1 without its payload", c.Rows)
+		}
+		router.QueueCopy(b, CopyParams{IDs: []int64{1, 1}, Routes: []string{"a", "b"}, CTIDs: []pgtype.TID{c.Rows[0].CTID}})
+		router.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
+	})
+	a := NewEngine(e.s, Copies, "a")
+	if left, err := a.CopiesLeft(ctx, e.pool); err != nil || !left {
+		t.Fatalf("CopiesLeft = %v, %v", left, err)
+	}
+	la := NewLeases(e.s, "me", "a")
+	if _, err := la.EnsureLanes(ctx, e.pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := la.Acquire(ctx, e.pool, time.Hour, NumLanes); err != nil {
+		t.Fatal(err)
+	}
+	e.claim(a, ClaimParams{}, func(b *pgx.Batch, c claim) {
+		if len(c.Rows) != 1 || string(c.Rows[0].Payload) != "p" {
+			t.Fatalf("route a claimed %+v, want its copy of message 1", c.Rows)
+		}
+		a.QueueDeadLetter(b, DeadLetters{IDs: []int64{1}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
+	})
+	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("deliveries") + ` WHERE route = 'b'`); n != 1 {
+		t.Fatal("route a's dead letter took route b's copy")
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("dead_letters") + ` WHERE id = 1 AND route = 'a'`); n != 1 {
+		t.Fatal("a copy's dead letter does not record its route")
+	}
+	if left, err := a.CopiesLeft(ctx, e.pool); err != nil || left {
+		t.Fatalf("CopiesLeft = %v, %v after route a's copy went", left, err)
+	}
+}
+
+func TestLeasesAcquireShareRelease(t *testing.T) {
+	t.Parallel()
+	pool, s := migrated(t)
+	ctx := context.Background()
+	me, other := NewLeases(s, "r1", "x"), NewLeases(s, "r2", "x")
+	if n, err := me.EnsureLanes(ctx, pool); err != nil || n != NumLanes {
+		t.Fatalf("EnsureLanes = %d, %v", n, err)
+	}
+	for _, l := range []*Leases{me, other} {
+		if err := l.Heartbeat(ctx, pool, Heartbeat{Hostname: "h", PID: 1, Version: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, err := other.CountRelays(ctx, pool); err != nil || c != (RelayCount{Alive: 2, Rank: 1, Lanes: NumLanes}) {
+		t.Fatalf("CountRelays = %+v, %v", c, err)
+	}
+	got, err := me.Acquire(ctx, pool, time.Hour, 10)
+	if err != nil || !slices.Equal(got, []int16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Fatalf("Acquire = %v, %v", got, err)
+	}
+	if got, err := other.Acquire(ctx, pool, time.Hour, 2); err != nil || !slices.Equal(got, []int16{10, 11}) {
+		t.Fatalf("the other relay acquired %v, %v", got, err)
+	}
+	if got, err := me.Renew(ctx, pool, time.Hour); err != nil || len(got) != 10 {
+		t.Fatalf("Renew = %v, %v", got, err)
+	}
+	if n, err := me.WorkedLanes(ctx, pool); err != nil || n != 12 {
+		t.Fatalf("WorkedLanes = %d, %v", n, err)
+	}
+	if got, err := me.Release(ctx, pool, []int16{0, 1, 10}); err != nil || !slices.Equal(got, []int16{0, 1}) {
+		t.Fatalf("Release = %v, %v (lane 10 is not mine)", got, err)
+	}
+	if err := me.ReleaseAll(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := me.Owned(ctx, pool); err != nil || len(got) != 0 {
+		t.Fatalf("Owned = %v, %v after ReleaseAll", got, err)
+	}
+	// Every other heartbeat is older than now + 1h: r2 goes, r1 stays.
+	if err := me.Reap(ctx, pool, -time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := me.ClampHeartbeats(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := me.CountRelays(ctx, pool); err != nil || c.Alive != 1 {
+		t.Fatalf("after the reap CountRelays = %+v, %v", c, err)
+	}
+	if n, err := me.WorkedLanes(ctx, pool); err != nil || n != 0 {
+		t.Fatalf("a reaped relay's lanes still count as worked: %d, %v", n, err)
+	}
+	if err := me.Unregister(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := me.CountRelays(ctx, pool); err != nil || c.Alive != 0 {
+		t.Fatalf("after Unregister CountRelays = %+v, %v", c, err)
+	}
+}
+
+func TestArchivePartitions(t *testing.T) {
+	t.Parallel()
+	pool, s := migrated(t)
+	ctx := context.Background()
+	p := NewPartitions(s)
+	day := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := p.Lock(ctx, tx); err != nil {
+			return err
+		}
+		for range 2 { // idempotent
+			if err := p.Create(ctx, tx, day); err != nil {
+				return err
+			}
+		}
+		names, err := p.List(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(names, PartitionName(day)) {
+			t.Errorf("List = %v, without %s", names, PartitionName(day))
+		}
+		return p.Drop(ctx, tx, PartitionName(day))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkClaimRewrite measures what named arguments would add to every
+// claim if pgx rewrote them at each call (pgx.NamedArgs), against the
+// statement rendered once (stmt.args). Compare with BenchmarkClaim in
+// package relay (the claim's round trip, milliseconds).
+func BenchmarkClaimRewrite(b *testing.B) {
+	s, err := NewSchema("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := NewEngine(s, Outbox, "")
+	args := func() pgx.NamedArgs {
+		return pgx.NamedArgs{
+			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "route": "",
+			"max_bytes": int64(1 << 24), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
+		}
+	}
+	for _, st := range []struct {
+		name string
+		stmt stmt
+	}{{"plain", e.claim}, {"priority", e.claimPriority}} {
+		b.Run(st.name+"/each-call", func(b *testing.B) {
+			ctx := context.Background()
+			for b.Loop() {
+				if _, _, err := args().RewriteQuery(ctx, nil, st.stmt.named, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(st.name+"/rendered-once", func(b *testing.B) {
+			for b.Loop() {
+				_ = st.stmt.args(args())
+			}
+		})
+	}
+}
+
+// Rendering once must give what pgx gives at each call.
+func TestStmtMatchesNamedArgs(t *testing.T) {
+	t.Parallel()
+	e := NewEngine(testSchema(t), Copies, "orders")
+	a := pgx.NamedArgs{
+		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "route": "orders",
+		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3},
+	}
+	for _, st := range []stmt{e.claim, e.claimPriority, e.hasPriority} {
+		sql, want, err := a.RewriteQuery(context.Background(), nil, st.named, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sql != st.sql {
+			t.Fatalf("rendered\n%s\npgx\n%s", st.sql, sql)
+		}
+		if got := st.args(a); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("arguments %v, pgx %v", got, want)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a missing argument was sent as NULL")
+		}
+	}()
+	e.claim.args(pgx.NamedArgs{"relay": "me"})
+}

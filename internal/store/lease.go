@@ -1,0 +1,220 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Leases: how relays register (the relays table, with heartbeats) and
+// share a route's lanes (the lanes table, with leases). The decisions
+// (the fair share, when to give lanes up) are the relay's (package relay,
+// lease.go); these are its statements.
+
+// Leases holds the lease statements of one relay in one route, rendered
+// once for a schema. The relay and the route are bound here: a relay only
+// ever leases for itself, in its own route.
+type Leases struct {
+	relay, route string
+
+	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays stmt
+	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
+}
+
+// Heartbeat is what a relay's registration says about it.
+type Heartbeat struct {
+	Hostname string
+	PID      int
+	Version  string
+	InFlight int64 // claimed messages not yet settled
+}
+
+// RelayCount is a route's registered relays as one relay sees them.
+type RelayCount struct {
+	// Alive relays in the route, and Rank: how many of them have a
+	// smaller id (the fair share of the lanes depends on it).
+	Alive, Rank int
+	// Lanes is how many lane rows the route has: NumLanes unless someone
+	// deleted some.
+	Lanes int
+}
+
+// NewLeases renders the lease statements of relay in route for schema s.
+func NewLeases(s Schema, relay, route string) *Leases {
+	l := &Leases{relay: relay, route: route}
+	l.render(s)
+	return l
+}
+
+// args are st's arguments: a, the relay and its route.
+func (l *Leases) args(st stmt, a pgx.NamedArgs) []any {
+	a["relay"], a["route"] = l.relay, l.route
+	return st.args(a)
+}
+
+// EnsureLanes creates the route's lane rows that are missing and returns
+// how many it created.
+func (l *Leases) EnsureLanes(ctx context.Context, q Querier) (int64, error) {
+	tag, err := q.Exec(ctx, l.ensureLanes.sql, l.args(l.ensureLanes, pgx.NamedArgs{})...)
+	return tag.RowsAffected(), err
+}
+
+// Heartbeat registers the relay, or renews its registration, with the
+// identity of q's session (other relays reap it when that session is gone).
+func (l *Leases) Heartbeat(ctx context.Context, q Querier, h Heartbeat) error {
+	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
+		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight,
+	})...)
+	return err
+}
+
+// ClampHeartbeats sets the other relays' heartbeats that lie in the future
+// to now.
+func (l *Leases) ClampHeartbeats(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, l.clampHeartbeats.sql, l.args(l.clampHeartbeats, pgx.NamedArgs{})...)
+	return err
+}
+
+// Reap unregisters the relays whose heartbeat is older than ttl or, with
+// fastFailover, whose lease session is gone.
+func (l *Leases) Reap(ctx context.Context, q Querier, ttl time.Duration, fastFailover bool) error {
+	_, err := q.Exec(ctx, l.reap.sql, l.args(l.reap, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover})...)
+	return err
+}
+
+// Renew extends the relay's leases by ttl and returns its lanes.
+func (l *Leases) Renew(ctx context.Context, q Querier, ttl time.Duration) ([]int16, error) {
+	return l.lanes(ctx, q, l.renew, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds()})
+}
+
+// CountRelays counts the route's relays and lane rows.
+func (l *Leases) CountRelays(ctx context.Context, q Querier) (RelayCount, error) {
+	var c RelayCount
+	err := q.QueryRow(ctx, l.countRelays.sql, l.args(l.countRelays, pgx.NamedArgs{})...).Scan(&c.Alive, &c.Rank, &c.Lanes)
+	return c, err
+}
+
+// WorkedLanes counts the route's lanes that a live relay has leased.
+func (l *Leases) WorkedLanes(ctx context.Context, q Querier) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, l.workedLanes.sql, l.args(l.workedLanes, pgx.NamedArgs{})...).Scan(&n)
+	return n, err
+}
+
+// Acquire leases up to n free lanes (unowned, expired, or owned by a relay
+// no longer registered) for ttl and returns them.
+func (l *Leases) Acquire(ctx context.Context, q Querier, ttl time.Duration, n int) ([]int16, error) {
+	return l.lanes(ctx, q, l.acquire, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "n": n})
+}
+
+// Release hands lanes back and returns those it released: a lane a claim
+// transaction is using right now is skipped (it goes on a later heartbeat).
+func (l *Leases) Release(ctx context.Context, q Querier, lanes []int16) ([]int16, error) {
+	return l.lanes(ctx, q, l.release, pgx.NamedArgs{"lanes": lanes})
+}
+
+// ReleaseAll hands every lane of the relay back.
+func (l *Leases) ReleaseAll(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, l.releaseAll.sql, l.args(l.releaseAll, pgx.NamedArgs{})...)
+	return err
+}
+
+// Unregister removes the relay's registration.
+func (l *Leases) Unregister(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, l.unregister.sql, l.args(l.unregister, pgx.NamedArgs{})...)
+	return err
+}
+
+// Owned lists the relay's lanes.
+func (l *Leases) Owned(ctx context.Context, q Querier) ([]int16, error) {
+	return l.lanes(ctx, q, l.owned, pgx.NamedArgs{})
+}
+
+// lanes runs st, which returns lane numbers.
+func (l *Leases) lanes(ctx context.Context, q Querier, st stmt, a pgx.NamedArgs) ([]int16, error) {
+	rows, err := q.Query(ctx, st.sql, l.args(st, a)...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int16])
+}
+
+func (l *Leases) render(s Schema) {
+	lanes, relays := s.Table("lanes"), s.Table("relays")
+	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`)
+
+	l.heartbeat = newStmt(`
+INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
+SELECT @relay, @hostname, @pid, @version, @route, @in_flight, pg_backend_pid(), a.backend_start
+FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
+    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`)
+
+	// Heartbeats are written with the database's now(); one in the future
+	// was written by hand (or the server's clock stepped back). It is set
+	// to now, so that it ages like any other: a row with heartbeat
+	// 'infinity' would otherwise count as a live relay forever, and its
+	// fair share of the lanes would never be worked. Locked rows are
+	// skipped, as in reap.
+	l.clampHeartbeats = newStmt(`
+UPDATE ` + relays + ` SET heartbeat_at = now()
+WHERE id IN (
+    SELECT id FROM ` + relays + ` WHERE id <> @relay AND heartbeat_at > clock_timestamp()
+    FOR UPDATE SKIP LOCKED)`)
+
+	// A relay is dead when its heartbeat is older than the lease TTL or,
+	// with fast failover, when its lease connection no longer exists (its
+	// process died and the server noticed the closed socket).
+	//
+	// Rows locked by another transaction are skipped: that is a relay
+	// writing its heartbeat right now, alive, whose new backend pid this
+	// snapshot may not show yet (after its connection was replaced).
+	// Waiting for it instead deadlocked relays that all reconnected at once
+	// (each one's reap waiting for the other's heartbeat), which stalled
+	// whole routes in the fan-out chaos test.
+	l.reap = newStmt(`
+DELETE FROM ` + relays + ` WHERE id IN (
+    SELECT r.id FROM ` + relays + ` r
+    WHERE r.id <> @relay AND (
+        r.heartbeat_at < now() - @ttl_ms * interval '1 millisecond'
+        OR (@fast_failover AND NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity a
+            WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))
+    FOR UPDATE SKIP LOCKED)`)
+
+	l.renew = newStmt(`UPDATE ` + lanes + ` SET lease_until = now() + @ttl_ms * interval '1 millisecond' WHERE route = @route AND owner = @relay RETURNING lane`)
+
+	l.countRelays = newStmt(`SELECT count(*), count(*) FILTER (WHERE id < @relay),
+    (SELECT count(*) FROM ` + lanes + ` WHERE route = @route)
+FROM ` + relays + ` WHERE route = @route`)
+
+	l.workedLanes = newStmt(`
+SELECT count(*) FROM ` + lanes + ` l
+WHERE l.route = @route AND l.owner IS NOT NULL AND l.lease_until > now()
+  AND EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner)`)
+
+	l.acquire = newStmt(`
+UPDATE ` + lanes + ` SET owner = @relay, lease_until = now() + @ttl_ms * interval '1 millisecond'
+WHERE lane IN (
+    SELECT l.lane FROM ` + lanes + ` l
+    WHERE l.route = @route AND (l.owner IS NULL OR l.lease_until < now()
+       OR NOT EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner))
+    ORDER BY l.lane
+    LIMIT @n
+    FOR UPDATE SKIP LOCKED)
+  AND route = @route
+RETURNING lane`)
+
+	l.release = newStmt(`
+UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL
+WHERE lane IN (
+    SELECT l.lane FROM ` + lanes + ` l WHERE l.route = @route AND l.owner = @relay AND l.lane = ANY(@lanes::int2[])
+    FOR UPDATE SKIP LOCKED)
+  AND route = @route
+RETURNING lane`)
+
+	l.releaseAll = newStmt(`UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL WHERE route = @route AND owner = @relay`)
+	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
+	l.owned = newStmt(`SELECT lane FROM ` + lanes + ` WHERE route = @route AND owner = @relay`)
+}

@@ -1,0 +1,71 @@
+WITH pl AS MATERIALIZED (
+    SELECT l.lane, k.prio FROM (
+        SELECT p.lane, max(p.priority) AS prio FROM "outbox"."deliveries" p
+        WHERE p.route = @route AND p.priority > 0 AND p.lane % @workers = @worker
+          AND (p.available_at IS NULL OR p.available_at <= now())
+          AND (@topics::text[] IS NULL OR p.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT p.topic LIKE ANY(@exclude))
+        GROUP BY p.lane
+    ) k
+    JOIN "outbox"."lanes" l ON l.route = @route AND l.lane = k.lane
+    WHERE l.owner = @relay AND l.lease_until > now() AND NOT (l.lane = ANY(@handover::int2[]))
+    ORDER BY k.prio DESC, l.lane
+    FOR KEY SHARE OF l
+), pm AS MATERIALIZED (
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, -pl.prio AS pos, m.lane, octet_length(m.payload) AS size
+    FROM pl CROSS JOIN LATERAL (
+        SELECT m.*, m.ctid AS row_ctid FROM "outbox"."deliveries" m
+        WHERE m.route = @route AND m.lane = pl.lane
+          AND (m.available_at IS NULL OR m.available_at <= now())
+          AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))
+          AND (m.priority > 0 OR m.key IN (
+              SELECT pk.key FROM "outbox"."deliveries" pk
+              WHERE pk.route = @route AND pk.lane = pl.lane AND pk.priority > 0 AND (@topics::text[] IS NULL OR pk.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT pk.topic LIKE ANY(@exclude))))
+          AND NOT EXISTS (
+          SELECT 1 FROM "outbox"."deliveries" w
+          WHERE w.route = @route AND w.key = m.key AND w.id < m.id
+            AND (w.available_at IS NOT NULL AND w.available_at > now())
+            AND (@topics::text[] IS NULL OR w.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT w.topic LIKE ANY(@exclude)))
+        ORDER BY m.id
+        LIMIT @limit
+        FOR UPDATE
+    ) m
+    LIMIT @limit
+)
+
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid
+FROM (
+    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n
+    FROM (
+SELECT * FROM pm
+UNION ALL
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, o.pos, m.lane, octet_length(m.payload) AS size
+FROM (
+    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM "outbox"."lanes" l
+    WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
+      AND NOT (l.lane = ANY(@handover::int2[]))
+    ORDER BY pos
+    FOR KEY SHARE
+) o
+CROSS JOIN LATERAL (
+    SELECT m.*, m.ctid AS row_ctid FROM "outbox"."deliveries" m
+    WHERE m.route = @route AND m.lane = o.lane
+      AND (m.available_at IS NULL OR m.available_at <= now())
+      AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))
+      AND NOT EXISTS (
+          SELECT 1 FROM "outbox"."deliveries" w
+          WHERE w.route = @route AND w.key = m.key AND w.id < m.id
+            AND (w.available_at IS NOT NULL AND w.available_at > now())
+            AND (@topics::text[] IS NULL OR w.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT w.topic LIKE ANY(@exclude)))
+    ORDER BY m.id
+    LIMIT @limit
+    FOR UPDATE
+) m
+WHERE NOT EXISTS (SELECT 1 FROM pm)
+LIMIT @limit
+    ) c
+    WINDOW w AS (ORDER BY c.pos, c.lane, c.id ROWS UNBOUNDED PRECEDING)
+) c
+WHERE c.run <= @max_bytes OR c.n = 1
+ORDER BY c.pos, c.lane, c.id

@@ -1,0 +1,1 @@
+DELETE FROM "outbox"."deliveries" WHERE ctid = ANY(@ctids::tid[])

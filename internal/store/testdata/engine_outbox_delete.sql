@@ -1,0 +1,1 @@
+DELETE FROM "outbox"."messages" WHERE ctid = ANY(@ctids::tid[])

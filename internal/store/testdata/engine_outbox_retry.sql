@@ -1,0 +1,8 @@
+UPDATE "outbox"."messages" m SET
+    attempts = m.attempts + 1,
+    available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
+    last_error = f.err,
+    first_error = coalesce(m.first_error, f.err),
+    first_failed_at = coalesce(m.first_failed_at, clock_timestamp())
+FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err)
+WHERE m.id = f.id

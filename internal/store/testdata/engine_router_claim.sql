@@ -1,0 +1,24 @@
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, '\x'::bytea AS payload, '{}'::jsonb AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid
+FROM (
+    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM "outbox"."lanes" l
+    WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
+      AND NOT (l.lane = ANY(@handover::int2[]))
+    ORDER BY pos
+    FOR KEY SHARE
+) o
+CROSS JOIN LATERAL (
+    SELECT m.*, m.ctid AS row_ctid FROM "outbox"."messages" m
+    WHERE m.lane = o.lane
+      AND (m.available_at IS NULL OR m.available_at <= now())
+      AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))
+      AND NOT EXISTS (
+          SELECT 1 FROM "outbox"."messages" w
+          WHERE w.key = m.key AND w.id < m.id
+            AND (w.available_at IS NOT NULL AND w.available_at > now())
+            AND (@topics::text[] IS NULL OR w.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT w.topic LIKE ANY(@exclude)))
+    ORDER BY m.id
+    LIMIT @limit
+    FOR UPDATE
+) m
+LIMIT @limit

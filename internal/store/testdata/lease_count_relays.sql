@@ -1,0 +1,3 @@
+SELECT count(*), count(*) FILTER (WHERE id < @relay),
+    (SELECT count(*) FROM "outbox"."lanes" WHERE route = @route)
+FROM "outbox"."relays" WHERE route = @route

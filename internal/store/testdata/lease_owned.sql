@@ -1,0 +1,1 @@
+SELECT lane FROM "outbox"."lanes" WHERE route = @route AND owner = @relay
