@@ -3,17 +3,17 @@
 // dead letters and the archive, the status and metrics counts. Nothing else
 // in the module writes SQL against those tables.
 //
-// A statement is rendered once per schema (the only thing ever spliced into
-// its text is the schema name, quoted as an identifier; the archive's DDL,
-// which takes no arguments, also names its partitions and their bounds) and
-// takes its values as named arguments (@name, pgx.NamedArgs), never by
-// position; the relay's statements are turned into pgx's positional form
-// once, when rendered (stmt.go), as they run for every batch. Each
-// statement has a typed method or argument struct that builds those
-// arguments, so a caller cannot pass a value in the wrong place. The
-// rendered text of every statement is kept under testdata/ and compared by
-// the golden tests: a change to a statement shows up in review as a diff of
-// SQL.
+// The only thing ever spliced into a statement's text is the schema name,
+// quoted as an identifier (the archive's DDL, which takes no arguments,
+// also names its partitions and their bounds); values go in as named
+// arguments (@name, pgx.NamedArgs), never by position. The relay's
+// statements, which run for every batch, are rendered once per schema and
+// source and turned into pgx's positional form then (stmt.go); the
+// operator's, which run on demand, are built at each call. Each statement
+// has a typed method or argument struct that builds its arguments, so a
+// caller cannot pass a value in the wrong place. The rendered text of
+// every statement is kept under testdata/ and compared by the golden
+// tests: a change to a statement shows up in review as a diff of SQL.
 //
 // The states a message can be in are defined once, in states.go, and every
 // count and condition on them is built from those definitions.
