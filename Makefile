@@ -6,6 +6,8 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export DATABASE_URL
 export TEST_DATABASE_URL ?= $(DATABASE_URL)
 export TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
+export TEST_NATS_URL ?= nats://127.0.0.1:4222
+export TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 GO_TEST := go test -race -count=1 -timeout 20m
 BIN := bin
@@ -18,8 +20,8 @@ help: ## list targets
 build: ## build bin/outbox-relay and bin/outbox-demo
 	go build -o $(BIN)/ ./cmd/...
 
-services: ## start (or install) Postgres and RabbitMQ for the tests; prints every change it makes
-	scripts/services.sh postgres rabbitmq docker-compose
+services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need; prints every change it makes
+	scripts/services.sh postgres rabbitmq nats redis docker-compose promtool helm
 
 demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
 	scripts/services.sh postgres
@@ -30,7 +32,8 @@ vet: ## go vet, the module and bench/
 	cd bench && go vet .
 
 # Tests that restart, stop or reconfigure a server do it to a throwaway
-# instance of their own (internal/pgtest.Server, internal/amqptest.Server),
+# instance of their own (internal/pgtest.Server, internal/amqptest.Server,
+# internal/throwaway for nats-server and redis-server),
 # so they run with the rest and the shared services are never disturbed.
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...

@@ -8,8 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -96,8 +98,26 @@ func (b *bench) dropLeftovers(ctx context.Context) {
 	}
 	names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 	for _, n := range names {
+		if ownerAlive(n) {
+			continue // another benchmark running now on this database
+		}
 		b.dropSchema(ctx, n)
 	}
+}
+
+// ownerAlive reports whether the schema name carries the pid of a process
+// that still runs here (names are prefix_what_PID_seq): two benchmarks on
+// one database must not drop each other's schemas.
+func ownerAlive(name string) bool {
+	parts := strings.Split(name, "_")
+	if len(parts) < 3 {
+		return false
+	}
+	pid, err := strconv.Atoi(parts[len(parts)-2])
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	return syscall.Kill(pid, 0) == nil
 }
 
 // newSchema creates a fresh, migrated outbox schema.
@@ -113,6 +133,10 @@ func (b *bench) dropSchema(ctx context.Context, name string) {
 	ctx = context.WithoutCancel(ctx)
 	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+migrations.Ident(name)+" CASCADE"); err != nil {
 		b.log.Warn("drop schema", "schema", name, "error", err)
+	}
+	// DROP SCHEMA leaves the (then empty) publication behind.
+	if _, err := b.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+migrations.Ident(migrations.Publication(name))); err != nil {
+		b.log.Warn("drop publication", "schema", name, "error", err)
 	}
 }
 

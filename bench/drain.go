@@ -45,7 +45,7 @@ func (b *bench) drains(ctx context.Context) error {
 			drainSink{name: "discard", n: cfg.n, setup: func(context.Context, int) (string, func() string, func(), error) {
 				return "discard", nil, func() {}, nil
 			}},
-			drainSink{name: "http", n: cfg.httpN, note: "in-process net/http receiver, 200 OK; one POST per message", setup: func(ctx context.Context, run int) (string, func() string, func(), error) {
+			drainSink{name: "http", n: cfg.httpN, note: fmt.Sprintf("in-process net/http receiver, 200 OK; one POST per message; max_concurrency=%d", httpConcurrency), setup: func(ctx context.Context, run int) (string, func() string, func(), error) {
 				recv.reset(0)
 				check := func() string {
 					if !recv.waitCount(ctx, int64(cfg.httpN), 10*time.Second) {
@@ -56,7 +56,7 @@ func (b *bench) drains(ctx context.Context) error {
 					}
 					return ""
 				}
-				return recv.URL, check, func() {}, nil
+				return fmt.Sprintf("%s?max_concurrency=%d", recv.URL, httpConcurrency), check, func() {}, nil
 			}},
 			drainSink{name: "kafka", n: cfg.n, note: "kfake (1 broker, 16 partitions) in the bench process", setup: b.kafkaSetup},
 		)
@@ -94,11 +94,42 @@ func (b *bench) drains(ctx context.Context) error {
 		rows[s.name] = &row{Group: "drain", Name: "relay → " + s.name, Messages: s.n, PayloadBytes: cfg.payload,
 			Keys: s.keys, Batch: cfg.batch, Workers: cfg.workers, Processes: 1, Note: s.note}
 	}
+	// Each sink's own yardstick, run just before the relay's drain into it.
+	yard := map[string]*row{}
+	yardRun := map[string]func(run int) error{}
+	for _, s := range sinksToRun {
+		switch s.name {
+		case "amqp":
+			yard[s.name] = &row{Group: "drain", Name: "raw amqp091-go publisher (yardstick of amqp)", Messages: s.n, PayloadBytes: cfg.payload,
+				Keys: cfg.keys, Batch: amqpRound, Mode: "in-process",
+				Note: fmt.Sprintf("one channel, confirm mode, persistent, mandatory, rounds of %d publishes whose confirms are awaited together; same exchange and durable queue as the relay's drain", amqpRound)}
+			yardRun[s.name] = func(run int) error { return b.rawAMQPRun(ctx, yard["amqp"], run) }
+		case "http":
+			yard[s.name] = &row{Group: "drain", Name: "raw net/http client (yardstick of http)", Messages: s.n, PayloadBytes: cfg.payload,
+				Keys: cfg.keys, Mode: "in-process",
+				Note: fmt.Sprintf("%d requests in flight (the sink's max_concurrency), same receiver, no order", httpConcurrency)}
+			yardRun[s.name] = func(int) error { return b.rawHTTPRun(ctx, yard["http"], recv) }
+		case "kafka":
+			yard[s.name] = &row{Group: "drain", Name: "plain unordered pipeline → kafka (yardstick of kafka)", Messages: s.n, PayloadBytes: cfg.payload,
+				Keys: cfg.keys, Batch: cfg.batch, Workers: cfg.workers, Processes: 1, Mode: "in-process, synchronous_commit=off",
+				Note: "per connection: BEGIN; DELETE … id IN (SELECT … ORDER BY id LIMIT batch FOR UPDATE SKIP LOCKED) RETURNING …; the relay's Kafka sink, one Send; COMMIT. No lanes, no order; same kfake setup"}
+			yardRun[s.name] = func(run int) error { return b.unorderedKafkaRun(ctx, yard["kafka"], run) }
+		}
+		if y := yard[s.name]; y != nil {
+			rows[s.name].Yardstick = y.Name
+		}
+	}
 	for run := 0; run < cfg.runs; run++ {
 		if err := b.rawRun(ctx, raw); err != nil {
 			return fmt.Errorf("raw SQL: %w", err)
 		}
 		for _, s := range sinksToRun {
+			if f := yardRun[s.name]; f != nil {
+				if err := f(run); err != nil {
+					b.log.Warn("yardstick failed", "sink", s.name, "error", err)
+					yard[s.name].addNote("run %d failed: %v", run+1, shorten(err.Error()))
+				}
+			}
 			if err := b.drainRun(ctx, rows[s.name], s, run); err != nil {
 				b.log.Warn("drain failed", "sink", s.name, "error", err)
 				rows[s.name].addNote("run %d failed: %v", run+1, shorten(err.Error()))
@@ -114,6 +145,16 @@ func (b *bench) drains(ctx context.Context) error {
 	for _, s := range sinksToRun {
 		r := rows[s.name]
 		r.finish()
+		if y := yard[s.name]; y != nil {
+			y.finish()
+			b.rep.add(y)
+			if y.Rate > 0 {
+				r.YardRatio = r.Rate / y.Rate
+			}
+		}
+		if d := rows["discard"]; strings.HasPrefix(s.name, "discard, fan-out") && d != nil && d.Rate > 0 {
+			r.Yardstick, r.YardRatio = d.Name, r.Rate/d.Rate
+		}
 		b.rep.add(r)
 	}
 	return nil

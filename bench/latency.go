@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -18,8 +19,9 @@ import (
 // latencySpec is one steady-state load: rate commits per second for dur;
 // rate 0 means as fast as latencyWriters writers can commit.
 type latencySpec struct {
-	rate float64
-	dur  time.Duration
+	rate  float64
+	dur   time.Duration
+	kafka bool // through Kafka (kfake) to a consumer, instead of HTTP
 }
 
 // latencyWriters is how many application connections commit messages.
@@ -32,10 +34,18 @@ func (b *bench) latencies(ctx context.Context) error {
 	}
 	defer recv.close()
 	specs := append(append([]latencySpec(nil), b.cfg.latency...), latencySpec{rate: 0, dur: b.cfg.maxRateDur})
+	for _, sp := range b.cfg.latency {
+		k := sp
+		k.kafka = true
+		specs = append(specs, k)
+	}
 	for _, sp := range specs {
 		name := fmt.Sprintf("%.0f tx/s, 1 message each, HTTP sink", sp.rate)
 		if sp.rate == 0 {
 			name = fmt.Sprintf("max rate: %d writers committing back to back, HTTP sink", latencyWriters)
+		}
+		if sp.kafka {
+			name = fmt.Sprintf("%.0f tx/s, 1 message each, Kafka sink (kfake, 16 partitions; an independent franz-go consumer)", sp.rate)
 		}
 		r := &row{Group: "latency", Name: name, PayloadBytes: b.cfg.payload, Keys: b.cfg.keys,
 			Batch: b.cfg.batch, Workers: b.cfg.workers, Processes: 1, TargetRate: sp.rate}
@@ -70,7 +80,16 @@ func (b *bench) latencyRun(ctx context.Context, recv *receiver, sp latencySpec, 
 	recv.reset(capacity)
 	commits := make([]atomic.Int64, capacity)
 
-	p, err := b.startRelay(ctx, schema, recv.URL, nil)
+	sinkURL := recv.URL
+	if sp.kafka {
+		url, stop, err := b.kafkaConsumer(ctx, recv)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		sinkURL = url
+	}
+	p, err := b.startRelay(ctx, schema, sinkURL, nil)
 	if err != nil {
 		return err
 	}
@@ -226,4 +245,31 @@ FROM ` + s + `.lanes`
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// kafkaConsumer starts a kfake cluster and a franz-go consumer of its
+// "bench" topic that hands every record to recv, and returns the relay's
+// sink URL and a stop function.
+func (b *bench) kafkaConsumer(ctx context.Context, recv *receiver) (string, func(), error) {
+	url, _, cleanup, err := b.kafkaSetup(ctx, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.TrimPrefix(url, "kafka://")), kgo.ConsumeTopics("bench"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for cctx.Err() == nil {
+			fs := cl.PollFetches(cctx)
+			now := time.Now().UnixNano()
+			fs.EachRecord(func(r *kgo.Record) { recv.record(now, string(r.Key), r.Value) })
+		}
+	}()
+	return url, func() { cancel(); <-done; cl.Close(); cleanup() }, nil
 }

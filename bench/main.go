@@ -5,6 +5,10 @@
 //     table, the yardstick every other row is divided by;
 //   - backlog drains by the real outbox-relay binary into the discard, HTTP,
 //     Kafka (kfake, in this process) and RabbitMQ sinks, with peak RSS;
+//   - the writer tax: 16 single-row writers into the outbox while a relay
+//     drains it, against the same writers into a plain table;
+//   - the idle cost: database transactions/s of 16 idle relays, and the
+//     latency of the first message after the idle spell;
 //   - commit-to-receive latency of single-message transactions at fixed
 //     rates, through the HTTP sink;
 //   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
@@ -20,9 +24,15 @@
 //	BENCH_RUNS        repeats per row (default 3, quick 1)
 //	BENCH_N           backlog size (default 1,000,000, quick 200,000)
 //	BENCH_KEYS        distinct keys in the backlog (default 1,000; scaling adds a one-key backlog)
-//	BENCH_ONLY        comma-separated groups: raw,drain,latency,scaling,peers
+//	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,scaling,together,rebalance,peers,brokers
 //	BENCH_AMQP_URL    RabbitMQ (default amqp://guest:guest@127.0.0.1:5672/); "off" skips
+//	BENCH_NATS_URL    NATS with JetStream for the brokers group (default nats://127.0.0.1:4222); "off" skips
+//	BENCH_REDIS_URL   Redis for the brokers group (default redis://127.0.0.1:6379/0); "off" skips
+//	BENCH_BROKER_N    backlog size of the brokers group (default 200,000, quick 50,000)
 //	BENCH_RELAY_BIN   use this outbox-relay binary instead of building one
+//	BENCH_PROCS       relay process counts of the scaling and together groups (default 1,2,4,16; quick 1,2,4)
+//	BENCH_BASE_BIN    together group: also run this (baseline) binary, alternating
+//	BENCH_SINKS       together group: sinks (default discard,kafka)
 //	BENCH_OUT         results directory (default results)
 //	BENCH_PROFILE=1   instead of benchmarking, profile the relay (see profile.go)
 //	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
@@ -61,12 +71,18 @@ type config struct {
 	workers     int
 	databaseURL string
 	amqpURL     string
+	natsURL     string
+	redisURL    string
+	brokerN     int // backlog size for the NATS and Redis rows (brokers.go)
 	relayBin    string
 	outDir      string
 	only        map[string]bool
 	procs       []int
 	latency     []latencySpec
 	maxRateDur  time.Duration
+	taxDur      time.Duration // writers' time per writer-tax run
+	idleSettle  time.Duration // idle row: wait after the relays registered
+	idleWindow  time.Duration // idle row: measurement window (and idle spell)
 	wmCap       time.Duration // time cap for Watermill's default (slow) adapter
 }
 
@@ -79,22 +95,30 @@ func loadConfig() (config, error) {
 		workers:     2,
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
 		amqpURL:     envOr("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		natsURL:     envOr("BENCH_NATS_URL", "nats://127.0.0.1:4222"),
+		redisURL:    envOr("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
 		relayBin:    os.Getenv("BENCH_RELAY_BIN"),
 		outDir:      envOr("BENCH_OUT", "results"),
 	}
 	if c.quick {
 		c.runs, c.n, c.scaleN, c.httpN, c.amqpN = 1, 200_000, 100_000, 100_000, 50_000
 		c.hotN = 20_000
+		c.brokerN = 50_000
 		c.procs = []int{1, 2, 4}
 		c.latency = []latencySpec{{rate: 1000, dur: 5 * time.Second}, {rate: 50, dur: 8 * time.Second}}
 		c.maxRateDur = 4 * time.Second
+		c.taxDur = 4 * time.Second
+		c.idleSettle, c.idleWindow = 5*time.Second, 20*time.Second
 		c.wmCap = 8 * time.Second
 	} else {
 		c.runs, c.n, c.scaleN, c.httpN, c.amqpN = 3, 1_000_000, 200_000, 200_000, 100_000
 		c.hotN = 50_000
+		c.brokerN = 200_000
 		c.procs = []int{1, 2, 4, 16}
 		c.latency = []latencySpec{{rate: 1000, dur: 10 * time.Second}, {rate: 50, dur: 15 * time.Second}}
 		c.maxRateDur = 6 * time.Second
+		c.taxDur = 8 * time.Second
+		c.idleSettle, c.idleWindow = 10*time.Second, 60*time.Second
 		c.wmCap = 10 * time.Second
 	}
 	var err error
@@ -109,10 +133,26 @@ func loadConfig() (config, error) {
 		}
 		c.scaleN, c.httpN, c.amqpN = min(c.scaleN, c.n), min(c.httpN, c.n), min(c.amqpN, c.n)
 		c.hotN = min(c.hotN, c.n)
+		c.brokerN = min(c.brokerN, c.n)
+	}
+	if v := os.Getenv("BENCH_BROKER_N"); v != "" {
+		if c.brokerN, err = strconv.Atoi(v); err != nil || c.brokerN < 1000 {
+			return c, fmt.Errorf("BENCH_BROKER_N: want an integer >= 1000, got %q", v)
+		}
 	}
 	if v := os.Getenv("BENCH_KEYS"); v != "" {
 		if c.keys, err = strconv.Atoi(v); err != nil || c.keys < 1 {
 			return c, fmt.Errorf("BENCH_KEYS: want a positive integer, got %q", v)
+		}
+	}
+	if v := os.Getenv("BENCH_PROCS"); v != "" {
+		c.procs = nil
+		for _, f := range strings.Split(v, ",") {
+			p, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || p < 1 {
+				return c, fmt.Errorf("BENCH_PROCS: want comma-separated positive integers, got %q", v)
+			}
+			c.procs = append(c.procs, p)
 		}
 	}
 	c.only = map[string]bool{}
@@ -177,6 +217,16 @@ func run() error {
 			return err
 		}
 	}
+	if cfg.want("writertax") {
+		if err := b.writerTax(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("idle") {
+		if err := b.idleCost(ctx); err != nil {
+			return err
+		}
+	}
 	if cfg.want("latency") {
 		if err := b.latencies(ctx); err != nil {
 			return err
@@ -187,8 +237,23 @@ func run() error {
 			return err
 		}
 	}
+	if cfg.want("together") {
+		if err := b.together(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("rebalance") {
+		if err := b.rebalance(ctx); err != nil {
+			return err
+		}
+	}
 	if cfg.want("peers") {
 		if err := b.peers(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("brokers") {
+		if err := b.brokers(ctx); err != nil {
 			return err
 		}
 	}
@@ -240,7 +305,9 @@ func render(path string) error {
 		}
 	}
 	for _, r := range rows {
-		r.Ratio, r.RatioBest = 0, 0
+		if r.Group != "writertax" && r.Group != "idle" { // not divided by raw SQL
+			r.Ratio, r.RatioBest = 0, 0
+		}
 		rep.add(r)
 	}
 	md := rep.markdown()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -73,7 +74,7 @@ func pad(n int64, size int) string {
 }
 
 func (b *bench) riverRun(ctx context.Context, r *row) error {
-	schema := fmt.Sprintf("%sriver_%d", schemaPrefix, b.seq.Add(1))
+	schema := fmt.Sprintf("%sriver_%d_%d", schemaPrefix, os.Getpid(), b.seq.Add(1))
 	if _, err := b.pool.Exec(ctx, "CREATE SCHEMA "+migrations.Ident(schema)); err != nil {
 		return err
 	}
@@ -157,7 +158,7 @@ func (b *bench) riverRun(ctx context.Context, r *row) error {
 // watermillRun publishes n messages into Watermill's Postgres schema and
 // times one subscriber acking them, for at most limit.
 func (b *bench) watermillRun(ctx context.Context, r *row, queue bool, limit time.Duration) error {
-	schema := fmt.Sprintf("%swm_%d", schemaPrefix, b.seq.Add(1))
+	schema := fmt.Sprintf("%swm_%d_%d", schemaPrefix, os.Getpid(), b.seq.Add(1))
 	if _, err := b.pool.Exec(ctx, "CREATE SCHEMA "+migrations.Ident(schema)); err != nil {
 		return err
 	}

@@ -66,9 +66,14 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	_, _ = io.Copy(buf, req.Body)
-	n := parseN(buf.Bytes())
+	r.record(now, req.Header.Get("outbox-key"), buf.Bytes())
 	bufPool.Put(buf)
-	key := req.Header.Get("outbox-key")
+	w.WriteHeader(http.StatusOK)
+}
+
+// record counts one message received at now (unix ns), from any sink.
+func (r *receiver) record(now int64, key string, payload []byte) {
+	n := parseN(payload)
 	r.mu.Lock()
 	if n >= 0 && key != "" {
 		if last, ok := r.last[key]; ok && n <= last {
@@ -82,7 +87,6 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		arr[n].CompareAndSwap(0, now)
 	}
 	r.count.Add(1)
-	w.WriteHeader(http.StatusOK)
 }
 
 // resetOrder forgets counts and per-key order, keeping arrival times.

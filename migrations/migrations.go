@@ -145,6 +145,9 @@ func Script(schema string) (string, error) {
 		b.WriteString(m.SQL)
 		b.WriteString(recordSQL(schema, m))
 	}
+	b.WriteString("\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
+		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
+		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages WITH (publish = 'insert');\n")
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
 }
@@ -204,6 +207,9 @@ func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
 		}
 		applied = append(applied, m.Version)
 	}
+	if err := ensurePublication(ctx, tx, schema); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("outbox: migrate: commit: %w", err)
 	}
@@ -250,4 +256,69 @@ FROM `+Ident(schema)+`.schema_migrations m`).Scan(&version, &relayMin)
 		return 0, 0, fmt.Errorf("outbox: migration version: %w", err)
 	}
 	return version, relayMin, nil
+}
+
+// Publication is the name of the logical-replication publication through
+// which relays follow inserts into schema's outbox (run --wakeup wal).
+// Schema names are at most 54 bytes, so it fits in an identifier.
+func Publication(schema string) string { return schema + "_relay" }
+
+// ensurePublication creates schema's publication when the server can
+// decode the WAL (wal_level = logical) and it does not exist yet, if the
+// migrating role may (it needs CREATE on the database): otherwise it does
+// nothing, and relays poll. It runs at every Apply, so a server switched
+// to wal_level = logical later gets it at the next migrate.
+func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
+	var logical, exists bool
+	err := tx.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical',
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, Publication(schema)).Scan(&logical, &exists)
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: publication: %w", err)
+	}
+	if !logical || exists {
+		return nil
+	}
+	sp, err := tx.Begin(ctx) // a savepoint: a refusal must not abort the migration
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: publication: %w", err)
+	}
+	_, err = sp.Exec(ctx, "CREATE PUBLICATION "+Ident(Publication(schema))+" FOR TABLE "+Ident(schema)+".messages WITH (publish = 'insert')")
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "42710") { // not allowed; created concurrently
+		return sp.Rollback(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: create publication: %w", err)
+	}
+	return sp.Commit(ctx)
+}
+
+// Wake-up modes that SetWakeup knows (relay.Config.Wakeup's values).
+var wakeupModes = []string{"auto", "wal", "poll", "notify"}
+
+// SetWakeup makes schema's writers notify the relays at commit (mode
+// "notify": the messages_notify trigger enabled) or not (any other mode:
+// disabled, the default since version 9). It needs ownership of the
+// messages table; `outbox-relay migrate --wakeup` calls it.
+func SetWakeup(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, schema, mode string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	known := false
+	for _, m := range wakeupModes {
+		known = known || m == mode
+	}
+	if !known {
+		return fmt.Errorf("outbox: wakeup: must be one of %s, got %q", strings.Join(wakeupModes, ", "), mode)
+	}
+	op := "DISABLE"
+	if mode == "notify" {
+		op = "ENABLE"
+	}
+	if _, err := db.Exec(ctx, "ALTER TABLE "+Ident(schema)+".messages "+op+" TRIGGER messages_notify"); err != nil {
+		return fmt.Errorf("outbox: migrate: wakeup %s: %w", mode, err)
+	}
+	return nil
 }

@@ -7,7 +7,8 @@
 // a pgx.Tx (which *pgxpool.Tx satisfies and a pool or a connection does
 // not), WriteSQL and InsertSQL a *sql.Tx.
 //
-// This package depends only on pgx (and google/uuid); it knows nothing
+// Outside the standard library this package imports only pgx and
+// google/uuid (TestImportsOnlyPgxAndUUID keeps it so); it knows nothing
 // about brokers, the migration files or tracing. Trace context reaches a
 // message's headers through WriterConfig.Headers (package outboxotel has
 // the OpenTelemetry implementation).
@@ -99,6 +100,29 @@ var (
 	ErrDuplicateID = errors.New("outbox: duplicate message id")
 )
 
+// ErrSchemaMissing: the outbox's tables are not in the schema the call
+// names (the database was never migrated, or the schema name is wrong).
+// Write, the relay and the operator commands all wrap it, with the
+// database's own error, so that errors.Is finds it.
+var ErrSchemaMissing = errors.New("outbox: schema not migrated")
+
+// SchemaMissing returns err wrapped with ErrSchemaMissing and what to do
+// when err is the database saying that the schema or one of its tables
+// does not exist (SQLSTATE 3F000 or 42P01), and err itself otherwise. It
+// reads the SQLSTATE through the SQLState method that both pgx and
+// lib/pq errors have.
+func SchemaMissing(err error, schema string) error {
+	var se interface{ SQLState() string }
+	if err == nil || !errors.As(err, &se) {
+		return err
+	}
+	if c := se.SQLState(); c != "3F000" && c != "42P01" {
+		return err
+	}
+	return fmt.Errorf("%w: schema %s has no outbox tables; run `outbox-relay migrate` (or apply `outbox-relay migrate --print`), or check the schema name (%w)",
+		ErrSchemaMissing, ident.Quote(schema), err)
+}
+
 // MaxTopicLen is the longest topic accepted, in bytes (Kafka's limit is
 // 249). The table enforces it too (migration 8).
 const MaxTopicLen = 249
@@ -165,6 +189,7 @@ func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // Writer writes messages into one outbox schema.
 type Writer struct {
+	schema     string
 	table      string
 	maxPayload int
 	headers    HeaderInjector
@@ -227,6 +252,7 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 		" FROM jsonb_to_recordset($1::jsonb)" +
 		" AS m(id uuid, topic text, key text, payload text, headers jsonb, d text, at timestamptz, after_ms bigint, pr smallint)"
 	return &Writer{
+		schema:         cfg.Schema,
 		table:          table,
 		maxPayload:     cfg.MaxPayloadBytes,
 		headers:        cfg.Headers,
@@ -332,7 +358,7 @@ func (w *Writer) insert(ctx context.Context, q querier, msgs []Message) ([]Writt
 		if errors.As(err, &pe) && pe.ConstraintName == "messages_message_id_idx" {
 			return nil, fmt.Errorf("outbox: write %d messages: %w: a pending message already has this id (%s)", len(msgs), ErrDuplicateID, pe.Detail)
 		}
-		return nil, fmt.Errorf("outbox: write %d messages: %w", len(msgs), err)
+		return nil, SchemaMissing(fmt.Errorf("outbox: write %d messages: %w", len(msgs), err), w.schema)
 	}
 	out := make([]Written, len(msgs))
 	var dupKeys []string

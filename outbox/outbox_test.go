@@ -248,3 +248,35 @@ func TestMessageIDsAreUniqueAmongPending(t *testing.T) {
 	require.True(t, res[0].Duplicate)
 	require.Equal(t, d.ID, res[0].MessageID)
 }
+
+// Writing before the schema is migrated says what to do, for both writer
+// paths, with the database's error kept.
+func TestWriteBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: pgtest.SchemaName(t)})
+	require.NoError(t, err)
+	msg := outbox.Message{Topic: "orders", Payload: []byte("{}")}
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	err = w.Write(ctx, tx, msg)
+	require.ErrorIs(t, err, outbox.ErrSchemaMissing)
+	require.ErrorContains(t, err, "run `outbox-relay migrate`")
+	require.ErrorContains(t, err, "SQLSTATE 42P01")
+
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer stx.Rollback()
+	err = w.WriteSQL(ctx, stx, msg)
+	require.ErrorIs(t, err, outbox.ErrSchemaMissing)
+
+	// Any other database error is returned as it was.
+	require.NoError(t, outbox.SchemaMissing(nil, "x"))
+	other := errors.New("boom")
+	require.Same(t, other, outbox.SchemaMissing(other, "x"))
+}

@@ -160,7 +160,7 @@ func TestBatchBytesCutKeepsKeyOrder(t *testing.T) {
 	const limit = 10000
 	check := func(t *testing.T, sink *sizeSink, want int) {
 		t.Helper()
-		eventually(t, 30*time.Second, func() bool { return sink.delivered() >= want }, "delivered %d of %d", sink.delivered(), want)
+		eventually(t, 60*time.Second, func() bool { return sink.delivered() >= want }, "not all %d messages delivered", want)
 		sink.checkBatches(t, limit)
 		sink.mu.Lock()
 		defer sink.mu.Unlock()

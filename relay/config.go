@@ -61,9 +61,30 @@ type Config struct {
 	// three times its size, as pgx keeps a read buffer the size of the
 	// largest row). Default 16 MiB.
 	BatchBytes int64
-	// PollInterval is how often an idle worker looks for work when no
-	// notification arrives (LISTEN/NOTIFY is best effort). Default 1s.
+	// PollInterval is how often an idle worker looks for work when nothing
+	// wakes it (a safety net: wake-ups are best effort). Default 1s.
 	PollInterval time.Duration
+	// Wakeup is how relays learn of new rows (see README, Wake-up):
+	//   - "wal": one relay process per schema (the watcher) follows the
+	//     outbox's inserts in the WAL (logical replication, a temporary
+	//     slot, the publication `migrate` creates where wal_level =
+	//     logical) and wakes the others with a NOTIFY from its session;
+	//     when the stream cannot start or breaks, it polls instead.
+	//   - "poll": the watcher polls the outbox for new rows, every few
+	//     milliseconds while rows arrive, backing off to WatchInterval when
+	//     idle, and wakes the others the same way.
+	//   - "notify": the writers' trigger notifies every relay at commit.
+	//     The writers pay for it (every notifying commit is serialized);
+	//     the relay enables the trigger if it may, else run `migrate
+	//     --wakeup notify`.
+	//   - "auto": "wal" where the server allows it, else "poll".
+	// Default "auto".
+	Wakeup string
+	// WatchInterval is the longest the watcher waits between two looks at
+	// the outbox while it polls (Wakeup "poll", or "wal" fallen back to
+	// polling): the worst wake-up delay of the first message after a
+	// quiet spell, and one small transaction per interval. Default 100ms.
+	WatchInterval time.Duration
 	// PublishTimeout bounds one Send to the sink; a Send that takes longer
 	// counts as a failed attempt. Default 30s.
 	PublishTimeout time.Duration
@@ -141,6 +162,16 @@ const (
 	DefaultRetryMultiplier = 2.0
 	DefaultRetryJitter     = 0.2
 	DefaultLeaseTTL        = 15 * time.Second
+	DefaultWakeup          = WakeupAuto
+	DefaultWatchInterval   = 100 * time.Millisecond
+)
+
+// Wake-up modes (Config.Wakeup).
+const (
+	WakeupAuto   = "auto"
+	WakeupWAL    = "wal"
+	WakeupPoll   = "poll"
+	WakeupNotify = "notify"
 )
 
 // WithDefaults returns c with every unset field set to its default.
@@ -162,6 +193,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.Wakeup == "" {
+		c.Wakeup = DefaultWakeup
+	}
+	if c.WatchInterval == 0 {
+		c.WatchInterval = DefaultWatchInterval
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
@@ -248,6 +285,14 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval < time.Millisecond {
 		bad("poll-interval", "must be at least 1ms, got %s", c.PollInterval)
+	}
+	switch c.Wakeup {
+	case WakeupAuto, WakeupWAL, WakeupPoll, WakeupNotify:
+	default:
+		bad("wakeup", "must be one of auto, wal, poll, notify, got %q", c.Wakeup)
+	}
+	if c.WatchInterval < time.Millisecond {
+		bad("watch-interval", "must be at least 1ms, got %s", c.WatchInterval)
 	}
 	if c.PublishTimeout < time.Millisecond {
 		bad("publish-timeout", "must be at least 1ms, got %s", c.PublishTimeout)

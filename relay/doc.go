@@ -4,8 +4,9 @@
 //
 // Ordering. Every message belongs to one of 256 lanes (a hash of its key).
 // Relay processes lease lanes through the lanes table, each taking a fair
-// share; a lane is worked on by one worker of one process at a time, and in
-// id order. Messages with the same key therefore reach the sink in the
+// share, and rebalance at once when one joins or leaves (it says so with a
+// NOTIFY from its own session, see lease.go); a lane is worked on by one
+// worker of one process at a time, and in id order. Messages with the same key therefore reach the sink in the
 // order they were written, never concurrently, whatever the number of
 // relay processes. A message whose delivery failed waits for its retry in
 // the row (attempts, available_at) and holds back the later messages of its
@@ -29,7 +30,10 @@
 // (settle.go: an outcome becomes a delete, a retry or a dead letter; the
 // delay comes from retry.go); apart.go settles row by row when the
 // database refuses a batch's statements. Lane leases are in lease.go,
-// wake-up in wake.go, Live and Ready in health.go. This package holds no
+// Live and Ready in health.go. Wake-up is in wake.go (the LISTEN session
+// and the watcher elected per schema, which polls or follows the WAL,
+// wal.go, and names the lanes that got rows, lanes.go): nothing runs in
+// the writers' transactions by default. This package holds no
 // SQL: every statement it runs (the claim query among them) is a typed
 // method of package internal/store, rendered once per schema and source.
 //

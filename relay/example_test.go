@@ -125,9 +125,13 @@ func Example_fanOutByHand() {
 		log.Fatal(err)
 	}
 	all := []*relay.Relay{router, toKafka, toCRM}
-	go relay.Listen(ctx, pool, "outbox", nil, func() {
+	go relay.ListenConfig(ctx, pool, relay.Config{Schema: "outbox"}, func() {
 		for _, r := range all {
 			r.Wake()
+		}
+	}, func() {
+		for _, r := range all {
+			r.MembersChanged()
 		}
 	})
 	for _, r := range all {

@@ -27,7 +27,10 @@ type leaser struct {
 	conn       *pgx.Conn
 	owned      int
 	lanesReady bool
-	gaveUp     bool // the lanes were handed back for want of connections
+	// joined: this relay registered and told the others (once; again
+	// after it gave up).
+	joined bool
+	gaveUp bool // the lanes were handed back for want of connections
 	// unworkedSince is when this relay's heartbeats began to see lanes of
 	// its route that no live relay works (zero: all worked); warned is
 	// when that was last logged.
@@ -35,6 +38,16 @@ type leaser struct {
 }
 
 func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
+
+// rebalanceGap is the least time between two heartbeats that a
+// membership notification (or a lane handover) brings forward: a burst of
+// notifications (sixteen relays starting together) costs a heartbeat at
+// once and at most one more after the gap, not one each.
+const rebalanceGap = 50 * time.Millisecond
+
+// handoverRetry is how soon a heartbeat comes again while lanes wait to
+// be handed over, should no worker say that its batch ended.
+const handoverRetry = 100 * time.Millisecond
 
 func (l *leaser) run(ctx context.Context) {
 	// Ready allows the first heartbeat a lease TTL.
@@ -45,21 +58,72 @@ func (l *leaser) run(ctx context.Context) {
 	for {
 		if err := l.tick(ctx); err != nil {
 			if ctx.Err() != nil {
+				// A heartbeat cut short may have left its transaction
+				// open: closing ends it (releaseAll reconnects).
+				l.closeConn(ctx)
 				break
 			}
 			l.r.log.Warn("lane lease heartbeat failed", "error", err)
 			l.closeConn(ctx)
+			// It may have been reaped meanwhile: it registers, and says
+			// so, again.
+			l.joined = false
 			sleep(ctx, bo.NextBackOff())
 			continue
 		}
 		l.r.leaseOK.Store(time.Now().UnixNano())
+		last := time.Now()
 		bo.Reset()
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-			continue
+		if !l.wait(ctx, t.C, last) {
+			break
 		}
-		break
+	}
+	l.leaveEarly(ctx)
+}
+
+// wait waits for the next heartbeat: the ticker's, or an earlier one when
+// relays joined or left (MembersChanged) or lanes wait to be handed over.
+// It returns false when ctx ended.
+func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time) bool {
+	var retry <-chan time.Time
+	if len(l.handingOver()) > 0 {
+		tm := time.NewTimer(handoverRetry)
+		defer tm.Stop()
+		retry = tm.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tick:
+	case <-retry:
+	case <-l.r.rebalance:
+		if d := rebalanceGap - time.Since(last); d > 0 {
+			sleep(ctx, d)
+		}
+		select { // notifications that came meanwhile are served too
+		case <-l.r.rebalance:
+		default:
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// handingOver returns the lanes this relay is handing over.
+func (l *leaser) handingOver() []int16 {
+	if h := l.r.handover.Load(); h != nil {
+		return *h
+	}
+	return nil
+}
+
+// MembersChanged tells the relay that relays of its schema joined, left or
+// handed lanes back: it recomputes its share of the lanes now (within
+// ~50ms) rather than at its next heartbeat. The relay's own LISTEN calls
+// it; a caller running a shared Listen passes it there (see Listen).
+func (r *Relay) MembersChanged() {
+	select {
+	case r.rebalance <- struct{}{}:
+	default:
 	}
 }
 
@@ -86,17 +150,40 @@ func (l *leaser) tick(ctx context.Context) error {
 		return l.giveUp(ctx, d)
 	}
 	if !l.lanesReady {
-		if _, err := l.r.leases.EnsureLanes(ctx, l.conn); err != nil {
-			return fmt.Errorf("create lanes of route %q: %w", l.r.cfg.Route, err)
+		// Counted first: the insert, even when it inserts nothing, waits
+		// for every transaction that is changing a lane row (the running
+		// relays' heartbeats), which held up relays starting together.
+		c, err := l.r.leases.CountRelays(ctx, l.conn)
+		if err != nil {
+			return fmt.Errorf("count lanes of route %q: %w", l.r.cfg.Route, err)
+		}
+		if c.Lanes < numLanes {
+			if _, err := l.r.leases.EnsureLanes(ctx, l.conn); err != nil {
+				return fmt.Errorf("create lanes of route %q: %w", l.r.cfg.Route, err)
+			}
 		}
 		l.lanesReady = true
 	}
-	var s share
-	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) (err error) {
-		s, err = l.heartbeat(ctx, tx)
-		return err
-	})
+	if !l.joined {
+		// Register and tell the others before taking any lane, in a
+		// transaction of its own (one round trip): relays that start
+		// together then count each other, and each takes its share
+		// rather than everything.
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		l.r.leases.QueueHeartbeat(b, l.registration())
+		l.r.leases.QueueNotifyMembers(b)
+		b.Queue("COMMIT")
+		if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
+			// run closes the connection, which ends the transaction.
+			return fmt.Errorf("register: %w", err)
+		}
+		l.joined = true
+	}
+	s, err := l.heartbeat(ctx)
 	if err != nil {
+		// run closes the connection, which ends the transaction: no
+		// ROLLBACK round trip to wait for (a shutdown must not).
 		return err
 	}
 	if l.gaveUp {
@@ -125,36 +212,26 @@ type share struct {
 	handover      []int16
 }
 
-// heartbeat is a tick's transaction: register this relay, reap dead
-// ones, renew this relay's leases, then take or hand over lanes towards
-// its fair share.
-func (l *leaser) heartbeat(ctx context.Context, tx pgx.Tx) (share, error) {
-	cfg, q := l.r.cfg, l.r.leases
+// heartbeat is a tick's transaction, in three round trips: register
+// this relay, reap dead ones, renew this relay's leases and count the
+// relays; then take or hand over lanes towards its fair share; then count
+// the worked lanes, tell the others if lanes were freed, and commit.
+func (l *leaser) heartbeat(ctx context.Context) (share, error) {
+	cfg, q, conn := l.r.cfg, l.r.leases, l.conn
 	var s share
-	host, _ := os.Hostname()
-	hb := store.Heartbeat{Hostname: host, PID: os.Getpid(), Version: cfg.Version, InFlight: l.r.inFlight.Load()}
-	if err := q.Heartbeat(ctx, tx, hb); err != nil {
+	var beat store.Beat
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	q.QueueBeat(b, l.registration(), cfg.LeaseTTL, !cfg.DisableFastFailover, &beat)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return s, fmt.Errorf("heartbeat: %w", err)
 	}
-	if err := q.ClampHeartbeats(ctx, tx); err != nil {
-		return s, fmt.Errorf("bound heartbeats: %w", err)
-	}
-	if err := q.Reap(ctx, tx, cfg.LeaseTTL, !cfg.DisableFastFailover); err != nil {
-		return s, fmt.Errorf("reap: %w", err)
-	}
-	mine, err := q.Renew(ctx, tx, cfg.LeaseTTL)
-	if err != nil {
-		return s, fmt.Errorf("renew: %w", err)
-	}
-	count, err := q.CountRelays(ctx, tx)
-	if err != nil {
-		return s, fmt.Errorf("count relays: %w", err)
-	}
-	if count.Lanes < numLanes {
+	l.r.setOwned(beat.Mine, false)
+	if beat.Count.Lanes < numLanes {
 		// Lane rows were deleted under the running relays: the messages
 		// of those lanes would wait forever. The insert is idempotent;
 		// the count above keeps it off the usual heartbeat.
-		n, err := q.EnsureLanes(ctx, tx)
+		n, err := q.EnsureLanes(ctx, conn)
 		if err != nil {
 			return s, fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
 		}
@@ -162,13 +239,28 @@ func (l *leaser) heartbeat(ctx context.Context, tx pgx.Tx) (share, error) {
 			l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
 		}
 	}
-	if s.owned, s.handover, err = l.rebalance(ctx, tx, mine, fairShare(count)); err != nil {
+	var err error
+	if s.owned, s.handover, err = l.rebalance(ctx, conn, beat.Mine, fairShare(beat.Count)); err != nil {
 		return s, err
 	}
-	if s.worked, err = q.WorkedLanes(ctx, tx); err != nil {
-		return s, fmt.Errorf("count worked lanes: %w", err)
+	b = &pgx.Batch{}
+	q.QueueWorkedLanes(b, &s.worked)
+	if beat.Reaped > 0 || s.owned < len(beat.Mine) {
+		// A dead relay's lanes, or lanes handed back, are free: the
+		// others take them now rather than at their next heartbeat.
+		q.QueueNotifyMembers(b)
+	}
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return s, fmt.Errorf("count worked lanes, commit: %w", err)
 	}
 	return s, nil
+}
+
+// registration is what this relay's heartbeat says about it.
+func (l *leaser) registration() store.Heartbeat {
+	host, _ := os.Hostname()
+	return store.Heartbeat{Hostname: host, PID: os.Getpid(), Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load()}
 }
 
 // fairShare is how many lanes this relay should own: an equal part, the
@@ -185,7 +277,7 @@ func fairShare(c store.RelayCount) int {
 // rebalance acquires lanes, or hands over the highest of mine, until this
 // relay owns target lanes. It returns how many it owns and the lanes it is
 // still handing over.
-func (l *leaser) rebalance(ctx context.Context, tx pgx.Tx, mine []int16, target int) (int, []int16, error) {
+func (l *leaser) rebalance(ctx context.Context, tx store.Querier, mine []int16, target int) (int, []int16, error) {
 	q, owned := l.r.leases, len(mine)
 	switch {
 	case owned < target:
@@ -193,6 +285,7 @@ func (l *leaser) rebalance(ctx context.Context, tx pgx.Tx, mine []int16, target 
 		if err != nil {
 			return 0, nil, fmt.Errorf("acquire: %w", err)
 		}
+		l.r.setOwned(got, true)
 		return owned + len(got), nil, nil
 	case owned > target:
 		// Hand over the highest lanes. Those a claim is using right now
@@ -260,8 +353,43 @@ func (r *Relay) leaseHealthy() error {
 	return nil
 }
 
-// releaseAll hands every lane back and unregisters, so other relays take
-// over at their next heartbeat instead of after the lease TTL.
+// leaveEarly is the drain's first step, as soon as Run's context ends:
+// the relay unregisters and hands back every lane no claim is using, and
+// tells the others, which take them at once. The lanes of the batches
+// still in flight (their owner no longer registered) follow when those
+// batches end (releaseAll). The workers claim nothing new meanwhile.
+func (l *leaser) leaveEarly(ctx context.Context) {
+	if l.conn == nil || l.conn.IsClosed() {
+		return // releaseAll reconnects
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	// One round trip: release is given every lane of the route, and
+	// takes those of this relay that no claim is using.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	l.r.leases.QueueUnregister(b)
+	l.r.leases.QueueRelease(b, allLanes)
+	l.r.leases.QueueNotifyMembers(b)
+	b.Queue("COMMIT")
+	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
+		l.closeConn(ctx) // ends the transaction; releaseAll reconnects
+		l.r.log.Warn("could not hand lanes over at the start of the drain; they go when it ends", "error", err)
+	}
+}
+
+// allLanes are the numbers of every lane of a route.
+var allLanes = func() []int16 {
+	all := make([]int16, numLanes)
+	for i := range all {
+		all[i] = int16(i)
+	}
+	return all
+}()
+
+// releaseAll hands every lane back and unregisters, and tells the other
+// relays, which take the lanes over at once instead of after the lease
+// TTL.
 func (l *leaser) releaseAll(ctx context.Context) {
 	defer l.closeConn(ctx)
 	if l.conn != nil && l.conn.IsClosed() {
@@ -276,11 +404,18 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		}
 		l.held, l.conn = pc, pc.Conn()
 	}
-	if err := l.r.leases.ReleaseAll(ctx, l.conn); err != nil {
+	q := l.r.leases
+	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
+		if err := q.ReleaseAll(ctx, tx); err != nil {
+			return fmt.Errorf("release lanes: %w", err)
+		}
+		if err := q.Unregister(ctx, tx); err != nil {
+			return fmt.Errorf("unregister: %w", err)
+		}
+		return q.NotifyMembers(ctx, tx)
+	})
+	if err != nil {
 		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
-	}
-	if err := l.r.leases.Unregister(ctx, l.conn); err != nil {
-		l.r.log.Warn("could not unregister relay", "error", err)
 	}
 	l.r.ownedLane.Store(0)
 }
@@ -310,11 +445,15 @@ func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
 		if err := q.Unregister(ctx, tx); err != nil {
 			return fmt.Errorf("unregister: %w", err)
 		}
+		if len(gone) > 0 || !l.gaveUp {
+			return q.NotifyMembers(ctx, tx)
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	l.joined = false // it registers (and says so) again when it can
 	if !l.gaveUp {
 		l.gaveUp = true
 		l.r.log.Warn("workers cannot get a database connection; handing lanes to other relays",

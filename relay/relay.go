@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
@@ -38,9 +39,16 @@ type Relay struct {
 	leftoverSrc *source
 	leases      *store.Leases
 
-	wake     []chan struct{}
-	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
-	connWait []atomic.Int64 // see starved
+	wake []chan struct{}
+	// ownedSet: the lanes this relay held at its last heartbeat (a
+	// laneSet), so that a wake-up about some lanes wakes only the workers
+	// that claim them.
+	ownedSet [4]atomic.Uint64
+	// rebalance asks the leaser to recompute this relay's share now (see
+	// MembersChanged).
+	rebalance chan struct{}
+	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
+	connWait  []atomic.Int64 // see starved
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
 	priority  []bool
@@ -101,16 +109,17 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{
-		cfg:      cfg,
-		pool:     pool,
-		sink:     sink,
-		schema:   schema,
-		leases:   store.NewLeases(schema, cfg.ID, cfg.Route),
-		log:      cfg.Logger.With("relay_id", cfg.ID),
-		wake:     make([]chan struct{}, cfg.Workers),
-		lastLoop: make([]atomic.Int64, cfg.Workers),
-		connWait: make([]atomic.Int64, cfg.Workers),
-		priority: make([]bool, cfg.Workers),
+		cfg:       cfg,
+		pool:      pool,
+		sink:      sink,
+		schema:    schema,
+		leases:    store.NewLeases(schema, cfg.ID, cfg.Route),
+		log:       cfg.Logger.With("relay_id", cfg.ID),
+		wake:      make([]chan struct{}, cfg.Workers),
+		rebalance: make(chan struct{}, 1),
+		lastLoop:  make([]atomic.Int64, cfg.Workers),
+		connWait:  make([]atomic.Int64, cfg.Workers),
+		priority:  make([]bool, cfg.Workers),
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
@@ -159,6 +168,17 @@ func (r *Relay) Run(ctx context.Context) error {
 	if v > migrations.Latest() {
 		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
 	}
+	if sc, ok := r.sink.(sinks.StartChecker); ok {
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.ConnectTimeout)
+		err := sc.CheckStart(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("outbox: sink: %w", err)
+		}
+	}
 
 	// hard is cancelled DrainTimeout after ctx: in-flight work then rolls
 	// back instead of holding the shutdown.
@@ -171,7 +191,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrainTimer()
 
-	r.log.Info("relay starting", "schema", r.cfg.Schema, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	if err := r.findLeftover(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -189,13 +208,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		archiveDone := spawn(func() { r.keepArchive(ctx) })
 		defer func() { <-archiveDone }()
 	}
+	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	lease := newLeaser(r)
 	leaseDone := spawn(func() { lease.run(ctx) })
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
 	listenDone := spawn(func() {
 		if !r.cfg.SharedListener {
-			Listen(ctx, r.pool, r.cfg.Schema, r.log, r.wakeAll)
+			cfg := r.cfg
+			cfg.Logger = r.log
+			listen(ctx, r.pool, cfg, r.wakeSet, r.MembersChanged)
 		}
 	})
 
@@ -248,6 +270,10 @@ func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err e
 		if err == nil {
 			return version, relayMin, nil
 		}
+		if reason := refused(err); reason != "" {
+			// Waiting cannot help: the server answered, and said no.
+			return 0, 0, fmt.Errorf("outbox: database: %s: %w", reason, err)
+		}
 		d := bo.NextBackOff()
 		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
 			return 0, 0, err
@@ -255,6 +281,26 @@ func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err e
 		r.log.Warn("database not reachable yet; retrying", "error", err, "retry_in", d)
 		sleep(ctx, d)
 	}
+}
+
+// refused says why when err is the database server refusing the relay for
+// good (the database does not exist, the password or the role is refused,
+// pg_hba.conf has no entry for it), and "" for what may pass (the server
+// is down or still starting, the network).
+func refused(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	switch pe.Code {
+	case "3D000":
+		return "the database does not exist"
+	case "28P01":
+		return "password authentication failed"
+	case "28000":
+		return "the server refuses this role or host (the role does not exist, or pg_hba.conf has no entry for it)"
+	}
+	return ""
 }
 
 // spawn runs f in a goroutine and returns a channel closed when f returns.

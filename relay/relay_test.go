@@ -836,7 +836,7 @@ func TestSharedListenerWakesEveryRelay(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		relay.Listen(ctx, e.pool, e.schema, testLogger(t), func() { ra.Wake(); rb.Wake() })
+		relay.ListenConfig(ctx, e.pool, relay.Config{Schema: e.schema, Logger: testLogger(t)}, func() { ra.Wake(); rb.Wake() }, func() { ra.MembersChanged(); rb.MembersChanged() })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	// Let both relays take their lanes and go idle, then write.

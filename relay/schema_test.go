@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
@@ -9,7 +10,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
 // recordMigration marks the schema as migrated to version, needing relays
@@ -68,4 +71,53 @@ func TestRelayStopsClaimingWhenTheSchemaOutgrowsIt(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 2))
 	require.NoError(t, r.Ready(context.Background()))
+}
+
+// A relay on a schema that was never migrated refuses to start with
+// outbox.ErrSchemaMissing and says what to run.
+func TestRelayRefusesAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), Workers: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	r, err := relay.New(pool, memory.New(), relay.Config{Schema: pgtest.SchemaName(t), Workers: 1})
+	require.NoError(t, err)
+	err = r.Run(waitCtx(t, 10*time.Second))
+	require.ErrorIs(t, err, outbox.ErrSchemaMissing)
+	require.ErrorContains(t, err, "run `outbox-relay migrate`")
+}
+
+// A database that refuses the relay for good (no such database, no such
+// role) fails the start at once with the reason, instead of being retried
+// for ConnectTimeout as "not reachable yet".
+func TestRelayFailsAtOnceWhenTheDatabaseRefusesIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, url, want string }{
+		{"no such database", withDatabase(t, pgtest.URL(), "outbox_no_such_db"), "the database does not exist"},
+		{"no such role", withUser(t, pgtest.URL(), "outbox_no_such_role"), "refuses this role"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: tc.url, Workers: 1})
+			require.NoError(t, err)
+			defer pool.Close()
+			r, err := relay.New(pool, memory.New(), relay.Config{Workers: 1, ConnectTimeout: time.Hour})
+			require.NoError(t, err)
+			err = r.Run(waitCtx(t, 20*time.Second))
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func withDatabase(t *testing.T, raw, db string) string {
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	u.Path = "/" + db
+	return u.String()
+}
+
+func withUser(t *testing.T, raw, user string) string {
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	u.User = url.User(user)
+	return u.String()
 }

@@ -296,7 +296,11 @@ func (s *Set) Run(ctx context.Context) error {
 		listenDone := make(chan struct{})
 		go func() {
 			defer close(listenDone)
-			Listen(ctx, s.pool, s.schema, s.log, s.Wake)
+			listen(ctx, s.pool, s.cfgs[0], func(lanes laneSet) {
+				for _, r := range s.relays {
+					r.wakeSet(lanes)
+				}
+			}, s.membersChanged)
 		}()
 		defer func() { cancel(); <-listenDone }()
 	}
@@ -317,6 +321,14 @@ func (s *Set) Run(ctx context.Context) error {
 func (s *Set) Wake() {
 	for _, r := range s.relays {
 		r.Wake()
+	}
+}
+
+// membersChanged: relays joined or left; every relay of the Set
+// recomputes its share of the lanes.
+func (s *Set) membersChanged() {
+	for _, r := range s.relays {
+		r.MembersChanged()
 	}
 }
 

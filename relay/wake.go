@@ -2,12 +2,29 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 )
+
+// Wake-up. Workers claim in a loop and, when they find nothing, wait for a
+// wake-up or their PollInterval. What wakes them must cost the writers
+// nothing, so no trigger runs in the writers' transactions by default:
+// one relay process per schema, the watcher (elected with an advisory
+// lock held by its LISTEN session, so it changes hands the moment that
+// session dies), learns of new rows from the WAL or by polling, wakes its
+// own workers at once and the other processes with a NOTIFY from its own
+// session. Every process LISTENs on the schema's channel; a notification
+// with an empty payload means "new rows", other payloads belong to other
+// listeners and are not a reason to claim. Wake-ups are an optimization:
+// a lost one costs latency up to PollInterval, never a message.
 
 func (r *Relay) wakeAll() {
 	for _, c := range r.wake {
@@ -21,50 +38,420 @@ func (r *Relay) wakeAll() {
 // Wake makes every worker look for work now (as a notification does).
 func (r *Relay) Wake() { r.wakeAll() }
 
-// Listen calls wake on every NOTIFY from writers to schema's outbox (and
-// from the fan-out router), until ctx ends. A relay runs it itself unless
-// Config.SharedListener is set: a process running several relays (one per
-// route) saves a connection per relay by running one Listen that wakes
-// them all, as a Set does. Notifications are an optimization: workers poll anyway, so a
-// lost connection only costs latency until it is back.
-func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
-	if log == nil {
-		log = slog.Default()
+// WakeupHooks is implemented by hooks that want to know how the process
+// learns of new rows. Wakeup is called when that changes: source is "wal"
+// or "poll" while this process is the schema's watcher, "follow" while
+// another process is, "notify" when the writers' trigger wakes the relays;
+// fallback is true when the WAL was wanted and could not be followed (the
+// stream broke, or logical replication is not allowed), err says why.
+type WakeupHooks interface {
+	Wakeup(source string, fallback bool, err error)
+}
+
+func (m multiHooks) Wakeup(source string, fallback bool, err error) {
+	for _, h := range m {
+		if wh, ok := h.(WakeupHooks); ok {
+			wh.Wakeup(source, fallback, err)
+		}
 	}
-	s, err := store.NewSchema(schema)
+}
+
+// Listen wakes (calls wake) on every notification of new rows in schema's
+// outbox, in the default wake-up mode ("auto"), until ctx ends. See
+// ListenConfig, which also passes on membership changes.
+func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
+	ListenConfig(ctx, pool, Config{Schema: schema, Logger: log}, wake, nil)
+}
+
+// ListenConfig runs the wake-up of cfg.Schema for one process, as
+// cfg.Wakeup says, calling wake when there may be new rows, until ctx
+// ends. A relay runs it itself unless Config.SharedListener is set: a
+// process running several relays (one per route) saves a connection per
+// relay by running one ListenConfig that wakes them all, as a Set does.
+// It holds one connection of pool (LISTEN) and, while this process
+// follows the WAL, a replication connection of its own.
+//
+// members (unless nil) is called when relays joined, left or handed lanes
+// back (a notification from a relay's lease session, payload
+// store.MembersPayload), and after every reconnection: a process running
+// its relays with a shared listener calls Relay.MembersChanged of each,
+// so that they rebalance at once instead of at their next heartbeat.
+// Notifications are an optimization: workers poll and leases rebalance at
+// every heartbeat anyway, so a lost connection costs only latency.
+func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
+	listen(ctx, pool, cfg, func(laneSet) { wake() }, members)
+}
+
+// wakeSet wakes the workers of lanes, or all of them when lanes is empty.
+func (r *Relay) wakeSet(lanes laneSet) {
+	if lanes.empty() {
+		r.wakeAll()
+		return
+	}
+	r.wakeLanes(lanes)
+}
+
+// listen is ListenConfig, with wake-ups about some lanes (an empty set:
+// any lane).
+func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneSet), members func()) {
+	cfg = cfg.WithDefaults()
+	log := cfg.Logger
+	s, err := store.NewSchema(cfg.Schema)
 	if err != nil {
 		log.Error("cannot listen for notifications; polling", "error", err)
 		<-ctx.Done()
 		return
 	}
+	if members == nil {
+		members = func() {}
+	}
+	k := &waker{cfg: cfg, pool: pool, log: log, s: s, w: store.NewWaker(s), wake: wake, members: members, source: "-"}
 	bo := newReconnectBackoff()
 	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			// The connection carries LISTEN state: never give it back to
-			// the pool (but keep it counted there, see dropConn).
-			defer dropConn(context.WithoutCancel(ctx), conn)
-			pc := conn.Conn()
-			if err := store.Listen(ctx, pc, s); err != nil {
-				return err
-			}
-			bo.Reset()
-			wake() // anything written while we were not listening
-			for {
-				if _, err := pc.WaitForNotification(ctx); err != nil {
-					return err
-				}
-				wake()
-			}
-		}()
+		err := k.session(ctx, bo.Reset)
 		if ctx.Err() != nil {
 			return
 		}
 		d := bo.NextBackOff()
 		log.Warn("listen connection lost; polling until it is back", "error", err, "retry_in", d)
+		k.setSource("-", false, err)
 		sleep(ctx, d)
 	}
+}
+
+// Watcher timing.
+const (
+	// watchFast is the watcher's polling interval while rows keep arriving;
+	// it doubles at each look that finds nothing, up to WatchInterval.
+	watchFast = 5 * time.Millisecond
+	// notifyGap is the least time between two NOTIFYs of the watcher:
+	// wake-ups closer than that are merged (a busy relay is not waiting
+	// for them anyway).
+	notifyGap = 2 * time.Millisecond
+	// walRetryMin and walRetryMax bound the wait before the watcher tries
+	// the WAL again after it could not follow it.
+	walRetryMin, walRetryMax = time.Second, 5 * time.Minute
+)
+
+// waker is one process's wake-up: its LISTEN session and, while it is the
+// watcher, what it watches.
+type waker struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	s    store.Schema
+	w    *store.Waker
+	wake func(laneSet)
+	// members: relays joined, left or handed lanes back.
+	members func()
+
+	source string // last reported to the hooks
+
+	// The WAL follower asks the LISTEN loop to notify the other processes
+	// about some lanes (pending: all of them when pendLanes is empty) and
+	// interrupts its wait (cancelWait).
+	pendMu     sync.Mutex
+	pending    bool
+	pendLanes  laneSet
+	walDone    atomic.Pointer[error]
+	walUp      atomic.Bool // the WAL stream has started (see loop)
+	cancelWait atomic.Pointer[context.CancelFunc]
+}
+
+// addPending merges lanes into the next NOTIFY (an empty set: all lanes).
+func (k *waker) addPending(lanes laneSet) {
+	k.pendMu.Lock()
+	defer k.pendMu.Unlock()
+	switch {
+	case !k.pending:
+		k.pendLanes = lanes
+	case k.pendLanes.empty() || lanes.empty():
+		k.pendLanes = laneSet{} // all lanes already, or now
+	default:
+		k.pendLanes.union(lanes)
+	}
+	k.pending = true
+}
+
+// isPending reports whether a NOTIFY waits to be sent.
+func (k *waker) isPending() bool {
+	k.pendMu.Lock()
+	defer k.pendMu.Unlock()
+	return k.pending
+}
+
+// takePending returns the payload of the NOTIFY to send, if one waits.
+func (k *waker) takePending() (string, bool) {
+	k.pendMu.Lock()
+	defer k.pendMu.Unlock()
+	if !k.pending {
+		return "", false
+	}
+	k.pending = false
+	if k.pendLanes.empty() {
+		return "", true
+	}
+	p := k.pendLanes.payload()
+	k.pendLanes = laneSet{}
+	return p, true
+}
+
+// kick asks the LISTEN loop to act now (a NOTIFY to send, the WAL stream
+// ended).
+func (k *waker) kick() {
+	if c := k.cancelWait.Load(); c != nil {
+		(*c)()
+	}
+}
+
+// setSource reports the wake-up source to the hooks when it changes.
+func (k *waker) setSource(source string, fallback bool, err error) {
+	if source == k.source && !fallback {
+		return
+	}
+	k.source = source
+	if wh, ok := k.cfg.Hooks.(WakeupHooks); ok {
+		wh.Wakeup(source, fallback, err)
+	}
+}
+
+// session runs one LISTEN session until it fails or ctx ends.
+func (k *waker) session(ctx context.Context, connected func()) error {
+	conn, err := k.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection carries LISTEN state and the watcher's lock: never
+	// give it back to the pool (but keep it counted there, see dropConn).
+	defer dropConn(context.WithoutCancel(ctx), conn)
+	pc := conn.Conn()
+	if err := store.Listen(ctx, pc, k.s); err != nil {
+		return err
+	}
+	connected()
+	k.wake(laneSet{}) // anything written while we were not listening
+	k.members()       // and relays that came or went meanwhile
+
+	mode := k.cfg.Wakeup
+	if mode == WakeupNotify {
+		on, err := k.w.NotifyTrigger(ctx, pc, k.s, true)
+		switch {
+		case err != nil && !errors.Is(err, store.ErrNotOwner):
+			return err
+		case on:
+			k.setSource("notify", false, nil)
+			return k.loop(ctx, pc, false)
+		default:
+			k.log.Error("wakeup notify: the messages_notify trigger is disabled and this role may not enable it; run `outbox-relay migrate --wakeup notify` as the schema's owner. Polling meanwhile", "error", err)
+			mode = WakeupPoll
+		}
+	}
+	return k.loop(ctx, pc, mode != WakeupPoll)
+}
+
+// loop waits for notifications on pc and, once this session holds the
+// watcher lock, watches for new rows: through the WAL when wal is set and
+// the server allows it, else by polling.
+func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
+	var (
+		watching, polling bool
+		nextElect         time.Time // when a follower next tries the lock
+		seen              int64     = -1
+		interval                    = watchFast
+		nextPoll          time.Time
+		lastNotify        time.Time
+		walRetry          = walRetryMin
+		walAgain          time.Time // when to try the WAL again
+		walStarted        time.Time
+		walLogged         bool
+		stopWAL           = func() {}
+	)
+	defer func() { stopWAL() }()
+	if k.cfg.Wakeup == WakeupNotify && !wal {
+		nextElect = time.Now().Add(100 * 365 * 24 * time.Hour) // the trigger wakes everyone: no watcher
+	}
+	startWAL := func() {
+		walCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		k.walDone.Store(nil)
+		walStarted = time.Now()
+		go func() {
+			defer close(done)
+			err := k.followWAL(walCtx, func(lanes laneSet) {
+				k.wake(lanes)
+				k.addPending(lanes)
+				k.kick()
+			}, func() {
+				k.walUp.Store(true)
+				k.kick()
+			})
+			if err == nil {
+				err = errors.New("outbox: WAL stream ended")
+			}
+			k.walDone.Store(&err)
+			k.kick()
+		}()
+		stopWAL = func() { cancel(); <-done }
+		// Keep polling until the stream has started: rows committed
+		// before the slot's consistent point are not in the stream.
+		if !polling {
+			polling, seen, interval, nextPoll = true, -1, watchFast, time.Now()
+		}
+	}
+	for {
+		now := time.Now()
+		if !watching && !now.Before(nextElect) {
+			ok, err := k.w.TryWatch(ctx, pc, k.s)
+			if err != nil {
+				return err
+			}
+			if ok {
+				watching = true
+				k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", wal)
+				if wal {
+					startWAL()
+				} else {
+					polling = true
+					k.setSource("poll", false, nil)
+				}
+			} else {
+				nextElect = now.Add(k.cfg.Heartbeat)
+				k.setSource("follow", false, nil)
+			}
+		}
+		if watching {
+			if k.walUp.Swap(false) {
+				// The stream runs: stop polling, and wake everyone once for
+				// what was committed between the last look and the slot's
+				// consistent point.
+				polling = false
+				k.setSource("wal", false, nil)
+				k.wake(laneSet{})
+				k.addPending(laneSet{})
+			}
+			if errp := k.walDone.Swap(nil); errp != nil {
+				stopWAL()
+				stopWAL = func() {}
+				err := *errp
+				if time.Since(walStarted) > time.Minute {
+					walRetry = walRetryMin // it ran for a while: a break, not a refusal
+				}
+				if walRefused(err) {
+					walRetry = walRetryMax
+				}
+				lvl := slog.LevelWarn
+				if k.cfg.Wakeup == WakeupAuto && walRefused(err) {
+					lvl = slog.LevelInfo // auto, and the server does not allow it: expected
+					if walLogged {
+						lvl = slog.LevelDebug
+					}
+				}
+				walLogged = true
+				k.log.Log(ctx, lvl, "cannot follow the WAL; polling for new rows instead", "error", err, "retry_wal_in", walRetry)
+				k.setSource("poll", true, err)
+				polling, seen, interval, nextPoll = true, -1, watchFast, now
+				walAgain = now.Add(walRetry)
+				walRetry = min(2*walRetry, walRetryMax)
+				// Rows may have come while the stream was failing.
+				k.wake(laneSet{})
+				k.addPending(laneSet{})
+			}
+			if wal && polling && !walAgain.IsZero() && !now.Before(walAgain) {
+				walAgain = time.Time{}
+				startWAL()
+			}
+			if now.Sub(lastNotify) >= notifyGap {
+				if payload, ok := k.takePending(); ok {
+					if err := k.w.Notify(ctx, pc, payload); err != nil {
+						return err
+					}
+					lastNotify = now
+				}
+			}
+			if polling && !now.Before(nextPoll) {
+				var id int64
+				var lanes laneSet
+				var err error
+				if seen < 0 {
+					id, err = k.w.NewestID(ctx, pc)
+				} else {
+					var got []int16
+					id, got, err = k.w.NewRows(ctx, pc, seen)
+					for _, l := range got {
+						if l >= 0 && int(l) < numLanes {
+							lanes.add(int(l))
+						}
+					}
+				}
+				if err != nil {
+					return err
+				}
+				if id > seen && seen >= 0 {
+					k.wake(lanes)
+					if err := k.w.Notify(ctx, pc, payloadOf(lanes)); err != nil {
+						return err
+					}
+					lastNotify = now
+					interval = watchFast
+				} else {
+					interval = min(2*interval, k.cfg.WatchInterval)
+				}
+				seen = id
+				nextPoll = time.Now().Add(interval)
+			}
+		}
+
+		// Wait for a notification until the next thing to do.
+		var deadline time.Time
+		switch {
+		case !watching:
+			deadline = nextElect
+		case polling:
+			deadline = nextPoll
+			if !walAgain.IsZero() && walAgain.Before(deadline) {
+				deadline = walAgain
+			}
+		default:
+			deadline = now.Add(time.Hour) // the WAL follower kicks
+		}
+		if k.isPending() {
+			deadline = lastNotify.Add(notifyGap)
+		}
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		k.cancelWait.Store(&cancel)
+		if (k.isPending() && time.Since(lastNotify) >= notifyGap) || k.walDone.Load() != nil {
+			cancel() // kicked before the wait could be interrupted
+		}
+		n, err := pc.WaitForNotification(wctx)
+		k.cancelWait.Store(nil)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if wctx.Err() != nil && !pc.IsClosed() {
+				continue // time for the next thing to do, or kicked
+			}
+			return err
+		}
+		if n.PID == pc.PgConn().PID() {
+			continue // our own: our workers were woken when it was sent
+		}
+		switch lanes, ok := parseLanes(n.Payload); {
+		case n.Payload == store.MembersPayload:
+			k.members()
+		case n.Payload == "":
+			k.wake(laneSet{})
+		case ok:
+			k.wake(lanes)
+		}
+	}
+}
+
+// payloadOf is the NOTIFY payload about lanes ("" when empty: all lanes).
+func payloadOf(lanes laneSet) string {
+	if lanes.empty() {
+		return ""
+	}
+	return lanes.payload()
 }

@@ -27,6 +27,11 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		}
 		n, err := r.cycle(ctx, hard, worker, rotation)
 		rotation = (rotation + r.cfg.Workers) % numLanes
+		if len(r.handoverLanes()) > 0 {
+			// The batch that held a lane being handed over may have been
+			// this one: the leaser can release it now.
+			r.MembersChanged()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -88,6 +93,12 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
 	r.gotConn(worker)
+	if r.schemaErr.Load() != nil {
+		// The schema outgrew this relay while the worker waited for the
+		// connection: claim nothing.
+		conn.Release()
+		return 0, nil
+	}
 	defer func() {
 		// A session that cannot write (it started on a read-only or
 		// standby server) stays that way: close it so that the pool opens

@@ -4,20 +4,32 @@
 # when missing, and fail loudly when that is impossible. Every change it
 # makes to the machine is printed, as the command it runs, before it runs:
 #
-#   - apt-get update / apt-get install of postgresql, rabbitmq-server or
-#     docker-compose, when they are missing (the tests' throwaway servers
-#     need initdb and pg_ctl from postgresql, and rabbitmq-server and
-#     rabbitmqctl from rabbitmq-server);
+#   - apt-get update / apt-get install of postgresql, rabbitmq-server,
+#     nats-server, redis-server, docker-compose or prometheus (for promtool,
+#     which tests the alert rules and the dashboard's queries), when they
+#     are missing (the tests' throwaway servers need initdb and pg_ctl from
+#     postgresql, rabbitmq-server and rabbitmqctl from rabbitmq-server,
+#     nats-server and redis-server from theirs);
+#   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
+#     when helm is missing (Debian has no helm package; the chart's tests
+#     need it; building it takes a few minutes once);
+#   - while installing prometheus, a temporary /usr/sbin/policy-rc.d that
+#     keeps the package's Prometheus server from starting (it would take
+#     port 9090, the relay's admin port), and `systemctl disable
+#     prometheus` where systemd runs;
 #   - two `trust` lines for 127.0.0.1 and ::1 at the top of the newest
 #     cluster's pg_hba.conf, then a reload, when loopback is not trusted yet;
-#   - starting PostgreSQL (pg_ctlcluster ... start) or RabbitMQ
-#     (rabbitmq-server -detached) when they are not listening;
+#   - starting PostgreSQL (pg_ctlcluster ... start), RabbitMQ
+#     (rabbitmq-server -detached), NATS with JetStream on 127.0.0.1:4222
+#     (nats-server -js, data in /var/lib/nats-server) or Redis on
+#     127.0.0.1:6379 (redis-server --daemonize yes, no persistence) when
+#     they are not listening;
 #   - CREATE DATABASE test when it does not exist.
 #
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq
+#   scripts/services.sh postgres rabbitmq nats redis
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -111,17 +123,94 @@ ensure_rabbitmq() {
 	"${SUDO[@]}" timeout 120 rabbitmqctl -q await_startup >/dev/null 2>&1 || die "RabbitMQ did not finish starting"
 }
 
+# sbin_tool finds a server binary that Debian installs outside a normal
+# user's PATH.
+sbin_tool() {
+	command -v "$1" 2>/dev/null && return 0
+	local p
+	for p in /usr/sbin/"$1" /usr/bin/"$1"; do
+		[ -x "$p" ] && echo "$p" && return 0
+	done
+	return 1
+}
+
+ensure_nats() {
+	if ! sbin_tool nats-server >/dev/null; then
+		log "NATS (nats-server) not installed"
+		apt_install nats-server
+	fi
+	if ! port_open 4222; then
+		log "NATS is not listening on 127.0.0.1:4222"
+		local bin
+		bin=$(sbin_tool nats-server)
+		run "${SUDO[@]}" mkdir -p /var/lib/nats-server
+		run "${SUDO[@]}" start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+			-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || die "could not start NATS"
+		wait_for NATS 4222 30
+	fi
+}
+
+ensure_redis() {
+	if ! sbin_tool redis-server >/dev/null; then
+		log "Redis (redis-server) not installed"
+		apt_install redis-server
+	fi
+	if ! port_open 6379; then
+		log "Redis is not listening on 127.0.0.1:6379"
+		run "${SUDO[@]}" mkdir -p /var/lib/redis /var/log/redis
+		run "${SUDO[@]}" "$(sbin_tool redis-server)" --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+			--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || die "could not start Redis"
+		wait_for Redis 6379 30
+	fi
+}
+
 ensure_tool() { # command package
 	command -v "$1" >/dev/null && return 0
 	log "$1 not installed"
 	apt_install "$2"
 }
 
+# ensure_promtool installs promtool, which comes in Debian's prometheus
+# package with a Prometheus server that must not start here.
+ensure_promtool() {
+	command -v promtool >/dev/null && return 0
+	log "promtool not installed"
+	local policy=""
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		log "running: write /usr/sbin/policy-rc.d (exit 101: no service starts during the install)"
+		printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+		"${SUDO[@]}" chmod 755 /usr/sbin/policy-rc.d
+		policy=1
+	fi
+	apt_install --no-install-recommends prometheus
+	if [ -n "$policy" ]; then
+		run "${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
+	fi
+	if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+		run "${SUDO[@]}" systemctl disable --now prometheus >&2 || true
+	fi
+}
+
+HELM_VERSION=v3.19.0
+
+# ensure_helm builds Helm from its Go module (Debian does not package it).
+ensure_helm() {
+	command -v helm >/dev/null && return 0
+	log "helm not installed"
+	command -v go >/dev/null || die "go not found: cannot build helm"
+	run "${SUDO[@]}" env GOBIN=/usr/local/bin GOFLAGS=-mod=mod "$(command -v go)" install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ||
+		die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed"
+}
+
 for s in "$@"; do
 	case "$s" in
 	postgres) ensure_postgres ;;
 	rabbitmq) ensure_rabbitmq ;;
+	nats) ensure_nats ;;
+	redis) ensure_redis ;;
 	docker-compose) ensure_tool docker-compose docker-compose ;;
+	promtool) ensure_promtool ;;
+	helm) ensure_helm ;;
 	*) die "unknown service $s" ;;
 	esac
 done

@@ -79,6 +79,18 @@ type HealthChecker interface {
 	Healthy(ctx context.Context) error
 }
 
+// StartChecker is implemented by sinks that can tell at start-up that their
+// configuration will not work, for a reason waiting cannot fix (the broker
+// refuses the credentials). CheckStart waits until the sink is connected,
+// until its connection fails for a reason that may pass (it returns nil
+// then: the relay runs and the sink reconnects), or until ctx ends; it
+// returns an error when the refusal lasted until ctx ended. The relay
+// calls it at start-up with its ConnectTimeout, as it waits for the
+// database.
+type StartChecker interface {
+	CheckStart(ctx context.Context) error
+}
+
 var (
 	// ErrClosed is returned by Send after Close.
 	ErrClosed = errors.New("outbox: sink closed")

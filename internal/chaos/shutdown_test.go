@@ -1,7 +1,11 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,5 +71,52 @@ func TestStopDuringHeartbeat(t *testing.T) {
 	if lanes != 0 || registered != 0 {
 		t.Errorf("after a clean exit, relay r1.1 still owns %d lanes and has %d relays row(s); want 0 and 0 "+
 			"(its logs: %q)", lanes, registered, grepFile(c.proc("r1").logPath, "could not"))
+	}
+}
+
+// TestStopDuringStartUp sends SIGTERM at many points of a relay's start,
+// from the moment its run command logs its first line (before it has
+// opened its sinks or reached the database): a stop is not a failure, so
+// every run exits 0. (Before that line the Go runtime and the packages'
+// initialization run, when no program can catch a signal; see
+// signalable.)
+func TestStopDuringStartUp(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipping in -short mode: it runs relay processes")
+	}
+	_, schema := pgtest.Schema(t)
+	bin := relayBinary(t)
+	for _, d := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond} {
+		cmd := exec.Command(bin, "run", "--sink", "discard", "--schema", schema, "--admin-addr", "")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.URL())
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		first := make(chan struct{})
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			for n := 0; sc.Scan(); n++ { // read to the end, so the relay never blocks on its log
+				if n == 0 {
+					close(first)
+				}
+			}
+		}()
+		select {
+		case <-first:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no log line within 30s")
+		}
+		time.Sleep(d)
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("SIGTERM %s after the first log line: %v (want exit 0)", d, err)
+		}
 	}
 }

@@ -62,12 +62,20 @@ type globals struct {
 // Main runs the command line and returns the process exit status: 0 on
 // success, 2 for invalid configuration or usage, 1 for other failures.
 func Main(args []string, stdout, stderr io.Writer) int {
+	return MainContext(context.Background(), args, stdout, stderr)
+}
+
+// MainContext is Main with a context whose end stops the command as
+// SIGTERM does: the program's main cancels it on SIGTERM and SIGINT from
+// its first instruction, so that a stop during start-up is a stop (exit
+// 0), not the signal's default action.
+func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
 	}
@@ -191,6 +199,7 @@ func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 
 func newMigrate(g *globals) *cobra.Command {
 	var print bool
+	var wakeup string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox schema (safe to run concurrently)",
@@ -208,6 +217,11 @@ migrations with their own tool.`,
 				_, err = io.WriteString(g.stdout, s)
 				return err
 			}
+			if wakeup != "" {
+				if err := (relay.Config{Wakeup: wakeup}).WithDefaults().Validate(); err != nil {
+					return &usageError{err}
+				}
+			}
 			ctx := cmd.Context()
 			pool, err := g.connect(ctx)
 			if err != nil {
@@ -223,10 +237,17 @@ migrations with their own tool.`,
 			} else {
 				g.log.Info("schema migrated", "schema", g.schema, "applied", applied)
 			}
+			if wakeup != "" {
+				if err := migrations.SetWakeup(ctx, pool, g.schema, wakeup); err != nil {
+					return err
+				}
+				g.log.Info("writers' NOTIFY trigger set", "schema", g.schema, "wakeup", wakeup, "trigger_enabled", wakeup == relay.WakeupNotify)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the migration SQL instead of applying it")
+	cmd.Flags().StringVar(&wakeup, "wakeup", "", "notify: enable the writers' NOTIFY trigger (for run --wakeup notify; the writers pay for it); auto, wal or poll: disable it (the default since schema version 9). Unset: leave it as it is")
 	return cliOnly(cmd)
 }
 
@@ -237,6 +258,8 @@ type runOptions struct {
 	batchBytes      int64
 	maxConns        int
 	pollInterval    time.Duration
+	wakeup          string
+	watchInterval   time.Duration
 	publishTimeout  time.Duration
 	maxAttempts     int
 	retryInitial    time.Duration
@@ -292,7 +315,9 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers, leases and LISTEN need, plus one for health checks and metrics)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
 	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
-	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work without a notification")
+	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work when nothing wakes them (a safety net)")
+	f.StringVar(&o.wakeup, "wakeup", relay.DefaultWakeup, "how relays learn of new rows: auto (wal where the server allows it, else poll), wal (follow the outbox's inserts in the WAL), poll (one relay per database polls and wakes the others), notify (the writers' trigger; the writers pay for it)")
+	f.DurationVar(&o.watchInterval, "watch-interval", relay.DefaultWatchInterval, "longest wait between two looks for new rows of the polling watcher when idle")
 	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
 	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
 	f.DurationVar(&o.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay after the first failure")
@@ -307,9 +332,9 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
-	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for `outbox-relay replay`")
+	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for outbox-relay replay")
 	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
-	f.DurationVar(&o.connectTimeout, "connect-timeout", 30*time.Second, "how long to wait for the database at start-up before exiting")
+	f.DurationVar(&o.connectTimeout, "connect-timeout", 30*time.Second, "how long to wait for the database at start-up before exiting (and for a broker that refuses the sink's credentials)")
 	f.StringVar(&o.format, "format", "raw", "message format: raw, cloudevents (binary mode, headers per sink binding) or debezium (outbox event router compatible)")
 	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
 	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
@@ -323,7 +348,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	// mistake.
 	for name, v := range map[string]int64{
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
-		"poll-interval": int64(o.pollInterval), "publish-timeout": int64(o.publishTimeout),
+		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
 		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes,
 	} {
@@ -344,6 +369,8 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		BatchSize:           o.batchSize,
 		BatchBytes:          o.batchBytes,
 		PollInterval:        o.pollInterval,
+		Wakeup:              o.wakeup,
+		WatchInterval:       o.watchInterval,
 		PublishTimeout:      o.publishTimeout,
 		MaxAttempts:         o.maxAttempts,
 		RetryInitial:        o.retryInitial,
@@ -455,6 +482,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return &usageError{err}
 	}
+	reg.MustRegister(relayprom.NewHealthCollector(relays, 2*time.Second))
 	for _, cfg := range planned {
 		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}
@@ -477,7 +505,9 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
 	}()
 	defer func() { stopWatch(); <-watchDone }()
-	g.log.Info("relay running", "database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns)
+	// Each relay says "relay running" once it has reached the database and
+	// checked the schema; nothing here has connected yet.
+	g.log.Info("starting", "database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns)
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()

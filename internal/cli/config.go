@@ -306,7 +306,7 @@ func knownFields(n *yaml.Node, t reflect.Type, path string, paths map[int]string
 				if anyKey {
 					continue
 				}
-				return fmt.Errorf("line %d: %s.%s: field %s not found in type %s", k.Line, path, k.Value, k.Value, t)
+				return fmt.Errorf("line %d: %s.%s: unknown key %q in %s%s", k.Line, path, k.Value, k.Value, section(path), knownKeys(fields, k.Value))
 			}
 			if err := knownFields(v, ft, path+"."+k.Value, paths); err != nil {
 				return err
@@ -332,6 +332,55 @@ func knownFields(n *yaml.Node, t reflect.Type, path string, paths map[int]string
 		}
 	}
 	return nil
+}
+
+// section names the part of the file holding path for an error:
+// "section http", "section kafka.sasl", "routes[0]".
+func section(path string) string {
+	if strings.HasSuffix(path, "]") {
+		return path
+	}
+	return "section " + path
+}
+
+// knownKeys lists the keys a mapping accepts, the nearest to key (a
+// likely typo) first when there is one.
+func knownKeys(fields map[string]reflect.Type, key string) string {
+	names := make([]string, 0, len(fields))
+	best, bestD := "", 3
+	for f := range fields {
+		names = append(names, f)
+		if d := editDistance(f, key); d < bestD || (d == bestD && f < best) {
+			best, bestD = f, d
+		}
+	}
+	sort.Strings(names)
+	out := "; known keys: " + strings.Join(names, ", ")
+	if best != "" {
+		out = fmt.Sprintf(" (did you mean %q?)", best) + out
+	}
+	return out
+}
+
+// editDistance is the Levenshtein distance of a and b (keys are short).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // yamlFields maps the keys yaml.v3 accepts for struct t to their types;

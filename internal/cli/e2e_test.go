@@ -356,7 +356,7 @@ func TestRunRoutesConfigErrors(t *testing.T) {
 		{"routes:\n  - name: a\n    topics: [x]\n", "routes[0].sink: required"},
 		{"routes:\n  - name: A\n    topics: [x]\n    sink: stdout\n", "routes[0].name"},
 		{"routes:\n  - name: a\n    sink: stdout\n", "routes[0].topics"},
-		{"routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    colour: red\n", "field colour not found"},
+		{"routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    colour: red\n", `unknown key "colour" in routes[0]`},
 		{"routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n  - name: a\n    topics: [y]\n    sink: stdout\n", "used twice"},
 		{"routes:\n  - name: a\n    topics: [x]\n    sink: nonsense://\n", "routes[0]: outbox: sink: unsupported"},
 	} {
@@ -552,4 +552,34 @@ routes:
 	checkSeqOrder(t, hook[101:])
 	mu.Unlock()
 	require.Equal(t, 101, kafkaCount("orders.placed", 101))
+}
+
+// A RabbitMQ sink whose password the broker refuses: `run` says so and
+// exits 1 after --connect-timeout, as for a database that is not there,
+// and delivers nothing meanwhile.
+func TestRunAMQPRefusedCredentialsExits(t *testing.T) {
+	pool, schema, w := e2e(t)
+	raw := os.Getenv("TEST_AMQP_URL")
+	if raw == "" {
+		raw = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.Dial(raw)
+	if err != nil {
+		pgtest.Unavailable(t, "rabbitmq at %s: %v", raw, err)
+	}
+	conn.Close()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), "not-the-password")
+	u.RawQuery = "exchange=amq.topic"
+	appOrders(t, pool, w, 5, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("p")})
+
+	code, _, stderr := run(t, "run", "--sink", u.String(), "--connect-timeout", "1s")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "the broker refuses the credentials")
+	require.Contains(t, stderr, "403")
+	require.NotContains(t, stderr, "not-the-password")
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&left))
+	require.Equal(t, 7, left, "nothing claimed, nothing lost")
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -115,7 +116,11 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		for kind, n := range sp.Sections {
 			line := keyLine(items[i], kind, n.Line)
 			if !contains(sinkKinds, kind) {
-				return nil, configError(g.file.path, fmt.Errorf("line %d: %s.%s: field %s not found in type cli.routeSpec", line, field, kind, kind))
+				keys, _ := yamlFields(reflect.TypeOf(routeSpec{}))
+				for _, k := range sinkKinds {
+					keys[k] = nil
+				}
+				return nil, configError(g.file.path, fmt.Errorf("line %d: %s.%s: unknown key %q in %s%s", line, field, kind, kind, field, knownKeys(keys, kind)))
 			}
 			sections[kind] = sinkSection{node: &n, name: field + "." + kind, line: line}
 		}

@@ -42,11 +42,15 @@ func TestConfigFileStrictness(t *testing.T) {
 		{"amqp section in an http route", "routes:\n  - name: a\n    topics: [x]\n    sink: https://h.example.com/x\n    amqp: {exchange: e}\n", []string{"run"},
 			[]string{"line 5", "routes[0].amqp", `"https"`}},
 		{"unknown key in a route", "routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    kafak: {}\n", []string{"run"},
-			[]string{"line 5", "routes[0].kafak", "not found"}},
+			[]string{"line 5", "routes[0].kafak", `unknown key "kafak" in routes[0] (did you mean "kafka"?)`}},
+		{"unknown key in a route, no Go type named", "routes:\n  - name: a\n    topics: [x]\n    sink: stdout\n    worker: 2\n", []string{"run"},
+			[]string{"line 5", "routes[0].worker", `(did you mean "workers"?)`, "known keys: amqp, batch-bytes"}},
+		{"unknown key in a nested section names the section, not a Go type", "sink: http://127.0.0.1:9/hook\nhttp:\n  timeout: 5s\n  secret: abc\n", []string{"run"},
+			[]string{"line 4", `http.secret: unknown key "secret" in section http (did you mean "secrets"?)`}},
 		{"top-level section no route uses", "http:\n  timeout: 5s\nroutes:\n  - name: a\n    topics: [x]\n    sink: stdout\n", []string{"run"},
 			[]string{"line 1", "http", "no route"}},
 		{"unknown key in a sink section", "sink: kafka://127.0.0.1:9092\nschema: s\n\nkafka:\n  client_id: a\n  tls:\n    enabel: true\n", []string{"run"},
-			[]string{"line 7", "kafka.tls.enabel"}},
+			[]string{"line 7", "kafka.tls.enabel", `in section kafka.tls (did you mean "enable"?)`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := filepath.Join(dir, "c.yaml")

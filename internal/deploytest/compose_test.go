@@ -539,7 +539,7 @@ func TestTopicMatch(t *testing.T) {
 // month runs what was tested; our own image is versioned by VERSION.
 func TestComposeImagesPinned(t *testing.T) {
 	cf, _ := loadCompose(t)
-	pinned := regexp.MustCompile(`:[0-9]+\.[0-9]+`)
+	pinned := regexp.MustCompile(`:v?[0-9]+\.[0-9]+`)
 	for name, s := range cf.Services {
 		if _, ours := s.ours(); ours || s.Image == "" {
 			continue

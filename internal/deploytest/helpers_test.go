@@ -19,6 +19,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
+	"github.com/outbox-relay/outbox-relay/sinks/natssink"
+	"github.com/outbox-relay/outbox-relay/sinks/redissink"
 )
 
 // afterDrain bounds what `outbox-relay run` does after the drain
@@ -184,7 +186,19 @@ func sinkHosts(t testing.TB, where, raw string) []string {
 			return nil
 		}
 		return []string{u.Hostname()}
+	case "nats":
+		if _, err := natssink.ParseURL(raw); err != nil {
+			t.Errorf("%s: sink: %v", where, err)
+			return nil
+		}
+		return []string{u.Hostname()}
+	case "redis", "rediss":
+		if _, err := redissink.ParseURL(raw); err != nil {
+			t.Errorf("%s: sink: %v", where, err)
+			return nil
+		}
+		return []string{u.Hostname()}
 	}
-	t.Errorf("%s: sink scheme %q: the deployment examples use kafka or amqp; extend this test for others", where, u.Scheme)
+	t.Errorf("%s: sink scheme %q: the deployment examples use kafka, amqp, nats or redis; extend this test for others", where, u.Scheme)
 	return nil
 }

@@ -77,18 +77,25 @@ type podTemplate struct {
 }
 
 type podSpec struct {
-	TerminationGracePeriodSeconds *int64                  `yaml:"terminationGracePeriodSeconds"`
-	AutomountServiceAccountToken  *bool                   `yaml:"automountServiceAccountToken"`
-	ServiceAccountName            string                  `yaml:"serviceAccountName"`
-	RestartPolicy                 string                  `yaml:"restartPolicy"`
-	SecurityContext               *podSecurityContext     `yaml:"securityContext"`
-	TopologySpreadConstraints     []topologyConstraint    `yaml:"topologySpreadConstraints"`
-	InitContainers                []container             `yaml:"initContainers"`
-	Containers                    []container             `yaml:"containers"`
-	Volumes                       []volume                `yaml:"volumes"`
-	NodeSelector                  map[string]string       `yaml:"nodeSelector"`
-	PriorityClassName             string                  `yaml:"priorityClassName"`
-	ImagePullSecrets              []struct{ Name string } `yaml:"imagePullSecrets"`
+	TerminationGracePeriodSeconds *int64               `yaml:"terminationGracePeriodSeconds"`
+	AutomountServiceAccountToken  *bool                `yaml:"automountServiceAccountToken"`
+	ServiceAccountName            string               `yaml:"serviceAccountName"`
+	RestartPolicy                 string               `yaml:"restartPolicy"`
+	SecurityContext               *podSecurityContext  `yaml:"securityContext"`
+	TopologySpreadConstraints     []topologyConstraint `yaml:"topologySpreadConstraints"`
+	InitContainers                []container          `yaml:"initContainers"`
+	Containers                    []container          `yaml:"containers"`
+	Volumes                       []volume             `yaml:"volumes"`
+	NodeSelector                  map[string]string    `yaml:"nodeSelector"`
+	Tolerations                   []struct {
+		Key      string `yaml:"key"`
+		Operator string `yaml:"operator"`
+		Value    string `yaml:"value"`
+		Effect   string `yaml:"effect"`
+	} `yaml:"tolerations"`
+	Affinity          map[string]any          `yaml:"affinity"`
+	PriorityClassName string                  `yaml:"priorityClassName"`
+	ImagePullSecrets  []struct{ Name string } `yaml:"imagePullSecrets"`
 }
 
 type topologyConstraint struct {
@@ -200,6 +207,9 @@ type volume struct {
 			Path string `yaml:"path"`
 		} `yaml:"items"`
 	} `yaml:"secret"`
+	ConfigMap *struct {
+		Name string `yaml:"name"`
+	} `yaml:"configMap"`
 	EmptyDir *struct {
 		Medium    string `yaml:"medium"`
 		SizeLimit string `yaml:"sizeLimit"`
@@ -212,14 +222,31 @@ type manifests struct {
 	deployments []k8sDeployment
 	jobs        []k8sJob
 	pdbs        []k8sPDB
+	// The kinds the Helm chart adds (helm_test.go).
+	services        []k8sService
+	serviceAccounts []k8sServiceAccount
+	configMaps      []k8sConfigMap
+	serviceMonitors []k8sServiceMonitor
+	prometheusRules []k8sPrometheusRule
 }
 
-var apiVersions = map[string]string{"Deployment": "apps/v1", "Job": "batch/v1", "PodDisruptionBudget": "policy/v1"}
+var apiVersions = map[string]string{
+	"Deployment": "apps/v1", "Job": "batch/v1", "PodDisruptionBudget": "policy/v1",
+	"Service": "v1", "ServiceAccount": "v1", "ConfigMap": "v1",
+	"ServiceMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+}
 
 func loadManifests(t *testing.T, rel string) manifests {
 	t.Helper()
+	return parseManifests(t, rel, readFile(t, rel))
+}
+
+// parseManifests decodes the YAML documents of data (named rel in errors)
+// strictly into the types above.
+func parseManifests(t *testing.T, rel string, data []byte) manifests {
+	t.Helper()
 	m := manifests{file: rel}
-	dec := yaml.NewDecoder(bytes.NewReader(readFile(t, rel)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for {
 		var doc yaml.Node
 		err := dec.Decode(&doc)
@@ -262,6 +289,8 @@ func loadManifests(t *testing.T, rel string) manifests {
 			var p k8sPDB
 			err2 = decodeStrict(&doc, &p)
 			m.pdbs = append(m.pdbs, p)
+		default:
+			err2 = m.decodeMore(head.Kind, &doc)
 		}
 		if err2 != nil {
 			t.Fatalf("%s: %s %s: %v", rel, head.Kind, head.Metadata.Name, err2)
@@ -470,8 +499,10 @@ func checkRelayContainer(t *testing.T, at string, c container) {
 	if sink, ok := set.flag("sink"); ok {
 		sinkHosts(t, at, sink)
 	} else if _, ok := c.env("OUTBOX_SINK"); !ok {
-		if _, ok := c.env("OUTBOX_SINK_FILE"); !ok {
-			t.Errorf("%s: no --sink, OUTBOX_SINK or OUTBOX_SINK_FILE", at)
+		_, file := c.env("OUTBOX_SINK_FILE")
+		_, config := c.env("OUTBOX_CONFIG")
+		if !file && !config {
+			t.Errorf("%s: no --sink, OUTBOX_SINK, OUTBOX_SINK_FILE or OUTBOX_CONFIG (routes)", at)
 		}
 	}
 }

@@ -44,6 +44,13 @@ type Instance struct {
 // runs as the OS user postgres.
 func Server(t testing.TB) *Instance {
 	t.Helper()
+	return ServerConf(t)
+}
+
+// ServerConf is Server with extra postgresql.conf lines, such as
+// "wal_level = logical".
+func ServerConf(t testing.TB, conf ...string) *Instance {
+	t.Helper()
 	bin, err := pgBin()
 	if err != nil {
 		Unavailable(t, "a throwaway PostgreSQL server needs initdb and pg_ctl: %v "+
@@ -76,9 +83,12 @@ func Server(t testing.TB) *Instance {
 		if s.port, err = testproc.FreePort(); err != nil {
 			t.Fatalf("throwaway PostgreSQL: free port: %v", err)
 		}
-		conf := fmt.Sprintf("\n# throwaway test server (internal/pgtest)\nport = %d\nlisten_addresses = '127.0.0.1'\n"+
+		lines := fmt.Sprintf("\n# throwaway test server (internal/pgtest)\nport = %d\nlisten_addresses = '127.0.0.1'\n"+
 			"unix_socket_directories = '%s'\nfsync = off\nfull_page_writes = off\n", s.port, proc.Dir)
-		if err := appendFile(filepath.Join(s.data, "postgresql.auto.conf"), conf); err != nil {
+		for _, c := range conf {
+			lines += c + "\n"
+		}
+		if err := appendFile(filepath.Join(s.data, "postgresql.auto.conf"), lines); err != nil {
 			t.Fatalf("throwaway PostgreSQL: %v", err)
 		}
 		if err = s.Start(ctx); err == nil {

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +47,8 @@ func TestEngineGolden(t *testing.T) {
 		"ensure_lanes": l.ensureLanes, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
 		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
 		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
-		"owned": l.owned,
+		"notify_members": l.notifyMembers,
+		"owned":          l.owned,
 	} {
 		golden(t, "lease_"+name, sql.named)
 	}
@@ -312,7 +315,7 @@ func TestLeasesAcquireShareRelease(t *testing.T) {
 		t.Fatalf("Owned = %v, %v after ReleaseAll", got, err)
 	}
 	// Every other heartbeat is older than now + 1h: r2 goes, r1 stays.
-	if err := me.Reap(ctx, pool, -time.Hour, false); err != nil {
+	if _, err := me.Reap(ctx, pool, -time.Hour, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := me.ClampHeartbeats(ctx, pool); err != nil {
@@ -423,4 +426,144 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 		}
 	}()
 	e.claim.args(pgx.NamedArgs{"relay": "me"})
+}
+
+// The claim's plan stays narrow whatever the shape of the backlog and the
+// share of lanes a worker owns: the generic plan (what a prepared claim
+// ends up with) reads a bounded number of pages, never the whole index.
+// With -v the plans are logged (docs/benchmarks.md shows them).
+// scanOfClaim matches a plan line that scans the outbox for the claim
+// itself (alias m or m_n), with its rows and loops.
+var scanOfClaim = regexp.MustCompile(`(?:Scan|Scan using \S+) on messages m(?:_\d+)? \(actual rows=(\d+) loops=(\d+)\)`)
+
+func TestClaimPlanStaysNarrow(t *testing.T) {
+	t.Parallel()
+	// load fills a fresh schema: 60,000 messages over 1,000 keys and one
+	// hot key of 10,000 in one lane, then setup (committed), then ANALYZE.
+	load := func(setup string) (*engineEnv, int) {
+		e := setupEngine(t)
+		msgs := e.s.Table("messages")
+		e.exec(`INSERT INTO ` + msgs + ` (topic, key, payload)
+SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 60000) g`)
+		e.exec(`INSERT INTO ` + msgs + ` (topic, key, payload)
+SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 10000) g`)
+		if setup != "" {
+			e.exec(strings.ReplaceAll(setup, "MESSAGES", msgs))
+		}
+		e.exec(`VACUUM ANALYZE ` + msgs)
+		var hotLane int
+		if err := e.pool.QueryRow(context.Background(), `SELECT lane FROM `+msgs+` WHERE key = 'hot' LIMIT 1`).Scan(&hotLane); err != nil {
+			t.Fatal(err)
+		}
+		return e, hotLane
+	}
+	type scenario struct {
+		name            string
+		workers, worker int
+		hotLane         bool   // worker is the one whose lanes hold the hot key
+		setup           string // committed before the claim
+		priority        bool
+		want            int
+	}
+	scenarios := []scenario{
+		{name: "1 worker", workers: 1, want: 500},
+		{name: "2 workers", workers: 2, want: 500},
+		{name: "16 workers", workers: 16, want: 500},
+		{name: "64 workers", workers: 64, want: 500},
+		{name: "one hot key", workers: 256, hotLane: true, want: 500},
+		{name: "retries waiting", workers: 2, want: 500,
+			setup: `UPDATE MESSAGES SET available_at = now() + interval '1 hour', attempts = 1 WHERE id % 10 = 0 AND key <> 'hot'`},
+		{name: "delayed messages", workers: 2, want: 500,
+			setup: `UPDATE MESSAGES SET available_at = now() + interval '1 hour' WHERE id % 5 = 1`},
+		// Keys k0 and k2 hold priority messages; of them only k0 (60
+		// messages) is in a lane of worker 0: the batch is k0's messages.
+		{name: "priorities", workers: 2, priority: true, want: 60,
+			setup: `UPDATE MESSAGES SET priority = 5 WHERE id IN (30000, 30002, 50000)`},
+	}
+	base, baseHot := load("")
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			e, hot := base, baseHot
+			if sc.setup != "" {
+				e, hot = load(sc.setup)
+			}
+			if sc.hotLane {
+				sc.worker = hot % sc.workers
+			}
+			ctx := context.Background()
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			en := NewEngine(e.s, Outbox, "")
+			st := en.claim
+			if sc.priority {
+				st = en.claimPriority
+			}
+			args := st.args(pgx.NamedArgs{"relay": "me", "workers": sc.workers, "worker": sc.worker, "rotation": 0,
+				"limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
+				"handover": []int16{}, "route": ""})
+			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `PREPARE claim_plan AS `+st.sql); err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Exec(ctx, `DEALLOCATE claim_plan`) //nolint:errcheck // the session goes back to the pool
+			placeholders := make([]string, len(args))
+			for i := range args {
+				placeholders[i] = fmt.Sprintf("$%d", i+1)
+			}
+			// EXECUTE takes no bind parameters: pgx inlines them as literals.
+			rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE claim_plan(`+strings.Join(placeholders, ", ")+`)`,
+				append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s:\n%s", sc.name, strings.Join(plan, "\n"))
+			// The rows claimed (the top node's) and the outbox rows the
+			// claim read (scans of the claim's own alias, m or m_n, with
+			// what their filters removed; the held-back probe w is not
+			// counted: it reads an index that is empty unless something
+			// is failing).
+			var got, read int
+			loops := 0
+			for _, l := range plan {
+				if got == 0 {
+					if i := strings.Index(l, "rows="); i >= 0 {
+						fmt.Sscanf(l[i:], "rows=%d", &got)
+					}
+				}
+				if m := scanOfClaim.FindStringSubmatch(l); m != nil {
+					var rows int
+					fmt.Sscanf(m[1], "%d", &rows)
+					fmt.Sscanf(m[2], "%d", &loops)
+					read += rows * loops
+					continue
+				}
+				if strings.Contains(l, "->") {
+					loops = 0
+				}
+				if i := strings.Index(l, "Rows Removed by Filter: "); i >= 0 && loops > 0 {
+					var removed int
+					fmt.Sscanf(l[i:], "Rows Removed by Filter: %d", &removed)
+					read += removed * loops
+				}
+			}
+			t.Logf("%s: claimed %d rows, read %d outbox rows", sc.name, got, read)
+			if got != sc.want {
+				t.Errorf("claimed %d rows, want %d", got, sc.want)
+			}
+			// Breadth reads at most the batch plus one row a lane, depth
+			// at most the batch: never the rest of the backlog.
+			if limit := 2*500 + NumLanes; read > limit {
+				t.Errorf("claim read %d outbox rows, want at most %d", read, limit)
+			}
+		})
+	}
 }

@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 )
 
 // Leases: how relays register (the relays table, with heartbeats) and
@@ -17,10 +20,19 @@ import (
 // ever leases for itself, in its own route.
 type Leases struct {
 	relay, route string
+	channel      string // the outbox's NOTIFY channel
 
 	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays stmt
 	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
+	notifyMembers                                                     stmt
 }
+
+// MembersPayload is the payload of the notification a relay sends on the
+// outbox's channel when the set of relays or the lanes they hold changed
+// (it joined, left, reaped a dead relay or handed lanes back): the others
+// recompute their share at once instead of at their next heartbeat.
+// Writers' notifications have an empty payload.
+const MembersPayload = "members"
 
 // Heartbeat is what a relay's registration says about it.
 type Heartbeat struct {
@@ -42,7 +54,7 @@ type RelayCount struct {
 
 // NewLeases renders the lease statements of relay in route for schema s.
 func NewLeases(s Schema, relay, route string) *Leases {
-	l := &Leases{relay: relay, route: route}
+	l := &Leases{relay: relay, route: route, channel: ident.Channel(s.Name())}
 	l.render(s)
 	return l
 }
@@ -77,10 +89,82 @@ func (l *Leases) ClampHeartbeats(ctx context.Context, q Querier) error {
 }
 
 // Reap unregisters the relays whose heartbeat is older than ttl or, with
-// fastFailover, whose lease session is gone.
-func (l *Leases) Reap(ctx context.Context, q Querier, ttl time.Duration, fastFailover bool) error {
-	_, err := q.Exec(ctx, l.reap.sql, l.args(l.reap, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover})...)
+// fastFailover, whose lease session is gone, and returns how many.
+func (l *Leases) Reap(ctx context.Context, q Querier, ttl time.Duration, fastFailover bool) (int64, error) {
+	tag, err := q.Exec(ctx, l.reap.sql, l.args(l.reap, pgx.NamedArgs{"ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover})...)
+	return tag.RowsAffected(), err
+}
+
+// NotifyMembers tells the other relays (through their LISTEN) that the
+// relays or their lanes changed; in a transaction, at its commit, so
+// that they see the change when they hear of it. Relays send it, never
+// writers, and only when something changed: rarely.
+func (l *Leases) NotifyMembers(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, l.notifyMembers.sql, l.args(l.notifyMembers, pgx.NamedArgs{"channel": l.channel})...)
 	return err
+}
+
+// Beat is what a heartbeat's first round trip (QueueBeat) reads back.
+type Beat struct {
+	// Reaped is how many dead relays were unregistered.
+	Reaped int64
+	// Mine are the relay's lanes, their leases renewed.
+	Mine []int16
+	// Count is the route's relays and lanes, this one included.
+	Count RelayCount
+}
+
+// QueueBeat queues on b, in one round trip, what every heartbeat does
+// before it decides anything: Heartbeat, ClampHeartbeats, Reap (ttl,
+// fastFailover), Renew (ttl) and CountRelays; out is filled as b's
+// results are read. The caller queues BEGIN before and ends the
+// transaction after: under a loaded CPU each round trip costs, and a
+// relay that joins waits for two heartbeats (the others' and its own).
+func (l *Leases) QueueBeat(b *pgx.Batch, h Heartbeat, ttl time.Duration, fastFailover bool, out *Beat) {
+	ttlMs := ttl.Milliseconds()
+	l.QueueHeartbeat(b, h)
+	b.Queue(l.clampHeartbeats.sql, l.args(l.clampHeartbeats, pgx.NamedArgs{})...)
+	b.Queue(l.reap.sql, l.args(l.reap, pgx.NamedArgs{"ttl_ms": ttlMs, "fast_failover": fastFailover})...).Exec(func(tag pgconn.CommandTag) error {
+		out.Reaped = tag.RowsAffected()
+		return nil
+	})
+	b.Queue(l.renew.sql, l.args(l.renew, pgx.NamedArgs{"ttl_ms": ttlMs})...).Query(func(rows pgx.Rows) error {
+		var err error
+		out.Mine, err = pgx.CollectRows(rows, pgx.RowTo[int16])
+		return err
+	})
+	b.Queue(l.countRelays.sql, l.args(l.countRelays, pgx.NamedArgs{})...).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&out.Count.Alive, &out.Count.Rank, &out.Count.Lanes)
+	})
+}
+
+// QueueWorkedLanes queues WorkedLanes on b; *n is set as b's results are
+// read.
+func (l *Leases) QueueWorkedLanes(b *pgx.Batch, n *int) {
+	b.Queue(l.workedLanes.sql, l.args(l.workedLanes, pgx.NamedArgs{})...).QueryRow(func(r pgx.Row) error { return r.Scan(n) })
+}
+
+// QueueHeartbeat queues Heartbeat on b.
+func (l *Leases) QueueHeartbeat(b *pgx.Batch, h Heartbeat) {
+	b.Queue(l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
+		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight,
+	})...)
+}
+
+// QueueUnregister queues Unregister on b.
+func (l *Leases) QueueUnregister(b *pgx.Batch) {
+	b.Queue(l.unregister.sql, l.args(l.unregister, pgx.NamedArgs{})...)
+}
+
+// QueueRelease queues Release of lanes on b (what it released is not
+// read back).
+func (l *Leases) QueueRelease(b *pgx.Batch, lanes []int16) {
+	b.Queue(l.release.sql, l.args(l.release, pgx.NamedArgs{"lanes": lanes})...)
+}
+
+// QueueNotifyMembers queues NotifyMembers on b.
+func (l *Leases) QueueNotifyMembers(b *pgx.Batch) {
+	b.Queue(l.notifyMembers.sql, l.args(l.notifyMembers, pgx.NamedArgs{"channel": l.channel})...)
 }
 
 // Renew extends the relay's leases by ttl and returns its lanes.
@@ -194,17 +278,23 @@ SELECT count(*) FROM ` + lanes + ` l
 WHERE l.route = @route AND l.owner IS NOT NULL AND l.lease_until > now()
   AND EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner)`)
 
+	// The free lanes are picked in a materialized CTE, which runs once:
+	// as an IN (subquery) the planner may choose a nested loop that
+	// re-runs the locking subquery for every lane row, and then LIMIT
+	// bounds each run, not the total (a relay took all 256 lanes, then
+	// handed back what was over its share at the next heartbeat).
 	l.acquire = newStmt(`
-UPDATE ` + lanes + ` SET owner = @relay, lease_until = now() + @ttl_ms * interval '1 millisecond'
-WHERE lane IN (
+WITH pick AS MATERIALIZED (
     SELECT l.lane FROM ` + lanes + ` l
     WHERE l.route = @route AND (l.owner IS NULL OR l.lease_until < now()
        OR NOT EXISTS (SELECT 1 FROM ` + relays + ` r WHERE r.id = l.owner))
     ORDER BY l.lane
     LIMIT @n
     FOR UPDATE SKIP LOCKED)
-  AND route = @route
-RETURNING lane`)
+UPDATE ` + lanes + ` t SET owner = @relay, lease_until = now() + @ttl_ms * interval '1 millisecond'
+FROM pick
+WHERE t.route = @route AND t.lane = pick.lane
+RETURNING t.lane`)
 
 	l.release = newStmt(`
 UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL
@@ -217,4 +307,7 @@ RETURNING lane`)
 	l.releaseAll = newStmt(`UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL WHERE route = @route AND owner = @relay`)
 	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
 	l.owned = newStmt(`SELECT lane FROM ` + lanes + ` WHERE route = @route AND owner = @relay`)
+	// The channel is the writers' (the relays LISTEN on one connection);
+	// the payload tells the notifications apart.
+	l.notifyMembers = newStmt(`SELECT pg_notify(@channel, '` + MembersPayload + `')`)
 }

@@ -50,3 +50,13 @@ func TestSchemaTable(t *testing.T) {
 		t.Fatal("a schema name with a quote was accepted")
 	}
 }
+
+func TestWakerGolden(t *testing.T) {
+	w := NewWaker(testSchema(t))
+	golden(t, "wake_try_watch", w.tryLock.named)
+	golden(t, "wake_newest_id", w.newest.named)
+	golden(t, "wake_new_rows", w.newRows.named)
+	golden(t, "wake_notify", w.notify.named)
+	golden(t, "wake_trigger_state", w.triggerState.named)
+	golden(t, "wake_enable_trigger", w.trigger)
+}

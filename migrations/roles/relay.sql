@@ -16,12 +16,9 @@
 -- operator.sql). It runs migrations only with --migrate, which needs the
 -- schema owner instead.
 --
--- Run every relay of one schema as the same role. Postgres shows another
--- role's session in pg_stat_activity without its backend_start, which the
--- relay's fast failover uses to tell a live relay from a dead one; relays
--- under different roles (or one under a superuser) then take each other
--- for dead (see docs/security.md). Granting pg_read_all_stats also makes
--- backend_start visible, but lets the role read every session's query text.
+-- Relays of one schema may run under different roles: fast failover
+-- matches another role's session by process id when pg_stat_activity
+-- hides its backend_start (see docs/security.md).
 --
 -- --archive is not covered: creating the archive's daily partitions needs
 -- ownership of {{.Schema}}.archive. Run a relay with --archive as the

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // ArchiveSelection picks archived messages to publish again.
@@ -51,7 +52,7 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	}
 	n, err := replay(ctx, a.pool, f)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: replay archive: %w", err)
+		return 0, outbox.SchemaMissing(fmt.Errorf("outbox: replay archive: %w", err), a.schema.Name())
 	}
 	return n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // DeadLetter is one row of the dead-letter table. A timestamp that is not
@@ -79,7 +80,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 	rows, err := a.schema.ListDeadLetters(ctx, a.pool, sel.filter(),
 		store.DeadLetterKey{ID: sel.AfterID, Route: sel.AfterRoute}, sel.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: list dead letters: %w", err), a.schema.Name())
 	}
 	return deadLetters(rows), nil
 }
@@ -89,7 +90,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 func (a *Admin) Show(ctx context.Context, id int64) ([]DeadLetter, error) {
 	rows, err := a.schema.DeadLettersOf(ctx, a.pool, id)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: show dead letter: %w", err)
+		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: show dead letter: %w", err), a.schema.Name())
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -106,13 +107,13 @@ func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, e
 	if dryRun {
 		n, err := a.schema.CountDeadLetters(ctx, a.pool, sel.filter())
 		if err != nil {
-			return 0, fmt.Errorf("outbox: select dead letters: %w", err)
+			return 0, outbox.SchemaMissing(fmt.Errorf("outbox: select dead letters: %w", err), a.schema.Name())
 		}
 		return n, nil
 	}
 	n, err := a.schema.PurgeDeadLetters(ctx, a.pool, sel.filter())
 	if err != nil {
-		return 0, fmt.Errorf("outbox: purge: %w", err)
+		return 0, outbox.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
 	}
 	return n, nil
 }

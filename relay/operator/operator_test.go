@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
@@ -150,4 +151,29 @@ FROM generate_series(2, 11) i`)
 func TestOutcomesMatchTheStore(t *testing.T) {
 	require.Equal(t, []string{store.OutcomeReplayed, store.OutcomeReplayedWithout, store.OutcomeSkipped},
 		[]string{string(operator.Replayed), string(operator.ReplayedWithoutDedupKey), string(operator.ReplaySkipped)})
+}
+
+// Every operator action on a schema that was never migrated says so and
+// what to do, instead of a bare "relation does not exist".
+func TestActionsBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	a, err := operator.New(pgtest.Pool(t), pgtest.SchemaName(t))
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = a.Status(ctx)
+	checkMissing(t, err)
+	_, err = a.List(ctx, operator.Selection{All: true})
+	checkMissing(t, err)
+	_, err = a.Show(ctx, 1)
+	checkMissing(t, err)
+	_, err = a.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{})
+	checkMissing(t, err)
+	_, err = a.Purge(ctx, operator.Selection{All: true}, false)
+	checkMissing(t, err)
+}
+
+func checkMissing(t *testing.T, err error) {
+	t.Helper()
+	require.ErrorIs(t, err, outbox.ErrSchemaMissing)
+	require.ErrorContains(t, err, "run `outbox-relay migrate`")
 }

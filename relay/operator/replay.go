@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // ReplayOptions tune Replay.
@@ -132,7 +133,7 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 	}
 	rows, err := replay(ctx, a.pool, sel.filter(), opts.ClearConflictingDedupKeys)
 	if err != nil {
-		return ReplayResult{}, fmt.Errorf("outbox: replay: %w", err)
+		return ReplayResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: replay: %w", err), a.schema.Name())
 	}
 	return ReplayResult{DryRun: opts.DryRun, DeadLetters: convert(rows, explain)}, nil
 }

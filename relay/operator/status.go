@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Status is a snapshot of the outbox for operators. Every pending message
@@ -120,7 +121,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return a.status(ctx, tx, &st)
 	})
 	if err != nil {
-		return Status{}, fmt.Errorf("outbox: status: %w", err)
+		return Status{}, outbox.SchemaMissing(fmt.Errorf("outbox: status: %w", err), a.schema.Name())
 	}
 	return st, nil
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -39,6 +40,8 @@ type Metrics struct {
 	settleDur     prometheus.Histogram
 	lanes         *prometheus.GaugeVec
 	unworked      *prometheus.GaugeVec
+	wakeSource    *prometheus.GaugeVec
+	wakeFallbacks prometheus.Counter
 
 	pending      prometheus.Gauge
 	oldestAge    prometheus.Gauge
@@ -115,6 +118,14 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Namespace: ns, Name: "unworked_lanes",
 			Help: "Lanes of the route that no live relay has worked for longer than a lease TTL, as seen at this process's last heartbeat (missing lane rows included); their messages wait. 0 normally.",
 		}, []string{"route"}),
+		wakeSource: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "wakeup_source",
+			Help: "1 for how this process learns of new rows (wal or poll: it is the database's watcher; follow: another process watches and notifies it; notify: the writers' trigger; -: its LISTEN connection is down), 0 for the others.",
+		}, []string{"source"}),
+		wakeFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "wakeup_wal_fallbacks_total",
+			Help: "Times the watcher wanted to follow the WAL and polled instead (the stream broke, or logical replication is not allowed: see the logs).",
+		}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "pending_messages",
 			Help: "Messages in the outbox and fan-out copies not yet delivered (all relays), as of the last periodic check.",
@@ -152,7 +163,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked,
-		m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.scrapeErrors, buildInfo)
+		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.scrapeErrors, buildInfo)
 	return m
 }
 
@@ -163,8 +174,11 @@ func (m *Metrics) Hooks(route, sink string) relay.Hooks {
 	// event.
 	m.published.WithLabelValues(route, sink)
 	m.retried.WithLabelValues(route, sink)
+	m.untouched.WithLabelValues(route, sink)
+	m.commitFails.WithLabelValues(route, sink)
 	m.cycleErrors.WithLabelValues(route)
 	m.unworked.WithLabelValues(route)
+	m.lanes.WithLabelValues(route)
 	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
 		m.deadLettered.WithLabelValues(route, sink, r)
 	}
@@ -225,6 +239,20 @@ func (h *routeHooks) Batch(ev relay.BatchEvent) {
 // CycleError implements relay.CycleErrorHooks.
 func (h *routeHooks) CycleError(error) { h.m.cycleErrors.WithLabelValues(h.route).Inc() }
 
+// Wakeup implements relay.WakeupHooks.
+func (h *routeHooks) Wakeup(source string, fallback bool, _ error) {
+	for _, s := range []string{"wal", "poll", "follow", "notify", "-"} {
+		v := 0.0
+		if s == source {
+			v = 1
+		}
+		h.m.wakeSource.WithLabelValues(s).Set(v)
+	}
+	if fallback {
+		h.m.wakeFallbacks.Inc()
+	}
+}
+
 // UnworkedLanes implements relay.LaneHealthHooks.
 func (h *routeHooks) UnworkedLanes(n int) { h.m.unworked.WithLabelValues(h.route).Set(float64(n)) }
 
@@ -242,9 +270,17 @@ func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema st
 		log.Error("outbox metrics check not started", "error", err)
 		return
 	}
+	// The first count comes after a random part of the interval: relays
+	// started together (after an outage, a deploy) would otherwise all
+	// count the outbox at the same moment, when it is at its largest,
+	// taking the database's CPU from the first relay's drain (measured:
+	// 16 relays' counts of a 200k backlog took seconds of it).
+	if interval > 0 {
+		sleepCtx(ctx, rand.N(interval))
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
+	for ctx.Err() == nil {
 		if err := m.refresh(ctx, pool, s); err != nil && ctx.Err() == nil {
 			m.scrapeErrors.Inc()
 			log.Warn("outbox metrics check failed", "error", err)
@@ -254,6 +290,15 @@ func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema st
 			return
 		case <-t.C:
 		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 

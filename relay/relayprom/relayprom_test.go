@@ -161,6 +161,8 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	eventually(t, func() bool { return r.Stats().Claimed == 25 }, "slow batch claimed")
 	cancel()
+	// The relay turns draining from a callback of ctx's end: wait for it.
+	eventually(t, r.Draining, "relay draining after its context ended")
 	code, body = get("/readyz")
 	require.Equal(t, 503, code)
 	require.True(t, strings.Contains(body, "draining"), body)

@@ -52,6 +52,11 @@ var (
 	// ErrBlocked is returned by a Send that starts while the broker blocks
 	// publishers (connection.blocked: a memory or disk alarm).
 	ErrBlocked = errors.New("outbox: amqp: connection blocked by the broker")
+	// ErrAccessRefused is wrapped by the connection error when the broker
+	// refuses the URL's user, password or virtual host (AMQP 403
+	// ACCESS_REFUSED). The sink keeps trying, quietly: Healthy reports it,
+	// and CheckStart fails with it at start-up.
+	ErrAccessRefused = errors.New("outbox: amqp: the broker refuses the credentials or the virtual host")
 )
 
 // stuckGrace is how long a publish may stay stuck in a socket write after
@@ -85,6 +90,7 @@ type Sink struct {
 	conn    *connState    // nil while disconnected
 	ready   chan struct{} // closed when conn becomes non-nil
 	lastErr error         // why the sink is disconnected
+	dials   int           // failed connection attempts so far
 	blocked string        // broker's connection.blocked reason, "" if not
 	idle    []*pubChannel
 }
@@ -208,6 +214,7 @@ func (s *Sink) run() {
 			return false
 		}
 	}
+	lastLogged := ""
 	for {
 		select {
 		case <-s.stopping:
@@ -218,13 +225,25 @@ func (s *Sink) run() {
 		if err != nil {
 			s.mu.Lock()
 			s.lastErr = err
+			s.dials++
 			s.mu.Unlock()
-			s.log.Warn("amqp connect failed", "err", err)
+			// Each failure is logged when it differs from the one before:
+			// refused credentials are said once, not at every redial.
+			switch {
+			case err.Error() == lastLogged:
+				s.log.Debug("amqp connect failed again", "err", err)
+			case errors.Is(err, ErrAccessRefused):
+				s.log.Error("amqp: the broker refuses the credentials or the virtual host; retrying quietly (fix the sink URL's user, password or vhost)", "err", err)
+			default:
+				s.log.Warn("amqp connect failed", "err", err)
+			}
+			lastLogged = err.Error()
 			if !wait() {
 				return
 			}
 			continue
 		}
+		lastLogged = ""
 		b.Reset()
 		cs := &connState{c: c, done: make(chan struct{})}
 		closes := c.NotifyClose(make(chan *amqp.Error, 1))
@@ -283,6 +302,10 @@ func (s *Sink) run() {
 func (s *Sink) dial() (*amqp.Connection, error) {
 	c, err := amqp.DialConfig(s.url, s.dialCfg)
 	if err != nil {
+		var ae *amqp.Error
+		if (errors.As(err, &ae) && ae.Code == amqp.AccessRefused) || errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrSASL) {
+			return nil, fmt.Errorf("dial %s: %w: %w", s.addr, ErrAccessRefused, err)
+		}
 		return nil, fmt.Errorf("dial %s: %w", s.addr, err)
 	}
 	if s.cfg.DeclareExchange == DeclarePassive && s.exchange != "" {
@@ -320,6 +343,36 @@ func (s *Sink) Healthy(ctx context.Context) error {
 		return fmt.Errorf("%w: %s", ErrBlocked, s.blocked)
 	}
 	return nil
+}
+
+// CheckStart implements sinks.StartChecker: it fails when the broker
+// refused the credentials or the virtual host at every attempt until ctx
+// ended, and returns nil once connected or once a connection attempt
+// failed for another reason (a broker that is down may come back; the
+// relay runs meanwhile and Sends wait for the connection).
+func (s *Sink) CheckStart(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var grace time.Time // when ctx ended during the first attempt: its end
+	for {
+		s.mu.Lock()
+		conn, dials, lastErr := s.conn, s.dials, s.lastErr
+		s.mu.Unlock()
+		refused := errors.Is(lastErr, ErrAccessRefused)
+		switch {
+		case conn != nil, dials > 0 && !refused:
+			return nil
+		case ctx.Err() != nil && dials > 0:
+			return lastErr
+		case ctx.Err() != nil && grace.IsZero():
+			// The first attempt is still under way: its answer decides,
+			// within one dial timeout.
+			grace = time.Now().Add(s.cfg.DialTimeout)
+		case ctx.Err() != nil && time.Now().After(grace):
+			return nil
+		}
+		<-t.C
+	}
 }
 
 // Close stops new Sends, waits for in-flight Sends or ctx, then closes the

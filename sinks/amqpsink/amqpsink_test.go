@@ -652,9 +652,12 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 
 // BenchmarkSend measures one Send of 500 messages of 200 B to a durable
 // queue (persistent messages, publisher confirms): no keys (one round),
-// 100 keys (5 rounds) and one hot key (500 rounds, the worst case).
+// 400 keys (2 rounds: the batch a breadth-first claim takes from a
+// 1,000-key backlog with two workers), 100 keys (5 rounds), 5 keys (100
+// rounds: the batch the lane-local claim took from the same backlog) and
+// one hot key (500 rounds, the worst case).
 func BenchmarkSend(b *testing.B) {
-	for _, keys := range []int{0, 100, 1} {
+	for _, keys := range []int{0, 400, 100, 5, 1} {
 		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
 			e := setup(b, durable())
 			topic := e.topic("bench")

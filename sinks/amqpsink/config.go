@@ -283,17 +283,11 @@ func checkURL(raw string) (*url.URL, error) {
 // tls_server_name, tls_insecure_skip_verify); any other parameter is an
 // error naming it. The result is validated.
 func ParseURL(raw string) (Config, error) {
-	u, err := url.Parse(raw)
+	c, base, err := params.ParseURL(raw)
 	if err != nil {
-		return Config{}, errors.New(`outbox: amqp: url: not a valid URL (percent-encode reserved characters such as "?", "#", "@", "/" in the user name and password)`)
-	}
-	var c Config
-	if err := params.Parse(&c, u.RawQuery); err != nil {
 		return Config{}, err
 	}
-	u.RawQuery = ""
-	u.ForceQuery = false
-	c.URL = u.String()
+	c.URL = base
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}

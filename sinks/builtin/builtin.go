@@ -27,6 +27,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/discard"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
+	"github.com/outbox-relay/outbox-relay/sinks/natssink"
+	"github.com/outbox-relay/outbox-relay/sinks/redissink"
 	"github.com/outbox-relay/outbox-relay/sinks/stdout"
 )
 
@@ -38,4 +40,6 @@ var Registry = sinks.NewRegistry(
 	kafkasink.Driver,
 	amqpsink.Driver,
 	httpsink.Driver,
+	natssink.Driver,
+	redissink.Driver,
 )

@@ -2,6 +2,7 @@ package builtin_test
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,6 +32,18 @@ var fullURLs = map[string]string{
 	"http": "http://user:" + secret + "@127.0.0.1:9000/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=false",
+	"nats": "nats://relay:" + secret + "@n1:4222,n2:4222?subject=ev.{topic}&stream=EV&create_stream=true&stream_subjects=ev.>" +
+		"&duplicate_window=5m&token=" + secret + "&name=r1&publish_timeout=5s&dial_timeout=1s" +
+		"&reconnect_initial=1s&reconnect_max=10s&ordering=pipelined&max_pending=100&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
+		"&tls_server_name=n&tls_insecure_skip_verify=true",
+	// One credential at a time: the second nats URL sets the others.
+	"nats+nkey":  "nats://n1:4222?nkey_seed_file=/s.nk",
+	"nats+creds": "nats://n1:4222?creds_file=/c.creds",
+	"redis": "redis://relay:" + secret + "@r:6379/1?stream=ev:{topic}&maxlen=1000&header_prefix=h-&client_name=r1" +
+		"&publish_timeout=5s&dial_timeout=1s",
+	"redis+cluster": "redis://relay:" + secret + "@r1:7000,r2:7001?cluster=true&max_age=24h",
+	"rediss": "rediss://relay:" + secret + "@r:6380/0?tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
+		"&tls_server_name=r&tls_insecure_skip_verify=true",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
@@ -47,8 +60,14 @@ func TestDrivers(t *testing.T) {
 			require.NotEmpty(t, d.Label)
 			covered := map[string]bool{}
 			for _, scheme := range d.Schemes {
-				raw, ok := fullURLs[scheme]
+				_, ok := fullURLs[scheme]
 				require.True(t, ok, "add a URL that sets the parameters of %q to fullURLs", scheme)
+			}
+			for name, raw := range fullURLs {
+				scheme, _, _ := strings.Cut(name, "+") // "nats+creds": a second URL for nats
+				if !slices.Contains(d.Schemes, scheme) {
+					continue
+				}
 				u, err := url.Parse(raw)
 				require.NoError(t, err)
 				cfg, err := d.Parse(raw, nil)
@@ -83,16 +102,19 @@ func TestDescriptions(t *testing.T) {
 		"AMQPS":   {"amqp", "amqp", "rabbitmq", "amqp"},
 		"http":    {"http", "http", "webhook", "http"},
 		"https":   {"http", "http", "webhook", "http"},
+		"nats":    {"nats", "nats", "nats", "nats"},
+		"redis":   {"redis", "redis", "redis", ""},
+		"rediss":  {"redis", "redis", "redis", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
 		require.True(t, ok, scheme)
 		require.Equal(t, want, [4]string{d.Section, d.Label, d.System, d.Binding}, scheme)
 	}
-	for _, scheme := range []string{"nats", ""} {
+	for _, scheme := range []string{"mqtt", ""} {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {

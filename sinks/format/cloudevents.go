@@ -57,7 +57,7 @@ func CloudEvents(opts Options) (Format, error) {
 		f.prefix = "ce_"
 		// datacontenttype travels in the content-type header.
 		f.drop = []string{"ce_datacontenttype"}
-	case BindingHTTP:
+	case BindingHTTP, BindingNATS:
 		f.prefix = "ce-"
 		f.percent = true
 		// The binding forbids ce-datacontenttype next to Content-Type.

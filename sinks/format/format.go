@@ -54,10 +54,14 @@ const (
 	// BindingAMQP: cloudEvents_<attribute> application properties (AMQP
 	// 0-9-1 headers), datacontenttype in the content-type property.
 	BindingAMQP Binding = "amqp"
+	// BindingNATS: the CloudEvents NATS binding's binary mode, ce-<attribute>
+	// headers with values percent-encoded as in HTTP, datacontenttype in
+	// the content-type header.
+	BindingNATS Binding = "nats"
 )
 
 // Bindings lists the supported bindings.
-var Bindings = []Binding{BindingKafka, BindingHTTP, BindingAMQP}
+var Bindings = []Binding{BindingKafka, BindingHTTP, BindingAMQP, BindingNATS}
 
 // AMQP application-property prefixes allowed by the CloudEvents AMQP
 // binding. The binding says the underscore form SHOULD be preferred (JMS
@@ -76,7 +80,7 @@ const DefaultSource = "outbox-relay"
 // Options configures Parse. Each field's zero value means its default.
 type Options struct {
 	// Binding selects the CloudEvents protocol binding, which decides the
-	// header names: kafka, http or amqp. Required for cloudevents; ignored
+	// header names: kafka, http, amqp or nats. Required for cloudevents; ignored
 	// by the other formats. A sink's driver names its binding
 	// (sinks.Driver.Binding).
 	Binding Binding

@@ -68,7 +68,7 @@ func TestParse(t *testing.T) {
 		{"json", format.Options{}, `unknown format "json"`},
 		{"CloudEvents", format.Options{Binding: format.BindingKafka}, "unknown format"},
 		{"cloudevents", format.Options{}, "binding: required"},
-		{"cloudevents", format.Options{Binding: "nats"}, `binding: unknown binding "nats"`},
+		{"cloudevents", format.Options{Binding: "mqtt"}, `binding: unknown binding "mqtt"`},
 		{"cloudevents", format.Options{Binding: format.BindingKafka, Source: "has space"}, "cloudevents-source"},
 		{"cloudevents", format.Options{Binding: format.BindingKafka, Source: "/a\nb"}, "cloudevents-source"},
 		{"cloudevents", format.Options{Binding: format.BindingAMQP, AMQPPrefix: "ce_"}, "cloudevents-amqp-prefix"},
@@ -165,6 +165,8 @@ func TestCloudEventsDecode(t *testing.T) {
 	bindings := map[format.Binding]decoder{
 		format.BindingKafka: func(h map[string]string, b []byte) (event, error) { return decodeKafka(kafkaHeaders(h), b) },
 		format.BindingHTTP:  func(h map[string]string, b []byte) (event, error) { return decodeHTTP(httpHeader(h), b) },
+		// The NATS binding's binary mode takes HTTP's header rules.
+		format.BindingNATS: func(h map[string]string, b []byte) (event, error) { return decodeHTTP(httpHeader(h), b) },
 		format.BindingAMQP: func(h map[string]string, b []byte) (event, error) {
 			p, ct := amqpProps(h)
 			return decodeAMQP(p, ct, b)

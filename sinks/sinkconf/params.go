@@ -75,6 +75,23 @@ func (p Params[C]) Parse(c *C, rawQuery string) error {
 	return nil
 }
 
+// ParseURL parses a sink URL: its query sets a C as Parse does, and base
+// is the URL without the query (what the sink connects to). The caller
+// sets base in the config and validates it.
+func (p Params[C]) ParseURL(raw string) (c C, base string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url's error quotes the URL, password included.
+		return c, "", fmt.Errorf(`outbox: %s: url: not a valid URL (percent-encode reserved characters such as "?", "#", "@", "/" in the user name and password)`, p.sink)
+	}
+	if err := p.Parse(&c, u.RawQuery); err != nil {
+		return c, "", err
+	}
+	u.RawQuery = ""
+	u.ForceQuery = false
+	return c, u.String(), nil
+}
+
 // Query returns c's parameters that are set, secrets redacted: the query
 // of the sink's Redacted URL.
 func (p Params[C]) Query(c *C) url.Values {

@@ -98,6 +98,11 @@ type Features struct {
 	Poison     bool // Env.Poison is set
 	Transient  bool // Env.BreakTransient is set
 	Restart    bool // Env.Restart is set
+	// Dedup says the backend drops a message whose id it already stored
+	// (NATS JetStream's duplicate window): StableIDOnRetry then checks
+	// that the resend succeeds and is not stored a second time, instead
+	// of reading it again.
+	Dedup bool
 	// Why explains each false feature (printed in t.Skip).
 	Why map[string]string
 }
@@ -162,6 +167,7 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"SendOne", testSendOne},
 		{"BatchOrderPerKey", testBatchOrderPerKey},
+		{"WideBatchPerKey", testWideBatchPerKey},
 		{"HeadersSurvive", testHeadersSurvive},
 		{"PayloadBytesExact", testPayloadBytesExact},
 		{"EmptyBatch", testEmptyBatch},
@@ -237,6 +243,71 @@ func testBatchOrderPerKey(t *testing.T, h Harness) {
 		checkMessage(t, first(got, m.ID), m)
 	}
 	checkOrderPerKey(t, got, known(msgs...))
+}
+
+// testWideBatchPerKey sends a batch shaped the way the relay's claim
+// shapes one: hundreds of keys interleaved in write order, a few messages
+// each, some without a key and, when the backend has a poison, one key
+// poisoned in the middle. However much of it the sink runs concurrently,
+// each key must arrive in Seq order, and the poisoned key must stop at
+// the poison (its later messages ErrNotAttempted and never delivered)
+// while every other key goes through.
+func testWideBatchPerKey(t *testing.T, h Harness) {
+	env, ctx := setup(t, h)
+	topic := env.Topic("wide")
+	const n, keys = 400, 150
+	msgs := make([]sinks.Message, 0, n+1)
+	for i := range n {
+		key := fmt.Sprintf("w-%d", i*7%keys)
+		if i%25 == 24 {
+			key = ""
+		}
+		msgs = append(msgs, Msg(topic, key, 0, fmt.Appendf(nil, `{"n":%d}`, i)))
+	}
+	poisonAt, victim := -1, msgs[n/2].Key
+	if h.Features.Poison {
+		require.NotNil(t, env.Poison, "Features.Poison is true but Env.Poison is nil")
+		p := env.Poison(topic)
+		p.Key = victim
+		poisonAt = n / 2
+		msgs = slices.Insert(msgs, poisonAt, p)
+	}
+	for i := range msgs {
+		msgs[i].Seq = int64(i + 1)
+	}
+	err := env.Sink.Send(ctx, msgs)
+	var delivered, held []string
+	if poisonAt < 0 {
+		require.NoError(t, err)
+		delivered = ids(msgs)
+	} else {
+		be := requireBatchError(t, err, len(msgs))
+		for i, m := range msgs {
+			switch {
+			case i == poisonAt:
+				require.True(t, sinks.IsPermanent(be.Errs[i]), "index %d (poison) must fail permanently, got %v", i, be.Errs[i])
+			case m.Key == victim && i > poisonAt:
+				require.ErrorIs(t, be.Errs[i], sinks.ErrNotAttempted, "index %d has the poison's key and comes after it: it must not be attempted", i)
+				held = append(held, m.ID)
+			default:
+				require.NoError(t, be.Errs[i], "index %d (key %q) does not share the poison's key", i, m.Key)
+				delivered = append(delivered, m.ID)
+			}
+		}
+	}
+	k := known(msgs...)
+	got := collect(ctx, t, env, k, delivered...)
+	for _, d := range delivered {
+		checkMessage(t, first(got, d), k[d])
+	}
+	checkOrderPerKey(t, got, k)
+	if poisonAt >= 0 {
+		got = append(got, markerAfter(ctx, t, env, k, topic, victim, int64(len(msgs)+1))...)
+		requireAbsent(t, got, msgs[poisonAt].ID, "the poison message was delivered although Send reported it failed")
+		for _, id := range held {
+			requireAbsent(t, got, id, "a message reported ErrNotAttempted was delivered")
+		}
+	}
 }
 
 func testHeadersSurvive(t *testing.T, h Harness) {
@@ -367,6 +438,11 @@ func testStableIDOnRetry(t *testing.T, h Harness) {
 	again := m
 	again.Attempt = 2
 	require.NoError(t, env.Sink.Send(ctx, []sinks.Message{again}))
+	if h.Features.Dedup {
+		got := markerAfter(ctx, t, env, known(m), m.Topic, m.Key, 2)
+		requireAbsent(t, got, m.ID, "Features.Dedup is true, yet the resent message was stored again")
+		return
+	}
 	got, err := env.Read(ctx, 1)
 	require.NoError(t, err, "reading the resent message")
 	require.Len(t, got, 1)

@@ -35,6 +35,7 @@ func TestSuiteCatchesBrokenSinks(t *testing.T) {
 		{"truncate-payload", "PayloadBytesExact", "payload differs"},
 		{"close-twice-fails", "CloseIdempotent", "Close #2"},
 		{"no-key-stop", "PerKeyStop", "must not be attempted"},
+		{"chunks-forget-failures", "WideBatchPerKey", "must not be attempted"},
 		{"rewrite-id", "SendOne", "unknown id"},
 		{"empty-delivers", "EmptyBatch", "an empty batch delivered something"},
 		{"no-reason", "", `Features.Why["Restart"] is empty`},
@@ -131,6 +132,25 @@ func brokenEnv(t *testing.T, broken string) *sinktest.Env {
 			be := sinks.NewBatchError(len(msgs))
 			for i, m := range msgs {
 				be.Errs[i] = sinks.Outcome(s.Send(ctx, []sinks.Message{m}), 0, 1)
+			}
+			return be.Err()
+		}
+	case "chunks-forget-failures":
+		// Splits a large batch into chunks sent one after the other, each
+		// with its own ordering state: a key failing in one chunk goes on
+		// in the next.
+		w.send = func(ctx context.Context, msgs []sinks.Message) error {
+			if len(msgs) <= 8 {
+				return s.Send(ctx, msgs)
+			}
+			be := sinks.NewBatchError(len(msgs))
+			size := (len(msgs) + 3) / 4
+			for lo := 0; lo < len(msgs); lo += size {
+				hi := min(lo+size, len(msgs))
+				err := s.Send(ctx, msgs[lo:hi])
+				for i := lo; i < hi; i++ {
+					be.Errs[i] = sinks.Outcome(err, i-lo, hi-lo)
+				}
 			}
 			return be.Err()
 		}

@@ -1,0 +1,1 @@
+ALTER TABLE "outbox"."messages" ENABLE TRIGGER messages_notify

@@ -1,0 +1,129 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Membership changes: relays tell each other (NOTIFY, payload "members")
+// when they join, leave or hand lanes back, and the others rebalance at
+// once. These tests use a heartbeat far longer than their deadlines, so
+// that the heartbeat cannot be what moved the lanes.
+
+// slowHeartbeat is e.config() with a heartbeat the tests never reach.
+func (e *env) slowHeartbeat() relay.Config {
+	cfg := e.config()
+	cfg.LeaseTTL, cfg.Heartbeat = 10*time.Minute, 5*time.Minute
+	return cfg
+}
+
+// ownedBy returns how many lanes each relay holds in the lanes table.
+func (e *env) ownedBy(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), "SELECT owner, count(*) FROM "+e.table("lanes")+
+		" WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner")
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var o string
+		var n int
+		require.NoError(t, rows.Scan(&o, &n))
+		out[o] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func TestJoiningRelayTakesItsShareWithoutWaitingForAHeartbeat(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.slowHeartbeat()
+	r1, _ := e.start(cfg, e.sink)
+	eventually(t, 10*time.Second, func() bool { return r1.OwnedLanes() == 256 }, "first relay holds %d lanes", r1.OwnedLanes())
+
+	// A backlog keeps r1's workers inside claims: some of the lanes it
+	// hands over are in use and move when their batch ends.
+	e.sink.SetDelay(5 * time.Millisecond)
+	var msgs []outbox.Message
+	for i := range 3000 {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%300), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+
+	r2, _ := e.start(cfg, e.sink)
+	r3, _ := e.start(cfg, e.sink)
+	eventually(t, 20*time.Second, func() bool {
+		o := e.ownedBy(t)
+		return len(o) == 3 && o[r1.ID()] >= 85 && o[r2.ID()] >= 85 && o[r3.ID()] >= 85
+	}, "lanes not shared among three relays: %v", e.ownedBy(t))
+
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), len(msgs)))
+	checkOrder(t, e.sink.Delivered())
+	require.Empty(t, e.sink.Violations())
+}
+
+func TestLeavingRelaysLanesAreTakenPromptly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.slowHeartbeat()
+	r1, _ := e.start(cfg, e.sink)
+	r2, stop2 := e.start(cfg, e.sink)
+	eventually(t, 20*time.Second, func() bool {
+		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
+	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+
+	e.sink.SetDelay(5 * time.Millisecond)
+	var msgs []outbox.Message
+	for i := range 2000 {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%200), fmt.Sprint(i)))
+	}
+	e.write(msgs...)
+	stop2() // as SIGTERM: drains, hands its lanes back, says so
+	eventually(t, 20*time.Second, func() bool {
+		o := e.ownedBy(t)
+		return len(o) == 1 && o[r1.ID()] == 256
+	}, "the remaining relay did not take the lanes: %v", e.ownedBy(t))
+
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), len(msgs)))
+	checkOrder(t, e.sink.Delivered())
+	require.Empty(t, e.sink.Violations())
+}
+
+// Relays come and go while a backlog is delivered: a lane is never worked
+// by two relays at once (the memory sink records any key sent
+// concurrently), every message arrives, each key in order.
+func TestNoLaneDoubleWorkedDuringChurn(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.slowHeartbeat()
+	e.sink.SetDelay(2 * time.Millisecond)
+	const n = 6000
+	var msgs []outbox.Message
+	for i := range n {
+		msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%400), fmt.Sprint(i)))
+	}
+	for i := 0; i < n; i += 500 {
+		e.write(msgs[i : i+500]...)
+	}
+	steady, _ := e.start(cfg, e.sink)
+	for round := range 4 {
+		_, stop := e.start(cfg, e.sink)
+		_, stop2 := e.start(cfg, e.sink)
+		time.Sleep(time.Duration(150+50*round) * time.Millisecond)
+		stop()
+		time.Sleep(50 * time.Millisecond)
+		stop2()
+	}
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 60*time.Second), n))
+	require.Empty(t, e.sink.Violations())
+	checkOrder(t, e.sink.Delivered())
+	eventually(t, 20*time.Second, func() bool { return steady.OwnedLanes() == 256 }, "steady relay holds %d lanes", steady.OwnedLanes())
+}

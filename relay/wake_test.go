@@ -1,0 +1,211 @@
+package relay_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+)
+
+// wakeHooks records what relay.WakeupHooks reports.
+type wakeHooks struct {
+	relay.NopHooks
+	mu        sync.Mutex
+	source    string
+	fallbacks int
+}
+
+func (h *wakeHooks) Wakeup(source string, fallback bool, _ error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.source = source
+	if fallback {
+		h.fallbacks++
+	}
+}
+
+func (h *wakeHooks) get() (string, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.source, h.fallbacks
+}
+
+// idleConfig is a relay whose workers never poll within a test: only a
+// wake-up makes them claim.
+func idleConfig(e *env, wakeup string, h *wakeHooks) relay.Config {
+	cfg := e.config()
+	cfg.PollInterval = time.Hour
+	cfg.Wakeup = wakeup
+	cfg.WatchInterval = 50 * time.Millisecond
+	cfg.Hooks = h
+	return cfg
+}
+
+// wakeBound is how soon an idle relay must deliver a write: far below the
+// workers' PollInterval (an hour), generous for a loaded machine.
+const wakeBound = 10 * time.Second
+
+func waitSource(t *testing.T, h *wakeHooks, want string) {
+	t.Helper()
+	eventually(t, wakeBound, func() bool { s, _ := h.get(); return s == want }, "wake-up source %q", want)
+}
+
+// deliveredWithin writes one message and waits for the sink to hold n.
+func (e *env) deliveredWithin(sink *memory.Sink, n int, key string) {
+	e.t.Helper()
+	time.Sleep(300 * time.Millisecond) // let the relay go idle (and the watcher back off)
+	e.write(msg("wake", key, "x"))
+	eventually(e.t, wakeBound, func() bool { return sink.Len() >= n }, "message %d delivered to an idle relay", n)
+}
+
+func TestWakeupPollIdleRelayWakes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{relay.WakeupPoll, relay.WakeupAuto} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			h := &wakeHooks{}
+			e.start(idleConfig(e, mode, h), e.sink)
+			eventually(t, wakeBound, func() bool { s, _ := h.get(); return s == "poll" || s == "wal" }, "a watcher")
+			for i := 1; i <= 3; i++ {
+				e.deliveredWithin(e.sink, i, "k")
+			}
+		})
+	}
+}
+
+func TestWakeupWatcherHandsOver(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ha, hb := &wakeHooks{}, &wakeHooks{}
+	_, stopA := e.start(idleConfig(e, relay.WakeupPoll, ha), e.sink)
+	waitSource(t, ha, "poll")
+	e.start(idleConfig(e, relay.WakeupPoll, hb), e.sink)
+	waitSource(t, hb, "follow")
+	// B's lanes are woken by A's NOTIFY: write to many keys so both own some.
+	time.Sleep(time.Second) // lanes balanced between A and B
+	for i := range 8 {
+		e.write(msg("wake", string(rune('a'+i)), "x"))
+	}
+	eventually(t, wakeBound, func() bool { return e.sink.Len() == 8 }, "8 messages delivered by A and B")
+
+	stopA() // the watcher goes: its session, and the lock with it
+	waitSource(t, hb, "poll")
+	e.deliveredWithin(e.sink, 9, "k")
+}
+
+func TestWakeupNotifyEnablesTrigger(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := &wakeHooks{}
+	e.start(idleConfig(e, relay.WakeupNotify, h), e.sink)
+	waitSource(t, h, "notify")
+	var on bool
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT tgenabled <> 'D' FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = 'messages_notify'`,
+		e.table("messages")).Scan(&on))
+	require.True(t, on, "notify mode enables the writers' trigger")
+	e.deliveredWithin(e.sink, 1, "k")
+}
+
+func TestMigrationDisablesNotifyTrigger(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	trigger := func() string {
+		var s string
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT tgenabled FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = 'messages_notify'`, e.table("messages")).Scan(&s))
+		return s
+	}
+	require.Equal(t, "D", trigger(), "writers pay no NOTIFY by default")
+	require.NoError(t, migrations.SetWakeup(ctx, e.pool, e.schema, "notify"))
+	require.Equal(t, "O", trigger())
+	require.NoError(t, migrations.SetWakeup(ctx, e.pool, e.schema, "auto"))
+	require.Equal(t, "D", trigger())
+	require.ErrorContains(t, migrations.SetWakeup(ctx, e.pool, e.schema, "sometimes"), "wakeup")
+}
+
+func TestWakeupConfigValidation(t *testing.T) {
+	t.Parallel()
+	err := relay.Config{Wakeup: "push"}.WithDefaults().Validate()
+	require.ErrorContains(t, err, "wakeup")
+	err = relay.Config{WatchInterval: time.Microsecond}.WithDefaults().Validate()
+	require.ErrorContains(t, err, "watch-interval")
+}
+
+// TestWakeupWAL runs on a throwaway cluster with wal_level = logical: the
+// watcher follows the WAL through a temporary slot, falls back to polling
+// when the stream breaks, and leaves no slot behind.
+func TestWakeupWAL(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	ctx := context.Background()
+	var pub bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, migrations.Publication(schema)).Scan(&pub))
+	require.True(t, pub, "migrate creates the publication where wal_level = logical")
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
+	h := &wakeHooks{}
+	cfg := idleConfig(e, relay.WakeupWAL, h)
+	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
+	stop := startOn(t, srv.URL(), cfg, e.sink)
+	waitSource(t, h, "wal")
+	slots := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots`).Scan(&n))
+		return n
+	}
+	eventually(t, wakeBound, func() bool { return slots() == 1 }, "one replication slot")
+	var temporary bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT temporary FROM pg_replication_slots`).Scan(&temporary))
+	require.True(t, temporary, "the slot is temporary")
+	for i := 1; i <= 3; i++ {
+		e.deliveredWithin(e.sink, i, "k")
+	}
+
+	// Break the stream: the watcher polls (and says so), then follows the
+	// WAL again.
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay-wal'`)
+	require.NoError(t, err)
+	eventually(t, wakeBound, func() bool { _, f := h.get(); return f >= 1 }, "a fallback reported")
+	e.deliveredWithin(e.sink, 4, "k")
+	waitSource(t, h, "wal")
+	e.deliveredWithin(e.sink, 5, "k")
+
+	stop()
+	// The server drops a temporary slot when its session has ended, a
+	// moment after the relay closed it.
+	eventually(t, wakeBound, func() bool { return slots() == 0 }, "no slot (no WAL retained) once the relay is gone")
+}
+
+// startOn runs a relay on the server at url until the test ends or stop.
+func startOn(t *testing.T, url string, cfg relay.Config, sink sinks.Sink) (stop func()) {
+	t.Helper()
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: url, Workers: cfg.Workers})
+	require.NoError(t, err)
+	r, err := relay.New(pool, sink, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+			pool.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

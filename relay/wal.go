@@ -1,0 +1,251 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// WAL wake-up. The watcher follows the outbox's inserts through logical
+// replication: pgoutput, the publication `migrate` creates where wal_level
+// = logical, and a TEMPORARY slot, which the server drops when the
+// connection ends, so nothing retains WAL while no relay runs (and there
+// is no slot for anyone to clean up). The stream is only a wake-up: rows
+// are still claimed with SKIP LOCKED, so losing it loses nothing, and the
+// watcher polls while it is gone.
+//
+// Every process is woken, not only the owners of the lanes that got rows:
+// pgoutput does not send generated columns (lane is one), and computing
+// the lane from the key here would duplicate the table's definition.
+
+// walStatusEvery is how often the follower confirms what it has read, so
+// that the server may recycle the WAL behind it.
+const walStatusEvery = 5 * time.Second
+
+// followWAL streams the outbox's inserts and calls woken with their lanes
+// after each transaction that inserted rows (an empty set when it could
+// not tell the lanes), until ctx ends or the stream fails. started is
+// called once the stream runs: what commits from then on is in it.
+func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func()) error {
+	// pgoutput only complains of a missing publication at the first
+	// change it decodes: ask first.
+	var logical, published bool
+	if err := k.pool.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`,
+		migrations.Publication(k.s.Name())).Scan(&logical, &published); err != nil {
+		return fmt.Errorf("outbox: WAL: %w", err)
+	}
+	switch {
+	case !logical:
+		return &walRefusedError{"wal_level is not logical"}
+	case !published:
+		return &walRefusedError{fmt.Sprintf("publication %s does not exist (outbox-relay migrate creates it where wal_level = logical)", ident.Quote(migrations.Publication(k.s.Name())))}
+	}
+	cc := k.pool.Config().ConnConfig.Config.Copy()
+	cc.RuntimeParams["replication"] = "database"
+	cc.RuntimeParams["application_name"] = "outbox-relay-wal"
+	delete(cc.RuntimeParams, "idle_in_transaction_session_timeout")
+	cc.RuntimeParams["statement_timeout"] = "0"
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("outbox: WAL: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	slot := "outbox_relay_" + hex.EncodeToString(rnd[:])
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return fmt.Errorf("outbox: WAL: create temporary slot: %w", err)
+	}
+	pos, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("outbox: WAL: %w", err)
+	}
+	pub := ident.Quote(migrations.Publication(k.s.Name()))
+	err = pglogrepl.StartReplication(ctx, conn, slot, pos, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + escapeLiteral(pub) + "'"},
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: WAL: start replication (publication %s): %w", pub, err)
+	}
+	k.log.Debug("following the WAL", "slot", slot, "publication", pub)
+	started()
+	inserted := false
+	var lanes laneSet
+	unknown := false // a row whose lane could not be computed: wake all
+	rels := map[uint32]walColumns{}
+	nextStatus := time.Now().Add(walStatusEvery)
+	for {
+		if time.Now().After(nextStatus) {
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+				return fmt.Errorf("outbox: WAL: status update: %w", err)
+			}
+			nextStatus = time.Now().Add(walStatusEvery)
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) && !conn.IsClosed() {
+				continue
+			}
+			return fmt.Errorf("outbox: WAL: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("outbox: WAL: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outbox: WAL: %w", err)
+				}
+				pos = max(pos, ka.ServerWALEnd)
+				if ka.ReplyRequested {
+					nextStatus = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outbox: WAL: %w", err)
+				}
+				pos = max(pos, x.WALStart+pglogrepl.LSN(len(x.WALData)))
+				if len(x.WALData) == 0 {
+					continue
+				}
+				// pgoutput sends a transaction once committed: Begin,
+				// Relation, Insert..., Commit. Only the message type
+				// matters here.
+				switch pglogrepl.MessageType(x.WALData[0]) {
+				case pglogrepl.MessageTypeRelation:
+					if m, err := pglogrepl.Parse(x.WALData); err == nil {
+						if rm, ok := m.(*pglogrepl.RelationMessage); ok {
+							rels[rm.RelationID] = relationColumns(rm)
+						}
+					}
+				case pglogrepl.MessageTypeInsert:
+					inserted = true
+					if lane, ok := insertLane(x.WALData, rels); ok {
+						lanes.add(lane)
+					} else {
+						unknown = true
+					}
+				case pglogrepl.MessageTypeCommit:
+					if inserted {
+						if unknown {
+							lanes = laneSet{}
+						}
+						woken(lanes)
+						inserted, unknown, lanes = false, false, laneSet{}
+					}
+				}
+			}
+		case *pgproto3.CopyDone:
+			return errors.New("outbox: WAL: the server ended the stream")
+		}
+	}
+}
+
+// walColumns are the positions of id and key in a relation's tuples (-1:
+// absent).
+type walColumns struct{ id, key int }
+
+func relationColumns(rm *pglogrepl.RelationMessage) walColumns {
+	c := walColumns{id: -1, key: -1}
+	for i, col := range rm.Columns {
+		switch col.Name {
+		case "id":
+			c.id = i
+		case "key":
+			c.key = i
+		}
+	}
+	return c
+}
+
+// insertLane computes the lane of an inserted row from its id and key.
+func insertLane(data []byte, rels map[uint32]walColumns) (int, bool) {
+	m, err := pglogrepl.Parse(data)
+	if err != nil {
+		return 0, false
+	}
+	im, ok := m.(*pglogrepl.InsertMessage)
+	if !ok || im.Tuple == nil {
+		return 0, false
+	}
+	c, ok := rels[im.RelationID]
+	if !ok || c.id < 0 || c.key < 0 || c.id >= len(im.Tuple.Columns) || c.key >= len(im.Tuple.Columns) {
+		return 0, false
+	}
+	idCol, keyCol := im.Tuple.Columns[c.id], im.Tuple.Columns[c.key]
+	if idCol.DataType != pglogrepl.TupleDataTypeText {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(string(idCol.Data), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	switch keyCol.DataType {
+	case pglogrepl.TupleDataTypeNull:
+		return laneOf(nil, id), true
+	case pglogrepl.TupleDataTypeText:
+		key := string(keyCol.Data)
+		return laneOf(&key, id), true
+	}
+	return 0, false
+}
+
+// walRefusedError: the server does not allow this relay to follow the WAL
+// (not a break of a running stream).
+type walRefusedError struct{ why string }
+
+func (e *walRefusedError) Error() string { return "outbox: WAL: " + e.why }
+
+// walRefused reports whether err says the WAL cannot be followed at all
+// (configuration or privileges), rather than that a stream broke: the
+// watcher then tries again only rarely.
+func walRefused(err error) bool {
+	var re *walRefusedError
+	if errors.As(err, &re) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "42501", "55000", "42704", "28000", "53300": // privilege, wal_level, no publication, pg_hba, too many walsenders
+			return true
+		}
+	}
+	return false
+}
+
+// escapeLiteral doubles the single quotes of s, for a string literal.
+func escapeLiteral(s string) string {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}

@@ -1,0 +1,388 @@
+// Package redissink appends outbox messages to Redis Streams.
+//
+// Each message becomes one stream entry (XADD with an automatic entry id)
+// with the fields id (the message id), key (the outbox key, absent when
+// there is none), payload (byte for byte) and one field per header, named
+// after it (with an optional prefix). The stream key is the topic, or a
+// template.
+//
+// One round trip per batch. The whole batch goes to the server as one
+// Lua script call (EVALSHA, the script cached by the server), which runs
+// the XADDs in batch order and answers with one result per entry. The
+// script also keeps per-key order: once an entry of a key fails (WRONGTYPE,
+// OOM, ...), the later entries of that key in the batch are not added,
+// so a later message of a key is never stored before an earlier one that
+// failed. A script runs atomically, so no other client's command comes
+// between the entries of one batch either.
+//
+// Redis Cluster: with cluster=true the sink uses go-redis' cluster client;
+// a script may only touch keys of one hash slot, so a batch is cut into
+// runs of consecutive messages whose stream keys share a slot (one run,
+// and one round trip, when every message goes to the same stream), sent
+// one after the other, each told which keys already failed.
+//
+// Redis has no server-side deduplication: delivery is at least once, and
+// consumers drop duplicates by the id field, which is the same on every
+// attempt.
+package redissink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+)
+
+var (
+	// ErrReply is wrapped by the error of an entry the server refused; the
+	// error text is the server's reply.
+	ErrReply = errors.New("outbox: redis")
+	// ErrFieldClash is wrapped by the (permanent) error of a message with
+	// a header whose field name is id, key or payload.
+	ErrFieldClash = errors.New("outbox: redis: header clashes with an entry field")
+)
+
+// xaddScript adds the entries of a batch in order. KEYS[i] is the stream
+// of entry i. ARGV: the trimming ("" none, "MAXLEN" with a count, "MINID"
+// with an age in ms), the number of keys already failed, those keys, then
+// per entry: its outbox key, its number of fields, the fields and values.
+// It answers per entry: the entry id, "!" and the error reply, or "" when
+// the entry was not attempted because an earlier entry of its key failed.
+const xaddScript = `
+local trim, trimarg = ARGV[1], ARGV[2]
+local failed = {}
+local nfailed = tonumber(ARGV[3])
+local a = 4
+for i = 1, nfailed do failed[ARGV[a]] = true; a = a + 1 end
+local minid
+if trim == 'MINID' then
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(trimarg)
+  if ms < 0 then ms = 0 end
+  minid = string.format('%.0f', ms)
+end
+local out = {}
+for i = 1, #KEYS do
+  local okey = ARGV[a]
+  local nf = tonumber(ARGV[a + 1])
+  a = a + 2
+  if okey ~= '' and failed[okey] then
+    out[i] = ''
+  else
+    local args = {'XADD', KEYS[i]}
+    if trim == 'MAXLEN' then
+      args[3] = 'MAXLEN'; args[4] = '~'; args[5] = trimarg
+    elseif minid then
+      args[3] = 'MINID'; args[4] = '~'; args[5] = minid
+    end
+    args[#args + 1] = '*'
+    for j = a, a + 2 * nf - 1 do args[#args + 1] = ARGV[j] end
+    local r = redis.pcall(unpack(args))
+    if type(r) == 'table' and r.err then
+      out[i] = '!' .. r.err
+      if okey ~= '' then failed[okey] = true end
+    else
+      out[i] = r
+    end
+  end
+  a = a + 2 * nf
+end
+return out
+`
+
+var script = redis.NewScript(xaddScript)
+
+// client is what the sink needs of go-redis' single-node and cluster
+// clients.
+type client interface {
+	redis.Scripter
+	Ping(ctx context.Context) *redis.StatusCmd
+	Close() error
+}
+
+// Sink appends to Redis Streams. It implements sinks.Sink and
+// sinks.HealthChecker and is safe for concurrent use.
+type Sink struct {
+	cfg      Config
+	stream   sinkconf.Template
+	c        client
+	cluster  bool
+	log      *slog.Logger
+	inflight sinks.Inflight
+}
+
+// New returns a sink for cfg. It validates cfg and applies the defaults;
+// it does not connect (the first Send does). logger may be nil.
+func New(cfg Config, logger *slog.Logger) (*Sink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	stream, err := sinkconf.ParseTemplate(cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: redis: stream: %w", err)
+	}
+	srv, err := parseServer(cfg.URL, cfg.Cluster)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: redis: url: %w", err)
+	}
+	tc, err := cfg.tlsConfig(srv)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Sink{cfg: cfg, stream: stream, cluster: cfg.Cluster, log: logger.With("sink", "redis")}
+	// No retries inside go-redis: a script resent after a lost answer
+	// would add its entries twice. The relay retries, with backoff kept
+	// in the row.
+	if cfg.Cluster {
+		s.c = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: srv.Addrs, Username: srv.Username, Password: srv.Password,
+			ClientName: cfg.ClientName, DialTimeout: cfg.DialTimeout, TLSConfig: tc,
+			MaxRetries: -1, MaxRedirects: 3, ContextTimeoutEnabled: true, DisableIdentity: true,
+		})
+	} else {
+		s.c = redis.NewClient(&redis.Options{
+			Addr: srv.Addrs[0], Username: srv.Username, Password: srv.Password, DB: srv.DB,
+			ClientName: cfg.ClientName, DialTimeout: cfg.DialTimeout, TLSConfig: tc,
+			MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true,
+		})
+	}
+	return s, nil
+}
+
+// Healthy pings the server.
+func (s *Sink) Healthy(ctx context.Context) error {
+	if err := s.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("outbox: redis: ping: %w", err)
+	}
+	return nil
+}
+
+// Close refuses new Sends, waits for in-flight ones or ctx, then closes
+// the connections. It is idempotent.
+func (s *Sink) Close(ctx context.Context) error {
+	err := s.inflight.Close(ctx)
+	if cerr := s.c.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {
+		s.log.Debug("redis close", "err", cerr)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: redis: close: in-flight sends still running: %w", err)
+	}
+	return nil
+}
+
+// Send appends msgs in one script call per run (one per batch outside a
+// cluster). See sinks.Sink for the contract.
+func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
+	if !s.inflight.Enter() {
+		return sinks.ErrClosed
+	}
+	defer s.inflight.Leave()
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: redis: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+
+	be := sinks.NewBatchError(len(msgs))
+	streams := make([]string, len(msgs))
+	fields := make([][]any, len(msgs))
+	var gate sinks.KeyGate
+	var todo []int
+	for i, m := range msgs {
+		streams[i] = s.stream.Render(m.Topic, m.Key, m.Headers)
+		f, err := s.fields(m, streams[i])
+		switch {
+		case gate.Blocked(m):
+			be.Errs[i] = sinks.ErrNotAttempted
+		case err != nil:
+			be.Errs[i] = sinks.Permanent(err)
+			gate.Fail(m)
+		default:
+			fields[i] = f
+			todo = append(todo, i)
+		}
+	}
+	// Runs of consecutive messages that one script call may take: the
+	// whole batch, or in a cluster the messages whose streams share a slot.
+	var runs [][]int
+	for _, i := range todo {
+		if n := len(runs); n > 0 && (!s.cluster || slot(streams[runs[n-1][0]]) == slot(streams[i])) {
+			runs[n-1] = append(runs[n-1], i)
+		} else {
+			runs = append(runs, []int{i})
+		}
+	}
+	for _, run := range runs {
+		var failedKeys []string
+		var keep []int
+		for _, i := range run {
+			if gate.Blocked(msgs[i]) {
+				be.Errs[i] = sinks.ErrNotAttempted
+				continue
+			}
+			keep = append(keep, i)
+		}
+		for _, i := range todo {
+			if msgs[i].Key != "" && gate.Blocked(msgs[i]) && !slices.Contains(failedKeys, msgs[i].Key) {
+				failedKeys = append(failedKeys, msgs[i].Key)
+			}
+		}
+		if len(keep) == 0 {
+			continue
+		}
+		s.run(ctx, msgs, streams, fields, keep, failedKeys, be, &gate)
+	}
+	return be.Err()
+}
+
+// run sends the messages at idx in one script call and records each
+// outcome.
+func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, fields [][]any, idx []int, failedKeys []string, be *sinks.BatchError, gate *sinks.KeyGate) {
+	keys := make([]string, len(idx))
+	args := make([]any, 0, 3+len(failedKeys)+len(idx)*8)
+	switch {
+	case s.cfg.MaxLen > 0:
+		args = append(args, "MAXLEN", strconv.Itoa(s.cfg.MaxLen))
+	case s.cfg.MaxAge > 0:
+		args = append(args, "MINID", strconv.FormatInt(s.cfg.MaxAge.Milliseconds(), 10))
+	default:
+		args = append(args, "", "")
+	}
+	args = append(args, len(failedKeys))
+	for _, k := range failedKeys {
+		args = append(args, k)
+	}
+	for j, i := range idx {
+		keys[j] = streams[i]
+		args = append(args, msgs[i].Key, len(fields[i])/2)
+		args = append(args, fields[i]...)
+	}
+	res, err := script.Run(ctx, s.c, keys, args...).StringSlice()
+	if err == nil && len(res) != len(idx) {
+		err = fmt.Errorf("outbox: redis: the script answered %d results for %d entries", len(res), len(idx))
+	}
+	if err != nil {
+		err = s.callErr(err)
+		for _, i := range idx {
+			if gate.Blocked(msgs[i]) {
+				be.Errs[i] = sinks.ErrNotAttempted
+				continue
+			}
+			be.Errs[i] = err
+			gate.Fail(msgs[i])
+		}
+		return
+	}
+	for j, i := range idx {
+		switch r := res[j]; {
+		case r == "":
+			be.Errs[i] = sinks.ErrNotAttempted
+		case strings.HasPrefix(r, "!"):
+			be.Errs[i] = replyErr(streams[i], r[1:])
+			gate.Fail(msgs[i])
+		}
+	}
+}
+
+// fields returns the entry's field-value pairs.
+func (s *Sink) fields(m sinks.Message, stream string) ([]any, error) {
+	if stream == "" {
+		return nil, errors.New("outbox: redis: stream: the template renders an empty stream key")
+	}
+	f := make([]any, 0, 6+2*len(m.Headers))
+	f = append(f, FieldID, m.ID)
+	if m.Key != "" {
+		f = append(f, FieldKey, m.Key)
+	}
+	f = append(f, FieldPayload, m.Payload)
+	names := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		name := s.cfg.HeaderPrefix + k
+		if name == FieldID || name == FieldKey || name == FieldPayload {
+			return nil, fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
+		}
+		f = append(f, name, m.Headers[k])
+	}
+	return f, nil
+}
+
+// retriableReplies are the error reply prefixes of transient conditions;
+// every other refusal of an entry is permanent.
+var retriableReplies = []string{"OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN",
+	"CLUSTERDOWN", "MOVED", "ASK", "NOREPLICAS", "MISCONF", "NOSCRIPT"}
+
+func retriableReply(msg string) bool {
+	code, _, _ := strings.Cut(msg, " ")
+	return slices.Contains(retriableReplies, code)
+}
+
+// replyErr classifies the server's refusal of one entry.
+func replyErr(stream, msg string) error {
+	err := fmt.Errorf("%w: XADD %q: %s", ErrReply, stream, msg)
+	if retriableReply(msg) {
+		return err
+	}
+	return sinks.Permanent(err)
+}
+
+// notSentError marks a failure after which nothing reached the server:
+// the relay counts no attempt.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
+func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
+
+// callErr classifies the failure of a whole script call: retriable (a
+// reply refusing the call, such as BUSY, LOADING, OOM or READONLY, cannot
+// be pinned on one entry, and the relay's max attempts bound it; a lost
+// connection may have added some entries, which the relay adds again
+// under the same id). A failed dial sent nothing.
+func (s *Sink) callErr(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
+		return &notSentError{err: fmt.Errorf("outbox: redis: %w", err)}
+	}
+	return fmt.Errorf("outbox: redis: %w", err)
+}
+
+// slot is the Redis Cluster hash slot of key (CRC16 of the key or of its
+// {hash tag}, mod 16384).
+func slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
