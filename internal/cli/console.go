@@ -63,7 +63,7 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 		if cr.Topics == nil {
 			cr.Topics = []string{}
 		}
-		if rt.router {
+		if rt.open == nil { // the built-in routes: no sink of their own
 			cr.Format = ""
 		}
 		shown = append(shown, cr)
