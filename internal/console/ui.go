@@ -346,8 +346,14 @@ type payloadView struct {
 	Size int
 }
 
+// maxHex bounds the hex dump of a payload (four times its size in HTML).
+const maxHex = 16 << 10
+
 func viewPayload(b []byte) payloadView {
-	v := payloadView{Size: len(b), Hex: hex.Dump(b)}
+	v := payloadView{Size: len(b), Hex: hex.Dump(b[:min(len(b), maxHex)])}
+	if len(b) > maxHex {
+		v.Hex += fmt.Sprintf("… %d more bytes (the API's GET /api/v1/dead-letters/{id} has them all)\n", len(b)-maxHex)
+	}
 	var out bytes.Buffer
 	if json.Valid(b) && json.Indent(&out, b, "", "  ") == nil {
 		v.JSON = out.String()
@@ -438,8 +444,12 @@ func (c *Console) uiConfirm(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	for _, k := range []string{"id", "topic", "key", "reason", "route", "dead_after", "dead_before", "all"} {
-		if v := strings.Join(q[k], ","); v != "" {
+	for _, k := range []string{"id", "topic", "key", "reason", "route", "dead_after", "dead_before", "older_than", "all"} {
+		v := q.Get(k)
+		if k == "id" {
+			v = strings.Join(q[k], ",")
+		}
+		if v != "" {
 			cf.Fields = append(cf.Fields, [2]string{k, v})
 		}
 	}

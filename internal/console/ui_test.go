@@ -119,3 +119,14 @@ func TestSamplerSparkline(t *testing.T) {
 	require.Contains(t, html, "peak 15")
 	require.Equal(t, []int64{6, 10, 15}, console.SeriesForTest(s, "orders"), "the ring keeps the last hour: the newest 3")
 }
+
+// A large binary payload's hex dump is cut, saying how much is left out.
+func TestUILargePayload(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.dead_letters (id, message_id, topic, payload, headers, created_at, attempts, reason)
+VALUES (1, gen_random_uuid(), 't', decode(repeat('00ff', 50000), 'hex'), '{}', now(), 1, 'permanent')`)
+	r := e.do("GET", "/ui/dead-letters/1", nil)
+	require.Equal(t, 200, r.Status)
+	require.Contains(t, string(r.Body), "… 83616 more bytes")
+	require.Less(t, len(r.Body), 120<<10)
+}
