@@ -25,6 +25,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // "<token>" reads better than "\u003ctoken\u003e"; the answer is JSON, never HTML
 	_ = enc.Encode(v)
 }
 

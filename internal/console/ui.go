@@ -227,8 +227,12 @@ func age(d time.Duration) string {
 }
 
 // sparkline draws values as an inline SVG line, scaled to their maximum.
-func sparkline(values []int64) template.HTML {
-	const w, h = 160.0, 28.0
+func sparkline(values []int64) template.HTML { return spark(values, "backlog", strconv.FormatInt) }
+
+// spark draws values as an inline SVG line scaled to their maximum, which
+// its label shows with format.
+func spark(values []int64, what string, format func(int64, int) string) template.HTML {
+	const w, h = 120.0, 28.0
 	if len(values) < 2 {
 		return template.HTML(`<span class="muted">collecting…</span>`)
 	}
@@ -242,17 +246,19 @@ func sparkline(values []int64) template.HTML {
 		}
 		fmt.Fprintf(&pts, "%.1f,%.1f ", x, y)
 	}
-	return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="backlog, last hour, max %d">`+
+	return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="%s, last hour, max %s">`+
 		`<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="%s"/></svg>`,
-		int(w), int(h), int(w), int(h), top, strings.TrimSpace(pts.String())))
+		int(w), int(h), int(w), int(h), what, template.HTMLEscapeString(format(top, 10)), strings.TrimSpace(pts.String())))
 }
 
 // topicRow is a row of the overview.
 type topicRow struct {
-	Topic   string
-	Backlog table
-	Spark   template.HTML
-	Peak    int64
+	Topic    string
+	Backlog  table
+	Spark    template.HTML
+	Peak     int64
+	LagSpark template.HTML
+	PeakLag  string
 }
 
 func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
@@ -265,15 +271,18 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 	var rows []topicRow
 	tbl := toTable(st.Topics, "topic")
 	for i, t := range st.Topics {
-		var pending []int64
+		var pending, lag []int64
 		for _, p := range series[t.Topic] {
 			pending = append(pending, p.Pending)
+			lag = append(lag, int64(p.OldestAge))
 		}
 		tr := topicRow{Topic: t.Topic, Backlog: table{Columns: tbl.Columns, Rows: [][]any{tbl.Rows[i]}}}
 		if c.cfg.Samples != nil {
 			tr.Spark = sparkline(pending)
+			tr.LagSpark = spark(lag, "oldest pending age", func(v int64, _ int) string { return age(time.Duration(v)) })
 			if len(pending) > 0 {
 				tr.Peak = slices.Max(pending)
+				tr.PeakLag = age(time.Duration(slices.Max(lag)))
 			}
 		}
 		rows = append(rows, tr)

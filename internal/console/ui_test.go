@@ -117,6 +117,7 @@ func TestSamplerSparkline(t *testing.T) {
 	html := console.RenderForTest(t, c, "/ui/")
 	require.Contains(t, html, `aria-label="backlog, last hour, max 15"`)
 	require.Contains(t, html, "peak 15")
+	require.Contains(t, html, `aria-label="oldest pending age, last hour, max`, "and a sparkline of the lag")
 	require.Equal(t, []int64{6, 10, 15}, console.SeriesForTest(s, "orders"), "the ring keeps the last hour: the newest 3")
 }
 
