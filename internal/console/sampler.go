@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -42,8 +43,17 @@ func NewSampler(admin *operator.Admin, interval time.Duration, log *slog.Logger)
 	return &Sampler{admin: admin, interval: interval, log: log, samples: make([]sample, 0, n)}
 }
 
-// Run samples until ctx is done.
+// Run samples until ctx is done. The first sample comes after a random
+// part of the interval, so that relays started together (a deploy, the end
+// of an outage) do not all count the outbox at the same moments.
 func (s *Sampler) Run(ctx context.Context) {
+	first := time.NewTimer(rand.N(s.interval))
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-first.C:
+	}
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	for {
