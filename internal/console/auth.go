@@ -136,19 +136,32 @@ func (c *Console) challenge(w http.ResponseWriter, r *http.Request, msg string) 
 }
 
 // authorize checks that a mutation's token may write and returns its
-// name; it has answered the request when ok is false.
+// name; it has answered the request when ok is false. A token missing or
+// wrong is a 401 with a Bearer challenge for the API, and a 403 for the
+// UI's forms (a Basic challenge there would make the browser ask for a
+// password the form does not read).
 func (c *Console) authorize(w http.ResponseWriter, r *http.Request, secret string, given bool) (name string, ok bool) {
 	if c.cfg.Tokens == nil {
 		c.fail(w, r, http.StatusForbidden, msgNoTokens)
 		return "", false
 	}
+	refuse := func(msg string) {
+		if strings.HasPrefix(r.URL.Path, "/ui") {
+			if msg == msgNoAuth {
+				msg = "enter a token: the token part of a name:token line of --admin-token-file"
+			}
+			c.fail(w, r, http.StatusForbidden, msg)
+			return
+		}
+		c.challenge(w, r, msg)
+	}
 	if !given || secret == "" {
-		c.challenge(w, r, msgNoAuth)
+		refuse(msgNoAuth)
 		return "", false
 	}
 	tk, found := c.cfg.Tokens.check(secret)
 	if !found {
-		c.challenge(w, r, msgBadToken)
+		refuse(msgBadToken)
 		return "", false
 	}
 	if tk.readOnly {

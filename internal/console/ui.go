@@ -5,6 +5,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -471,7 +472,11 @@ func (c *Console) uiConfirm(w http.ResponseWriter, r *http.Request) {
 func (c *Console) uiAct(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 	if err := r.ParseForm(); err != nil {
-		c.fail(w, r, http.StatusRequestEntityTooLarge, "form: "+err.Error())
+		status := http.StatusBadRequest
+		if tooBig := (*http.MaxBytesError)(nil); errors.As(err, &tooBig) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		c.fail(w, r, status, "form: "+err.Error())
 		return
 	}
 	action := r.PathValue("action")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,7 +61,14 @@ func TestUIWithoutJavaScript(t *testing.T) {
 
 	sel := url.Values{"topic": {"orders"}}
 	r := e.form("/ui/dead-letters/replay", sel)
-	require.Equal(t, 401, r.Status, "no token, no replay")
+	require.Equal(t, 403, r.Status, "no token, no replay")
+	require.Empty(t, r.Header.Get("WWW-Authenticate"), "no Basic challenge: the browser would ask for a password the form does not read")
+	sel.Set("token", "not-the-token-0123456789")
+	r = e.form("/ui/dead-letters/replay", sel)
+	require.Equal(t, 403, r.Status, "a wrong token")
+	require.Contains(t, string(r.Body), "not one of --admin-token-file")
+	r = e.form("/ui/dead-letters/replay", url.Values{"token": {adminToken}, "topic": {strings.Repeat("x", console.MaxBodyBytes)}})
+	require.Equal(t, 413, r.Status, "the form is bounded too")
 	withToken := url.Values{"topic": {"orders"}, "token": {readToken}}
 	r = e.form("/ui/dead-letters/replay", withToken)
 	require.Equal(t, 403, r.Status, "a read-only token cannot replay")
