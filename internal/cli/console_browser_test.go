@@ -229,12 +229,17 @@ routes:
 	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
 	// The overview draws a sparkline once the relay has two samples (one
 	// a second here).
+	spark := chromedp.CSSAll(`tr[data-topic="billing.invoiced"] svg.spark`)
 	require.Eventually(t, func() bool {
-		b.do(chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`tr[data-topic="billing.invoiced"]`)))
-		n, err := chromedp.Run(b.ctx, chromedp.Nodes(chromedp.CSS(`tr[data-topic="billing.invoiced"] svg.spark`), chromedp.AtLeast(0)))
-		require.NoError(t, err)
-		return len(n) == 1
-	}, 10*time.Second, 300*time.Millisecond, "a sparkline of the sampled backlog")
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		defer cancel()
+		err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`tr[data-topic="billing.invoiced"]`)))
+		if err != nil {
+			return false
+		}
+		n, err := chromedp.Run(ctx, chromedp.Nodes(spark, chromedp.AtLeast(0)))
+		return err == nil && len(n) == 2 // backlog and lag
+	}, 10*time.Second, 300*time.Millisecond, "sparklines of the sampled backlog and lag")
 	require.Regexp(t, `billing\.invoiced\s+10\s`, b.text(`#topics`), "the backlog of the route whose webhook is down")
 	require.Contains(t, b.text(`#answered-by`), fmt.Sprintf("pid %d", os.Getpid()), "the page says which relay answered")
 	b.screenshot("overview")
