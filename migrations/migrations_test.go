@@ -83,6 +83,9 @@ func TestEnqueueOverloadsAndHeaderCheck(t *testing.T) {
 		{`'{"a":1}'`, `header "a" must be a string, got number`},
 		{`'{"a":{"b":"c"}}'`, `header "a" must be a string, got object`},
 		{`'"x"'`, "must be a JSON object"},
+		{`'{"":"v"}'`, "header names must not be empty"},
+		{`'{"a":"1","b":null}'`, `header "b" must be a string, got null`},
+		{`'{"a":["x"]}'`, `header "a" must be a string, got array`},
 	} {
 		_, err := pool.Exec(ctx, `SELECT `+s+`.enqueue('t', 'k', 'p', `+tc.headers+`)`)
 		require.Error(t, err, tc.headers)
@@ -122,4 +125,30 @@ func TestValidateSchema(t *testing.T) {
 	require.Error(t, migrations.ValidateSchema(""))
 	require.Error(t, migrations.ValidateSchema(strings.Repeat("x", 60)))
 	require.NoError(t, migrations.ValidateSchema("outbox"))
+}
+
+// The headers constraint decides most inserts with plain SQL and calls
+// check_headers only for headers that fail it: both must accept exactly
+// the same headers.
+func TestHeadersConstraintAgreesWithCheckHeaders(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	ctx := context.Background()
+	s := migrations.Ident(schema)
+	for _, h := range []string{
+		`{}`, `{"a":"b"}`, `{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","type":"OrderPlaced"}`,
+		`{"a":""}`, `{" ":"x"}`, `{"a":"b","c":1}`, `{"":"x"}`, `{"":""}`, `{"a":null}`, `{"a":true}`,
+		`{"a":{}}`, `{"a":[]}`, `{"a":"x","b":{"c":"d"}}`, `[]`, `["a"]`, `"s"`, `1`, `null`, `true`,
+		`{"ü":"ß"}`, `{"a\u0000b":"c"}`,
+	} {
+		var fnOK bool
+		_, fnErr := pool.Exec(ctx, `SELECT `+s+`.check_headers($1::jsonb)`, h)
+		fnOK = fnErr == nil
+		_, insErr := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload, headers) VALUES ('t', 'k', 'p', $1::jsonb)`, h)
+		require.Equal(t, fnOK, insErr == nil, "headers %s: check_headers error %v, insert error %v", h, fnErr, insErr)
+		if insErr != nil {
+			// The writer gets check_headers' own message.
+			require.Equal(t, fnErr.Error(), insErr.Error(), h)
+		}
+	}
 }
