@@ -193,6 +193,9 @@ func TestBatchBytesCutKeepsKeyOrder(t *testing.T) {
 		sink := newSizeSink(false)
 		cfg := e.config()
 		cfg.BatchBytes = limit
+		// No polls: after a batch the byte limit cut, the worker must come
+		// back by itself for the rest.
+		cfg.PollInterval = time.Hour
 		e.start(cfg, sink)
 		check(t, sink, len(msgs))
 	})

@@ -65,7 +65,15 @@ func (r *Relay) source() *source {
 // (rotation chooses the first lane, handover are lanes no longer to be
 // claimed). BEGIN, the priority probe and the claim go out in one round
 // trip. The transaction stays open: the caller settles and commits it.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, handover []int16) ([]claimed, error) {
+//
+// more says whether the worker's lanes may hold deliverable messages this
+// claim left behind: it is full, the byte limit cut it, or it ran with the
+// priority phase (which takes only the priority keys' messages when there
+// are some). Otherwise the claim visited every lane of the worker and took
+// all it found.
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, handover []int16) (_ []claimed, more bool, _ error) {
+	partial := r.priority[worker]
+	found := 0
 	cb := &pgx.Batch{}
 	cb.Queue("BEGIN")
 	// What the probe finds chooses the claim of the worker's next cycle
@@ -82,6 +90,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		if err != nil {
 			return fmt.Errorf("headers of message %d: %w", row.ID, err)
 		}
+		found = row.Found
 		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, msg: sinks.Message{
 			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
@@ -92,7 +101,8 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		return nil
 	})
 	if err := pc.SendBatch(hard, cb).Close(); err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return nil, false, fmt.Errorf("outbox: claim: %w", err)
 	}
-	return batch, nil
+	n := len(batch)
+	return batch, n >= r.cfg.BatchSize || found > n || (partial && n > 0), nil
 }

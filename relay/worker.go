@@ -25,7 +25,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			sleep(ctx, r.cfg.PollInterval)
 			continue
 		}
-		n, err := r.cycle(ctx, hard, worker, rotation)
+		n, more, err := r.cycle(ctx, hard, worker, rotation)
 		rotation = (rotation + r.cfg.Workers) % numLanes
 		if len(r.handoverLanes()) > 0 {
 			// The batch that held a lane being handed over may have been
@@ -60,13 +60,13 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				continue
 			}
 		}
-		if n >= r.cfg.BatchSize {
-			continue // likely more waiting
+		if more {
+			continue // a full batch, or the byte limit left some behind
 		}
-		if n > 0 {
-			// Others may be waiting in lanes this claim did not reach.
-			continue
-		}
+		// The claim visited all of this worker's lanes: what was not there
+		// then is newer, and its writer's commit wakes the worker (a claim
+		// straight away would find nothing at low rates: one empty
+		// transaction per message).
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
@@ -83,21 +83,23 @@ var errNothingAttempted = errors.New("outbox: sink attempted nothing")
 
 // cycle claims one batch, publishes it and settles the outcome, all in one
 // transaction. It returns how many messages it claimed.
-func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, err error) {
+//
+// more says whether the worker should claim again at once (see claim).
+func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, more bool, err error) {
 	start := time.Now()
 	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		// Still without a connection (through the backoff too): see
 		// starved.
-		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
+		return 0, false, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
 	r.gotConn(worker)
 	if r.schemaErr.Load() != nil {
 		// The schema outgrew this relay while the worker waited for the
 		// connection: claim nothing.
 		conn.Release()
-		return 0, nil
+		return 0, false, nil
 	}
 	defer func() {
 		// A session that cannot write (it started on a read-only or
@@ -120,16 +122,17 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		}
 	}()
 	src := r.source()
-	batch, err := r.claim(hard, pc, src, worker, rotation, r.handoverLanes())
+	batch, more, err := r.claim(hard, pc, src, worker, rotation, r.handoverLanes())
+	r.stats.Claims.Add(1)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if len(batch) == 0 {
 		if _, err := pc.Exec(hard, "COMMIT"); err != nil {
-			return 0, fmt.Errorf("outbox: commit: %w", err)
+			return 0, false, fmt.Errorf("outbox: commit: %w", err)
 		}
 		committed = true
-		return 0, nil
+		return 0, false, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
 	if src.router() {
@@ -138,7 +141,7 @@ func (r *Relay) cycle(ctx, hard context.Context, worker, rotation int) (_ int, e
 		err = r.publish(hard, pc, src, batch, BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: time.Since(start)})
 	}
 	committed = err == nil
-	return len(batch), err
+	return len(batch), more, err
 }
 
 // handoverLanes are the lanes the leaser is giving up: not to be claimed.

@@ -66,6 +66,10 @@ type ClaimedRow struct {
 	Attempts  int
 	// ClaimedAt is the claim's database time.
 	ClaimedAt time.Time
+	// Found is how many rows the claim took before the byte limit cut
+	// the batch: more than the rows it returned when the cut left some
+	// for the next claim. The router's claim has no cut: Found is 0.
+	Found int
 	// CTID is the row's physical address, stable while the claim's
 	// transaction holds its lock: settlement finds the row by it.
 	CTID pgtype.TID
@@ -106,9 +110,13 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		// One ClaimedRow serves every row: pgx scans each value into
 		// fresh memory, and row gets a copy.
 		var c ClaimedRow
+		dest := []any{&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
+			&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID}
+		if e.source != Router {
+			dest = append(dest, &c.Found)
+		}
 		for rows.Next() {
-			if err := rows.Scan(&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
-				&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID); err != nil {
+			if err := rows.Scan(dest...); err != nil {
 				return fmt.Errorf("scan: %w", err)
 			}
 			if err := row(c); err != nil {
@@ -248,14 +256,16 @@ LIMIT @limit`)
 // goes alone. The prefix is taken in claim order (pos, lane, id), so when a
 // message is cut every later message of its lane, and so of its key, is
 // cut too. Cut rows stay locked until the claim's transaction ends
-// (harmless: the lanes are this worker's) and come back in the next claim.
+// (harmless: the lanes are this worker's) and come back in the next claim;
+// the found column (on every row) counts the rows before the cut, so that
+// the worker knows whether the cut left some to come back for at once.
 // octet_length of a stored bytea reads its length without detoasting it:
 // payloads beyond the cut never leave the database.
 func byteCut(src string) string {
 	return `
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.found
 FROM (
-    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n
+    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (` + src + `
     ) c
     WINDOW w AS (ORDER BY c.pos, c.lane, c.id ROWS UNBOUNDED PRECEDING)

@@ -1,6 +1,6 @@
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.found
 FROM (
-    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n
+    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
        m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, o.pos, m.lane, octet_length(m.payload) AS size

@@ -33,9 +33,9 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
     LIMIT @limit
 )
 
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.found
 FROM (
-    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n
+    SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (
 SELECT * FROM pm
 UNION ALL
