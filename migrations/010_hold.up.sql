@@ -22,9 +22,11 @@ ALTER TABLE {{.Schema}}.deliveries ADD COLUMN held_since timestamptz;
 
 -- A dead letter deleted by any means (dlq purge of any relay version, or
 -- by hand) releases the key it held: its parked row goes with it. One
--- statement per purge, whatever its size.
+-- statement per purge, whatever its size. SECURITY DEFINER: a role that
+-- may delete dead letters (roles/operator.sql) releases their holds
+-- without the right to delete messages.
 CREATE FUNCTION {{.Schema}}.release_holds() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM {{.Schema}}.messages m USING gone g
     WHERE g.route = '' AND m.id = g.id AND m.held_since IS NOT NULL;

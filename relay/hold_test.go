@@ -235,3 +235,48 @@ func TestSkipPolicyLetsTheKeyMoveOn(t *testing.T) {
 	eventually(t, 20*time.Second, func() bool { return len(payloads(e.sink.Delivered(), "agg")) == 4 }, "the key did not move on")
 	require.Equal(t, []string{"1", "2", "4", "5"}, payloads(e.sink.Delivered(), "agg"))
 }
+
+// A fan-out destination with hold holds its own copy of the key only: the
+// other destination (skip) gets everything at once; the holding one gets
+// the dead letter first after the replay, then the rest.
+func TestHoldFanOutHoldsPerDestination(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	router, kcfg, hcfg := e.fanOutConfigs()
+	hcfg.OnDeadLetter = relay.OnDeadLetterHold
+	for i := 1; i <= 5; i++ {
+		e.write(msg("orders.created", "agg", fmt.Sprint(i)))
+	}
+	ksink, hsink := memory.New(), memory.New()
+	var poison atomic.Bool
+	poison.Store(true)
+	hsink.SetFail(func(m sinks.Message) error {
+		if poison.Load() && string(m.Payload) == "3" {
+			return sinks.Permanent(errors.New("422 unprocessable"))
+		}
+		return nil
+	})
+	e.start(router, nil)
+	e.start(kcfg, ksink)
+	e.start(hcfg, hsink)
+	require.NoError(t, ksink.WaitFor(waitCtx(t, 20*time.Second), 5), "the other destination is not held")
+	eventually(t, 20*time.Second, func() bool { return e.count("dead_letters") == 1 }, "no dead letter")
+	admin, _ := operator.New(e.pool, e.schema)
+	var st operator.Status
+	eventually(t, 10*time.Second, func() bool {
+		var err error
+		st, err = admin.Status(context.Background())
+		require.NoError(t, err)
+		return len(st.Holds) == 1 && st.Holds[0].Behind == 2
+	}, "status does not show the held copy")
+	require.Equal(t, "hook", st.Holds[0].Route)
+	require.Equal(t, []operator.HeldStatus{{Route: "hook", Keys: 1, OldestAge: st.Held[0].OldestAge}}, st.Held)
+	require.Equal(t, []string{"1", "2"}, payloads(hsink.Delivered(), "agg"))
+
+	poison.Store(false)
+	_, err := admin.Replay(context.Background(), operator.Selection{Route: "hook"}, operator.ReplayOptions{})
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, func() bool { return len(payloads(hsink.Delivered(), "agg")) == 5 }, "the held copy did not resume")
+	require.Equal(t, []string{"1", "2", "3", "4", "5"}, payloads(hsink.Delivered(), "agg"))
+	require.Equal(t, []string{"1", "2", "3", "4", "5"}, payloads(ksink.Delivered(), "agg"), "delivered once to the other destination")
+}
