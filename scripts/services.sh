@@ -10,6 +10,8 @@
 #     are missing (the tests' throwaway servers need initdb and pg_ctl from
 #     postgresql, rabbitmq-server and rabbitmqctl from rabbitmq-server,
 #     nats-server and redis-server from theirs);
+#   - apt-get install of chromium and chromium-driver (the console's browser
+#     tests drive a headless Chromium) when chromium is missing;
 #   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
 #     when helm is missing (Debian has no helm package; the chart's tests
 #     need it; building it takes a few minutes once);
@@ -191,6 +193,20 @@ ensure_promtool() {
 	fi
 }
 
+# has_chromium: Debian's package installs /usr/bin/chromium; other
+# distributions name it chromium-browser.
+has_chromium() {
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null
+}
+
+# ensure_chromium installs the headless browser the console's browser tests
+# drive (internal/console), with chromium-driver for tools that want it.
+ensure_chromium() {
+	has_chromium && return 0
+	log "chromium not installed"
+	apt_install --no-install-recommends chromium chromium-driver
+}
+
 HELM_VERSION=v3.19.0
 
 # ensure_helm builds Helm from its Go module (Debian does not package it).
@@ -211,6 +227,7 @@ for s in "$@"; do
 	docker-compose) ensure_tool docker-compose docker-compose ;;
 	promtool) ensure_promtool ;;
 	helm) ensure_helm ;;
+	chromium) ensure_chromium ;;
 	*) die "unknown service $s" ;;
 	esac
 done

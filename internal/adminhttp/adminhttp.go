@@ -1,6 +1,7 @@
 // Package adminhttp serves the relay's admin endpoints: /metrics
-// (Prometheus), /livez (the worker loops turn; no database access) and
-// /readyz (database reachable, sink healthy, not draining).
+// (Prometheus), /livez (the worker loops turn; no database access),
+// /readyz (database reachable, sink healthy, not draining) and, when one
+// is given, the operator console (/api/v1 and /ui, package console).
 package adminhttp
 
 import (
@@ -28,8 +29,9 @@ type Server struct {
 	ln  net.Listener
 }
 
-// Start listens on addr and serves in the background.
-func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logger) (*Server, error) {
+// Start listens on addr and serves in the background. A non-nil console
+// serves /api/ and /ui/ (and / redirects to /ui/).
+func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logger, console http.Handler) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: admin-addr: %w", err)
@@ -44,6 +46,12 @@ func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logge
 		defer cancel()
 		answer(w, c.Ready(ctx))
 	})
+	if console != nil {
+		mux.Handle("/api/", console)
+		mux.Handle("/ui/", console)
+		mux.Handle("/ui", console)
+		mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
+	}
 	s := &Server{ln: ln, srv: &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

@@ -132,17 +132,25 @@ func writeJSON(out io.Writer, v any) error {
 
 // selectionFlags are shared by dlq list, replay and purge.
 type selectionFlags struct {
-	ids       []string
-	topic     string
-	route     string
-	olderThan time.Duration
-	all       bool
+	ids        []string
+	topic      string
+	key        string
+	reason     string
+	route      string
+	olderThan  time.Duration
+	deadAfter  string
+	deadBefore string
+	all        bool
 }
 
 func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 	f := cmd.Flags()
 	f.StringSliceVar(&s.ids, "id", nil, "dead letter id (repeat or comma-separate)")
 	f.StringVar(&s.topic, "topic", "", "only dead letters of this topic")
+	f.StringVar(&s.key, "key", "", "only dead letters of this message key")
+	f.StringVar(&s.reason, "reason", "", "only dead letters of this reason (max_attempts, permanent, unrouted...)")
+	f.StringVar(&s.deadAfter, "dead-after", "", "only dead letters that died at or after this RFC 3339 time")
+	f.StringVar(&s.deadBefore, "dead-before", "", "only dead letters that died before this RFC 3339 time")
 	f.StringVar(&s.route, "route", "", "only dead letters of this fan-out destination route")
 	f.DurationVar(&s.olderThan, "older-than", 0, "only dead letters that died longer ago than this, e.g. 720h")
 	if withAll {
@@ -151,7 +159,20 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 }
 
 func (s *selectionFlags) selection() (operator.Selection, error) {
-	sel := operator.Selection{Topic: s.topic, Route: s.route, All: s.all}
+	sel := operator.Selection{Topic: s.topic, Key: s.key, Reason: s.reason, Route: s.route, All: s.all}
+	for _, t := range []struct {
+		name, raw string
+		to        *time.Time
+	}{{"dead-after", s.deadAfter, &sel.DeadAfter}, {"dead-before", s.deadBefore, &sel.DeadBefore}} {
+		if t.raw == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, t.raw)
+		if err != nil {
+			return sel, usagef("outbox: %s: want an RFC 3339 time such as 2026-11-01T00:00:00Z, got %q", t.name, t.raw)
+		}
+		*t.to = v
+	}
 	for _, raw := range s.ids {
 		id, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 		if err != nil || id <= 0 {

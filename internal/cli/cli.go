@@ -275,6 +275,9 @@ type runOptions struct {
 	exitWhenEmpty   bool
 	id              string
 	adminAddr       string
+	adminTokenFile  string
+	adminReadToken  bool
+	consoleSample   time.Duration
 	metricsInterval time.Duration
 	archive         bool
 	archiveRetain   time.Duration
@@ -340,7 +343,10 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.format, "format", "raw", "message format: raw, cloudevents (binary mode, headers per sink binding) or debezium (outbox event router compatible)")
 	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
 	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
-	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez and /readyz (empty disables)")
+	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez, /readyz and the operator console (/ui, /api/v1) (empty disables)")
+	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
+	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
+	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database")
 	return cmd
 }
@@ -352,7 +358,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
-		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes,
+		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "console-sample-interval": int64(o.consoleSample),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -428,6 +434,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return err
 	}
+	tokens, err := loadTokens(o)
+	if err != nil {
+		return err
+	}
 	if err := g.requireDatabase(); err != nil {
 		return err
 	}
@@ -490,7 +500,15 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}
 	if o.adminAddr != "" {
-		srv, err := adminhttp.Start(o.adminAddr, reg, relays, g.log)
+		con, sampler, err := newConsole(g, pool, base, o, tokens, routes, planned)
+		if err != nil {
+			return err
+		}
+		sampleCtx, stopSampling := context.WithCancel(parent)
+		sampled := make(chan struct{})
+		go func() { defer close(sampled); sampler.Run(sampleCtx) }()
+		defer func() { stopSampling(); <-sampled }()
+		srv, err := adminhttp.Start(o.adminAddr, reg, relays, g.log, con)
 		if err != nil {
 			return &usageError{err}
 		}

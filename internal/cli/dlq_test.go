@@ -61,3 +61,27 @@ func TestDLQReplayReportsEachDeadLetter(t *testing.T) {
 	require.Contains(t, out, "--clear-conflicting-dedup-keys")
 	require.Contains(t, out, "the dead letter is skipped")
 }
+
+// The dlq commands select by key, reason and dead time, as the console's
+// API does.
+func TestDLQSelectByKeyReasonAndTime(t *testing.T) {
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	s := migrations.Ident(schema)
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+s+`.dead_letters
+		(id, message_id, topic, key, payload, headers, created_at, attempts, reason, dead_at)
+		VALUES (1, gen_random_uuid(), 'orders', 'a', 'x', '{}', now(), 5, 'max_attempts', '2026-01-01T00:00:00Z'),
+		       (2, gen_random_uuid(), 'orders', 'a', 'x', '{}', now(), 1, 'permanent', '2026-02-01T00:00:00Z'),
+		       (3, gen_random_uuid(), 'orders', 'b', 'x', '{}', now(), 1, 'permanent', '2026-03-01T00:00:00Z')`)
+	require.NoError(t, err)
+	code, out, stderr := run(t, "dlq", "purge", "--key", "a", "--reason", "permanent", "--dry-run")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "1 dead letter")
+	code, out, stderr = run(t, "dlq", "replay", "--dead-after", "2026-01-15T00:00:00Z", "--dead-before", "2026-02-15T00:00:00Z")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "replayed 1 dead letters: 2")
+	code, _, stderr = run(t, "dlq", "purge", "--dead-after", "yesterday")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "dead-after: want an RFC 3339 time")
+}

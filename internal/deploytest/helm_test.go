@@ -196,6 +196,24 @@ func checkChart(t *testing.T, m manifests, full bool) {
 		require.True(t, ok, "--%s not set", flag)
 		require.Equal(t, want, got, "--%s", flag)
 	}
+	// The console's token file: a Secret mounted 0440, readable through
+	// the pod's fsGroup (the relay refuses a token file others can read).
+	tokens, ok := env.flag("admin-token-file")
+	require.True(t, ok, "--admin-token-file not set")
+	require.Equal(t, "/var/run/secrets/outbox-relay/console/tokens", tokens)
+	readToken, _ := env.flag("admin-read-token")
+	require.Equal(t, "true", readToken)
+	var tokenVolume bool
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "orders-outbox-console" {
+			tokenVolume = true
+			require.NotNil(t, v.Secret.DefaultMode)
+			require.Equal(t, 0o440, *v.Secret.DefaultMode)
+		}
+	}
+	require.True(t, tokenVolume, "the token Secret is mounted")
+	require.NotNil(t, d.Spec.Template.Spec.SecurityContext.FSGroup)
+	require.EqualValues(t, 65532, *d.Spec.Template.Spec.SecurityContext.FSGroup)
 	require.Equal(t, 4, *d.Spec.Replicas)
 	require.Equal(t, int64(85), *d.Spec.Template.Spec.TerminationGracePeriodSeconds, "drain timeout 1m + 25s")
 	require.Equal(t, "orders-outbox-owner", j.Spec.Template.Spec.Volumes[0].Secret.SecretName, "the migration runs as the schema owner")

@@ -18,24 +18,38 @@ import (
 type DeadLetterFilter struct {
 	IDs   []int64
 	Topic string
+	// Key is the message key (a dead letter without a key never matches).
+	Key    string
+	Reason string
 	// Route is a fan-out destination ("" does not filter: a dead letter of
 	// the outbox itself has the route '').
 	Route      string
 	DeadBefore time.Time
+	// DeadAfter selects dead letters that died at or after it.
+	DeadAfter time.Time
 	// OlderThan is measured on the database's clock.
 	OlderThan time.Duration
 }
 
 func (f DeadLetterFilter) args() pgx.NamedArgs {
-	a := pgx.NamedArgs{"ids": nil, "topic": nil, "dead_before": nil, "older_ms": nil, "route": nil}
+	a := pgx.NamedArgs{"ids": nil, "topic": nil, "key": nil, "reason": nil, "dead_before": nil, "dead_after": nil, "older_ms": nil, "route": nil}
 	if len(f.IDs) > 0 {
 		a["ids"] = f.IDs
 	}
 	if f.Topic != "" {
 		a["topic"] = f.Topic
 	}
+	if f.Key != "" {
+		a["key"] = f.Key
+	}
+	if f.Reason != "" {
+		a["reason"] = f.Reason
+	}
 	if !f.DeadBefore.IsZero() {
 		a["dead_before"] = f.DeadBefore
+	}
+	if !f.DeadAfter.IsZero() {
+		a["dead_after"] = f.DeadAfter
 	}
 	if f.OlderThan > 0 {
 		a["older_ms"] = f.OlderThan.Milliseconds()
@@ -48,7 +62,9 @@ func (f DeadLetterFilter) args() pgx.NamedArgs {
 
 // deadLetterWhere is DeadLetterFilter's condition (its arguments: args).
 const deadLetterWhere = ` WHERE (@ids::bigint[] IS NULL OR id = ANY(@ids)) AND (@topic::text IS NULL OR topic = @topic)
+  AND (@key::text IS NULL OR key = @key) AND (@reason::text IS NULL OR reason = @reason)
   AND (@dead_before::timestamptz IS NULL OR dead_at < @dead_before)
+  AND (@dead_after::timestamptz IS NULL OR dead_at >= @dead_after)
   AND (@older_ms::bigint IS NULL OR dead_at < now() - @older_ms * interval '1 millisecond')
   AND (@route::text IS NULL OR route = @route)`
 

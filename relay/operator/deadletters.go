@@ -44,10 +44,16 @@ const DefaultLimit = 100
 type Selection struct {
 	IDs   []int64 `json:"ids,omitempty"`
 	Topic string  `json:"topic,omitempty"`
+	// Key selects the dead letters of one message key.
+	Key string `json:"key,omitempty"`
+	// Reason selects one dead-letter reason (max_attempts, permanent...).
+	Reason string `json:"reason,omitempty"`
 	// Route selects the dead letters of one fan-out destination.
 	Route string `json:"route,omitempty"`
 	// DeadBefore selects dead letters that died before this time.
 	DeadBefore time.Time `json:"dead_before,omitzero"`
+	// DeadAfter selects dead letters that died at or after this time.
+	DeadAfter time.Time `json:"dead_after,omitzero"`
 	// OlderThan selects dead letters that died longer ago than this, on
 	// the database clock (an operator's clock may be off).
 	OlderThan time.Duration `json:"older_than_ns,omitempty"`
@@ -65,11 +71,13 @@ type Selection struct {
 
 // Empty reports whether s selects nothing.
 func (s Selection) Empty() bool {
-	return len(s.IDs) == 0 && s.Topic == "" && s.Route == "" && s.DeadBefore.IsZero() && s.OlderThan <= 0 && !s.All
+	return len(s.IDs) == 0 && s.Topic == "" && s.Key == "" && s.Reason == "" && s.Route == "" &&
+		s.DeadBefore.IsZero() && s.DeadAfter.IsZero() && s.OlderThan <= 0 && !s.All
 }
 
 func (s Selection) filter() store.DeadLetterFilter {
-	return store.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Route: s.Route, DeadBefore: s.DeadBefore, OlderThan: s.OlderThan}
+	return store.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Key: s.Key, Reason: s.Reason, Route: s.Route,
+		DeadBefore: s.DeadBefore, DeadAfter: s.DeadAfter, OlderThan: s.OlderThan}
 }
 
 func deadLetters(rows []store.DeadLetter) []DeadLetter {

@@ -200,3 +200,37 @@ func checkMissing(t *testing.T, err error) {
 	require.ErrorIs(t, err, outbox.ErrSchemaMissing)
 	require.ErrorContains(t, err, "run `outbox-relay migrate`")
 }
+
+// Key, Reason and DeadAfter select like the other selectors, in List and
+// in the counts of Purge and Replay.
+func TestSelectByKeyReasonAndDeadAfter(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason, route, dead_at) VALUES
+    (1, gen_random_uuid(), 'orders', 'a', 'x', '{}', now(), 5, 'max_attempts', '', now() - interval '2 hours'),
+    (2, gen_random_uuid(), 'orders', 'a', 'x', '{}', now(), 1, 'permanent', '', now() - interval '1 minute'),
+    (3, gen_random_uuid(), 'orders', NULL, 'x', '{}', now(), 1, 'permanent', '', now()),
+    (4, gen_random_uuid(), 'billing', 'b', 'x', '{}', now(), 1, 'permanent', '', now() - interval '3 hours')`)
+	ctx := context.Background()
+	ids := func(sel operator.Selection) []int64 {
+		page, err := e.admin.List(ctx, sel)
+		require.NoError(t, err)
+		var out []int64
+		for _, d := range page {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+	require.Equal(t, []int64{1, 2}, ids(operator.Selection{Key: "a"}))
+	require.Equal(t, []int64{2, 3, 4}, ids(operator.Selection{Reason: "permanent"}))
+	hourAgo := time.Now().Add(-time.Hour)
+	require.Equal(t, []int64{2, 3}, ids(operator.Selection{DeadAfter: hourAgo}))
+	require.Equal(t, []int64{2}, ids(operator.Selection{Key: "a", Reason: "permanent", DeadAfter: hourAgo}))
+
+	require.False(t, operator.Selection{Reason: "permanent"}.Empty())
+	n, err := e.admin.Purge(ctx, operator.Selection{Reason: "permanent", DeadAfter: hourAgo}, true)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	plan, err := e.admin.Replay(ctx, operator.Selection{Key: "b"}, operator.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{4}, plan.IDs())
+}

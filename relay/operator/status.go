@@ -212,3 +212,13 @@ func convert[T, U any](rows []T, f func(T) U) []U {
 	}
 	return out
 }
+
+// Topics returns the backlog of every topic with pending messages or dead
+// letters: the part of Status that the console samples for its charts.
+func (a *Admin) Topics(ctx context.Context) ([]TopicStatus, error) {
+	topics, err := a.schema.TopicBacklog(ctx, a.pool)
+	if err != nil {
+		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: topic backlog: %w", err), a.schema.Name())
+	}
+	return convert(topics, func(t store.Backlog) TopicStatus { return TopicStatus{Topic: t.Name, Backlog: backlog(t)} }), nil
+}

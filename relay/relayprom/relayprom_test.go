@@ -112,7 +112,7 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 		Hooks: m.Hooks("", "memory"), Logger: log,
 	})
 	require.NoError(t, err)
-	srv, err := adminhttp.Start("127.0.0.1:0", reg, r, log)
+	srv, err := adminhttp.Start("127.0.0.1:0", reg, r, log, nil)
 	require.NoError(t, err)
 	defer srv.Close(ctx)
 

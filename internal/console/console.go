@@ -1,0 +1,155 @@
+// Package console is the operator console of a relay process: a JSON API
+// under /api/v1 (status, dead letters, archive replay, its OpenAPI
+// document) and a server-rendered web UI under /ui, both served on the
+// admin listener.
+//
+// The actions themselves live in package relay/operator; this package
+// only serves them: it parses selectors, checks tokens and origins, bounds
+// request bodies and pages, writes the audit log, and renders the pages
+// (html/template, assets embedded, no JavaScript needed to read or act).
+// It starts no relay; the backlog samples behind the overview's charts
+// come from a Sampler the relay process runs.
+package console
+
+import (
+	"cmp"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/relay/operator"
+)
+
+// Config configures the console.
+type Config struct {
+	// Admin runs the operator actions. Required.
+	Admin *operator.Admin
+	// Tokens are the bearer tokens mutations need. Default nil: every
+	// mutation is refused with 403, saying how to enable them.
+	Tokens *Tokens
+	// ProtectReads makes reads (the API's GETs and the UI's pages) need a
+	// token of Tokens too, read-only or not. Default false: anyone who
+	// reaches the admin listener can read.
+	ProtectReads bool
+	// Routes describe the routes this process serves, sinks redacted.
+	// Default nil: the routes page lists none.
+	Routes []Route
+	// Samples holds the backlog history behind the overview's sparklines.
+	// Default nil: no charts.
+	Samples *Sampler
+	// Relay says which process answers, on every page and in the status.
+	// Default: this host's name and pid.
+	Relay Identity
+	// Logger receives the audit log (one line per mutation). Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Identity names the relay process that answers.
+type Identity struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
+	PID      int    `json:"pid"`
+	Version  string `json:"version"`
+}
+
+// Route is one route of the process as the console shows it.
+type Route struct {
+	Name   string   `json:"name"`
+	Topics []string `json:"topics"`
+	FanOut bool     `json:"fan_out"`
+	// Sink is the sink's URL with its secrets redacted.
+	Sink   string `json:"sink"`
+	Format string `json:"format"`
+	// Settings are other settings worth showing (workers, batch size...),
+	// none of them secret.
+	Settings map[string]string `json:"settings,omitempty"`
+}
+
+// Limits of what a request may ask.
+const (
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes = 64 << 10
+	// MaxPageSize bounds a page of dead letters.
+	MaxPageSize = 1000
+	// MaxIDs bounds the ids of one selector.
+	MaxIDs = 1000
+)
+
+// Console serves the API and the UI. It is an http.Handler for the paths
+// /api/v1/... and /ui/...
+type Console struct {
+	cfg  Config
+	log  *slog.Logger
+	mux  *http.ServeMux
+	cop  *http.CrossOriginProtection
+	tmpl *templates
+}
+
+// New returns the console for cfg.
+func New(cfg Config) (*Console, error) {
+	if cfg.Admin == nil {
+		return nil, errors.New("outbox: console: Admin is required")
+	}
+	if cfg.ProtectReads && cfg.Tokens == nil {
+		return nil, errors.New("outbox: console: protecting reads needs tokens (--admin-token-file)")
+	}
+	if cfg.Relay.Hostname == "" {
+		cfg.Relay.Hostname, _ = os.Hostname()
+	}
+	cfg.Relay.PID = cmp.Or(cfg.Relay.PID, os.Getpid())
+	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), mux: http.NewServeMux()}
+	c.cop = http.NewCrossOriginProtection()
+	c.cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.fail(w, r, http.StatusForbidden, "cross-origin request refused: mutations must come from the console's own origin or from a client that sends no Origin header")
+	}))
+	t, err := parseTemplates()
+	if err != nil {
+		return nil, err
+	}
+	c.tmpl = t
+	c.routes()
+	return c, nil
+}
+
+func (c *Console) routes() {
+	m := c.mux
+	m.Handle("GET /api/v1/openapi.json", c.read(http.HandlerFunc(c.openAPI)))
+	m.Handle("GET /api/v1/status", c.read(http.HandlerFunc(c.apiStatus)))
+	m.Handle("GET /api/v1/dead-letters", c.read(http.HandlerFunc(c.apiList)))
+	m.Handle("GET /api/v1/dead-letters/{id}", c.read(http.HandlerFunc(c.apiShow)))
+	m.Handle("POST /api/v1/dead-letters/replay", c.write(c.apiReplay))
+	m.Handle("POST /api/v1/dead-letters/purge", c.write(c.apiPurge))
+	m.Handle("POST /api/v1/archive/replay", c.write(c.apiArchiveReplay))
+	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		c.fail(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path+" (see /api/v1/openapi.json)")
+	})
+
+	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticFiles()))
+	m.Handle("GET /ui/{$}", c.read(http.HandlerFunc(c.uiOverview)))
+	m.Handle("GET /ui/dead-letters", c.read(http.HandlerFunc(c.uiDeadLetters)))
+	m.Handle("GET /ui/dead-letters/{id}", c.read(http.HandlerFunc(c.uiDeadLetter)))
+	m.Handle("GET /ui/confirm", c.read(http.HandlerFunc(c.uiConfirm)))
+	m.Handle("POST /ui/dead-letters/{action}", c.cop.Handler(http.HandlerFunc(c.uiAct)))
+	m.Handle("GET /ui/relays", c.read(http.HandlerFunc(c.uiRelays)))
+	m.Handle("GET /ui/routes", c.read(http.HandlerFunc(c.uiRoutes)))
+	m.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+}
+
+// ServeHTTP serves the API and the UI.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	c.mux.ServeHTTP(w, r)
+}
+
+// since is the age of t on the database's clock now (zero for a zero t).
+func since(now, t time.Time) time.Duration {
+	if t.IsZero() || t.After(now) {
+		return 0
+	}
+	return now.Sub(t)
+}
