@@ -44,11 +44,11 @@ func newSources(schema store.Schema, cfg Config) (main, leftover *source) {
 	case cfg.Deliveries:
 		kind = store.Copies
 	}
-	main = &source{Engine: store.NewEngine(schema, kind, cfg.Route),
+	main = &source{Engine: store.NewEngine(schema, kind, cfg.Route, cfg.OnDeadLetter == OnDeadLetterHold),
 		topics: likePatterns(cfg.Topics), exclude: likePatterns(cfg.ExcludeTopics)}
 	// Every copy made for this route is this route's, whatever its
 	// patterns say now: no topic filter.
-	leftover = &source{Engine: store.NewEngine(schema, store.Copies, cfg.Route)}
+	leftover = &source{Engine: store.NewEngine(schema, store.Copies, cfg.Route, cfg.OnDeadLetter == OnDeadLetterHold)}
 	return main, leftover
 }
 

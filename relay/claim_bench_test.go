@@ -52,7 +52,7 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 			if err != nil {
 				b.Fatal(err)
 			}
-			e := store.NewEngine(st, store.Outbox, "")
+			e := store.NewEngine(st, store.Outbox, "", false)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tx, err := conn.Begin(ctx)

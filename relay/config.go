@@ -91,6 +91,11 @@ type Config struct {
 	// MaxAttempts is how many failed deliveries move a message to the
 	// dead-letter table. Default 20.
 	MaxAttempts int
+	// OnDeadLetter is what a dead letter does to the later messages of its
+	// key: OnDeadLetterSkip lets them go on; OnDeadLetterHold keeps them
+	// pending, in order, until an operator replays the dead letter (which
+	// goes first) or purges it (which releases the key). Default "skip".
+	OnDeadLetter string
 	// RetryInitial is the delay after the first failure. Default 1s.
 	RetryInitial time.Duration
 	// RetryMax caps the delay between attempts. Default 10m.
@@ -166,6 +171,15 @@ const (
 	DefaultWatchInterval   = 100 * time.Millisecond
 )
 
+// Dead-letter policies (Config.OnDeadLetter).
+const (
+	// OnDeadLetterSkip: the key moves on past its dead letter (notifications).
+	OnDeadLetterSkip = "skip"
+	// OnDeadLetterHold: the key waits for its dead letter to be replayed
+	// or purged (event-sourcing feeds, projections).
+	OnDeadLetterHold = "hold"
+)
+
 // Wake-up modes (Config.Wakeup).
 const (
 	WakeupAuto   = "auto"
@@ -205,6 +219,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.OnDeadLetter == "" {
+		c.OnDeadLetter = OnDeadLetterSkip
 	}
 	if c.RetryInitial == 0 {
 		c.RetryInitial = DefaultRetryInitial
@@ -299,6 +316,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		bad("max-attempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.OnDeadLetter != OnDeadLetterSkip && c.OnDeadLetter != OnDeadLetterHold {
+		bad("on-dead-letter", "must be skip or hold, got %q", c.OnDeadLetter)
 	}
 	if c.RetryInitial < 0 || c.RetryMax < c.RetryInitial {
 		bad("retry-max", "must be at least retry-initial (%s), got %s", c.RetryInitial, c.RetryMax)

@@ -513,10 +513,11 @@ func TestStatus(t *testing.T) {
 func TestConfigValidationNamesTheField(t *testing.T) {
 	t.Parallel()
 	for field, cfg := range map[string]relay.Config{
-		"workers":    {Workers: -1},
-		"batch-size": {BatchSize: 100000},
-		"heartbeat":  {LeaseTTL: 3 * time.Second, Heartbeat: 10 * time.Second},
-		"schema":     {Schema: string(make([]byte, 80))},
+		"workers":        {Workers: -1},
+		"batch-size":     {BatchSize: 100000},
+		"heartbeat":      {LeaseTTL: 3 * time.Second, Heartbeat: 10 * time.Second},
+		"schema":         {Schema: string(make([]byte, 80))},
+		"on-dead-letter": {OnDeadLetter: "park"},
 	} {
 		err := cfg.WithDefaults().Validate()
 		require.ErrorContains(t, err, field)

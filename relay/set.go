@@ -146,6 +146,9 @@ func (c SetConfig) Plan() ([]Config, error) {
 	if !c.catchAll() {
 		cfg := base
 		cfg.Route, cfg.Topics, cfg.ExcludeTopics = UnroutedRoute, nil, all
+		// What no route takes has no order to keep: a hold would keep
+		// nothing back and only show as a held key.
+		cfg.OnDeadLetter = OnDeadLetterSkip
 		cfg.ID = base.ID + "/" + UnroutedRoute
 		cfg.Workers = 1
 		out = append(out, cfg)

@@ -18,7 +18,7 @@ import (
 
 func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 	t.Parallel()
-	sc := relay.SetConfig{Config: relay.Config{ID: "r"}, Routes: []relay.Route{
+	sc := relay.SetConfig{Config: relay.Config{ID: "r", OnDeadLetter: relay.OnDeadLetterHold}, Routes: []relay.Route{
 		{Name: "orders", Topics: []string{"orders.*"}},
 		{Name: "payments", Topics: []string{"orders.paid", "payments.*"}}, // first match: shadowed by orders for orders.paid
 		{Name: "users", Topics: []string{"users.*"}},
@@ -63,6 +63,8 @@ func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 
 	unrouted := cfgs[6]
 	require.Equal(t, relay.UnroutedRoute, unrouted.Route)
+	require.Equal(t, relay.OnDeadLetterSkip, unrouted.OnDeadLetter, "what no route takes holds nothing")
+	require.Equal(t, relay.OnDeadLetterHold, byRoute["orders"].OnDeadLetter, "the routes inherit the policy")
 	require.Equal(t, []string{"orders.*", "orders.paid", "payments.*", "users.*", "*.created", "metrics"}, unrouted.ExcludeTopics)
 
 	sc.Routes = sc.Routes[:3]

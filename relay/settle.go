@@ -73,6 +73,15 @@ func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlemen
 			s.dead.Reasons = append(s.dead.Reasons, reason)
 			s.dead.Errors = append(s.dead.Errors, errText(err))
 			ev.DeadReasons = append(ev.DeadReasons, reason)
+			if r.cfg.OnDeadLetter == OnDeadLetterHold && m.Key != "" {
+				// The key waits for an operator: its dead letter stays
+				// parked (store.Parked). A later message of it that the
+				// sink delivered anyway breaks the order (logged above).
+				held[m.Key] = true
+				r.log.Warn("message dead-lettered; its key is held until the dead letter is replayed or purged",
+					"message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
+				continue
+			}
 			r.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
 			// The key moves on: later messages of it may go in this same
 			// batch, which the sink has already tried in order.

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // plan is one chaos run.
@@ -39,6 +41,14 @@ type plan struct {
 	// second with fanout: true and a receiver of its own; both receivers
 	// must get everything. Receiver faults hit the first one only.
 	fanOut bool
+	// hold runs the relays with --on-dead-letter hold while the receiver
+	// refuses about one message in poisonEvery for good (until the chaos
+	// ends), and an operator replays every dead letter every
+	// replayEvery (during the drain too): no key may ever skip a message,
+	// and every held message goes out after the replays.
+	hold        bool
+	poisonEvery uint32
+	replayEvery time.Duration
 }
 
 // event is a one-off fault at an offset from the start of the writes.
@@ -76,6 +86,14 @@ func shortFanOutPlan() plan {
 	// routes (two destinations and the router), and the tests in other
 	// packages running beside this one need connections too.
 	p.name, p.messages, p.keys, p.fanOut, p.relays = "short fan-out", 20_000, 500, true, 3
+	return p
+}
+
+// shortHoldPlan is the short form with poison messages under the hold
+// policy.
+func shortHoldPlan() plan {
+	p := shortPlan()
+	p.name, p.messages, p.keys, p.hold, p.poisonEvery, p.replayEvery = "short hold", 20_000, 500, true, 400, 2*time.Second
 	return p
 }
 
@@ -126,6 +144,24 @@ func TestChaos(t *testing.T) {
 	runChaos(t, p)
 }
 
+// TestChaosHold is TestChaos with poison messages under the hold policy
+// (issue 18): the receiver refuses some messages for good, each holds its
+// key until an operator replays it, and the receiver must still see every
+// key in write order with nothing skipped, replayed messages included.
+// CHAOS_LONG=1 runs the long form.
+func TestChaosHold(t *testing.T) {
+	t.Parallel()
+	p := shortHoldPlan()
+	if os.Getenv("CHAOS_LONG") == "1" {
+		p = longPlan()
+		p.name, p.hold, p.poisonEvery, p.replayEvery = "long hold", true, 2000, 5*time.Second
+	}
+	if testing.Short() {
+		t.Skip("skipping the hold chaos test in -short mode: it runs relay processes for about a minute")
+	}
+	runChaos(t, p)
+}
+
 // TestChaosFanOut is TestChaos with a fan-out route: the router's copies
 // must survive the same faults, and each destination must get every
 // committed message, in key order.
@@ -169,6 +205,16 @@ func runChaos(t *testing.T, p plan) {
 	wl := newWorkload(t, databaseURL, schema, p.keys, rate, seed)
 	rc := newReceiver(t)
 	args := relayArgs(rc.url)
+	if p.hold {
+		every := p.poisonEvery
+		rc.poison = func(tag string) bool {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(tag))
+			return h.Sum32()%every == 0
+		}
+		rc.poisoning.Store(true)
+		args = append(args, "--on-dead-letter", "hold")
+	}
 	var copies *receiver
 	if p.fanOut {
 		copies = newReceiver(t)
@@ -331,6 +377,39 @@ func runChaos(t *testing.T, p plan) {
 		})
 	}
 
+	// The operator: replays every dead letter now and then; a replayed
+	// poison message is refused again while the poisoning lasts.
+	var replays, replayed atomic.Int64
+	stopReplays := make(chan struct{})
+	var replayWG sync.WaitGroup
+	if p.hold {
+		admin, err := operator.New(pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayWG.Go(func() {
+			tk := time.NewTicker(p.replayEvery)
+			defer tk.Stop()
+			for {
+				select {
+				case <-stopReplays:
+					return
+				case <-ctx.Done():
+					return
+				case <-tk.C:
+				}
+				res, err := admin.Replay(ctx, operator.Selection{All: true}, operator.ReplayOptions{})
+				if err != nil {
+					// The long form restarts PostgreSQL: the next run retries.
+					note("replay failed: %v", err)
+					continue
+				}
+				replays.Add(1)
+				replayed.Add(int64(len(res.IDs(operator.Replayed))))
+			}
+		})
+	}
+
 	target := int64(p.messages)
 	wl.run(ctx, p.writers, func() bool { return wl.committed.Load() >= target })
 	wrote := time.Since(start)
@@ -343,7 +422,21 @@ func runChaos(t *testing.T, p plan) {
 		t.Fatalf("test deadline reached during the chaos")
 	}
 
+	var heldSeen int64
+	if p.hold {
+		// The cause is fixed: the next replays go through. The holds seen
+		// now are what the replays must release.
+		if st, err := c.status(ctx); err == nil {
+			for _, h := range st.Held {
+				heldSeen += h.Keys
+			}
+		}
+		rc.poisoning.Store(false)
+		note("poison fixed: %d messages refused, %d keys held", rc.poisoned.Load(), heldSeen)
+	}
 	drained := waitDrained(ctx, t, pool, c, p.drain)
+	close(stopReplays)
+	replayWG.Wait()
 	stopTook := c.stopAll()
 	pending, dead, err := outboxCounts(ctx, pool, schema)
 	if err != nil {
@@ -386,6 +479,13 @@ func runChaos(t *testing.T, p plan) {
 	}
 	if len(wl.rolledBackTags()) == 0 {
 		t.Errorf("no transaction rolled back")
+	}
+	if p.hold {
+		t.Logf("hold: %d poison refusals, %d replay runs replayed %d dead letters, %d keys held when the poison was fixed",
+			rc.poisoned.Load(), replays.Load(), replayed.Load(), heldSeen)
+		if rc.poisoned.Load() == 0 || replayed.Load() == 0 {
+			t.Errorf("no poison message was refused and replayed: the hold was not exercised")
+		}
 	}
 
 	for _, b := range bad {

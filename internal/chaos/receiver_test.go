@@ -43,8 +43,13 @@ type receiver struct {
 
 	failing  atomic.Bool
 	rejected atomic.Int64
-	stallEnd atomic.Int64 // unix nanos; requests before it are held until then
-	stalled  atomic.Int64
+	// poison, when set and poisoning, says which messages the receiver
+	// refuses for good (422: the relay dead-letters them at once).
+	poison    func(tag string) bool
+	poisoning atomic.Bool
+	poisoned  atomic.Int64
+	stallEnd  atomic.Int64 // unix nanos; requests before it are held until then
+	stalled   atomic.Int64
 
 	mu  sync.Mutex
 	log []delivery
@@ -110,6 +115,12 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		} else if d.payload.Key != d.key {
 			problem = fmt.Sprintf("outbox-key %q but payload key %q", d.key, d.payload.Key)
 		}
+	}
+	if problem == "" && rc.poison != nil && rc.poisoning.Load() && rc.poison(d.Tag) {
+		rc.poisoned.Add(1)
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, "poison message (chaos test)")
+		return
 	}
 	rc.mu.Lock()
 	if problem != "" {

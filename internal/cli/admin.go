@@ -66,6 +66,22 @@ func printStatus(out io.Writer, st operator.Status) {
 		}
 		_ = tw.Flush()
 	}
+	if len(st.Holds) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(tw, "HELD KEY\tROUTE\tDEAD LETTER\tHELD FOR\tBEHIND")
+		for _, h := range st.Holds {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\n", h.Key, showRoute(h.Route), h.ID, st.Now.Sub(h.Since).Round(time.Second), h.Behind)
+		}
+		_ = tw.Flush()
+		var keys int64
+		for _, h := range st.Held {
+			keys += h.Keys
+		}
+		if keys > int64(len(st.Holds)) {
+			fmt.Fprintf(out, "(%d held keys in all; the oldest shown)\n", keys)
+		}
+		fmt.Fprintln(out, "(dlq replay --id N sends the dead letter, then the messages behind it; dlq purge --id N drops it and lets them go)")
+	}
 	if len(st.FanOut) > 0 {
 		fmt.Fprintln(out)
 		fmt.Fprintln(tw, "FAN-OUT ROUTE\tPENDING\tRETRYING\tOLDEST\tDEAD")
@@ -230,14 +246,20 @@ func newDLQList(g *globals) *cobra.Command {
 				return writeJSON(g.stdout, dls)
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tKEY\tROUTE\tATTEMPTS\tREASON\tDEAD AT\tLAST ERROR")
+			fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tKEY\tROUTE\tATTEMPTS\tREASON\tDEAD AT\tHOLDS KEY\tLAST ERROR")
 			for _, d := range dls {
 				route := d.Route
 				if route == "" {
 					route = "-"
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.MessageID, d.Topic, deref(d.Key), route, d.Attempts,
-					d.Reason, d.DeadAt.Format(time.RFC3339), oneLine(deref(d.LastError), 80))
+				// A dead letter that holds its key (on-dead-letter hold):
+				// how many messages of the key wait for it.
+				holds := "-"
+				if d.Holds {
+					holds = fmt.Sprintf("yes, %d behind", d.Behind)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.MessageID, d.Topic, deref(d.Key), route, d.Attempts,
+					d.Reason, d.DeadAt.Format(time.RFC3339), holds, oneLine(deref(d.LastError), 80))
 			}
 			return tw.Flush()
 		},
@@ -438,8 +460,13 @@ func newDLQPurge(g *globals) *cobra.Command {
 	return dlqChange(g, "purge", "Delete dead letters for good", `  outbox-relay dlq purge --older-than 720h`,
 		"purged", "would purge",
 		func(ctx context.Context, a *operator.Admin, s operator.Selection, dry bool) (int, string, error) {
-			n, err := a.Purge(ctx, s, dry)
-			return int(n), "", err
+			r, err := a.PurgeHolds(ctx, s, dry)
+			if err != nil || r.ReleasedKeys == 0 {
+				return int(r.Purged), "", err
+			}
+			// The keys they held go on with their next message.
+			g.log.InfoContext(ctx, "dead letters purged; their keys are released", "purged", r.Purged, "released_keys", r.ReleasedKeys)
+			return int(r.Purged), fmt.Sprintf("; %d held keys released", r.ReleasedKeys), nil
 		})
 }
 

@@ -282,6 +282,7 @@ type runOptions struct {
 	archive         bool
 	archiveRetain   time.Duration
 	connectTimeout  time.Duration
+	onDeadLetter    string
 	format          string
 	ceSource        string
 	ceAMQPPrefix    string
@@ -323,6 +324,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.DurationVar(&o.watchInterval, "watch-interval", relay.DefaultWatchInterval, "longest wait between two looks for new rows of the polling watcher when idle")
 	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
 	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
+	f.StringVar(&o.onDeadLetter, "on-dead-letter", relay.OnDeadLetterSkip, "what a dead letter does to the later messages of its key: skip (they go on) or hold (they wait, in order, until the dead letter is replayed or purged)")
 	f.DurationVar(&o.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay after the first failure")
 	f.DurationVar(&o.retryMax, "retry-max", relay.DefaultRetryMax, "longest delay between attempts")
 	f.Float64Var(&o.retryMultiplier, "retry-multiplier", relay.DefaultRetryMultiplier, "growth of the delay after each failure")
@@ -379,6 +381,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		WatchInterval:       o.watchInterval,
 		PublishTimeout:      o.publishTimeout,
 		MaxAttempts:         o.maxAttempts,
+		OnDeadLetter:        o.onDeadLetter,
 		RetryInitial:        o.retryInitial,
 		RetryMax:            o.retryMax,
 		RetryMultiplier:     o.retryMultiplier,

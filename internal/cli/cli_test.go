@@ -44,6 +44,7 @@ func TestUsageErrorsExit2AndNameTheField(t *testing.T) {
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--max-conns", "-1"}, "max-conns: must not be negative"},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--wakeup", "push"}, "wakeup: must be one of auto, wal, poll, notify"},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--watch-interval", "0s"}, "watch-interval: must be positive"},
+		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--on-dead-letter", "park"}, `on-dead-letter: must be skip or hold, got "park"`},
 		{[]string{"migrate", "--wakeup", "push", "--database-url", "postgres://x@127.0.0.1:1/d"}, "wakeup: must be one of"},
 		{[]string{"status", "--log-level", "loud"}, "log-level"},
 		{[]string{"migrate", "--print", "--schema", strings.Repeat("s", 60)}, "schema"},

@@ -28,6 +28,7 @@ type routeSpec struct {
 	BatchSize      *int           `yaml:"batch-size"`
 	BatchBytes     *int64         `yaml:"batch-bytes"`
 	MaxAttempts    *int           `yaml:"max-attempts"`
+	OnDeadLetter   *string        `yaml:"on-dead-letter"`
 	RetryInitial   *time.Duration `yaml:"retry-initial"`
 	RetryMax       *time.Duration `yaml:"retry-max"`
 	PublishTimeout *time.Duration `yaml:"publish-timeout"`
@@ -137,6 +138,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		setIf(&cfg.BatchSize, sp.BatchSize)
 		setIf(&cfg.BatchBytes, sp.BatchBytes)
 		setIf(&cfg.MaxAttempts, sp.MaxAttempts)
+		setIf(&cfg.OnDeadLetter, sp.OnDeadLetter)
 		setIf(&cfg.RetryInitial, sp.RetryInitial)
 		setIf(&cfg.RetryMax, sp.RetryMax)
 		setIf(&cfg.PublishTimeout, sp.PublishTimeout)

@@ -37,3 +37,45 @@ func TestStatusShowsLanesNobodyWorks(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, `"missing": 6`)
 }
+
+// Issue 18: a key held behind a dead letter (on-dead-letter hold) shows in
+// status and dlq list, with the messages waiting behind it; purging the
+// dead letter says it released the key.
+func TestStatusAndDLQListShowHeldKeys(t *testing.T) {
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	ctx := context.Background()
+	s := migrations.Ident(schema)
+	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (id, topic, key, payload, available_at, attempts, held_since, held_route) VALUES
+    (3, 'orders', 'agg', '3', 'infinity', 1, now() - interval '10 minutes', 'events'),
+    (4, 'orders', 'agg', '4', NULL, 0, NULL, NULL),
+    (5, 'orders', 'agg', '5', NULL, 0, NULL, NULL);
+INSERT INTO `+s+`.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason, last_error)
+SELECT id, message_id, topic, key, payload, headers, created_at, 1, 'permanent', 'HTTP 422' FROM `+s+`.messages WHERE id = 3;
+INSERT INTO `+s+`.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason, last_error)
+VALUES (9, gen_random_uuid(), 'orders', 'other', 'x', '{}', now(), 1, 'permanent', 'HTTP 422')`)
+	require.NoError(t, err)
+
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Contains(t, out, "pending 2 (retrying 0)")
+	require.Regexp(t, `HELD KEY\s+ROUTE\s+DEAD LETTER\s+HELD FOR\s+BEHIND\nagg\s+"events"\s+3\s+10m0s\s+2\n`, out)
+	code, out, stderr = run(t, "dlq", "list")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Regexp(t, `(?m)^3\s.*\syes, 2 behind\s+HTTP 422$`, out)
+	require.Regexp(t, `(?m)^9\s.*\s-\s+HTTP 422$`, out)
+	code, out, stderr = run(t, "status", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, `"held": [`)
+	require.Contains(t, out, `"dead_letter_id": 3`)
+
+	code, out, stderr = run(t, "dlq", "purge", "--all")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "purged 2 dead letters; 1 held keys released")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.messages`).Scan(&left))
+	require.Equal(t, 2, left, "4 and 5 are left to deliver")
+}

@@ -568,3 +568,62 @@ func TestParseTokens(t *testing.T) {
 		require.NotContains(t, err.Error(), "0123456789abcdef", "the error does not repeat a token")
 	}
 }
+
+// Issue 18: a key held behind a dead letter (on-dead-letter hold) shows in
+// the status (held per route, the holds), in the dead-letter list (holds
+// the key, messages behind) and on the UI's overview and list; the answers
+// match the OpenAPI document.
+func TestHeldKeys(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.messages (id, topic, key, payload, available_at, attempts, held_since, held_route) VALUES
+    (3, 'orders', 'agg', '3', 'infinity', 1, now() - interval '10 minutes', 'events'),
+    (4, 'orders', 'agg', '4', NULL, 0, NULL, NULL),
+    (5, 'orders', 'agg', '5', NULL, 0, NULL, NULL);
+INSERT INTO {s}.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason, last_error)
+SELECT id, message_id, topic, key, payload, headers, created_at, 1, 'permanent', 'HTTP 422' FROM {s}.messages WHERE id = 3`)
+	r := e.do("GET", "/api/v1/status", nil)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	var st struct {
+		Pending int64
+		Held    []struct {
+			Route string
+			Keys  int64
+		}
+		Holds []struct {
+			Route, Key string
+			ID         int64 `json:"dead_letter_id"`
+			Behind     int64
+		}
+	}
+	r.json(t, &st)
+	require.EqualValues(t, 2, st.Pending, "the parked dead letter is not pending")
+	require.Len(t, st.Held, 1)
+	require.Equal(t, "events", st.Held[0].Route)
+	require.EqualValues(t, 1, st.Held[0].Keys)
+	require.Len(t, st.Holds, 1)
+	require.Equal(t, "agg", st.Holds[0].Key)
+	require.EqualValues(t, 3, st.Holds[0].ID)
+	require.EqualValues(t, 2, st.Holds[0].Behind)
+
+	r = e.do("GET", "/api/v1/dead-letters", nil)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	var page struct {
+		DeadLetters []struct {
+			ID     int64
+			Holds  bool `json:"holds_key"`
+			Behind int64
+		} `json:"dead_letters"`
+	}
+	r.json(t, &page)
+	require.Len(t, page.DeadLetters, 1)
+	require.True(t, page.DeadLetters[0].Holds)
+	require.EqualValues(t, 2, page.DeadLetters[0].Behind)
+
+	home := e.do("GET", "/ui/", nil)
+	require.Equal(t, 200, home.Status)
+	require.Contains(t, string(home.Body), `<h2>Held keys</h2>`)
+	require.Contains(t, string(home.Body), `<td>agg</td><td>events</td><td><a href="/ui/dead-letters/3">3</a></td>`)
+	list := e.do("GET", "/ui/dead-letters", nil)
+	require.Equal(t, 200, list.Status)
+	require.Contains(t, string(list.Body), `<td>yes, 2 behind</td>`)
+}

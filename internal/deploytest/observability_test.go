@@ -204,6 +204,7 @@ func liveMetrics(t *testing.T) map[string]bool {
   - name: refused
     topics: ["refused"]
     sink: %s/hook/refused
+    on-dead-letter: hold
 http:
   allow_insecure_http: true
 `, hook.URL, hook.URL)), 0o600))
@@ -224,14 +225,16 @@ http:
 	var names map[string]bool
 	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) {
 		var pending, dead int
-		if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+migrations.Ident(schema)+".messages"+"), (SELECT count(*) FROM "+migrations.Ident(schema)+".dead_letters"+")").Scan(&pending, &dead); err != nil {
+		// The refused route holds its key: its dead letter stays parked
+		// (held_since set), which is not pending.
+		if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE held_since IS NULL"+"), (SELECT count(*) FROM "+migrations.Ident(schema)+".dead_letters"+")").Scan(&pending, &dead); err != nil {
 			return false, err.Error()
 		}
 		if pending > 0 || dead == 0 {
 			return false, fmt.Sprintf("%d pending, %d dead letters", pending, dead)
 		}
 		names = scrape(t, "http://"+addr+"/metrics")
-		return names["outbox_relay_dead_letters"] && names["outbox_relay_delivery_latency_seconds_bucket"], "backlog gauges not refreshed yet"
+		return names["outbox_relay_dead_letters"] && names["outbox_relay_delivery_latency_seconds_bucket"] && names["outbox_relay_held_keys"], "backlog gauges not refreshed yet"
 	})
 	return names
 }

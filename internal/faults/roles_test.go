@@ -148,7 +148,9 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		}
 		return http.StatusNoContent, ""
 	})
-	p := startRelay(t, dbURL(t, relayRole), schema, "--sink", rc.url(), "--retry-initial", "100ms", "--exit-when-empty")
+	// With the hold policy: the relay role parks the dead letter (an
+	// UPDATE of its row), the operator role replays it in place.
+	p := startRelay(t, dbURL(t, relayRole), schema, "--sink", rc.url(), "--retry-initial", "100ms", "--exit-when-empty", "--on-dead-letter", "hold")
 	require.Equal(t, 0, p.wait(60*time.Second), p.logs.tail(20))
 	checkAllDelivered(t, want, rc.deliveries())
 	require.GreaterOrEqual(t, flaky.Load(), int32(2), "the flaky message was retried")
@@ -197,6 +199,16 @@ SELECT id + 1000, message_id, topic, key, payload, headers, created_at, 1, 'perm
 	code, out, stderr = cli(t, append([]string{"dlq", "purge", "--all"}, op...)...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "purged 1")
+	// A purge of a dead letter that holds its key: the operator role
+	// cannot delete messages, the trigger releasing the key can.
+	_, err = pool.Exec(ctx, `WITH p AS (UPDATE `+s+`.messages SET available_at = 'infinity', held_since = now(), held_route = '' RETURNING *)
+INSERT INTO `+s+`.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason)
+SELECT id, message_id, topic, key, payload, headers, created_at, 1, 'permanent' FROM p`)
+	require.NoError(t, err)
+	code, out, stderr = cli(t, append([]string{"dlq", "purge", "--all"}, op...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "purged 1 dead letters; 1 held keys released")
+	require.Equal(t, 0, count(t, pool, schema, "messages"), "the parked row went with its dead letter")
 	t.Logf("writer: %d messages written 6 ways (pgx, dedup, enqueue x3, INSERT, database/sql), 12 reads/changes refused; "+
 		"relay role: %d delivered, 1 retried, 1 dead-lettered, 4 statements refused; operator: status, dlq replay, dlq purge",
 		len(want), distinct(rc.deliveries()))

@@ -45,6 +45,7 @@ func (s Source) String() string {
 type Engine struct {
 	source Source
 	route  string
+	hold   bool
 
 	claim, claimPriority, hasPriority stmt
 	deleteDelivered, archiveDelivered stmt
@@ -53,8 +54,12 @@ type Engine struct {
 }
 
 // NewEngine renders the statements of source for schema s and route.
-func NewEngine(s Schema, source Source, route string) *Engine {
-	e := &Engine{source: source, route: route}
+// With hold (the route's on_dead_letter policy), a dead-lettered message
+// with a key stays parked in its table and holds its key (states.go).
+func NewEngine(s Schema, source Source, route string, hold bool) *Engine {
+	// The router only copies: what it dead-letters never reached a
+	// destination's order.
+	e := &Engine{source: source, route: route, hold: hold && source != Router}
 	e.renderClaim(s)
 	e.renderSettle(s)
 	e.renderFanOut(s)

@@ -23,7 +23,7 @@ func TestEngineGolden(t *testing.T) {
 	t.Parallel()
 	s := testSchema(t)
 	for _, src := range []Source{Outbox, Copies, Router} {
-		e := NewEngine(s, src, "orders")
+		e := NewEngine(s, src, "orders", false)
 		p := "engine_" + src.String() + "_"
 		golden(t, p+"claim", e.claim.named)
 		golden(t, p+"delete", e.deleteDelivered.named)
@@ -40,7 +40,9 @@ func TestEngineGolden(t *testing.T) {
 		golden(t, p+"retry", e.scheduleRetry.named)
 		golden(t, p+"relock", e.relock.named)
 	}
-	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders").copiesLeft.named)
+	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders", false).copiesLeft.named)
+	golden(t, "engine_outbox_dead_letter_hold", NewEngine(s, Outbox, "orders", true).deadLetter.named)
+	golden(t, "engine_copies_dead_letter_hold", NewEngine(s, Copies, "orders", true).deadLetter.named)
 
 	l := NewLeases(s, "relay-1", "orders")
 	for name, sql := range map[string]stmt{
@@ -166,7 +168,7 @@ func TestClaimOrderHoldAndByteCut(t *testing.T) {
 	e := setupEngine(t)
 	// Keyless messages 1..6 fall in lanes 1..6.
 	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) SELECT g, 'orders', convert_to(repeat('x', 100), 'UTF8') FROM generate_series(1, 6) g`)
-	en := NewEngine(e.s, Outbox, "")
+	en := NewEngine(e.s, Outbox, "", false)
 
 	c := e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 1 << 20}, nil)
 	if got, want := ids(c.Rows), []int64{3, 4, 5, 6, 1, 2}; !slices.Equal(got, want) {
@@ -215,7 +217,7 @@ func TestSettleDeleteRetryDeadLetter(t *testing.T) {
 	t.Parallel()
 	e := setupEngine(t)
 	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) SELECT g, 'orders', '' FROM generate_series(1, 3) g`)
-	en := NewEngine(e.s, Outbox, "")
+	en := NewEngine(e.s, Outbox, "", false)
 	e.claim(en, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		en.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
 		en.QueueRetry(b, Retries{IDs: []int64{2}, DelayMillis: []int64{3_600_000}, Errors: []string{"boom"}})
@@ -240,7 +242,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 	e := setupEngine(t)
 	ctx := context.Background()
 	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, key, payload) VALUES (1, 'orders', 'k', 'p')`)
-	router := NewEngine(e.s, Router, "")
+	router := NewEngine(e.s, Router, "", false)
 	e.claim(router, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		if len(c.Rows) != 1 || len(c.Rows[0].Payload) != 0 {
 			t.Fatalf("router claimed %+v, want message 1 without its payload", c.Rows)
@@ -248,7 +250,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 		router.QueueCopy(b, CopyParams{IDs: []int64{1, 1}, Routes: []string{"a", "b"}, CTIDs: []pgtype.TID{c.Rows[0].CTID}})
 		router.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
 	})
-	a := NewEngine(e.s, Copies, "a")
+	a := NewEngine(e.s, Copies, "a", false)
 	if left, err := a.CopiesLeft(ctx, e.pool); err != nil || !left {
 		t.Fatalf("CopiesLeft = %v, %v", left, err)
 	}
@@ -373,7 +375,7 @@ func BenchmarkClaimRewrite(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := NewEngine(s, Outbox, "")
+	e := NewEngine(s, Outbox, "", false)
 	args := func() pgx.NamedArgs {
 		return pgx.NamedArgs{
 			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "route": "",
@@ -403,7 +405,7 @@ func BenchmarkClaimRewrite(b *testing.B) {
 // Rendering once must give what pgx gives at each call.
 func TestStmtMatchesNamedArgs(t *testing.T) {
 	t.Parallel()
-	e := NewEngine(testSchema(t), Copies, "orders")
+	e := NewEngine(testSchema(t), Copies, "orders", false)
 	a := pgx.NamedArgs{
 		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "route": "orders",
 		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3},
@@ -496,7 +498,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 				t.Fatal(err)
 			}
 			defer tx.Rollback(ctx) //nolint:errcheck
-			en := NewEngine(e.s, Outbox, "")
+			en := NewEngine(e.s, Outbox, "", false)
 			st := en.claim
 			if sc.priority {
 				st = en.claimPriority

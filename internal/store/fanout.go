@@ -45,5 +45,9 @@ SELECT d.route, m.id, m.message_id, m.topic, m.key, m.payload, m.headers, m.lane
 FROM (SELECT * FROM ` + s.Table("messages") + ` WHERE ctid = ANY(@ctids::tid[])) m
 JOIN unnest(@ids::bigint[], @routes::text[]) AS d(id, route) ON d.id = m.id`)
 
-	e.copiesLeft = newStmt(`SELECT EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` WHERE route = @route)`)
+	// A parked copy, and the copies its hold keeps back, are not left for
+	// the route to work through: they wait for an operator.
+	e.copiesLeft = newStmt(`SELECT EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` c WHERE c.route = @route AND c.held_since IS NULL
+    AND NOT EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` h
+                    WHERE h.route = c.route AND h.key = c.key AND h.id < c.id AND ` + Parked("h") + `))`)
 }

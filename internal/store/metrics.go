@@ -32,16 +32,17 @@ func (s Schema) totalsSQL() string {
 	// total is used twice and must be counted once.
 	return `
 WITH w AS (
-    SELECT count(*) FILTER (WHERE ` + Failed("u") + `) retrying, count(*) FILTER (WHERE ` + Delayed("u") + `) delayed
-    FROM (SELECT attempts, available_at FROM ` + msgs + ` WHERE available_at IS NOT NULL
-          UNION ALL SELECT attempts, available_at FROM ` + copies + ` WHERE available_at IS NOT NULL) u
+    SELECT count(*) FILTER (WHERE ` + Failed("u") + `) retrying, count(*) FILTER (WHERE ` + Delayed("u") + `) delayed,
+           count(*) FILTER (WHERE ` + Parked("u") + `) parked
+    FROM (SELECT attempts, available_at, held_since FROM ` + msgs + ` WHERE available_at IS NOT NULL
+          UNION ALL SELECT attempts, available_at, held_since FROM ` + copies + ` WHERE available_at IS NOT NULL) u
 ), p AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM ` + msgs + `) + (SELECT count(*) FROM ` + copies + `) AS n
+    SELECT (SELECT count(*) FROM ` + msgs + `) + (SELECT count(*) FROM ` + copies + `) - w.parked AS n FROM w
 )
 SELECT p.n, p.n - w.retrying - w.delayed, w.retrying, w.delayed,
        coalesce(extract(epoch FROM now() - least(
-           (SELECT ` + boundedTime("m.created_at") + ` FROM ` + msgs + ` m ORDER BY m.id LIMIT 1),
-           (SELECT min(` + boundedTime("c.created_at") + `) FROM ` + copies + ` c))), 0)::float8,
+           (SELECT ` + boundedTime("m.created_at") + ` FROM ` + msgs + ` m WHERE m.held_since IS NULL ORDER BY m.id LIMIT 1),
+           (SELECT min(` + boundedTime("c.created_at") + `) FROM ` + copies + ` c WHERE c.held_since IS NULL))), 0)::float8,
        (SELECT count(*) FROM ` + s.Table("dead_letters") + `)
 FROM p, w`
 }
@@ -56,11 +57,13 @@ func (s Schema) Totals(ctx context.Context, q Querier) (Totals, error) {
 }
 
 func (s Schema) emptySQL() string {
-	return `SELECT NOT EXISTS (SELECT 1 FROM ` + s.Table("messages") + `) AND NOT EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + `)`
+	return `SELECT NOT EXISTS (SELECT 1 FROM ` + s.Table("messages") + ` WHERE held_since IS NULL)
+   AND NOT EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` WHERE held_since IS NULL)`
 }
 
 // Empty reports whether no message is pending: neither in the outbox nor
-// as a fan-out copy. One statement, one snapshot: the fan-out router moves
+// as a fan-out copy (a parked dead letter is not pending; the messages
+// its key holds back are). One statement, one snapshot: the fan-out router moves
 // a message to its copies atomically, so it is always in one of the two.
 func (s Schema) Empty(ctx context.Context, q Querier) (bool, error) {
 	var empty bool

@@ -85,6 +85,11 @@ type DeadLetter struct {
 	LastError     *string
 	FirstFailedAt *time.Time
 	DeadAt        time.Time
+	// Holds: the dead letter holds its key (the hold policy); Behind
+	// counts the pending messages of its key after it. Read by
+	// ListDeadLetters only.
+	Holds  bool
+	Behind int64
 }
 
 // DeadLetterKey is the key of a dead letter: a message id and the fan-out
@@ -134,9 +139,27 @@ func collect[T any](ctx context.Context, q Querier, sql string, args pgx.NamedAr
 }
 
 func (s Schema) listDeadLettersSQL() string {
-	return `SELECT ` + deadLetterColumns + ` FROM ` + s.Table("dead_letters") + deadLetterWhere + `
-  AND (id, route) > (@after_id, @after_route)
-ORDER BY id, route LIMIT @limit`
+	return `SELECT ` + deadLetterColumns + `, ` + s.holdColumns("x") + ` FROM (
+    SELECT * FROM ` + s.Table("dead_letters") + deadLetterWhere + `
+      AND (id, route) > (@after_id, @after_route)
+    ORDER BY id, route LIMIT @limit
+) x
+ORDER BY id, route`
+}
+
+// holdColumns are, for the dead letter of alias a, whether it holds its
+// key and how many pending messages of the key wait behind it (in its
+// table: the outbox, or its route's copies; through the lane index).
+func (s Schema) holdColumns(a string) string {
+	msgs, copies := s.Table("messages"), s.Table("deliveries")
+	lane := s.quoted + `.lane_of(` + a + `.key, ` + a + `.id)`
+	return s.parkedFor(a) + ` AS holds,
+    CASE WHEN ` + a + `.key IS NULL THEN 0
+         WHEN ` + a + `.route = '' THEN (SELECT count(*) FROM ` + msgs + ` w
+             WHERE w.lane = ` + lane + ` AND w.key = ` + a + `.key AND w.id > ` + a + `.id AND NOT ` + Parked("w") + `)
+         ELSE (SELECT count(*) FROM ` + copies + ` w
+             WHERE w.route = ` + a + `.route AND w.lane = ` + lane + ` AND w.key = ` + a + `.key AND w.id > ` + a + `.id AND NOT ` + Parked("w") + `)
+    END AS behind`
 }
 
 // ListDeadLetters returns at most limit dead letters of f that come after
@@ -145,7 +168,14 @@ ORDER BY id, route LIMIT @limit`
 func (s Schema) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter, after DeadLetterKey, limit int) ([]DeadLetter, error) {
 	args := f.args()
 	args["after_id"], args["after_route"], args["limit"] = after.ID, after.Route, limit
-	return collect(ctx, q, s.listDeadLettersSQL(), args, scanDeadLetter)
+	return collect(ctx, q, s.listDeadLettersSQL(), args, func(row pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		var created, firstFailed, dead pgtype.Timestamptz
+		err := row.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &d.Headers, &created, &d.Attempts,
+			&d.Reason, &d.Route, &d.FirstError, &d.LastError, &firstFailed, &dead, &d.Holds, &d.Behind)
+		d.CreatedAt, d.FirstFailedAt, d.DeadAt = finiteOrZero(created), finiteOrNil(firstFailed), finiteOrZero(dead)
+		return d, err
+	})
 }
 
 func (s Schema) deadLettersOfSQL() string {
@@ -170,13 +200,29 @@ func (s Schema) CountDeadLetters(ctx context.Context, q Querier, f DeadLetterFil
 }
 
 func (s Schema) purgeDeadLettersSQL() string {
-	return `DELETE FROM ` + s.Table("dead_letters") + deadLetterWhere
+	// The schema's trigger on dead_letters deletes the parked rows of the
+	// purged dead letters once the statement is done (migration 011); the
+	// count reads them before, in the statement's snapshot.
+	return `
+WITH gone AS (
+    DELETE FROM ` + s.Table("dead_letters") + deadLetterWhere + `
+    RETURNING id, route
+)
+SELECT count(*), count(*) FILTER (WHERE ` + s.parkedFor("gone") + `) FROM gone`
 }
 
-// PurgeDeadLetters deletes the dead letters of f and returns how many.
-func (s Schema) PurgeDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
-	tag, err := q.Exec(ctx, s.purgeDeadLettersSQL(), f.args())
-	return tag.RowsAffected(), err
+// parkedFor is true when the dead letter of alias a (id, route) has a
+// parked row: it holds its key (the hold policy).
+func (s Schema) parkedFor(a string) string {
+	return `CASE WHEN ` + a + `.route = '' THEN EXISTS (SELECT 1 FROM ` + s.Table("messages") + ` h WHERE h.id = ` + a + `.id AND ` + Parked("h") + `)
+    ELSE EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` h WHERE h.route = ` + a + `.route AND h.id = ` + a + `.id AND ` + Parked("h") + `) END`
+}
+
+// PurgeDeadLetters deletes the dead letters of f and returns how many, and
+// how many of them held their key (the hold policy), now released.
+func (s Schema) PurgeDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (purged, released int64, err error) {
+	err = q.QueryRow(ctx, s.purgeDeadLettersSQL(), f.args()).Scan(&purged, &released)
+	return purged, released, err
 }
 
 // Replay outcomes as the replay statements report them.
@@ -216,6 +262,11 @@ func scanReplayed(row pgx.CollectableRow) (ReplayedRow, error) {
 	return r, err
 }
 
+// unpark is what a replay sets on a parked row (the hold policy): deliverable
+// now, with a fresh attempt count, like a dead letter inserted again. It
+// keeps its id, so it goes before the messages its key held back.
+const unpark = `available_at = NULL, held_since = NULL, attempts = 0, first_error = NULL, last_error = NULL, first_failed_at = NULL`
+
 func (s Schema) replayDeadLettersSQL() string {
 	dl, msgs, copies := s.Table("dead_letters"), s.Table("messages"), s.Table("deliveries")
 	return `
@@ -225,28 +276,39 @@ WITH picked AS MATERIALIZED (
     SELECT id, route FROM ` + dl + deadLetterWhere + ` ORDER BY id, route FOR UPDATE SKIP LOCKED
 ), d AS MATERIALIZED (
     SELECT dl.* FROM ` + dl + ` dl JOIN sel USING (id, route)
+), unparked AS (
+    UPDATE ` + msgs + ` m SET ` + unpark + `, held_route = NULL
+    FROM d WHERE d.route = '' AND m.id = d.id AND ` + Parked("m") + `
+    RETURNING m.id
+), unparked_copies AS (
+    UPDATE ` + copies + ` m SET ` + unpark + `
+    FROM d WHERE d.route <> '' AND m.route = d.route AND m.id = d.id AND ` + Parked("m") + `
+    RETURNING m.route, m.id
 ), outbox AS (
     INSERT INTO ` + msgs + ` (id, message_id, topic, key, payload, headers, created_at, dedup_key, priority)
     SELECT id, message_id, topic, key, payload, headers, created_at, dedup_key, priority FROM d
-    WHERE route = '' ORDER BY id
+    WHERE route = '' AND id NOT IN (SELECT id FROM unparked) ORDER BY id
     ON CONFLICT DO NOTHING
     RETURNING id
 ), cleared AS (
     INSERT INTO ` + msgs + ` (id, message_id, topic, key, payload, headers, created_at, dedup_key, priority)
     SELECT id, message_id, topic, key, payload, headers, created_at, NULL, priority FROM d
-    WHERE @clear_keys AND route = '' AND dedup_key IS NOT NULL AND id NOT IN (SELECT id FROM outbox) ORDER BY id
+    WHERE @clear_keys AND route = '' AND dedup_key IS NOT NULL AND id NOT IN (SELECT id FROM outbox)
+      AND id NOT IN (SELECT id FROM unparked) ORDER BY id
     ON CONFLICT DO NOTHING
     RETURNING id
 ), copies AS (
     INSERT INTO ` + copies + ` (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
     SELECT route, id, message_id, topic, key, payload, headers, ` + s.quoted + `.lane_of(key, id), created_at, dedup_key, priority FROM d
-    WHERE route <> '' ORDER BY id
+    WHERE route <> '' AND (route, id) NOT IN (SELECT route, id FROM unparked_copies) ORDER BY id
     ON CONFLICT (route, id) DO NOTHING
     RETURNING route, id
 ), done AS MATERIALIZED (
     SELECT id, '' AS route, 'replayed' AS outcome FROM outbox
     UNION ALL SELECT id, '', 'replayed_without_dedup_key' FROM cleared
     UNION ALL SELECT id, route, 'replayed' FROM copies
+    UNION ALL SELECT id, '', 'replayed' FROM unparked
+    UNION ALL SELECT id, route, 'replayed' FROM unparked_copies
 ), gone AS (
     DELETE FROM ` + dl + ` dl USING done WHERE dl.id = done.id AND dl.route = done.route
 )
@@ -254,12 +316,12 @@ SELECT ` + replayColumns + ` FROM (
     SELECT p.id, p.route, dl.message_id::text AS message_id, dl.dedup_key,
            coalesce(done.outcome, 'skipped') AS outcome,
            CASE WHEN p.route = '' AND done.outcome IS DISTINCT FROM 'replayed' THEN
-               (SELECT m.message_id::text FROM ` + msgs + ` m WHERE m.dedup_key = dl.dedup_key) END AS key_holder,
+               (SELECT m.message_id::text FROM ` + msgs + ` m WHERE m.dedup_key = dl.dedup_key AND m.id <> p.id) END AS key_holder,
            CASE WHEN p.route = '' AND done.outcome IS DISTINCT FROM 'replayed' THEN
                (SELECT min(x.id) FROM d x WHERE x.route = '' AND x.dedup_key = dl.dedup_key AND x.id < p.id
                   AND x.id IN (SELECT id FROM outbox)) END AS run_holder,
-           done.id IS NULL AND CASE WHEN p.route = '' THEN EXISTS (SELECT 1 FROM ` + msgs + ` m WHERE m.id = p.id)
-               ELSE EXISTS (SELECT 1 FROM ` + copies + ` c WHERE c.route = p.route AND c.id = p.id) END AS id_pending,
+           done.id IS NULL AND CASE WHEN p.route = '' THEN EXISTS (SELECT 1 FROM ` + msgs + ` m WHERE m.id = p.id AND NOT ` + Parked("m") + `)
+               ELSE EXISTS (SELECT 1 FROM ` + copies + ` c WHERE c.route = p.route AND c.id = p.id AND NOT ` + Parked("c") + `) END AS id_pending,
            sel.id IS NULL AS busy
     FROM picked p
     JOIN ` + dl + ` dl ON dl.id = p.id AND dl.route = p.route
@@ -296,12 +358,12 @@ SELECT ` + replayColumns + ` FROM (
     FROM (
         SELECT d.id, d.route, d.message_id::text AS message_id, d.dedup_key,
                CASE WHEN d.route = '' THEN
-                   (SELECT m.message_id::text FROM ` + msgs + ` m WHERE m.dedup_key = d.dedup_key) END AS key_holder,
+                   (SELECT m.message_id::text FROM ` + msgs + ` m WHERE m.dedup_key = d.dedup_key AND m.id <> d.id) END AS key_holder,
                CASE WHEN d.route = '' THEN
                    (SELECT min(x.id) FROM ` + dl + ` x WHERE x.route = '' AND x.dedup_key = d.dedup_key AND x.id < d.id
                       AND (x.id, x.route) IN (SELECT id, route FROM ` + dl + deadLetterWhere + `)) END AS run_holder,
-               CASE WHEN d.route = '' THEN EXISTS (SELECT 1 FROM ` + msgs + ` m WHERE m.id = d.id)
-                    ELSE EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` c WHERE c.route = d.route AND c.id = d.id) END AS id_pending
+               CASE WHEN d.route = '' THEN EXISTS (SELECT 1 FROM ` + msgs + ` m WHERE m.id = d.id AND NOT ` + Parked("m") + `)
+                    ELSE EXISTS (SELECT 1 FROM ` + s.Table("deliveries") + ` c WHERE c.route = d.route AND c.id = d.id AND NOT ` + Parked("c") + `) END AS id_pending
         FROM ` + dl + ` d` + deadLetterWhere + `
     ) r
 ) r

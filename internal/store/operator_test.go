@@ -22,6 +22,8 @@ func TestOperatorSQL(t *testing.T) {
 		"status_lanes":             s.laneCoverageSQL(),
 		"metrics_totals":           s.totalsSQL(),
 		"outbox_empty":             s.emptySQL(),
+		"status_held_routes":       s.heldRoutesSQL(),
+		"status_holds":             s.holdsSQL(),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

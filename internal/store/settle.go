@@ -113,13 +113,33 @@ WHERE m.id = f.id` + e.andRoute("m"))
 	if e.source == Copies {
 		deadRoute = "@route::text"
 	}
-	e.deadLetter = newStmt(`
-WITH f AS (
-    SELECT * FROM unnest(@ids::bigint[], @reasons::text[], @errors::text[]) AS f(id, reason, err)
+	// The rows that die: deleted, or with hold, a keyed row parked in
+	// place (a held keyless message holds nothing: it goes).
+	dead := `
 ), d AS (
     DELETE FROM ` + src + ` m USING f WHERE m.id = f.id` + e.andRoute("m") + `
     RETURNING m.*, f.reason, f.err
-)
+)`
+	if e.hold {
+		heldRoute := ""
+		if e.source != Copies {
+			heldRoute = ", held_route = @route::text"
+		}
+		dead = `
+), p AS (
+    UPDATE ` + src + ` m SET available_at = ` + ParkedUntil + `, held_since = now()` + heldRoute + `
+    FROM f WHERE m.id = f.id` + e.andRoute("m") + ` AND m.key IS NOT NULL
+    RETURNING m.*, f.reason, f.err
+), g AS (
+    DELETE FROM ` + src + ` m USING f WHERE m.id = f.id` + e.andRoute("m") + ` AND m.key IS NULL
+    RETURNING m.*, f.reason, f.err
+), d AS (
+    SELECT * FROM p UNION ALL SELECT * FROM g
+)`
+	}
+	e.deadLetter = newStmt(`
+WITH f AS (
+    SELECT * FROM unnest(@ids::bigint[], @reasons::text[], @errors::text[]) AS f(id, reason, err)` + dead + `
 INSERT INTO ` + s.Table("dead_letters") + `
     (id, message_id, topic, key, payload, headers, created_at, attempts, reason,
      first_error, last_error, first_failed_at, dedup_key, priority, route)

@@ -43,10 +43,11 @@ type Backlog struct {
 
 // stateCounts counts the rows of alias a by state: the columns n, ready,
 // retrying, delayed, oldest. Every count on the states goes through it.
+// A parked row (a dead letter holding its key) is in none of them.
 func stateCounts(a string) string {
-	return `count(*) n, count(*) FILTER (WHERE ` + Queued(a) + `) ready,
+	return `count(*) FILTER (WHERE NOT ` + Parked(a) + `) n, count(*) FILTER (WHERE ` + Queued(a) + `) ready,
        count(*) FILTER (WHERE ` + Failed(a) + `) retrying, count(*) FILTER (WHERE ` + Delayed(a) + `) delayed,
-       min(` + boundedTime(a+".created_at") + `) oldest`
+       min(` + boundedTime(a+".created_at") + `) FILTER (WHERE NOT ` + Parked(a) + `) oldest`
 }
 
 const backlogColumns = `coalesce(p.n, 0), coalesce(p.ready, 0), coalesce(p.retrying, 0), coalesce(p.delayed, 0),
@@ -64,8 +65,8 @@ func (s Schema) topicBacklogSQL() string {
 	return `
 SELECT coalesce(p.topic, d.topic), ` + backlogColumns + `
 FROM (SELECT u.topic, ` + stateCounts("u") + `
-      FROM (SELECT topic, attempts, available_at, created_at FROM ` + s.Table("messages") + `
-            UNION ALL SELECT topic, attempts, available_at, created_at FROM ` + s.Table("deliveries") + `) u
+      FROM (SELECT topic, attempts, available_at, created_at, held_since FROM ` + s.Table("messages") + `
+            UNION ALL SELECT topic, attempts, available_at, created_at, held_since FROM ` + s.Table("deliveries") + `) u
       GROUP BY u.topic) p
 FULL JOIN (SELECT topic, count(*) n FROM ` + s.Table("dead_letters") + ` GROUP BY topic) d ON d.topic = p.topic
 ORDER BY 1`

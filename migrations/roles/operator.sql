@@ -13,7 +13,8 @@
 --
 -- The role reads everything, moves dead letters back into the outbox
 -- (replay: DELETE from dead_letters, INSERT into messages under the
--- original id, or into deliveries for a dead fan-out copy), replays the
+-- original id, or into deliveries for a dead fan-out copy, or un-park a
+-- held one in place), replays the
 -- archive (to the outbox, or to one fan-out destination) and purges dead
 -- letters. It cannot settle or claim messages.
 
@@ -24,4 +25,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {{.Schema}} TO {{.Role}};
 GRANT SELECT, UPDATE, DELETE ON {{.Schema}}.dead_letters TO {{.Role}};
 GRANT INSERT ON {{.Schema}}.messages TO {{.Role}};
 GRANT INSERT ON {{.Schema}}.deliveries TO {{.Role}};
+-- Replay of a dead letter that holds its key (on-dead-letter hold): its
+-- row is still in the table, parked, and goes back in place. Purge
+-- releases such a key through a trigger that runs as the schema owner.
+GRANT UPDATE (available_at, held_since, held_route, attempts, first_error, last_error, first_failed_at)
+    ON {{.Schema}}.messages TO {{.Role}};
+GRANT UPDATE (available_at, held_since, attempts, first_error, last_error, first_failed_at)
+    ON {{.Schema}}.deliveries TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.messages_id_seq TO {{.Role}};

@@ -28,6 +28,12 @@ type DeadLetter struct {
 	LastError     *string    `json:"last_error"`
 	FirstFailedAt *time.Time `json:"first_failed_at"`
 	DeadAt        time.Time  `json:"dead_at"`
+	// Holds: a route with the hold policy keeps the later messages of the
+	// key pending until this dead letter is replayed (it goes first) or
+	// purged (the key moves on). Behind counts those messages. List fills
+	// both; Show leaves them unset.
+	Holds  bool  `json:"holds_key"`
+	Behind int64 `json:"behind"`
 }
 
 // DefaultLimit is the page size of List when Selection.Limit is not set.
@@ -109,19 +115,34 @@ func (a *Admin) Show(ctx context.Context, id int64) ([]DeadLetter, error) {
 // Purge deletes the selected dead letters for good and returns how many;
 // with dryRun it only counts them.
 func (a *Admin) Purge(ctx context.Context, sel Selection, dryRun bool) (int64, error) {
+	r, err := a.PurgeHolds(ctx, sel, dryRun)
+	return r.Purged, err
+}
+
+// PurgeResult is what Purge did: the dead letters deleted (in a dry run,
+// selected), and how many of them held their key (the hold policy), whose
+// later messages now flow again.
+type PurgeResult struct {
+	DryRun       bool  `json:"dry_run"`
+	Purged       int64 `json:"purged"`
+	ReleasedKeys int64 `json:"released_keys"`
+}
+
+// PurgeHolds is Purge, reporting the keys it released too.
+func (a *Admin) PurgeHolds(ctx context.Context, sel Selection, dryRun bool) (PurgeResult, error) {
 	if sel.Empty() {
-		return 0, ErrEmptySelection
+		return PurgeResult{}, ErrEmptySelection
 	}
 	if dryRun {
 		n, err := a.schema.CountDeadLetters(ctx, a.pool, sel.filter())
 		if err != nil {
-			return 0, outbox.SchemaMissing(fmt.Errorf("outbox: select dead letters: %w", err), a.schema.Name())
+			return PurgeResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: select dead letters: %w", err), a.schema.Name())
 		}
-		return n, nil
+		return PurgeResult{DryRun: true, Purged: n}, nil
 	}
-	n, err := a.schema.PurgeDeadLetters(ctx, a.pool, sel.filter())
+	n, released, err := a.schema.PurgeDeadLetters(ctx, a.pool, sel.filter())
 	if err != nil {
-		return 0, outbox.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
+		return PurgeResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
 	}
-	return n, nil
+	return PurgeResult{Purged: n, ReleasedKeys: released}, nil
 }

@@ -31,6 +31,33 @@ type Status struct {
 	// FreeLanes is how many lanes, over all routes, no live relay works
 	// (LaneStatus.Unworked summed, missing lane rows included).
 	FreeLanes int `json:"free_lanes"`
+	// Held counts, per route with the hold policy, the keys its dead
+	// letters hold; Holds lists the oldest holds (at most MaxHolds).
+	Held  []HeldStatus `json:"held"`
+	Holds []Hold       `json:"holds"`
+}
+
+// MaxHolds is how many holds Status lists.
+const MaxHolds = 100
+
+// HeldStatus is how many keys one route holds (route "" is the relay
+// without a routes table) and the age of its oldest hold.
+type HeldStatus struct {
+	Route     string        `json:"route"`
+	Keys      int64         `json:"keys"`
+	OldestAge time.Duration `json:"oldest_hold_age_ns"`
+}
+
+// Hold is one held key: the dead letter (ID, Route: as in DeadLetter)
+// that holds it since Since, and the pending messages of the key behind
+// it. Replaying the dead letter delivers it first, then them; purging it
+// lets them go.
+type Hold struct {
+	Route  string    `json:"route"`
+	Key    string    `json:"key"`
+	ID     int64     `json:"dead_letter_id"`
+	Since  time.Time `json:"since"`
+	Behind int64     `json:"behind"`
 }
 
 // LaneStatus says who works the 256 lanes of one route (every route that
@@ -163,6 +190,16 @@ func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
 	for _, l := range lanes {
 		st.FreeLanes += l.Unworked
 	}
+	held, err := s.HeldRoutes(ctx, tx)
+	if err != nil {
+		return err
+	}
+	st.Held = convert(held, func(h store.HeldRoute) HeldStatus { return HeldStatus(h) })
+	holds, err := s.Holds(ctx, tx, MaxHolds)
+	if err != nil {
+		return err
+	}
+	st.Holds = convert(holds, func(h store.Hold) Hold { return Hold(h) })
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,6 +49,10 @@ type Metrics struct {
 	retrying     prometheus.Gauge
 	delayed      prometheus.Gauge
 	deadLetters  prometheus.Gauge
+	heldKeys     *prometheus.GaugeVec
+	oldestHold   *prometheus.GaugeVec
+	heldMu       sync.Mutex
+	heldRoutes   map[string]bool // routes with held-key series, for deleting them
 	scrapeErrors prometheus.Counter
 }
 
@@ -146,6 +151,15 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Namespace: ns, Name: "dead_letters",
 			Help: "Messages in the dead-letter table.",
 		}),
+		heldKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "held_keys",
+			Help: "Keys a route with on-dead-letter hold keeps waiting behind a dead letter until it is replayed or purged (all relays). The series of a route goes when it holds nothing.",
+		}, []string{"route"}),
+		oldestHold: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "oldest_hold_age_seconds",
+			Help: "How long the route's oldest held key has waited for an operator.",
+		}, []string{"route"}),
+		heldRoutes: map[string]bool{},
 		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "outbox_check_errors_total",
 			Help: "Failed periodic outbox checks (the backlog gauges keep their last value).",
@@ -163,7 +177,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked,
-		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.scrapeErrors, buildInfo)
+		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors, buildInfo)
 	return m
 }
 
@@ -314,6 +328,27 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, s store.Schem
 	m.delayed.Set(float64(t.Delayed))
 	m.oldestAge.Set(t.OldestAge.Seconds())
 	m.deadLetters.Set(float64(t.DeadLetters))
+	held, err := s.HeldRoutes(ctx, pool)
+	if err != nil {
+		return err
+	}
+	// Set the routes that hold, then delete the series of those that no
+	// longer do (not Reset: a scrape in between would see no series).
+	m.heldMu.Lock()
+	defer m.heldMu.Unlock()
+	now := map[string]bool{}
+	for _, h := range held {
+		now[h.Route] = true
+		m.heldKeys.WithLabelValues(h.Route).Set(float64(h.Keys))
+		m.oldestHold.WithLabelValues(h.Route).Set(h.OldestAge.Seconds())
+	}
+	for r := range m.heldRoutes {
+		if !now[r] {
+			m.heldKeys.DeleteLabelValues(r)
+			m.oldestHold.DeleteLabelValues(r)
+		}
+	}
+	m.heldRoutes = now
 	return nil
 }
 

@@ -1,1 +1,2 @@
-SELECT NOT EXISTS (SELECT 1 FROM "outbox"."messages") AND NOT EXISTS (SELECT 1 FROM "outbox"."deliveries")
+SELECT NOT EXISTS (SELECT 1 FROM "outbox"."messages" WHERE held_since IS NULL)
+   AND NOT EXISTS (SELECT 1 FROM "outbox"."deliveries" WHERE held_since IS NULL)
