@@ -242,6 +242,9 @@ routes:
 	}, 10*time.Second, 300*time.Millisecond, "sparklines of the sampled backlog and lag")
 	require.Regexp(t, `billing\.invoiced\s+10\s`, b.text(`#topics`), "the backlog of the route whose webhook is down")
 	require.Contains(t, b.text(`#answered-by`), fmt.Sprintf("pid %d", os.Getpid()), "the page says which relay answered")
+	// The default route, which no relay runs beside the routes table,
+	// is not counted as unworked.
+	require.Regexp(t, `^\s*0 lanes of the routes relays serve`, b.text(`#lanes-summary`))
 	b.screenshot("overview")
 
 	b.do(chromedp.Navigate(base+"/ui/dead-letters"),

@@ -289,15 +289,25 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 		rows = append(rows, tr)
 	}
 	totals := toTable([]operator.Backlog{st.Backlog})
+	// Lanes nobody works, counted for the routes some relay serves: a
+	// route no relay runs (the default route beside a routes table) has
+	// all its lanes unworked and nothing to say about the relays.
+	unworked := 0
+	for _, l := range st.Lanes {
+		if l.Relays > 0 {
+			unworked += l.Unworked
+		}
+	}
 	c.render(w, r, http.StatusOK, "overview", "Overview", struct {
-		Status  statusView
-		Totals  table
-		Columns []string
-		Topics  []topicRow
-		Sampled bool
-		Span    string
-		Dead    table
-	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, age(span), toTable(st.DeadByReason)})
+		Status   statusView
+		Totals   table
+		Columns  []string
+		Topics   []topicRow
+		Sampled  bool
+		Span     string
+		Dead     table
+		Unworked int
+	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, age(span), toTable(st.DeadByReason), unworked})
 }
 
 // filterForm is the dead-letter filter as the form shows it.
