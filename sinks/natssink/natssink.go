@@ -77,6 +77,12 @@ type Sink struct {
 	// dispatches: Close waits for it so that no callback (and no log line)
 	// comes after Close returns.
 	connClosed chan struct{}
+	// streamReady is closed once create_stream made (or found) the
+	// stream; nil without create_stream. Send waits for it: a publish
+	// before would find no stream and dead-letter its messages.
+	streamReady chan struct{}
+	stopCreate  context.CancelFunc // ends createStream's retries on Close
+	createDone  chan struct{}      // closed when createStream returns
 }
 
 // New returns a sink for cfg. It validates cfg, applies the defaults and
@@ -161,21 +167,25 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("outbox: nats: %w", err)
 	}
-	s := &Sink{cfg: cfg, subject: subject, nc: nc, js: js, log: log, closing: closing, connClosed: connClosed}
+	s := &Sink{cfg: cfg, subject: subject, nc: nc, js: js, log: log, closing: closing, connClosed: connClosed,
+		stopCreate: func() {}}
 	if cfg.CreateStream {
-		go s.createStream()
+		s.streamReady = make(chan struct{})
+		ctx, stop := context.WithCancel(context.Background())
+		s.stopCreate = stop
+		s.createDone = make(chan struct{})
+		go s.createStream(ctx)
 	}
 	return s, nil
 }
 
 // createStream creates the configured stream once connected, unless it
-// exists.
-func (s *Sink) createStream() {
+// exists, then closes streamReady. It tries until it succeeds or stop
+// ends.
+func (s *Sink) createStream(stop context.Context) {
+	defer close(s.createDone)
 	for {
-		if s.nc.IsClosed() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(stop, s.cfg.DialTimeout)
 		err := s.waitConnected(ctx)
 		if err == nil {
 			_, err = s.js.Stream(ctx, s.cfg.Stream)
@@ -200,10 +210,18 @@ func (s *Sink) createStream() {
 		}
 		cancel()
 		if err == nil {
+			close(s.streamReady)
+			return
+		}
+		if stop.Err() != nil {
 			return
 		}
 		s.log.Warn("nats create_stream failed; trying again", "stream", s.cfg.Stream, "err", err)
-		time.Sleep(s.cfg.ReconnectMax)
+		select {
+		case <-stop.Done():
+			return
+		case <-time.After(s.cfg.ReconnectMax):
+		}
 	}
 }
 
@@ -240,6 +258,10 @@ func (s *Sink) Healthy(ctx context.Context) error {
 func (s *Sink) Close(ctx context.Context) error {
 	err := s.inflight.Close(ctx)
 	s.closing.Store(true)
+	s.stopCreate()
+	if s.createDone != nil {
+		<-s.createDone
+	}
 	s.nc.Close()
 	if err != nil {
 		return fmt.Errorf("outbox: nats: close: in-flight sends still running: %w", err)
@@ -306,6 +328,13 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 			return err
 		}
 		return &notSentError{err: err}
+	}
+	if s.streamReady != nil {
+		select {
+		case <-s.streamReady:
+		case <-ctx.Done():
+			return &notSentError{err: fmt.Errorf("outbox: nats: create_stream: stream %q not created yet: %w", s.cfg.Stream, ctx.Err())}
+		}
 	}
 	b := &batch{s: s, msgs: msgs, be: sinks.NewBatchError(len(msgs)), nm: make([]*nats.Msg, len(msgs))}
 	maxPayload := s.nc.MaxPayload()
