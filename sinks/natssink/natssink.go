@@ -372,26 +372,33 @@ func (s *Sink) prepare(m sinks.Message, maxPayload int64) (*nats.Msg, error) {
 	if err := checkSubject(subject); err != nil {
 		return nil, fmt.Errorf("outbox: nats: subject %q: %w", subject, err)
 	}
-	h := make(nats.Header, len(m.Headers)+2)
+	h := make(nats.Header, len(m.Headers)+3)
+	// Every header has one value: one array holds them all (one
+	// allocation per message, not one per header).
+	vals := make([]string, 0, len(m.Headers)+3)
+	one := func(v string) []string {
+		vals = append(vals, v)
+		return vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	size := len("NATS/1.0\r\n\r\n")
 	for k, v := range m.Headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, err
 		}
-		h[k] = []string{v}
+		h[k] = one(v)
 		size += len(k) + len(v) + 4
 	}
-	h[HeaderMsgID] = []string{m.ID}
+	h[HeaderMsgID] = one(m.ID)
 	size += len(HeaderMsgID) + len(m.ID) + 4
 	if m.Key != "" {
 		if strings.ContainsAny(m.Key, "\r\n") {
 			return nil, errors.New("outbox: nats: key: contains CR or LF, which a NATS header cannot carry")
 		}
-		h[HeaderKey] = []string{m.Key}
+		h[HeaderKey] = one(m.Key)
 		size += len(HeaderKey) + len(m.Key) + 4
 	}
 	if s.cfg.Stream != "" {
-		h[jetstream.ExpectedStreamHeader] = []string{s.cfg.Stream}
+		h[jetstream.ExpectedStreamHeader] = one(s.cfg.Stream)
 		size += len(jetstream.ExpectedStreamHeader) + len(s.cfg.Stream) + 4
 	}
 	if maxPayload > 0 && int64(size+len(m.Payload)) > maxPayload {
@@ -406,13 +413,18 @@ func checkSubject(s string) error {
 	if s == "" {
 		return errors.New("empty")
 	}
-	for _, tok := range strings.Split(s, ".") {
+	for rest := s; ; {
+		tok, after, more := strings.Cut(rest, ".")
 		if tok == "" {
 			return errors.New("has an empty token")
 		}
 		if tok == "*" || tok == ">" {
 			return errors.New("has a wildcard token")
 		}
+		if !more {
+			break
+		}
+		rest = after
 	}
 	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return errors.New("contains white space or control characters")
@@ -458,6 +470,11 @@ type pending struct {
 // their acks.
 func (b *batch) round(ctx context.Context, idx []int) {
 	fl := make([]pending, 0, len(idx))
+	stall := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		stall = max(time.Until(dl), time.Millisecond)
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(stall)}
 	for _, i := range idx {
 		m := b.msgs[i]
 		switch {
@@ -468,11 +485,7 @@ func (b *batch) round(ctx context.Context, idx []int) {
 			b.gate.Fail(m)
 			continue
 		}
-		stall := time.Second
-		if dl, ok := ctx.Deadline(); ok {
-			stall = max(time.Until(dl), time.Millisecond)
-		}
-		paf, err := b.s.js.PublishMsgAsync(b.nm[i], jetstream.WithRetryAttempts(0), jetstream.WithStallWait(stall))
+		paf, err := b.s.js.PublishMsgAsync(b.nm[i], opts...)
 		if err != nil {
 			b.be.Errs[i] = b.s.publishErr(err)
 			b.gate.Fail(m)

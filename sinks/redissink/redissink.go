@@ -201,12 +201,11 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 
 	be := sinks.NewBatchError(len(msgs))
 	streams := make([]string, len(msgs))
-	fields := make([][]any, len(msgs))
 	var gate sinks.KeyGate
-	var todo []int
+	todo := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		streams[i] = s.stream.Render(m.Topic, m.Key, m.Headers)
-		f, err := s.fields(m, streams[i])
+		err := s.check(m, streams[i])
 		switch {
 		case gate.Blocked(m):
 			be.Errs[i] = sinks.ErrNotAttempted
@@ -214,12 +213,16 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 			be.Errs[i] = sinks.Permanent(err)
 			gate.Fail(m)
 		default:
-			fields[i] = f
 			todo = append(todo, i)
 		}
 	}
 	// Runs of consecutive messages that one script call may take: the
 	// whole batch, or in a cluster the messages whose streams share a slot.
+	if !s.cluster && len(todo) == len(msgs) {
+		// The common case: one run, every message, nothing failed yet.
+		s.run(ctx, msgs, streams, todo, nil, be, &gate)
+		return be.Err()
+	}
 	var runs [][]int
 	for _, i := range todo {
 		if n := len(runs); n > 0 && (!s.cluster || slot(streams[runs[n-1][0]]) == slot(streams[i])) {
@@ -246,16 +249,20 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		if len(keep) == 0 {
 			continue
 		}
-		s.run(ctx, msgs, streams, fields, keep, failedKeys, be, &gate)
+		s.run(ctx, msgs, streams, keep, failedKeys, be, &gate)
 	}
 	return be.Err()
 }
 
 // run sends the messages at idx in one script call and records each
 // outcome.
-func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, fields [][]any, idx []int, failedKeys []string, be *sinks.BatchError, gate *sinks.KeyGate) {
+func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, idx []int, failedKeys []string, be *sinks.BatchError, gate *sinks.KeyGate) {
 	keys := make([]string, len(idx))
-	args := make([]any, 0, 3+len(failedKeys)+len(idx)*8)
+	n := 3 + len(failedKeys)
+	for _, i := range idx {
+		n += 8 + 2*len(msgs[i].Headers)
+	}
+	args := make([]any, 0, n)
 	switch {
 	case s.cfg.MaxLen > 0:
 		args = append(args, "MAXLEN", strconv.Itoa(s.cfg.MaxLen))
@@ -268,10 +275,10 @@ func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, 
 	for _, k := range failedKeys {
 		args = append(args, k)
 	}
+	var names []string
 	for j, i := range idx {
 		keys[j] = streams[i]
-		args = append(args, msgs[i].Key, len(fields[i])/2)
-		args = append(args, fields[i]...)
+		args, names = s.appendEntry(args, msgs[i], names)
 	}
 	res, err := script.Run(ctx, s.c, keys, args...).StringSlice()
 	if err == nil && len(res) != len(idx) {
@@ -300,30 +307,49 @@ func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, 
 	}
 }
 
-// fields returns the entry's field-value pairs.
-func (s *Sink) fields(m sinks.Message, stream string) ([]any, error) {
+// check refuses a message whose entry cannot be written.
+func (s *Sink) check(m sinks.Message, stream string) error {
 	if stream == "" {
-		return nil, errors.New("outbox: redis: stream: the template renders an empty stream key")
+		return errors.New("outbox: redis: stream: the template renders an empty stream key")
 	}
-	f := make([]any, 0, 6+2*len(m.Headers))
-	f = append(f, FieldID, m.ID)
+	for k := range m.Headers {
+		if name := s.cfg.HeaderPrefix + k; name == FieldID || name == FieldKey || name == FieldPayload {
+			return fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
+		}
+	}
+	return nil
+}
+
+// appendEntry appends the script arguments of m's entry (its outbox key,
+// its number of fields, then the field-value pairs: id, key, payload and
+// the headers by name) to args. names is scratch space, returned for
+// reuse.
+func (s *Sink) appendEntry(args []any, m sinks.Message, names []string) ([]any, []string) {
+	nf := 2 + len(m.Headers)
 	if m.Key != "" {
-		f = append(f, FieldKey, m.Key)
+		nf++
 	}
-	f = append(f, FieldPayload, m.Payload)
-	names := make([]string, 0, len(m.Headers))
+	args = append(args, m.Key, nf, FieldID, m.ID)
+	if m.Key != "" {
+		args = append(args, FieldKey, m.Key)
+	}
+	args = append(args, FieldPayload, m.Payload)
+	if len(m.Headers) == 0 {
+		return args, names
+	}
+	names = names[:0]
 	for k := range m.Headers {
 		names = append(names, k)
 	}
 	slices.Sort(names)
 	for _, k := range names {
-		name := s.cfg.HeaderPrefix + k
-		if name == FieldID || name == FieldKey || name == FieldPayload {
-			return nil, fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
+		name := k
+		if s.cfg.HeaderPrefix != "" {
+			name = s.cfg.HeaderPrefix + k
 		}
-		f = append(f, name, m.Headers[k])
+		args = append(args, name, m.Headers[k])
 	}
-	return f, nil
+	return args, names
 }
 
 // retriableReplies are the error reply prefixes of transient conditions;
