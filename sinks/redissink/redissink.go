@@ -63,30 +63,34 @@ local failed = {}
 local nfailed = tonumber(ARGV[3])
 local a = 4
 for i = 1, nfailed do failed[ARGV[a]] = true; a = a + 1 end
-local minid
-if trim == 'MINID' then
+-- One argument table for every XADD: the command, the stream, the
+-- trimming and '*' stay; the fields are written from base on and the
+-- tail of a longer earlier entry is cleared.
+local args = {'XADD', false}
+local base = 3
+if trim == 'MAXLEN' then
+  args[3] = 'MAXLEN'; args[4] = '~'; args[5] = trimarg; base = 6
+elseif trim == 'MINID' then
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(trimarg)
   if ms < 0 then ms = 0 end
-  minid = string.format('%.0f', ms)
+  args[3] = 'MINID'; args[4] = '~'; args[5] = string.format('%.0f', ms); base = 6
 end
+args[base] = '*'
+local top = base
 local out = {}
 for i = 1, #KEYS do
   local okey = ARGV[a]
-  local nf = tonumber(ARGV[a + 1])
+  local nf = 2 * tonumber(ARGV[a + 1])
   a = a + 2
   if okey ~= '' and failed[okey] then
     out[i] = ''
   else
-    local args = {'XADD', KEYS[i]}
-    if trim == 'MAXLEN' then
-      args[3] = 'MAXLEN'; args[4] = '~'; args[5] = trimarg
-    elseif minid then
-      args[3] = 'MINID'; args[4] = '~'; args[5] = minid
-    end
-    args[#args + 1] = '*'
-    for j = a, a + 2 * nf - 1 do args[#args + 1] = ARGV[j] end
-    local r = redis.pcall(unpack(args))
+    args[2] = KEYS[i]
+    for j = 1, nf do args[base + j] = ARGV[a + j - 1] end
+    for j = base + nf + 1, top do args[j] = nil end
+    top = base + nf
+    local r = redis.pcall(unpack(args, 1, top))
     if type(r) == 'table' and r.err then
       out[i] = '!' .. r.err
       if okey ~= '' then failed[okey] = true end
@@ -94,7 +98,7 @@ for i = 1, #KEYS do
       out[i] = r
     end
   end
-  a = a + 2 * nf
+  a = a + nf
 end
 return out
 `
