@@ -40,13 +40,13 @@ func TestChaosRedis(t *testing.T) {
 	}
 	t.Logf("seed %d (CHAOS_SEED reproduces the random choices)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x5ED1))
-	// The short form runs in make test; CHAOS_LONG=1 writes more.
-	messages := int64(8_000)
+	// The short form runs in make test; CHAOS_LONG=1 writes more, for
+	// longer (four times the kills).
+	messages, writeFor := int64(8_000), 15*time.Second
 	if os.Getenv("CHAOS_LONG") == "1" {
-		messages = 20_000
+		messages, writeFor = 50_000, 60*time.Second
 	}
 	const keys, writers, relays = 500, 6, 3
-	const writeFor = 15 * time.Second
 
 	srv := throwaway.Redis(t)
 	ctx, cancel := testContext(t)
