@@ -22,6 +22,12 @@ import (
 // 500 messages, on as many connections as the relay has workers) push the
 // same messages (200-byte payload, 1,000 keys) the relay drains from the
 // outbox. The relay rows' notes give the ratio to the raw publisher.
+//
+// A first row drains the same backlog into the discard sink: the relay's
+// own ceiling on this machine (claim and settle, no sink work), which no
+// sink can beat. Each relay row's note gives the ratio to it as well, so
+// that a low ratio to the raw publisher can be told apart from a slow
+// sink.
 func (b *bench) brokers(ctx context.Context) error {
 	type target struct {
 		name, note string
@@ -44,6 +50,24 @@ func (b *bench) brokers(ctx context.Context) error {
 		targets = append(targets, target{name: "redis",
 			note: "one EVALSHA of XADDs per batch, loopback Redis",
 			raw:  b.redisRaw, setup: b.redisSetup})
+	}
+	var ceiling float64
+	if len(targets) > 0 {
+		disc := &row{Group: "brokers", Name: "relay → discard (the relay's own ceiling)", Messages: b.cfg.brokerN,
+			PayloadBytes: b.cfg.payload, Keys: b.cfg.keys, Batch: b.cfg.batch, Workers: b.cfg.workers, Processes: 1,
+			Note: "the same backlog drained into the discard sink: claim and settle only"}
+		for run := 0; run < b.cfg.runs; run++ {
+			if err := b.drainRun(ctx, disc, drainSink{name: "discard", n: b.cfg.brokerN,
+				setup: func(context.Context, int) (string, func() string, func(), error) {
+					return "discard", nil, func() {}, nil
+				}}, run); err != nil {
+				b.log.Warn("drain failed", "sink", "discard", "error", err)
+				disc.addNote("run %d failed: %v", run+1, shorten(err.Error()))
+			}
+		}
+		disc.finish()
+		ceiling = disc.Rate
+		b.rep.add(disc)
 	}
 	for _, tg := range targets {
 		raw := &row{Group: "brokers", Name: "raw " + tg.name + " publisher (yardstick)", Messages: b.cfg.brokerN,
@@ -81,6 +105,9 @@ func (b *bench) brokers(ctx context.Context) error {
 		if len(ratios) > 0 {
 			slices.Sort(ratios)
 			rel.addNote("%.2f × the raw publisher (median of %d A/B pairs; per pair %s)", ratios[len(ratios)/2], len(ratios), fmtRatios(ratios))
+		}
+		if ceiling > 0 && rel.Rate > 0 && raw.Rate > 0 {
+			rel.addNote("%.2f × the relay's discard ceiling, which is itself %.2f × the raw publisher", rel.Rate/ceiling, ceiling/raw.Rate)
 		}
 		b.rep.add(raw)
 		b.rep.add(rel)

@@ -9,11 +9,12 @@ import (
 
 // BenchmarkSend is one Send of 500 messages over 4 keys (a lane-local
 // batch) in each ordering mode, against the same 500 messages published
-// by a raw nats.go async publisher, on the shared server.
+// by a raw nats.go async publisher, on the shared server. The sink
+// connects straight to the server, as the raw publisher does.
 func BenchmarkSend(b *testing.B) {
 	for _, ordering := range []string{OrderingStrict, OrderingPipelined} {
 		b.Run("sink-"+ordering, func(b *testing.B) {
-			e := setup(b, withConfig(func(c *Config) { c.Ordering = ordering; c.Subject = "{topic}" }))
+			e := setup(b, direct(), withConfig(func(c *Config) { c.Ordering = ordering; c.Subject = "{topic}" }))
 			ctx := context.Background()
 			batch := msgs(e.topic("bench"), 500, 4, 200)
 			for b.Loop() {

@@ -55,6 +55,7 @@ type testEnv struct {
 	proxy  *tcpproxy.Proxy
 	sink   *Sink
 	cfg    Config
+	direct bool   // the sink connects to the server, not through the proxy
 	next   uint64 // next stream sequence Read returns
 	scfg   jetstream.StreamConfig
 }
@@ -65,6 +66,11 @@ func withConfig(f func(*Config)) envOpt { return func(e *testEnv) { f(&e.cfg) } 
 func withStream(f func(*jetstream.StreamConfig)) envOpt {
 	return func(e *testEnv) { f(&e.scfg) }
 }
+
+// direct connects the sink straight to the server (benchmarks: the proxy
+// would be a cost the raw publisher does not pay).
+func direct() envOpt { return func(e *testEnv) { e.direct = true } }
+
 func onServer(u string) envOpt { return func(e *testEnv) { e.server = u } }
 
 func setup(tb testing.TB, opts ...envOpt) *testEnv {
@@ -112,8 +118,10 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	})
 	u, err := url.Parse(e.server)
 	require.NoError(tb, err)
-	e.proxy = tcpproxy.New(tb, u.Host)
-	u.Host = e.proxy.Addr()
+	if !e.direct {
+		e.proxy = tcpproxy.New(tb, u.Host)
+		u.Host = e.proxy.Addr()
+	}
 	e.cfg.URL = u.String()
 	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)

@@ -77,6 +77,12 @@ type Sink struct {
 	// dispatches: Close waits for it so that no callback (and no log line)
 	// comes after Close returns.
 	connClosed chan struct{}
+	// streamReady is closed once create_stream made (or found) the
+	// stream; nil without create_stream. Send waits for it: a publish
+	// before would find no stream and dead-letter its messages.
+	streamReady chan struct{}
+	stopCreate  context.CancelFunc // ends createStream's retries on Close
+	createDone  chan struct{}      // closed when createStream returns
 }
 
 // New returns a sink for cfg. It validates cfg, applies the defaults and
@@ -161,21 +167,25 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("outbox: nats: %w", err)
 	}
-	s := &Sink{cfg: cfg, subject: subject, nc: nc, js: js, log: log, closing: closing, connClosed: connClosed}
+	s := &Sink{cfg: cfg, subject: subject, nc: nc, js: js, log: log, closing: closing, connClosed: connClosed,
+		stopCreate: func() {}}
 	if cfg.CreateStream {
-		go s.createStream()
+		s.streamReady = make(chan struct{})
+		ctx, stop := context.WithCancel(context.Background())
+		s.stopCreate = stop
+		s.createDone = make(chan struct{})
+		go s.createStream(ctx)
 	}
 	return s, nil
 }
 
 // createStream creates the configured stream once connected, unless it
-// exists.
-func (s *Sink) createStream() {
+// exists, then closes streamReady. It tries until it succeeds or stop
+// ends.
+func (s *Sink) createStream(stop context.Context) {
+	defer close(s.createDone)
 	for {
-		if s.nc.IsClosed() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(stop, s.cfg.DialTimeout)
 		err := s.waitConnected(ctx)
 		if err == nil {
 			_, err = s.js.Stream(ctx, s.cfg.Stream)
@@ -200,10 +210,18 @@ func (s *Sink) createStream() {
 		}
 		cancel()
 		if err == nil {
+			close(s.streamReady)
+			return
+		}
+		if stop.Err() != nil {
 			return
 		}
 		s.log.Warn("nats create_stream failed; trying again", "stream", s.cfg.Stream, "err", err)
-		time.Sleep(s.cfg.ReconnectMax)
+		select {
+		case <-stop.Done():
+			return
+		case <-time.After(s.cfg.ReconnectMax):
+		}
 	}
 }
 
@@ -240,6 +258,10 @@ func (s *Sink) Healthy(ctx context.Context) error {
 func (s *Sink) Close(ctx context.Context) error {
 	err := s.inflight.Close(ctx)
 	s.closing.Store(true)
+	s.stopCreate()
+	if s.createDone != nil {
+		<-s.createDone
+	}
 	s.nc.Close()
 	if err != nil {
 		return fmt.Errorf("outbox: nats: close: in-flight sends still running: %w", err)
@@ -307,6 +329,13 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		}
 		return &notSentError{err: err}
 	}
+	if s.streamReady != nil {
+		select {
+		case <-s.streamReady:
+		case <-ctx.Done():
+			return &notSentError{err: fmt.Errorf("outbox: nats: create_stream: stream %q not created yet: %w", s.cfg.Stream, ctx.Err())}
+		}
+	}
 	b := &batch{s: s, msgs: msgs, be: sinks.NewBatchError(len(msgs)), nm: make([]*nats.Msg, len(msgs))}
 	maxPayload := s.nc.MaxPayload()
 	var rounds [][]int
@@ -343,26 +372,33 @@ func (s *Sink) prepare(m sinks.Message, maxPayload int64) (*nats.Msg, error) {
 	if err := checkSubject(subject); err != nil {
 		return nil, fmt.Errorf("outbox: nats: subject %q: %w", subject, err)
 	}
-	h := make(nats.Header, len(m.Headers)+2)
+	h := make(nats.Header, len(m.Headers)+3)
+	// Every header has one value: one array holds them all (one
+	// allocation per message, not one per header).
+	vals := make([]string, 0, len(m.Headers)+3)
+	one := func(v string) []string {
+		vals = append(vals, v)
+		return vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	size := len("NATS/1.0\r\n\r\n")
 	for k, v := range m.Headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, err
 		}
-		h[k] = []string{v}
+		h[k] = one(v)
 		size += len(k) + len(v) + 4
 	}
-	h[HeaderMsgID] = []string{m.ID}
+	h[HeaderMsgID] = one(m.ID)
 	size += len(HeaderMsgID) + len(m.ID) + 4
 	if m.Key != "" {
 		if strings.ContainsAny(m.Key, "\r\n") {
 			return nil, errors.New("outbox: nats: key: contains CR or LF, which a NATS header cannot carry")
 		}
-		h[HeaderKey] = []string{m.Key}
+		h[HeaderKey] = one(m.Key)
 		size += len(HeaderKey) + len(m.Key) + 4
 	}
 	if s.cfg.Stream != "" {
-		h[jetstream.ExpectedStreamHeader] = []string{s.cfg.Stream}
+		h[jetstream.ExpectedStreamHeader] = one(s.cfg.Stream)
 		size += len(jetstream.ExpectedStreamHeader) + len(s.cfg.Stream) + 4
 	}
 	if maxPayload > 0 && int64(size+len(m.Payload)) > maxPayload {
@@ -377,13 +413,18 @@ func checkSubject(s string) error {
 	if s == "" {
 		return errors.New("empty")
 	}
-	for _, tok := range strings.Split(s, ".") {
+	for rest := s; ; {
+		tok, after, more := strings.Cut(rest, ".")
 		if tok == "" {
 			return errors.New("has an empty token")
 		}
 		if tok == "*" || tok == ">" {
 			return errors.New("has a wildcard token")
 		}
+		if !more {
+			break
+		}
+		rest = after
 	}
 	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return errors.New("contains white space or control characters")
@@ -429,6 +470,11 @@ type pending struct {
 // their acks.
 func (b *batch) round(ctx context.Context, idx []int) {
 	fl := make([]pending, 0, len(idx))
+	stall := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		stall = max(time.Until(dl), time.Millisecond)
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(stall)}
 	for _, i := range idx {
 		m := b.msgs[i]
 		switch {
@@ -439,11 +485,7 @@ func (b *batch) round(ctx context.Context, idx []int) {
 			b.gate.Fail(m)
 			continue
 		}
-		stall := time.Second
-		if dl, ok := ctx.Deadline(); ok {
-			stall = max(time.Until(dl), time.Millisecond)
-		}
-		paf, err := b.s.js.PublishMsgAsync(b.nm[i], jetstream.WithRetryAttempts(0), jetstream.WithStallWait(stall))
+		paf, err := b.s.js.PublishMsgAsync(b.nm[i], opts...)
 		if err != nil {
 			b.be.Errs[i] = b.s.publishErr(err)
 			b.gate.Fail(m)

@@ -12,7 +12,7 @@ import (
 // 500 XADDs in one raw go-redis pipeline, on the shared server. Compare
 // the two in one run (-bench . -count 5, alternating by benchstat).
 func BenchmarkSend(b *testing.B) {
-	e := setup(b, withConfig(func(c *Config) { c.Stream = "{topic}" }))
+	e := setup(b, direct(), withConfig(func(c *Config) { c.Stream = "{topic}" }))
 	ctx := context.Background()
 	topic := e.topic("bench")
 	batch := msgs(topic, 500, 4, 200)

@@ -50,13 +50,19 @@ type testEnv struct {
 	proxy  *tcpproxy.Proxy
 	sink   *Sink
 	cfg    Config
+	direct bool              // the sink connects to the server, not through the proxy
 	last   map[string]string // stream -> last entry id read
 }
 
 type envOpt func(*testEnv)
 
 func withConfig(f func(*Config)) envOpt { return func(e *testEnv) { f(&e.cfg) } }
-func onServer(u string) envOpt          { return func(e *testEnv) { e.server = u } }
+
+// direct connects the sink straight to the server (benchmarks: the proxy
+// would be a cost the raw publisher does not pay).
+func direct() envOpt { return func(e *testEnv) { e.direct = true } }
+
+func onServer(u string) envOpt { return func(e *testEnv) { e.server = u } }
 
 func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
@@ -95,8 +101,10 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	})
 	u, err := url.Parse(e.server)
 	require.NoError(tb, err)
-	e.proxy = tcpproxy.New(tb, u.Host)
-	u.Host = e.proxy.Addr()
+	if !e.direct {
+		e.proxy = tcpproxy.New(tb, u.Host)
+		u.Host = e.proxy.Addr()
+	}
 	e.cfg.URL = u.String()
 	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)

@@ -63,30 +63,34 @@ local failed = {}
 local nfailed = tonumber(ARGV[3])
 local a = 4
 for i = 1, nfailed do failed[ARGV[a]] = true; a = a + 1 end
-local minid
-if trim == 'MINID' then
+-- One argument table for every XADD: the command, the stream, the
+-- trimming and '*' stay; the fields are written from base on and the
+-- tail of a longer earlier entry is cleared.
+local args = {'XADD', false}
+local base = 3
+if trim == 'MAXLEN' then
+  args[3] = 'MAXLEN'; args[4] = '~'; args[5] = trimarg; base = 6
+elseif trim == 'MINID' then
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(trimarg)
   if ms < 0 then ms = 0 end
-  minid = string.format('%.0f', ms)
+  args[3] = 'MINID'; args[4] = '~'; args[5] = string.format('%.0f', ms); base = 6
 end
+args[base] = '*'
+local top = base
 local out = {}
 for i = 1, #KEYS do
   local okey = ARGV[a]
-  local nf = tonumber(ARGV[a + 1])
+  local nf = 2 * tonumber(ARGV[a + 1])
   a = a + 2
   if okey ~= '' and failed[okey] then
     out[i] = ''
   else
-    local args = {'XADD', KEYS[i]}
-    if trim == 'MAXLEN' then
-      args[3] = 'MAXLEN'; args[4] = '~'; args[5] = trimarg
-    elseif minid then
-      args[3] = 'MINID'; args[4] = '~'; args[5] = minid
-    end
-    args[#args + 1] = '*'
-    for j = a, a + 2 * nf - 1 do args[#args + 1] = ARGV[j] end
-    local r = redis.pcall(unpack(args))
+    args[2] = KEYS[i]
+    for j = 1, nf do args[base + j] = ARGV[a + j - 1] end
+    for j = base + nf + 1, top do args[j] = nil end
+    top = base + nf
+    local r = redis.pcall(unpack(args, 1, top))
     if type(r) == 'table' and r.err then
       out[i] = '!' .. r.err
       if okey ~= '' then failed[okey] = true end
@@ -94,7 +98,7 @@ for i = 1, #KEYS do
       out[i] = r
     end
   end
-  a = a + 2 * nf
+  a = a + nf
 end
 return out
 `
@@ -201,12 +205,11 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 
 	be := sinks.NewBatchError(len(msgs))
 	streams := make([]string, len(msgs))
-	fields := make([][]any, len(msgs))
 	var gate sinks.KeyGate
-	var todo []int
+	todo := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		streams[i] = s.stream.Render(m.Topic, m.Key, m.Headers)
-		f, err := s.fields(m, streams[i])
+		err := s.check(m, streams[i])
 		switch {
 		case gate.Blocked(m):
 			be.Errs[i] = sinks.ErrNotAttempted
@@ -214,12 +217,16 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 			be.Errs[i] = sinks.Permanent(err)
 			gate.Fail(m)
 		default:
-			fields[i] = f
 			todo = append(todo, i)
 		}
 	}
 	// Runs of consecutive messages that one script call may take: the
 	// whole batch, or in a cluster the messages whose streams share a slot.
+	if !s.cluster && len(todo) == len(msgs) {
+		// The common case: one run, every message, nothing failed yet.
+		s.run(ctx, msgs, streams, todo, nil, be, &gate)
+		return be.Err()
+	}
 	var runs [][]int
 	for _, i := range todo {
 		if n := len(runs); n > 0 && (!s.cluster || slot(streams[runs[n-1][0]]) == slot(streams[i])) {
@@ -246,16 +253,20 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 		if len(keep) == 0 {
 			continue
 		}
-		s.run(ctx, msgs, streams, fields, keep, failedKeys, be, &gate)
+		s.run(ctx, msgs, streams, keep, failedKeys, be, &gate)
 	}
 	return be.Err()
 }
 
 // run sends the messages at idx in one script call and records each
 // outcome.
-func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, fields [][]any, idx []int, failedKeys []string, be *sinks.BatchError, gate *sinks.KeyGate) {
+func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, idx []int, failedKeys []string, be *sinks.BatchError, gate *sinks.KeyGate) {
 	keys := make([]string, len(idx))
-	args := make([]any, 0, 3+len(failedKeys)+len(idx)*8)
+	n := 3 + len(failedKeys)
+	for _, i := range idx {
+		n += 8 + 2*len(msgs[i].Headers)
+	}
+	args := make([]any, 0, n)
 	switch {
 	case s.cfg.MaxLen > 0:
 		args = append(args, "MAXLEN", strconv.Itoa(s.cfg.MaxLen))
@@ -268,10 +279,10 @@ func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, 
 	for _, k := range failedKeys {
 		args = append(args, k)
 	}
+	var names []string
 	for j, i := range idx {
 		keys[j] = streams[i]
-		args = append(args, msgs[i].Key, len(fields[i])/2)
-		args = append(args, fields[i]...)
+		args, names = s.appendEntry(args, msgs[i], names)
 	}
 	res, err := script.Run(ctx, s.c, keys, args...).StringSlice()
 	if err == nil && len(res) != len(idx) {
@@ -300,30 +311,49 @@ func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, 
 	}
 }
 
-// fields returns the entry's field-value pairs.
-func (s *Sink) fields(m sinks.Message, stream string) ([]any, error) {
+// check refuses a message whose entry cannot be written.
+func (s *Sink) check(m sinks.Message, stream string) error {
 	if stream == "" {
-		return nil, errors.New("outbox: redis: stream: the template renders an empty stream key")
+		return errors.New("outbox: redis: stream: the template renders an empty stream key")
 	}
-	f := make([]any, 0, 6+2*len(m.Headers))
-	f = append(f, FieldID, m.ID)
+	for k := range m.Headers {
+		if name := s.cfg.HeaderPrefix + k; name == FieldID || name == FieldKey || name == FieldPayload {
+			return fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
+		}
+	}
+	return nil
+}
+
+// appendEntry appends the script arguments of m's entry (its outbox key,
+// its number of fields, then the field-value pairs: id, key, payload and
+// the headers by name) to args. names is scratch space, returned for
+// reuse.
+func (s *Sink) appendEntry(args []any, m sinks.Message, names []string) ([]any, []string) {
+	nf := 2 + len(m.Headers)
 	if m.Key != "" {
-		f = append(f, FieldKey, m.Key)
+		nf++
 	}
-	f = append(f, FieldPayload, m.Payload)
-	names := make([]string, 0, len(m.Headers))
+	args = append(args, m.Key, nf, FieldID, m.ID)
+	if m.Key != "" {
+		args = append(args, FieldKey, m.Key)
+	}
+	args = append(args, FieldPayload, m.Payload)
+	if len(m.Headers) == 0 {
+		return args, names
+	}
+	names = names[:0]
 	for k := range m.Headers {
 		names = append(names, k)
 	}
 	slices.Sort(names)
 	for _, k := range names {
-		name := s.cfg.HeaderPrefix + k
-		if name == FieldID || name == FieldKey || name == FieldPayload {
-			return nil, fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
+		name := k
+		if s.cfg.HeaderPrefix != "" {
+			name = s.cfg.HeaderPrefix + k
 		}
-		f = append(f, name, m.Headers[k])
+		args = append(args, name, m.Headers[k])
 	}
-	return f, nil
+	return args, names
 }
 
 // retriableReplies are the error reply prefixes of transient conditions;
