@@ -67,10 +67,11 @@ func (r *Relay) source() *source {
 // trip. The transaction stays open: the caller settles and commits it.
 //
 // more says whether the worker's lanes may hold deliverable messages this
-// claim left behind: it is full, the byte limit cut it, or it ran with the
-// priority phase (which takes only the priority keys' messages when there
-// are some). Otherwise the claim visited every lane of the worker and took
-// all it found.
+// claim left behind: it is full, it may have taken a whole lane's share
+// (laneLimit), the byte limit cut it, or it ran with the priority phase
+// (which takes only the priority keys' messages when there are some).
+// Otherwise the claim visited every lane of the worker and took all it
+// found.
 func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, handover []int16) (_ []claimed, more bool, _ error) {
 	partial := r.priority[worker]
 	found := 0
@@ -82,7 +83,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	batch := make([]claimed, 0, r.cfg.BatchSize)
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
-		Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: handover,
 		Priority: r.priority[worker],
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
@@ -104,5 +105,13 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		return nil, false, fmt.Errorf("outbox: claim: %w", err)
 	}
 	n := len(batch)
-	return batch, n >= r.cfg.BatchSize || found > n || (partial && n > 0), nil
+	return batch, n >= r.laneLimit || found > n || (partial && n > 0), nil
 }
+
+// keySerialLanes: a sink that sends a key's messages one round trip after
+// another gets batches drawn from at least this many lanes when the
+// backlog allows (1,000 keys spread over 256 lanes: about 4 keys a lane,
+// so some 32 keys a batch instead of 4). Measured with RabbitMQ
+// (BENCH_ONLY=drain): 0.62 × the raw publisher against 0.39 with whole
+// lanes, in the same window.
+const keySerialLanes = 8

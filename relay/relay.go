@@ -49,6 +49,11 @@ type Relay struct {
 	rebalance chan struct{}
 	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
 	connWait  []atomic.Int64 // see starved
+	// laneLimit is the most messages a claim takes from one lane: the
+	// batch size, or an eighth of it for a sink that sends a key's
+	// messages one round trip after another (sinks.KeySerial), whose
+	// batches go faster the more keys they span.
+	laneLimit int
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
 	priority  []bool
@@ -125,6 +130,10 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		lastLoop:  make([]atomic.Int64, cfg.Workers),
 		connWait:  make([]atomic.Int64, cfg.Workers),
 		priority:  make([]bool, cfg.Workers),
+		laneLimit: cfg.BatchSize,
+	}
+	if sinks.IsKeySerial(sink) {
+		r.laneLimit = max(1, cfg.BatchSize/keySerialLanes)
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
@@ -214,7 +223,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		archiveDone := spawn(func() { r.keepArchive(ctx) })
 		defer func() { <-archiveDone }()
 	}
-	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
+	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	lease := newLeaser(r)
 	leaseDone := spawn(func() { lease.run(ctx) })
 	watchDone := spawn(func() { r.watchSchema(ctx) })

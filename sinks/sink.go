@@ -91,6 +91,40 @@ type StartChecker interface {
 	CheckStart(ctx context.Context) error
 }
 
+// KeySerial is implemented by sinks that send a key's messages one round
+// trip after another (a publisher-confirm round, a webhook request, a
+// strict NATS round for each message of a key) while different keys go in
+// parallel. Such a sink is faster the more keys a batch spans, so the relay
+// claims its batches across more lanes: at most an eighth of a batch from
+// one lane per claim. KeySerial reports whether this sink, as configured,
+// works that way.
+type KeySerial interface {
+	KeySerial() bool
+}
+
+// Wrapper is implemented by sinks that wrap another one (a payload
+// format): Unwrap returns the wrapped sink, so that the relay finds the
+// capabilities of the sink underneath.
+type Wrapper interface {
+	Unwrap() Sink
+}
+
+// IsKeySerial reports whether s, or a sink it wraps, is a KeySerial sink
+// that says so.
+func IsKeySerial(s Sink) bool {
+	for s != nil {
+		if k, ok := s.(KeySerial); ok {
+			return k.KeySerial()
+		}
+		w, ok := s.(Wrapper)
+		if !ok {
+			return false
+		}
+		s = w.Unwrap()
+	}
+	return false
+}
+
 var (
 	// ErrClosed is returned by Send after Close.
 	ErrClosed = errors.New("outbox: sink closed")

@@ -12,8 +12,9 @@ import (
 // file is the one place that decides which rows a claim takes and in what
 // order.
 //
-// A claim takes up to @limit deliverable messages, and at most @max_bytes
-// of payload (but always the first message), from the lanes relay @relay
+// A claim takes up to @limit deliverable messages, at most @lane_limit of
+// them from one lane, and at most @max_bytes of payload (but always the
+// first message), from the lanes relay @relay
 // leases in route @route and that belong to this worker (lane % @workers =
 // @worker), starting at lane @rotation so that every lane gets its turn.
 // @topics and @exclude are the route's topic patterns (LIKE form) and those
@@ -40,6 +41,9 @@ type ClaimParams struct {
 	Rotation int
 	// Limit is the most rows claimed.
 	Limit int
+	// LaneLimit is the most rows claimed from one lane (0: Limit). A lower
+	// one spreads the batch over more lanes, so over more keys.
+	LaneLimit int
 	// MaxBytes is the most payload bytes claimed (the first row always
 	// goes). The router reads no payloads and ignores it.
 	MaxBytes int64
@@ -89,9 +93,13 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 	if handover == nil {
 		handover = []int16{} // NULL would exclude every lane
 	}
+	laneLimit := p.LaneLimit
+	if laneLimit <= 0 || laneLimit > p.Limit {
+		laneLimit = p.Limit
+	}
 	args := pgx.NamedArgs{
 		"relay": p.Relay, "workers": p.Workers, "worker": p.Worker, "rotation": p.Rotation,
-		"limit": p.Limit, "max_bytes": p.MaxBytes, "topics": p.Topics, "exclude": p.Exclude,
+		"limit": p.Limit, "lane_limit": laneLimit, "max_bytes": p.MaxBytes, "topics": p.Topics, "exclude": p.Exclude,
 		"handover": handover,
 	}
 	claim := e.claim
@@ -163,7 +171,7 @@ CROSS JOIN LATERAL (
       AND ` + topicFilter("m") + `
       AND ` + e.notHeld(src) + `
     ORDER BY m.id
-    LIMIT @limit
+    LIMIT @lane_limit
     FOR UPDATE
 ) m`
 	// The router copies rows inside the database: it reads neither

@@ -181,6 +181,21 @@ func TestClaimOrderHoldAndByteCut(t *testing.T) {
 	if got, want := ids(c.Rows), []int64{3, 4}; !slices.Equal(got, want) {
 		t.Fatalf("250 bytes of 100-byte payloads claimed %v, want %v", got, want)
 	}
+	if c.Rows[0].Found != 6 {
+		t.Fatalf("found %d rows before the byte cut, want 6", c.Rows[0].Found)
+	}
+	// A lane limit spreads the claim over lanes: 257 and 258 share lanes
+	// 1 and 2 with 1 and 2.
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (id, topic, payload) VALUES (257, 'orders', ''), (258, 'orders', '')`)
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 1, Limit: 100, MaxBytes: 1 << 20}, nil)
+	if got, want := ids(c.Rows), []int64{1, 257, 2, 258, 3, 4, 5, 6}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v, want %v (each lane in id order)", got, want)
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 1, Limit: 100, LaneLimit: 1, MaxBytes: 1 << 20}, nil)
+	if got, want := ids(c.Rows), []int64{1, 2, 3, 4, 5, 6}; !slices.Equal(got, want) {
+		t.Fatalf("lane limit 1 claimed %v, want %v (the first of each lane)", got, want)
+	}
+	e.exec(`DELETE FROM ` + e.s.Table("messages") + ` WHERE id > 256`)
 	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 1}, nil)
 	if got, want := ids(c.Rows), []int64{3}; !slices.Equal(got, want) {
 		t.Fatalf("a payload above the byte limit claimed %v, want it alone: %v", got, want)
@@ -378,7 +393,7 @@ func BenchmarkClaimRewrite(b *testing.B) {
 	e := NewEngine(s, Outbox, "", false)
 	args := func() pgx.NamedArgs {
 		return pgx.NamedArgs{
-			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "route": "",
+			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "lane_limit": 500, "route": "",
 			"max_bytes": int64(1 << 24), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
 		}
 	}
@@ -407,7 +422,7 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 	t.Parallel()
 	e := NewEngine(testSchema(t), Copies, "orders", false)
 	a := pgx.NamedArgs{
-		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "route": "orders",
+		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "lane_limit": 62, "route": "orders",
 		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3},
 	}
 	for _, st := range []stmt{e.claim, e.claimPriority, e.hasPriority} {
@@ -504,7 +519,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 				st = en.claimPriority
 			}
 			args := st.args(pgx.NamedArgs{"relay": "me", "workers": sc.workers, "worker": sc.worker, "rotation": 0,
-				"limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
+				"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
 				"handover": []int16{}, "route": ""})
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				t.Fatal(err)

@@ -377,6 +377,10 @@ func (s *Sink) CheckStart(ctx context.Context) error {
 
 // Close stops new Sends, waits for in-flight Sends or ctx, then closes the
 // connection. It is idempotent.
+// KeySerial reports that a batch goes out in confirm rounds, one round per
+// message of its busiest key (sinks.KeySerial).
+func (s *Sink) KeySerial() bool { return true }
+
 func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true

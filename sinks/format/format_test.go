@@ -471,3 +471,18 @@ func TestWrapWholeBatchError(t *testing.T) {
 		require.ErrorIs(t, be.Errs[i], context.Canceled, i)
 	}
 }
+
+type keySerialSink struct{ sinks.Sink }
+
+func (keySerialSink) KeySerial() bool { return true }
+
+// A format keeps what the relay asks of the sink underneath: whether it
+// sends a key's messages one round trip after another.
+func TestWrapKeepsKeySerial(t *testing.T) {
+	ce, err := format.CloudEvents(format.Options{Binding: format.BindingHTTP})
+	require.NoError(t, err)
+	inner := keySerialSink{memory.New()}
+	require.True(t, sinks.IsKeySerial(inner))
+	require.True(t, sinks.IsKeySerial(format.Wrap(inner, ce)))
+	require.False(t, sinks.IsKeySerial(format.Wrap(memory.New(), ce)))
+}

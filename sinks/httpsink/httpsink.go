@@ -459,6 +459,10 @@ func (s *Sink) headers(m sinks.Message) (http.Header, error) {
 
 // Close stops new Sends, waits for in-flight ones until ctx ends (then
 // aborts them) and closes idle connections. It is idempotent.
+// KeySerial reports that a key's messages are posted one request after
+// another, different keys concurrently (sinks.KeySerial).
+func (s *Sink) KeySerial() bool { return true }
+
 func (s *Sink) Close(ctx context.Context) error {
 	err := s.inflight.Close(ctx)
 	if err != nil {

@@ -255,6 +255,10 @@ func (s *Sink) Healthy(ctx context.Context) error {
 
 // Close refuses new Sends, waits for in-flight ones or ctx, then closes
 // the connection. It is idempotent.
+// KeySerial reports whether the batch goes out in rounds per key
+// (ordering=strict; sinks.KeySerial): pipelined puts it all in flight.
+func (s *Sink) KeySerial() bool { return s.cfg.Ordering != OrderingPipelined }
+
 func (s *Sink) Close(ctx context.Context) error {
 	err := s.inflight.Close(ctx)
 	s.closing.Store(true)

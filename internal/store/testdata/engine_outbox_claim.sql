@@ -22,7 +22,7 @@ CROSS JOIN LATERAL (
             AND (w.available_at IS NOT NULL AND w.available_at > now())
             AND (@topics::text[] IS NULL OR w.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT w.topic LIKE ANY(@exclude)))
     ORDER BY m.id
-    LIMIT @limit
+    LIMIT @lane_limit
     FOR UPDATE
 ) m
 LIMIT @limit
