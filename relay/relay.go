@@ -199,12 +199,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	// back instead of holding the shutdown.
 	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHard()
+	drainStarted := make(chan struct{})
 	stopDrainTimer := context.AfterFunc(ctx, func() {
+		defer close(drainStarted)
 		r.draining.Store(true)
 		r.log.Info("draining: no new claims", "drain_timeout", r.cfg.DrainTimeout)
 		time.AfterFunc(r.cfg.DrainTimeout, cancelHard)
 	})
-	defer stopDrainTimer()
+	defer func() {
+		// AfterFunc runs its function in a goroutine of its own: once it
+		// has started, Run waits for it, so that nothing of this relay
+		// logs after Run returned (a caller may close the log then).
+		if !stopDrainTimer() {
+			<-drainStarted
+		}
+	}()
 
 	if err := r.findLeftover(ctx); err != nil {
 		if ctx.Err() != nil {
