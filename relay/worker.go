@@ -61,7 +61,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			}
 		}
 		if more {
-			continue // a full batch, or the byte limit left some behind
+			continue // the claim may have left some behind (see claim)
 		}
 		// The claim visited all of this worker's lanes: what was not there
 		// then is newer, and its writer's commit wakes the worker (a claim
