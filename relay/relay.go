@@ -183,7 +183,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	if v > migrations.Latest() {
 		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
 	}
-	if sc, ok := r.sink.(sinks.StartChecker); ok {
+	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {
+		// Under a payload format too: the check is the sink's underneath.
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.ConnectTimeout)
 		err := sc.CheckStart(cctx)
 		cancel()

@@ -112,17 +112,26 @@ type Wrapper interface {
 // IsKeySerial reports whether s, or a sink it wraps, is a KeySerial sink
 // that says so.
 func IsKeySerial(s Sink) bool {
+	k, ok := As[KeySerial](s)
+	return ok && k.KeySerial()
+}
+
+// As returns s, or the first sink it wraps (through Wrapper) that
+// implements T: how the relay finds a sink's optional interfaces
+// (StartChecker, KeySerial) under a payload format.
+func As[T any](s Sink) (T, bool) {
 	for s != nil {
-		if k, ok := s.(KeySerial); ok {
-			return k.KeySerial()
+		if t, ok := s.(T); ok {
+			return t, true
 		}
 		w, ok := s.(Wrapper)
 		if !ok {
-			return false
+			break
 		}
 		s = w.Unwrap()
 	}
-	return false
+	var zero T
+	return zero, false
 }
 
 var (

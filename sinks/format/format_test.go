@@ -486,3 +486,18 @@ func TestWrapKeepsKeySerial(t *testing.T) {
 	require.True(t, sinks.IsKeySerial(format.Wrap(inner, ce)))
 	require.False(t, sinks.IsKeySerial(format.Wrap(memory.New(), ce)))
 }
+
+type startCheckSink struct{ sinks.Sink }
+
+func (startCheckSink) CheckStart(context.Context) error { return errors.New("refused") }
+
+// The relay's start-up check reaches the sink under a format.
+func TestWrapKeepsStartChecker(t *testing.T) {
+	ce, err := format.CloudEvents(format.Options{Binding: format.BindingAMQP})
+	require.NoError(t, err)
+	sc, ok := sinks.As[sinks.StartChecker](format.Wrap(startCheckSink{memory.New()}, ce))
+	require.True(t, ok)
+	require.EqualError(t, sc.CheckStart(context.Background()), "refused")
+	_, ok = sinks.As[sinks.StartChecker](format.Wrap(memory.New(), ce))
+	require.False(t, ok)
+}
