@@ -549,3 +549,53 @@ func testContext(t *testing.T) (context.Context, context.CancelFunc) {
 	}
 	return context.WithCancel(context.Background())
 }
+
+// killsWhileWriting starts relays relay processes on c, runs the workload
+// until it has committed messages while every 0.5–2 s it either SIGKILLs
+// one relay or terminates every relay session (alternately), then waits
+// for the outbox to drain and stops the relays. It returns how many
+// sessions it terminated and how long the drain took after the faults.
+// The broker chaos runs (NATS, Redis) share it.
+func killsWhileWriting(ctx context.Context, t *testing.T, rng *rand.Rand, pool *pgxpool.Pool, c *cluster, relays int, wl *workload, writers int, messages int64) (terminated int64, drained time.Duration) {
+	t.Helper()
+	slots := make([]string, relays)
+	for i := range slots {
+		slots[i] = fmt.Sprintf("r%d", i+1)
+		c.start(slots[i])
+	}
+	stopKills := make(chan struct{})
+	killsDone := make(chan struct{})
+	var paused sync.Map
+	var ended atomic.Int64
+	go func() {
+		defer close(killsDone)
+		for n := 0; ; n++ {
+			tm := time.NewTimer(500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))))
+			select {
+			case <-stopKills:
+				tm.Stop()
+				return
+			case <-tm.C:
+			}
+			if n%2 == 1 {
+				// Every relay session ends mid-batch: the batches in flight
+				// reached the broker (some of them) and are sent again.
+				k, err := terminateBackends(ctx, pool, c.appName)
+				if err != nil {
+					t.Errorf("pg_terminate_backend: %v", err)
+				}
+				ended.Add(k)
+				continue
+			}
+			for _, slot := range pick(rng, slots, 1, &paused) {
+				c.kill(slot)
+			}
+		}
+	}()
+	wl.run(ctx, writers, func() bool { return wl.committed.Load() >= messages })
+	close(stopKills)
+	<-killsDone
+	drained = waitDrained(ctx, t, pool, c, 60*time.Second)
+	c.stopAll()
+	return ended.Load(), drained
+}

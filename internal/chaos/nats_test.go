@@ -2,11 +2,9 @@ package chaos
 
 import (
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,46 +81,8 @@ func TestChaosNATS(t *testing.T) {
 	wl := newWorkload(t, pgtest.URL(), schema, keys, float64(messages)/0.9/writeFor.Seconds(), seed)
 	c := newCluster(t, relayBinary(t), pgtest.URL(), schema,
 		relayArgs(srv.URL()+"?stream=CHAOS&reconnect_initial=50ms&reconnect_max=500ms"))
-	slots := make([]string, relays)
-	for i := range slots {
-		slots[i] = fmt.Sprintf("r%d", i+1)
-		c.start(slots[i])
-	}
 	start := time.Now()
-	stopKills := make(chan struct{})
-	killsDone := make(chan struct{})
-	var paused sync.Map
-	var terminated atomic.Int64
-	go func() {
-		defer close(killsDone)
-		for n := 0; ; n++ {
-			tm := time.NewTimer(500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))))
-			select {
-			case <-stopKills:
-				tm.Stop()
-				return
-			case <-tm.C:
-			}
-			if n%2 == 1 {
-				// Every relay session ends mid-batch: the batches in flight
-				// were published (some stored) and are published again.
-				k, err := terminateBackends(ctx, pool, c.appName)
-				if err != nil {
-					t.Errorf("pg_terminate_backend: %v", err)
-				}
-				terminated.Add(k)
-				continue
-			}
-			for _, slot := range pick(rng, slots, 1, &paused) {
-				c.kill(slot)
-			}
-		}
-	}()
-	wl.run(ctx, writers, func() bool { return wl.committed.Load() >= messages })
-	close(stopKills)
-	<-killsDone
-	drained := waitDrained(ctx, t, pool, c, 60*time.Second)
-	c.stopAll()
+	terminated, drained := killsWhileWriting(ctx, t, rng, pool, c, relays, wl, writers, messages)
 	if elapsed := time.Since(start); elapsed > window {
 		t.Fatalf("the run took %s, longer than the duplicate window %s: resends may fall outside it", elapsed, window)
 	}
@@ -148,7 +108,7 @@ func TestChaosNATS(t *testing.T) {
 	v := verify(committed, wl.rolledBackTags(), log)
 	kills, _, started := c.counts()
 	t.Logf("NATS chaos: %d committed, %d SIGKILLs, %d relay backends terminated, %d relay processes; %d publishes seen by a core subscriber, %d stored in the stream (%d resends dropped by the server), %d duplicates in the stream; drained %s after the chaos",
-		len(committed), kills, terminated.Load(), started, published.Load(), len(log), published.Load()-int64(len(log)), v.duplicates, drained.Round(time.Millisecond))
+		len(committed), kills, terminated, started, published.Load(), len(log), published.Load()-int64(len(log)), v.duplicates, drained.Round(time.Millisecond))
 	for _, s := range v.violations {
 		t.Error(s)
 	}

@@ -2,12 +2,9 @@ package chaos
 
 import (
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,45 +58,7 @@ func TestChaosRedis(t *testing.T) {
 	pool, schema := pgtest.Schema(t)
 	wl := newWorkload(t, pgtest.URL(), schema, keys, float64(messages)/0.9/writeFor.Seconds(), seed)
 	c := newCluster(t, relayBinary(t), pgtest.URL(), schema, relayArgs("redis://"+lag.addr()+"/0"))
-	slots := make([]string, relays)
-	for i := range slots {
-		slots[i] = fmt.Sprintf("r%d", i+1)
-		c.start(slots[i])
-	}
-	stopKills := make(chan struct{})
-	killsDone := make(chan struct{})
-	var paused sync.Map
-	var terminated atomic.Int64
-	go func() {
-		defer close(killsDone)
-		for n := 0; ; n++ {
-			tm := time.NewTimer(500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))))
-			select {
-			case <-stopKills:
-				tm.Stop()
-				return
-			case <-tm.C:
-			}
-			if n%2 == 1 {
-				// Every relay session ends mid-batch: the batches in flight
-				// were added (some of them) and are added again.
-				k, err := terminateBackends(ctx, pool, c.appName)
-				if err != nil {
-					t.Errorf("pg_terminate_backend: %v", err)
-				}
-				terminated.Add(k)
-				continue
-			}
-			for _, slot := range pick(rng, slots, 1, &paused) {
-				c.kill(slot)
-			}
-		}
-	}()
-	wl.run(ctx, writers, func() bool { return wl.committed.Load() >= messages })
-	close(stopKills)
-	<-killsDone
-	drained := waitDrained(ctx, t, pool, c, 60*time.Second)
-	c.stopAll()
+	terminated, drained := killsWhileWriting(ctx, t, rng, pool, c, relays, wl, writers, messages)
 
 	// The workload writes one topic, so one stream holds every entry, in
 	// the order the server added them.
@@ -128,7 +87,7 @@ func TestChaosRedis(t *testing.T) {
 	v := verify(committed, wl.rolledBackTags(), log)
 	kills, _, started := c.counts()
 	t.Logf("Redis chaos: %d committed, %d SIGKILLs, %d relay backends terminated, %d relay processes; %d entries in the stream, %d unique, %d duplicates (%.2f %%), each with its message's id field; drained %s after the chaos",
-		len(committed), kills, terminated.Load(), started, len(log), v.unique, v.duplicates, v.dupPercent(), drained.Round(time.Millisecond))
+		len(committed), kills, terminated, started, len(log), v.unique, v.duplicates, v.dupPercent(), drained.Round(time.Millisecond))
 	for _, s := range v.violations {
 		t.Error(s)
 	}
