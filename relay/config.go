@@ -62,7 +62,14 @@ type Config struct {
 	// largest row). Default 16 MiB.
 	BatchBytes int64
 	// PollInterval is how often an idle worker looks for work when nothing
-	// wakes it (a safety net: wake-ups are best effort). Default 1s.
+	// wakes it. A safety net: the schema's watcher wakes the workers for
+	// new rows, for rows that come due (retries, delayed messages) and
+	// for out-of-order commits, the fan-out router for its copies, and an
+	// operator's replay or purge for what it made claimable; a wake-up
+	// lost all the same (a writer's transaction that took its id more
+	// than a second before it committed, a LISTEN session that died
+	// silently) waits for this. Each idle worker's look is one small
+	// transaction. Default 10s.
 	PollInterval time.Duration
 	// Wakeup is how relays learn of new rows (see README, Wake-up):
 	//   - "wal": one relay process per schema (the watcher) follows the
@@ -159,7 +166,7 @@ const (
 	DefaultWorkers         = 2
 	DefaultBatchSize       = 500
 	DefaultBatchBytes      = 16 << 20
-	DefaultPollInterval    = time.Second
+	DefaultPollInterval    = 10 * time.Second
 	DefaultPublishTimeout  = 30 * time.Second
 	DefaultMaxAttempts     = 20
 	DefaultRetryInitial    = time.Second

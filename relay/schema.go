@@ -45,6 +45,7 @@ func (r *Relay) watchSchema(ctx context.Context) {
 		case err == nil && prev != nil:
 			r.log.Info("schema is compatible again; claiming")
 			r.schemaErr.Store(nil)
+			r.wakeAll()
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +20,10 @@ import (
 // nothing, so no trigger runs in the writers' transactions by default:
 // one relay process per schema, the watcher (elected with an advisory
 // lock held by its LISTEN session, so it changes hands the moment that
-// session dies), learns of new rows from the WAL or by polling, wakes its
-// own workers at once and the other processes with a NOTIFY from its own
-// session. Every process LISTENs on the schema's channel; a notification
+// session dies), learns of new rows from the WAL or by polling, and of
+// retries and delayed messages coming due by looking them up in the
+// index of waiting rows, wakes its own workers at once and the other
+// processes with a NOTIFY from its own session. Every process LISTENs on the schema's channel; a notification
 // with an empty payload means "new rows", other payloads belong to other
 // listeners and are not a reason to claim. Wake-ups are an optimization:
 // a lost one costs latency up to PollInterval, never a message.
@@ -134,6 +136,20 @@ const (
 	// wake-ups closer than that are merged (a busy relay is not waiting
 	// for them anyway).
 	notifyGap = 2 * time.Millisecond
+	// dueEvery is the longest the watcher goes without looking for rows
+	// that came due (retries, delayed messages): a retry scheduled after
+	// its last look is seen within dueEvery, and woken when due from
+	// then on (its first delay is a second by default). The look also
+	// says when the next row comes due, and the watcher looks again then.
+	dueEvery = time.Second
+	// maxGaps and gapTTL bound the ids the polling watcher looks for
+	// again: ids below the newest it saw that were missing, because a
+	// transaction took its id before another one's and committed after
+	// it. A gap that is still empty after gapTTL is forgotten (a rolled
+	// back or long-since delivered row, or a writer's transaction longer
+	// than gapTTL, whose row then waits for the workers' safety poll).
+	maxGaps = 64
+	gapTTL  = time.Second
 	// walRetryMin and walRetryMax bound the wait before the watcher tries
 	// the WAL again after it could not follow it.
 	walRetryMin, walRetryMax = time.Second, 5 * time.Minute
@@ -246,19 +262,20 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 			return err
 		case on:
 			k.setSource("notify", false, nil)
-			return k.loop(ctx, pc, false)
+			return k.loop(ctx, pc, false, false)
 		default:
 			k.log.Error("wakeup notify: the messages_notify trigger is disabled and this role may not enable it; run `outbox-relay migrate --wakeup notify` as the schema's owner. Polling meanwhile", "error", err)
 			mode = WakeupPoll
 		}
 	}
-	return k.loop(ctx, pc, mode != WakeupPoll)
+	return k.loop(ctx, pc, mode != WakeupPoll, true)
 }
 
 // loop waits for notifications on pc and, once this session holds the
-// watcher lock, watches for new rows: through the WAL when wal is set and
-// the server allows it, else by polling.
-func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
+// watcher lock, watches for rows that came due and, with rows (unless the
+// writers' trigger does), for new rows: through the WAL when wal is set
+// and the server allows it, else by polling.
+func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	var (
 		watching, polling bool
 		nextElect         time.Time // when a follower next tries the lock
@@ -272,11 +289,11 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
 		walStarted        time.Time
 		walLogged         bool
 		stopWAL           = func() {}
+		gaps              gapList
+		dueAt             time.Time // when to look for rows that came due
+		dueSince          int64     // the database's clock at the last look (see store.Due)
 	)
 	defer func() { stopWAL() }()
-	if k.cfg.Wakeup == WakeupNotify && !wal {
-		nextElect = time.Now().Add(100 * 365 * 24 * time.Hour) // the trigger wakes everyone: no watcher
-	}
 	startWAL := func() {
 		walCtx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -314,16 +331,26 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
 			}
 			if ok {
 				watching = true
-				k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", wal)
-				if wal {
+				switch {
+				case !rows:
+					k.log.Info("this process watches the outbox for rows that come due (retries, delayed messages) and wakes the other relays")
+				case wal:
+					k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", wal)
 					startWAL()
-				} else {
+				default:
+					k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", wal)
 					polling = true
 					k.setSource("poll", false, nil)
 				}
+				// Rows written since the last watcher died were seen by
+				// nobody: everyone looks once.
+				k.wake(laneSet{})
+				k.addPending(laneSet{})
 			} else {
 				nextElect = now.Add(k.cfg.Heartbeat)
-				k.setSource("follow", false, nil)
+				if rows {
+					k.setSource("follow", false, nil)
+				}
 			}
 		}
 		if watching {
@@ -375,25 +402,44 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
 					lastNotify = now
 				}
 			}
+			if !now.Before(dueAt) {
+				d, err := k.w.Due(ctx, pc, dueSince)
+				if err != nil {
+					return err
+				}
+				if lanes := lanesOf(d.Lanes); !lanes.empty() {
+					k.wake(lanes)
+					k.addPending(lanes)
+				}
+				dueSince = d.Since
+				dueAt = now.Add(dueEvery)
+				if !d.Next.IsZero() {
+					// The next row's due time, on this clock (+1ms: it is
+					// due once the database's clock has passed it).
+					if at := now.Add(d.Next.Sub(d.Now) + time.Millisecond); at.Before(dueAt) {
+						dueAt = at
+					}
+				}
+			}
 			if polling && !now.Before(nextPoll) {
 				var id int64
 				var lanes laneSet
 				var err error
+				filled := false
 				if seen < 0 {
 					id, err = k.w.NewestID(ctx, pc)
+					gaps = gapList{}
 				} else {
-					var got []int16
-					id, got, err = k.w.NewRows(ctx, pc, seen)
-					for _, l := range got {
-						if l >= 0 && int(l) < numLanes {
-							lanes.add(int(l))
-						}
-					}
+					var got store.NewRows
+					got, err = k.w.NewRows(ctx, pc, seen, gaps.ids(now))
+					id, lanes, filled = got.Newest, lanesOf(got.Lanes), len(got.GapsFilled) > 0
+					gaps.fill(got.GapsFilled)
+					gaps.add(seen, got.IDs, now)
 				}
 				if err != nil {
 					return err
 				}
-				if id > seen && seen >= 0 {
+				if (id > seen && seen >= 0) || filled {
 					k.wake(lanes)
 					if err := k.w.Notify(ctx, pc, payloadOf(lanes)); err != nil {
 						return err
@@ -422,6 +468,9 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
 		default:
 			deadline = now.Add(time.Hour) // the WAL follower kicks
 		}
+		if watching && dueAt.Before(deadline) {
+			deadline = dueAt
+		}
 		if k.isPending() {
 			deadline = lastNotify.Add(notifyGap)
 		}
@@ -448,11 +497,82 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal bool) error {
 		switch lanes, ok := parseLanes(n.Payload); {
 		case n.Payload == store.MembersPayload:
 			k.members()
+			if !watching {
+				// A relay left or was reaped: it may have been the
+				// watcher, whose rows nobody watches until a follower
+				// takes its lock.
+				nextElect = time.Time{}
+			}
 		case n.Payload == "":
 			k.wake(laneSet{})
 		case ok:
 			k.wake(lanes)
 		}
+	}
+}
+
+// lanesOf is the set of lanes listed (those in range).
+func lanesOf(ls []int16) laneSet {
+	var s laneSet
+	for _, l := range ls {
+		if l >= 0 && int(l) < numLanes {
+			s.add(int(l))
+		}
+	}
+	return s
+}
+
+// gapList is the polling watcher's list of ids it looks for again (see
+// maxGaps), newest last.
+type gapList []gap
+
+type gap struct {
+	id    int64
+	until time.Time
+}
+
+// ids drops the gaps that expired and returns the others' ids.
+func (g *gapList) ids(now time.Time) []int64 {
+	keep := (*g)[:0]
+	for _, x := range *g {
+		if now.Before(x.until) {
+			keep = append(keep, x)
+		}
+	}
+	*g = keep
+	ids := make([]int64, len(keep))
+	for i, x := range keep {
+		ids[i] = x.id
+	}
+	return ids
+}
+
+// fill drops the gaps whose rows were found.
+func (g *gapList) fill(found []int64) {
+	if len(found) == 0 {
+		return
+	}
+	keep := (*g)[:0]
+	for _, x := range *g {
+		if !slices.Contains(found, x.id) {
+			keep = append(keep, x)
+		}
+	}
+	*g = keep
+}
+
+// add records the ids missing between seen and the ids a look found
+// (ascending), keeping the newest maxGaps.
+func (g *gapList) add(seen int64, ids []int64, now time.Time) {
+	prev := seen
+	for _, id := range ids {
+		for m := max(prev+1, id-maxGaps); m < id; m++ {
+			*g = append(*g, gap{id: m, until: now.Add(gapTTL)})
+		}
+		prev = max(prev, id)
+	}
+	if n := len(*g); n > maxGaps {
+		*g = append((*g)[:0], (*g)[n-maxGaps:]...)
 	}
 }
 

@@ -2,8 +2,10 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,4 +234,94 @@ func startOn(t *testing.T, url string, cfg relay.Config, sink sinks.Sink) (stop 
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// The watcher wakes the workers for what its look for new ids cannot see,
+// so that the workers' own poll (an hour here) is only a safety net.
+
+// A transaction that took its id before another one's and commits after
+// it: the watcher had already seen the higher id, and looks for the gap.
+func TestWakeupOutOfOrderCommit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := &wakeHooks{}
+	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	waitSource(t, h, "poll")
+	e.deliveredWithin(e.sink, 1, "k0")
+
+	ctx := context.Background()
+	early, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer early.Rollback(ctx) //nolint:errcheck
+	require.NoError(t, e.w.Write(ctx, early, msg("wake", "early", "taken first, committed last")))
+	e.write(msg("wake", "late", "taken last, committed first"))
+	eventually(t, wakeBound, func() bool { return e.sink.Len() == 2 }, "the later id delivered")
+	time.Sleep(100 * time.Millisecond) // the worker is idle again
+	require.NoError(t, early.Commit(ctx))
+	eventually(t, wakeBound, func() bool { return e.sink.Len() == 3 }, "the earlier id, committed after the watcher saw the later one, delivered")
+}
+
+// A retry and a delayed message come due with no new row to wake anyone.
+func TestWakeupRowsThatComeDue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{relay.WakeupPoll, relay.WakeupNotify} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			h := &wakeHooks{}
+			cfg := idleConfig(e, mode, h)
+			// Longer than the watcher's regular look for due rows (a
+			// second): the look must also find when the next one is due.
+			cfg.RetryInitial, cfg.RetryMax = 1500*time.Millisecond, 1500*time.Millisecond
+			var failed atomic.Bool
+			e.sink.SetFail(func(m sinks.Message) error {
+				if string(m.Payload) == "fails once" && failed.CompareAndSwap(false, true) {
+					return errors.New("503 once")
+				}
+				return nil
+			})
+			e.start(cfg, e.sink)
+			waitSource(t, h, map[string]string{relay.WakeupPoll: "poll", relay.WakeupNotify: "notify"}[mode])
+			e.deliveredWithin(e.sink, 1, "k0")
+
+			start := time.Now()
+			e.write(msg("wake", "retried", "fails once"))
+			eventually(t, wakeBound, func() bool { return e.sink.Len() == 2 }, "the retry delivered when due")
+			took := time.Since(start)
+			require.GreaterOrEqual(t, took, time.Second, "delivered before its retry was due")
+
+			m := msg("wake", "delayed", "later")
+			m.DeliverAfter = 700 * time.Millisecond
+			start = time.Now()
+			e.write(m)
+			eventually(t, wakeBound, func() bool { return e.sink.Len() == 3 }, "the delayed message delivered when due")
+			require.GreaterOrEqual(t, time.Since(start), 600*time.Millisecond, "delivered before it was due")
+		})
+	}
+}
+
+// The fan-out router's copies wake the destinations' workers (the
+// deliveries_notify trigger, in the router's transaction), which the new
+// outbox rows woke before the copies existed.
+func TestWakeupFanOutCopies(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	router, kcfg, hcfg := e.fanOutConfigs()
+	for _, c := range []*relay.Config{&router, &kcfg, &hcfg} {
+		c.PollInterval = time.Hour
+		c.Wakeup = relay.WakeupPoll
+	}
+	ksink, hsink := memory.New(), memory.New()
+	e.start(kcfg, ksink)
+	e.start(hcfg, hsink)
+	// The destinations are woken by the new rows and find no copies; the
+	// router starts after that, so only its copies' commit can wake them.
+	time.Sleep(300 * time.Millisecond)
+	for i := range 3 {
+		e.write(msg("orders.created", fmt.Sprint("o", i), "x"))
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, ksink.Len()+hsink.Len())
+	e.start(router, nil)
+	eventually(t, wakeBound, func() bool { return ksink.Len() == 3 && hsink.Len() == 3 }, "copies delivered to both destinations")
 }

@@ -64,9 +64,9 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			continue // the claim may have left some behind (see claim)
 		}
 		// The claim visited all of this worker's lanes: what was not there
-		// then is newer, and its writer's commit wakes the worker (a claim
-		// straight away would find nothing at low rates: one empty
-		// transaction per message).
+		// then is newer, and the watcher wakes the worker for it, as for a
+		// retry that comes due (a claim straight away would find nothing
+		// at low rates: one empty transaction per message).
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():

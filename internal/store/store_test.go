@@ -56,6 +56,7 @@ func TestWakerGolden(t *testing.T) {
 	golden(t, "wake_try_watch", w.tryLock.named)
 	golden(t, "wake_newest_id", w.newest.named)
 	golden(t, "wake_new_rows", w.newRows.named)
+	golden(t, "wake_due", w.due.named)
 	golden(t, "wake_notify", w.notify.named)
 	golden(t, "wake_trigger_state", w.triggerState.named)
 	golden(t, "wake_enable_trigger", w.trigger)

@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/ident"
 )
@@ -25,7 +27,7 @@ const watcherLockKey = 0x6f757477 // "outw"
 type Waker struct {
 	channel, trigger string
 	tryLock, newest  stmt
-	newRows          stmt
+	newRows, due     stmt
 	notify           stmt
 	triggerState     stmt
 }
@@ -42,8 +44,33 @@ func NewWaker(s Schema) *Waker {
 		newest: newStmt(`SELECT coalesce(max(id), 0) FROM ` + s.Table("messages")),
 		// The rows committed past the newest one seen, by primary key,
 		// and their lanes; bounded, the next look goes on from there.
-		newRows: newStmt(`SELECT coalesce(max(n.id), @seen), coalesce(array_agg(DISTINCT n.lane), '{}')
-FROM (SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id > @seen ORDER BY m.id LIMIT 10000) n`),
+		// Also the rows of @gaps: ids below the newest seen that were
+		// missing at an earlier look, which a transaction that took its
+		// id before another one's but committed after it fills later.
+		newRows: newStmt(`WITH n AS MATERIALIZED (
+    SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id > @seen ORDER BY m.id LIMIT 10000
+), g AS MATERIALIZED (
+    SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id = ANY(@gaps::bigint[])
+)
+SELECT coalesce((SELECT max(id) FROM n), @seen),
+       coalesce((SELECT array_agg(id ORDER BY id) FROM n), '{}'),
+       coalesce((SELECT array_agg(DISTINCT lane) FROM (SELECT lane FROM n UNION ALL SELECT lane FROM g) l), '{}'),
+       coalesce((SELECT array_agg(id) FROM g), '{}')`),
+		// The lanes of the rows (retries, delayed messages, in the outbox
+		// and among the fan-out copies) that came due after @since, and
+		// when the next one will: ranges and probes of the partial
+		// indexes on available_at. A parked dead letter ('infinity') is
+		// never due. @since is the previous look's clock in microseconds
+		// since the epoch, as the database gave it (the relay sends no
+		// time of its own clock).
+		due: newStmt(`WITH t AS MATERIALIZED (SELECT timestamptz 'epoch' + @since * interval '1 microsecond' AS since)
+SELECT now(), (extract(epoch FROM now()) * 1000000)::bigint,
+       coalesce((SELECT array_agg(DISTINCT d.lane) FROM (
+           (SELECT m.lane FROM ` + s.Table("messages") + ` m, t WHERE m.available_at > t.since AND m.available_at <= now() LIMIT 10000)
+           UNION ALL
+           (SELECT c.lane FROM ` + s.Table("deliveries") + ` c, t WHERE c.available_at > t.since AND c.available_at <= now() LIMIT 10000)) d), '{}'),
+       least((SELECT min(m.available_at) FROM ` + s.Table("messages") + ` m WHERE m.available_at > now() AND m.available_at < 'infinity'),
+             (SELECT min(c.available_at) FROM ` + s.Table("deliveries") + ` c WHERE c.available_at > now() AND c.available_at < 'infinity'))`),
 		notify: newStmt(`SELECT pg_notify(@channel, @payload)`),
 		triggerState: newStmt(`SELECT t.tgenabled <> 'D' FROM pg_trigger t
 WHERE t.tgrelid = to_regclass(@table) AND t.tgname = 'messages_notify'`),
@@ -67,14 +94,50 @@ func (w *Waker) NewestID(ctx context.Context, q Querier) (int64, error) {
 	return id, err
 }
 
-// NewRows returns the highest id among the committed outbox rows past
-// seen (seen when there are none) and the lanes of those rows (of the
-// first 10,000 of them).
-func (w *Waker) NewRows(ctx context.Context, q Querier, seen int64) (int64, []int16, error) {
-	var id int64
-	var lanes []int16
-	err := q.QueryRow(ctx, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen})...).Scan(&id, &lanes)
-	return id, lanes, err
+// NewRows is what a look for new rows found: the highest id among the
+// committed outbox rows past seen (seen when there are none), their ids
+// (of the first 10,000), the lanes of those and of the rows found among
+// the gaps, and the ids of the gaps that were found.
+type NewRows struct {
+	Newest     int64
+	IDs        []int64
+	Lanes      []int16
+	GapsFilled []int64
+}
+
+// NewRows looks for rows committed past seen and for the rows of gaps.
+func (w *Waker) NewRows(ctx context.Context, q Querier, seen int64, gaps []int64) (NewRows, error) {
+	var n NewRows
+	if gaps == nil {
+		gaps = []int64{}
+	}
+	err := q.QueryRow(ctx, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps})...).Scan(&n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
+	return n, err
+}
+
+// Due is what a look for rows that came due found.
+type Due struct {
+	// Now is the database's clock at the look.
+	Now time.Time
+	// Since is Now as the next look's since.
+	Since int64
+	// Lanes are the lanes of the rows that came due after since.
+	Lanes []int16
+	// Next is when the next waiting row comes due; zero when none waits.
+	Next time.Time
+}
+
+// Due looks for the rows (of the outbox and of the fan-out copies) that
+// came due after since (an earlier look's Since; 0 at first), and for the
+// next one to come due.
+func (w *Waker) Due(ctx context.Context, q Querier, since int64) (Due, error) {
+	var d Due
+	var next pgtype.Timestamptz
+	err := q.QueryRow(ctx, w.due.sql, w.due.args(pgx.NamedArgs{"since": since})...).Scan(&d.Now, &d.Since, &d.Lanes, &next)
+	if next.Valid && next.InfinityModifier == pgtype.Finite {
+		d.Next = next.Time
+	}
+	return d, err
 }
 
 // Notify sends payload on the schema's channel from q's session ("" means

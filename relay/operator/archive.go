@@ -54,5 +54,8 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	if err != nil {
 		return 0, outbox.SchemaMissing(fmt.Errorf("outbox: replay archive: %w", err), a.schema.Name())
 	}
+	if !dryRun && n > 0 {
+		a.wake(ctx)
+	}
 	return n, nil
 }

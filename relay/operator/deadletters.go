@@ -144,5 +144,8 @@ func (a *Admin) PurgeHolds(ctx context.Context, sel Selection, dryRun bool) (Pur
 	if err != nil {
 		return PurgeResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
 	}
+	if released > 0 {
+		a.wake(ctx)
+	}
 	return PurgeResult{Purged: n, ReleasedKeys: released}, nil
 }

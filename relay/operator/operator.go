@@ -16,6 +16,7 @@
 package operator
 
 import (
+	"context"
 	"errors"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -37,6 +38,15 @@ func New(pool *pgxpool.Pool, schema string) (*Admin, error) {
 		return nil, err
 	}
 	return &Admin{pool: pool, schema: s}, nil
+}
+
+// wake tells the schema's relays to look for work now. What an operator
+// action makes claimable is not always a new outbox row, which the
+// watcher would see (a replayed fan-out copy, a row un-parked in place, a
+// key a purge released): without this, it would wait for the workers'
+// safety poll. Best effort: the action has committed already.
+func (a *Admin) wake(ctx context.Context) {
+	_ = store.NewWaker(a.schema).Notify(ctx, a.pool, "")
 }
 
 // ErrEmptySelection is returned by Replay and Purge for a selection that

@@ -135,6 +135,9 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 	if err != nil {
 		return ReplayResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: replay: %w", err), a.schema.Name())
 	}
+	if !opts.DryRun && len(rows) > 0 {
+		a.wake(ctx)
+	}
 	return ReplayResult{DryRun: opts.DryRun, DeadLetters: convert(rows, explain)}, nil
 }
 

@@ -1,2 +1,9 @@
-SELECT coalesce(max(n.id), @seen), coalesce(array_agg(DISTINCT n.lane), '{}')
-FROM (SELECT m.id, m.lane FROM "outbox"."messages" m WHERE m.id > @seen ORDER BY m.id LIMIT 10000) n
+WITH n AS MATERIALIZED (
+    SELECT m.id, m.lane FROM "outbox"."messages" m WHERE m.id > @seen ORDER BY m.id LIMIT 10000
+), g AS MATERIALIZED (
+    SELECT m.id, m.lane FROM "outbox"."messages" m WHERE m.id = ANY(@gaps::bigint[])
+)
+SELECT coalesce((SELECT max(id) FROM n), @seen),
+       coalesce((SELECT array_agg(id ORDER BY id) FROM n), '{}'),
+       coalesce((SELECT array_agg(DISTINCT lane) FROM (SELECT lane FROM n UNION ALL SELECT lane FROM g) l), '{}'),
+       coalesce((SELECT array_agg(id) FROM g), '{}')
