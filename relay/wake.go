@@ -150,6 +150,11 @@ const (
 	// than gapTTL, whose row then waits for the workers' safety poll).
 	maxGaps = 64
 	gapTTL  = time.Second
+	// gapSpan bounds how far below the newest id a look returns the ids
+	// it found (to tell the gaps): a burst of 10,000 rows costs 128 ids,
+	// not 10,000; a gap further down in a burst is left to the safety
+	// poll, like those past maxGaps.
+	gapSpan = 2 * maxGaps
 	// walRetryMin and walRetryMax bound the wait before the watcher tries
 	// the WAL again after it could not follow it.
 	walRetryMin, walRetryMax = time.Second, 5 * time.Minute
@@ -431,10 +436,10 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 					gaps = gapList{}
 				} else {
 					var got store.NewRows
-					got, err = k.w.NewRows(ctx, pc, seen, gaps.ids(now))
+					got, err = k.w.NewRows(ctx, pc, seen, gaps.ids(now), gapSpan)
 					id, lanes, filled = got.Newest, lanesOf(got.Lanes), len(got.GapsFilled) > 0
 					gaps.fill(got.GapsFilled)
-					gaps.add(seen, got.IDs, now)
+					gaps.add(max(seen, got.Newest-gapSpan), got.IDs, now)
 				}
 				if err != nil {
 					return err

@@ -53,7 +53,7 @@ func NewWaker(s Schema) *Waker {
     SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id = ANY(@gaps::bigint[])
 )
 SELECT coalesce((SELECT max(id) FROM n), @seen),
-       coalesce((SELECT array_agg(id ORDER BY id) FROM n), '{}'),
+       coalesce((SELECT array_agg(id ORDER BY id) FROM n WHERE id > (SELECT max(id) FROM n) - @span), '{}'),
        coalesce((SELECT array_agg(DISTINCT lane) FROM (SELECT lane FROM n UNION ALL SELECT lane FROM g) l), '{}'),
        coalesce((SELECT array_agg(id) FROM g), '{}')`),
 		// The lanes of the rows (retries, delayed messages, in the outbox
@@ -95,9 +95,10 @@ func (w *Waker) NewestID(ctx context.Context, q Querier) (int64, error) {
 }
 
 // NewRows is what a look for new rows found: the highest id among the
-// committed outbox rows past seen (seen when there are none), their ids
-// (of the first 10,000), the lanes of those and of the rows found among
-// the gaps, and the ids of the gaps that were found.
+// committed outbox rows past seen (seen when there are none), the ids of
+// those within span of the highest (the caller looks for gaps only
+// there), the lanes of the rows past seen (of the first 10,000) and of
+// the rows found among the gaps, and the ids of the gaps that were found.
 type NewRows struct {
 	Newest     int64
 	IDs        []int64
@@ -106,12 +107,12 @@ type NewRows struct {
 }
 
 // NewRows looks for rows committed past seen and for the rows of gaps.
-func (w *Waker) NewRows(ctx context.Context, q Querier, seen int64, gaps []int64) (NewRows, error) {
+func (w *Waker) NewRows(ctx context.Context, q Querier, seen int64, gaps []int64, span int64) (NewRows, error) {
 	var n NewRows
 	if gaps == nil {
 		gaps = []int64{}
 	}
-	err := q.QueryRow(ctx, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps})...).Scan(&n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
+	err := q.QueryRow(ctx, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span})...).Scan(&n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
 	return n, err
 }
 
