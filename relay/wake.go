@@ -23,9 +23,10 @@ import (
 // session dies), learns of new rows from the WAL or by polling, and of
 // retries and delayed messages coming due by looking them up in the
 // index of waiting rows, wakes its own workers at once and the other
-// processes with a NOTIFY from its own session. Every process LISTENs on the schema's channel; a notification
-// with an empty payload means "new rows", other payloads belong to other
-// listeners and are not a reason to claim. Wake-ups are an optimization:
+// processes with a NOTIFY from its own session. Every process LISTENs on
+// the schema's channel; a notification with an empty payload means "new
+// rows", other payloads belong to other listeners and are not a reason to
+// claim. Wake-ups are an optimization:
 // a lost one costs latency up to PollInterval, never a message.
 
 func (r *Relay) wakeAll() {
