@@ -325,3 +325,26 @@ func TestWakeupFanOutCopies(t *testing.T) {
 	e.start(router, nil)
 	eventually(t, wakeBound, func() bool { return ksink.Len() == 3 && hsink.Len() == 3 }, "copies delivered to both destinations")
 }
+
+// A watcher that takes over wakes everyone once: rows written while no
+// process watched are older than the newest id it starts from.
+func TestWakeupNewWatcherWakesForRowsWrittenUnwatched(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	// This session plays a watcher, so that the relay starts as a follower.
+	conn, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	const watcherLock = 0x6f757477 // internal/store's watcherLockKey
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, watcherLock, e.schema).Scan(new(any)))
+	h := &wakeHooks{}
+	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	waitSource(t, h, "follow")
+	time.Sleep(300 * time.Millisecond) // the relay idle
+	e.write(msg("wake", "unwatched", "written while nobody watched"))
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, watcherLock, e.schema)
+	require.NoError(t, err)
+	waitSource(t, h, "poll")
+	eventually(t, wakeBound, func() bool { return e.sink.Len() == 1 }, "the row written before the relay became the watcher delivered")
+}
