@@ -285,6 +285,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	var (
 		watching, polling bool
 		nextElect         time.Time // when a follower next tries the lock
+		lastElect         time.Time // when it last tried
 		seen              int64     = -1
 		interval                    = watchFast
 		nextPoll          time.Time
@@ -353,6 +354,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				k.wake(laneSet{})
 				k.addPending(laneSet{})
 			} else {
+				lastElect = now
 				nextElect = now.Add(k.cfg.Heartbeat)
 				if rows {
 					k.setSource("follow", false, nil)
@@ -506,8 +508,12 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 			if !watching {
 				// A relay left or was reaped: it may have been the
 				// watcher, whose rows nobody watches until a follower
-				// takes its lock.
-				nextElect = time.Time{}
+				// takes its lock. At most one try per rebalanceGap:
+				// sixteen relays starting together send sixteen
+				// notifications.
+				if t := lastElect.Add(rebalanceGap); t.Before(nextElect) {
+					nextElect = t
+				}
 			}
 		case n.Payload == "":
 			k.wake(laneSet{})
