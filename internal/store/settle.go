@@ -98,15 +98,19 @@ INSERT INTO ` + s.Table("archive") + ` (id, message_id, topic, key, payload, hea
 SELECT id, message_id, topic, key, payload, headers, created_at, now(), @route::text FROM d`)
 
 	// clock_timestamp: the delay counts from the settlement, not from the
-	// claim (a slow sink would otherwise eat into it).
+	// claim (a slow sink would otherwise eat into it). Read once (c), so
+	// that a first failure's available_at is exactly its delay after
+	// first_failed_at: two calls a few microseconds apart made the stored
+	// delay 799.998ms for a backoff of 800ms.
 	e.scheduleRetry = newStmt(`
 UPDATE ` + src + ` m SET
     attempts = m.attempts + 1,
-    available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
+    available_at = c.t + f.delay_ms * interval '1 millisecond',
     last_error = f.err,
     first_error = coalesce(m.first_error, f.err),
-    first_failed_at = coalesce(m.first_failed_at, clock_timestamp())
-FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err)
+    first_failed_at = coalesce(m.first_failed_at, c.t)
+FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err),
+     (SELECT clock_timestamp() AS t) c
 WHERE m.id = f.id` + e.andRoute("m"))
 
 	deadRoute := "''"
