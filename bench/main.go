@@ -22,6 +22,7 @@
 //	DATABASE_URL      Postgres (default postgres://postgres@127.0.0.1:5432/test)
 //	BENCH_QUICK=1     short run (< 3 min): fewer messages, 1 run per row
 //	BENCH_RUNS        repeats per row (default 3, quick 1)
+//	BENCH_WORKERS     the relay's --workers, and the raw loops' connections (default 2)
 //	BENCH_N           backlog size (default 1,000,000, quick 200,000)
 //	BENCH_KEYS        distinct keys in the backlog (default 1,000; scaling adds a one-key backlog)
 //	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,scaling,together,rebalance,peers,brokers
@@ -127,6 +128,11 @@ func loadConfig() (config, error) {
 		c.wmCap = 10 * time.Second
 	}
 	var err error
+	if v := os.Getenv("BENCH_WORKERS"); v != "" {
+		if c.workers, err = strconv.Atoi(v); err != nil || c.workers < 1 || c.workers > 256 {
+			return c, fmt.Errorf("BENCH_WORKERS: want an integer in 1..256, got %q", v)
+		}
+	}
 	if v := os.Getenv("BENCH_RUNS"); v != "" {
 		if c.runs, err = strconv.Atoi(v); err != nil || c.runs < 1 {
 			return c, fmt.Errorf("BENCH_RUNS: want a positive integer, got %q", v)

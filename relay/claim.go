@@ -16,6 +16,7 @@ type claimed struct {
 	msg      sinks.Message
 	attempts int
 	ctid     pgtype.TID
+	lane     int16
 }
 
 // source is where a worker's claims come from, and the statements that
@@ -72,7 +73,13 @@ func (r *Relay) source() *source {
 // (which takes only the priority keys' messages when there are some).
 // Otherwise the claim visited every lane of the worker and took all it
 // found.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, handover []int16) (_ []claimed, more bool, _ error) {
+//
+// cut says the byte limit cut the batch: the transaction then also holds
+// rows it did not return, whose lanes may not be among the batch's.
+//
+// skip are lanes not to claim: those being handed over, and those of
+// the worker's batches in flight.
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, skip []int16) (_ []claimed, more, cut bool, _ error) {
 	partial := r.priority[worker]
 	found := 0
 	cb := &pgx.Batch{}
@@ -84,7 +91,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
 		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes,
-		Topics: src.topics, Exclude: src.exclude, Handover: handover,
+		Topics: src.topics, Exclude: src.exclude, Handover: skip,
 		Priority: r.priority[worker],
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
@@ -92,7 +99,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 			return fmt.Errorf("headers of message %d: %w", row.ID, err)
 		}
 		found = row.Found
-		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, msg: sinks.Message{
+		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, lane: row.Lane, msg: sinks.Message{
 			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
 			// delivered as the claim's time.
@@ -102,10 +109,10 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		return nil
 	})
 	if err := pc.SendBatch(hard, cb).Close(); err != nil {
-		return nil, false, fmt.Errorf("outbox: claim: %w", err)
+		return nil, false, false, fmt.Errorf("outbox: claim: %w", err)
 	}
 	n := len(batch)
-	return batch, n >= r.laneLimit || found > n || (partial && n > 0), nil
+	return batch, n >= r.laneLimit || found > n || (partial && n > 0), found > n, nil
 }
 
 // keySerialLanes: a sink that sends a key's messages one round trip after

@@ -49,6 +49,16 @@ type Config struct {
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int
+	// Pipeline is how many batches a worker has in flight at most. While
+	// the sink takes one batch, the worker claims the next from its other
+	// lanes (never a lane of a batch in flight, so a key's messages are
+	// never in two batches at once), each batch in its own transaction
+	// on its own connection: the database and the sink work at the same
+	// time. It does so only while the sink takes at least a third of a
+	// batch's time (a sink that costs nothing, or a saturated database,
+	// gains nothing from it) and the pool has a connection to spare. 1
+	// claims the next batch only once the last one is settled. Default 2.
+	Pipeline int
 	// BatchSize is the most messages claimed and handed to the sink at
 	// once. Default 500.
 	BatchSize int
@@ -56,7 +66,8 @@ type Config struct {
 	// at once: a claim ends before the message that would pass it, except
 	// that it always takes one message (a larger message goes alone).
 	// Payloads past the limit are not even read from the database. It
-	// bounds a worker's memory (measured: BatchBytes + 3 MiB of live heap
+	// bounds the memory of each batch in flight (a worker has up to
+	// Pipeline; measured: BatchBytes + 3 MiB of live heap
 	// for a batch of 1 MiB messages; a single larger message costs about
 	// three times its size, as pgx keeps a read buffer the size of the
 	// largest row). Default 16 MiB.
@@ -164,6 +175,7 @@ func (d Destination) matches(t string) bool {
 // Defaults, exported for documentation and flags.
 const (
 	DefaultWorkers         = 2
+	DefaultPipeline        = 2
 	DefaultBatchSize       = 500
 	DefaultBatchBytes      = 16 << 20
 	DefaultPollInterval    = 10 * time.Second
@@ -177,6 +189,10 @@ const (
 	DefaultWakeup          = WakeupAuto
 	DefaultWatchInterval   = 100 * time.Millisecond
 )
+
+// maxPipeline bounds Config.Pipeline: each batch in flight holds a
+// connection and up to BatchBytes of payload.
+const maxPipeline = 8
 
 // Dead-letter policies (Config.OnDeadLetter).
 const (
@@ -205,6 +221,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Workers == 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.Pipeline == 0 {
+		c.Pipeline = DefaultPipeline
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
@@ -300,6 +319,9 @@ func (c Config) Validate() error {
 	}
 	if c.Workers < 1 || c.Workers > numLanes {
 		bad("workers", "must be between 1 and %d, got %d", numLanes, c.Workers)
+	}
+	if c.Pipeline < 1 || c.Pipeline > maxPipeline {
+		bad("pipeline", "must be between 1 and %d, got %d", maxPipeline, c.Pipeline)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		bad("batch-size", "must be between 1 and 10000, got %d", c.BatchSize)

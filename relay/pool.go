@@ -23,10 +23,14 @@ type PoolConfig struct {
 	// metrics and start-up checks, which wait for a free one. Conns tells
 	// the least a set of relays needs. A relay whose workers cannot get a
 	// connection (the cap, or the server's max_connections) for longer
-	// than its LeaseTTL hands its lanes to other relays. Default Workers +
-	// 3: a connection per worker, the lane lease, LISTEN and one for
-	// health checks and metrics, which fits one relay; for several relays
-	// on one pool use Conns(their configs...) + 1.
+	// than its LeaseTTL hands its lanes to other relays. Default
+	// Workers × DefaultPipeline + 3: a connection per batch a worker may
+	// have in flight, the lane lease, LISTEN and one for health checks
+	// and metrics, which fits one relay; for several relays on one pool
+	// use Conns(their configs...) + PipelineConns(their configs...) + 1.
+	// A worker claims a batch beside the one it has in flight only while
+	// the pool has a connection to spare beyond one, so a smaller cap
+	// (down to Conns) only narrows the pipeline.
 	MaxConns int
 	// PublishTimeout sets the idle-in-transaction timeout (PublishTimeout +
 	// 30s): a relay that stops talking to the database mid-batch has its
@@ -52,7 +56,7 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 		pc.Workers = DefaultWorkers
 	}
 	if pc.MaxConns == 0 {
-		pc.MaxConns = pc.Workers + 3
+		pc.MaxConns = pc.Workers*DefaultPipeline + 3
 	}
 	if pc.MaxConns < 1 {
 		return nil, fmt.Errorf("outbox: max-conns: must be positive, got %d", pc.MaxConns)
@@ -106,6 +110,24 @@ func Conns(cfgs ...Config) int {
 	}
 	if shared {
 		n++
+	}
+	return n
+}
+
+// PipelineConns returns how many connections beyond Conns the relays with
+// these configurations use when every worker has Config.Pipeline batches
+// in flight: one per batch beyond the first.
+func PipelineConns(cfgs ...Config) int {
+	n := 0
+	for _, c := range cfgs {
+		w, p := c.Workers, c.Pipeline
+		if w == 0 {
+			w = DefaultWorkers
+		}
+		if p == 0 {
+			p = DefaultPipeline
+		}
+		n += w * (p - 1)
 	}
 	return n
 }

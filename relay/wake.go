@@ -186,6 +186,13 @@ type waker struct {
 	cancelWait atomic.Pointer[context.CancelFunc]
 }
 
+// wakeAndTell wakes this process's workers of lanes at once and the other
+// relays' with the next NOTIFY (an empty set: all lanes).
+func (k *waker) wakeAndTell(lanes laneSet) {
+	k.wake(lanes)
+	k.addPending(lanes)
+}
+
 // addPending merges lanes into the next NOTIFY (an empty set: all lanes).
 func (k *waker) addPending(lanes laneSet) {
 	k.pendMu.Lock()
@@ -309,8 +316,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		go func() {
 			defer close(done)
 			err := k.followWAL(walCtx, func(lanes laneSet) {
-				k.wake(lanes)
-				k.addPending(lanes)
+				k.wakeAndTell(lanes)
 				k.kick()
 			}, func() {
 				k.walUp.Store(true)
@@ -351,8 +357,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				}
 				// Rows written since the last watcher died were seen by
 				// nobody: everyone looks once.
-				k.wake(laneSet{})
-				k.addPending(laneSet{})
+				k.wakeAndTell(laneSet{})
 			} else {
 				lastElect = now
 				nextElect = now.Add(k.cfg.Heartbeat)
@@ -368,8 +373,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				// consistent point.
 				polling = false
 				k.setSource("wal", false, nil)
-				k.wake(laneSet{})
-				k.addPending(laneSet{})
+				k.wakeAndTell(laneSet{})
 			}
 			if errp := k.walDone.Swap(nil); errp != nil {
 				stopWAL()
@@ -395,8 +399,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				walAgain = now.Add(walRetry)
 				walRetry = min(2*walRetry, walRetryMax)
 				// Rows may have come while the stream was failing.
-				k.wake(laneSet{})
-				k.addPending(laneSet{})
+				k.wakeAndTell(laneSet{})
 			}
 			if wal && polling && !walAgain.IsZero() && !now.Before(walAgain) {
 				walAgain = time.Time{}
@@ -416,8 +419,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 					return err
 				}
 				if lanes := lanesOf(d.Lanes); !lanes.empty() {
-					k.wake(lanes)
-					k.addPending(lanes)
+					k.wakeAndTell(lanes)
 				}
 				dueSince = d.Since
 				dueAt = now.Add(dueEvery)
@@ -545,15 +547,9 @@ type gap struct {
 
 // ids drops the gaps that expired and returns the others' ids.
 func (g *gapList) ids(now time.Time) []int64 {
-	keep := (*g)[:0]
-	for _, x := range *g {
-		if now.Before(x.until) {
-			keep = append(keep, x)
-		}
-	}
-	*g = keep
-	ids := make([]int64, len(keep))
-	for i, x := range keep {
+	*g = slices.DeleteFunc(*g, func(x gap) bool { return !now.Before(x.until) })
+	ids := make([]int64, len(*g))
+	for i, x := range *g {
 		ids[i] = x.id
 	}
 	return ids
@@ -561,16 +557,7 @@ func (g *gapList) ids(now time.Time) []int64 {
 
 // fill drops the gaps whose rows were found.
 func (g *gapList) fill(found []int64) {
-	if len(found) == 0 {
-		return
-	}
-	keep := (*g)[:0]
-	for _, x := range *g {
-		if !slices.Contains(found, x.id) {
-			keep = append(keep, x)
-		}
-	}
-	*g = keep
+	*g = slices.DeleteFunc(*g, func(x gap) bool { return slices.Contains(found, x.id) })
 }
 
 // add records the ids missing between seen and the ids a look found

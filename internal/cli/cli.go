@@ -254,6 +254,7 @@ migrations with their own tool.`,
 type runOptions struct {
 	sink            string
 	workers         int
+	pipeline        int
 	batchSize       int
 	batchBytes      int64
 	maxConns        int
@@ -300,11 +301,13 @@ the dead-letter table. On SIGTERM or SIGINT the relay stops claiming,
 finishes in-flight batches (up to --drain-timeout), hands its lanes to
 other relays and exits 0.
 
-Database connections: per route, one per worker and one for the lane
-lease; one LISTEN connection for the process; and one for health checks
-and metrics: 5 with the defaults. --max-conns caps them all (it must leave
-every worker, lease and LISTEN its connection); a relay whose workers
-cannot get a connection for --lease-ttl hands its lanes to other relays.
+Database connections: per route, one per batch in flight (--workers ×
+--pipeline) and one for the lane lease; one LISTEN connection for the
+process; and one for health checks and metrics: 7 with the defaults.
+--max-conns caps them all (it must leave every worker, lease and LISTEN
+one connection; below the full count, workers have fewer batches in
+flight); a relay whose workers cannot get a connection for --lease-ttl
+hands its lanes to other relays.
 
 Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 		Example: `  outbox-relay run --database-url postgres://localhost/app --sink stdout`,
@@ -316,7 +319,8 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f := cmd.Flags()
 	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
-	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers, leases and LISTEN need, plus one for health checks and metrics)")
+	f.IntVar(&o.pipeline, "pipeline", relay.DefaultPipeline, "most batches each worker has in flight: it claims the next from its other lanes while the sink takes one (each holds a connection; 1: one batch at a time)")
+	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers' batches in flight, leases and LISTEN need, plus one for health checks and metrics)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
 	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
 	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work when nothing wakes them (a safety net)")
@@ -355,7 +359,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	// Zero means "default" in relay.Config; on the command line it is a
 	// mistake.
 	for name, v := range map[string]int64{
-		"workers": int64(o.workers), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
+		"workers": int64(o.workers), "pipeline": int64(o.pipeline), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
 		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "console-sample-interval": int64(o.consoleSample),
@@ -374,6 +378,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		ID:                  o.id,
 		Schema:              g.schema,
 		Workers:             o.workers,
+		Pipeline:            o.pipeline,
 		BatchSize:           o.batchSize,
 		BatchBytes:          o.batchBytes,
 		PollInterval:        o.pollInterval,
@@ -539,8 +544,9 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 }
 
 // connBudget returns the process's connection cap (--max-conns, or by
-// default what the planned relays need plus one for health checks and
-// metrics) and its workers over all relays. A cap below the need is a
+// default what the planned relays need with every worker's pipeline full,
+// plus one for health checks and metrics) and its workers over all
+// relays. A cap below the need is a
 // usage error rather than fewer workers than configured: a worker without
 // a connection of its own would make its relay hand its lanes away.
 func connBudget(planned []relay.Config, maxConns int) (int, int, error) {
@@ -550,7 +556,7 @@ func connBudget(planned []relay.Config, maxConns int) (int, int, error) {
 	}
 	need := relay.Conns(planned...)
 	if maxConns == 0 {
-		return need + 1, workers, nil
+		return need + relay.PipelineConns(planned...) + 1, workers, nil
 	}
 	if maxConns < need {
 		return 0, 0, usagef("outbox: max-conns: %d is below the %d connections this configuration holds (per route, one per worker and one for the lane lease; one LISTEN connection): raise max-conns or lower workers", maxConns, need)

@@ -25,6 +25,7 @@ type routeSpec struct {
 	FanOut         bool           `yaml:"fanout"`
 	Format         string         `yaml:"format"`
 	Workers        *int           `yaml:"workers"`
+	Pipeline       *int           `yaml:"pipeline"`
 	BatchSize      *int           `yaml:"batch-size"`
 	BatchBytes     *int64         `yaml:"batch-bytes"`
 	MaxAttempts    *int           `yaml:"max-attempts"`
@@ -135,6 +136,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		cfg := base
 		cfg.Route = sp.Name
 		setIf(&cfg.Workers, sp.Workers)
+		setIf(&cfg.Pipeline, sp.Pipeline)
 		setIf(&cfg.BatchSize, sp.BatchSize)
 		setIf(&cfg.BatchBytes, sp.BatchBytes)
 		setIf(&cfg.MaxAttempts, sp.MaxAttempts)

@@ -24,11 +24,14 @@ func TestConnBudget(t *testing.T) {
 	one := []relay.Config{{Workers: 2}}
 	max, workers, err := connBudget(one, 0)
 	require.NoError(t, err)
-	require.Equal(t, 5, max, "2 workers, lease, LISTEN, and one for health checks and metrics")
+	require.Equal(t, 7, max, "2 workers with 2 batches in flight each, lease, LISTEN, and one for health checks and metrics")
 	require.Equal(t, 2, workers)
+	max, _, err = connBudget([]relay.Config{{Workers: 2, Pipeline: 1}}, 0)
+	require.NoError(t, err)
+	require.Equal(t, 5, max, "one batch at a time: 2 workers, lease, LISTEN, health checks")
 	max, _, err = connBudget(one, 4)
 	require.NoError(t, err)
-	require.Equal(t, 4, max, "the least: health checks wait for a worker's connection")
+	require.Equal(t, 4, max, "the least: one batch per worker, health checks wait for a worker's connection")
 	_, _, err = connBudget(one, 3)
 	require.ErrorContains(t, err, "max-conns: 3 is below the 4 connections")
 
@@ -37,7 +40,7 @@ func TestConnBudget(t *testing.T) {
 	three := []relay.Config{{Workers: 2, SharedListener: true}, {Workers: 1, SharedListener: true}, {Workers: 1, SharedListener: true}}
 	max, workers, err = connBudget(three, 0)
 	require.NoError(t, err)
-	require.Equal(t, 3+2+2+1+1, max)
+	require.Equal(t, 3+2+2+1+1+4, max, "and a second batch per worker")
 	require.Equal(t, 4, workers)
 	_, _, err = connBudget(three, 7)
 	require.ErrorContains(t, err, "below the 8")

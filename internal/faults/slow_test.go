@@ -33,16 +33,17 @@ func slowReceiver(t testing.TB) *receiver {
 
 // TestSlowSinkOtherKeysFlow: one key's receiver takes 2s per message. The
 // other keys must keep flowing while that key's messages wait. A worker
-// publishes a whole batch in one Send and claims nothing else until it
-// returns, so the keys that share the slow key's worker (and batch) wait
-// for the slow chain; the others do not. Measured with the default 2
-// workers and with 8.
+// publishes a whole batch in one Send; once the batch has been with the
+// sink for as long as its claim took, the worker claims its next batch
+// from its other lanes (the pipeline), so only the keys that share the
+// slow key's batch wait for the slow chain. Measured with the default 2
+// workers (61 % before the pipeline, 99 % with it) and with 8.
 func TestSlowSinkOtherKeysFlow(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		workers int
 		floor   float64 // share of other keys delivered while the slow key waits
-	}{{2, 0.5}, {8, 0.75}} {
+	}{{2, 0.9}, {8, 0.75}} {
 		t.Run(fmt.Sprintf("workers=%d", tc.workers), func(t *testing.T) {
 			t.Parallel()
 			pool, schema := pgtest.Schema(t)
@@ -90,10 +91,11 @@ func TestSlowSinkOtherKeysFlow(t *testing.T) {
 	}
 }
 
-// TestSlowSinkMemoryBounded: a 200 MB backlog of messages whose receiver
-// takes 2s each. The relay holds at most its in-flight batches, so its
-// memory stays far below the backlog; once the receiver is fast again
-// everything arrives and nothing was dead-lettered.
+// TestSlowSinkMemoryBounded: a 310 MB backlog of messages whose receiver
+// takes 2s each. The relay holds at most its in-flight batches (two
+// workers, two batches each: 32 MB of payload), so its memory stays
+// below half the backlog; once the receiver is fast again everything
+// arrives and nothing was dead-lettered.
 func TestSlowSinkMemoryBounded(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
@@ -110,7 +112,7 @@ func TestSlowSinkMemoryBounded(t *testing.T) {
 		return http.StatusNoContent, ""
 	})
 
-	const n, size = 12_000, 16 << 10
+	const n, size = 20_000, 16 << 10
 	_, err := pool.Exec(context.Background(), `INSERT INTO `+migrations.Ident(schema)+`.messages (topic, key, payload)
 SELECT 'slow', 'k' || (g % 100), convert_to(rpad(g::text, $1, 'x'), 'UTF8') FROM generate_series(0, $2 - 1) g`, size, n)
 	require.NoError(t, err)
@@ -142,7 +144,7 @@ SELECT 'slow', 'k' || (g % 100), convert_to(rpad(g::text, $1, 'x'), 'UTF8') FROM
 	t.Logf("backlog %d messages, %d MB; over %s with a 2s receiver: %d delivered, %d pending; relay peak RSS %d MB, peak Go heap in use %d MB; VmHWM after the drain %d MB",
 		n, backlogBytes>>20, window, deliveredSlow, pending, peakRSS>>20, peakHeap>>20, hwm>>20)
 	require.Greater(t, pending, n/2, "the backlog was still there while memory was measured")
-	require.Less(t, peakRSS, int64(100<<20), "relay memory must be bounded by its batches, not the backlog")
+	require.Less(t, peakRSS, backlogBytes/2, "relay memory must be bounded by its batches, not the backlog")
 }
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {

@@ -77,6 +77,9 @@ type ClaimedRow struct {
 	// CTID is the row's physical address, stable while the claim's
 	// transaction holds its lock: settlement finds the row by it.
 	CTID pgtype.TID
+	// Lane is the row's lane: a worker with batches in flight claims
+	// the next one from the others.
+	Lane int16
 }
 
 // QueueClaim queues a claim on b: the priority probe (except for the
@@ -119,7 +122,7 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		// fresh memory, and row gets a copy.
 		var c ClaimedRow
 		dest := []any{&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
-			&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID}
+			&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID, &c.Lane}
 		if e.source != Router {
 			dest = append(dest, &c.Found)
 		}
@@ -183,7 +186,7 @@ CROSS JOIN LATERAL (
 	// rows are the columns a claim returns (ClaimedRow's).
 	rows := `
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, ` + body + `,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid`
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane`
 	if e.source == Router {
 		// No byte limit: nothing to weigh.
 		e.claim = newStmt(rows + from + `
@@ -192,7 +195,7 @@ LIMIT @limit`)
 	}
 	// What byteCut orders and weighs the rows by: pos and lane (the claim
 	// order, with id), size.
-	weighed := rows + `, o.pos, m.lane, octet_length(m.payload) AS size`
+	weighed := rows + `, o.pos, octet_length(m.payload) AS size`
 	e.claim = newStmt(byteCut(weighed + from + `
 LIMIT @limit`))
 	e.claimPriority = newStmt(e.priorityClaim(s, rows, weighed+from))
@@ -235,7 +238,7 @@ WITH pl AS MATERIALIZED (
     WHERE l.owner = @relay AND l.lease_until > now() AND NOT (l.lane = ANY(@handover::int2[]))
     ORDER BY k.prio DESC, l.lane
     FOR KEY SHARE OF l
-), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, m.lane, octet_length(m.payload) AS size
+), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, octet_length(m.payload) AS size
     FROM pl CROSS JOIN LATERAL (
         SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
         WHERE ` + e.ofRoute("m") + `m.lane = pl.lane
@@ -259,7 +262,7 @@ LIMIT @limit`)
 }
 
 // byteCut keeps the longest prefix of a claim's rows (src, at most @limit
-// of them, each with pos, lane and size columns) whose payloads add up to
+// of them, each with lane, pos and size columns) whose payloads add up to
 // at most @max_bytes, and always the first row: a message above the limit
 // goes alone. The prefix is taken in claim order (pos, lane, id), so when a
 // message is cut every later message of its lane, and so of its key, is
@@ -271,7 +274,7 @@ LIMIT @limit`)
 // payloads beyond the cut never leave the database.
 func byteCut(src string) string {
 	return `
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.found
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.found
 FROM (
     SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (` + src + `

@@ -1,9 +1,9 @@
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.found
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.found
 FROM (
     SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, o.pos, m.lane, octet_length(m.payload) AS size
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, o.pos, octet_length(m.payload) AS size
 FROM (
     SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM "outbox"."lanes" l
     WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
