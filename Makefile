@@ -9,7 +9,7 @@ export TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export TEST_NATS_URL ?= nats://127.0.0.1:4222
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-GO_TEST := go test -race -count=1 -timeout 20m
+GO_TEST := go test -race -count=1 -timeout 30m
 BIN := bin
 
 .PHONY: help build demo test vet chaos faults bench fuzz services clean

@@ -53,7 +53,9 @@ func TestScaleOut(t *testing.T) {
 	const perPhase = 2000
 	flow := func(what string) {
 		n := rc.count()
-		waitFor(ctx, t, 30*time.Second, what, func() bool { return rc.count() >= n+perPhase })
+		// 90 s: the writers themselves slow to a few hundred messages
+		// a second while the rest of the suite loads the machine.
+		waitFor(ctx, t, 90*time.Second, what, func() bool { return rc.count() >= n+perPhase })
 	}
 	c.start("r1")
 	waitLanes(ctx, t, c, map[string]int{"r1.1": 256})
