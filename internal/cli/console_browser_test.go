@@ -14,11 +14,13 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/cli"
@@ -231,16 +233,23 @@ routes:
 	// The overview draws a sparkline once the relay has two samples (one
 	// a second here).
 	spark := chromedp.CSSAll(`tr[data-topic="billing.invoiced"] svg.spark`)
-	require.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	// 15 s a page load and 60 s in all: with the rest of the suite on the
+	// same 2 cores, 5 s a load never once sufficed.
+	var last atomic.Value
+	last.Store("no page loaded")
+	drawn := assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
 		defer cancel()
 		err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`tr[data-topic="billing.invoiced"]`)))
 		if err != nil {
+			last.Store("overview: " + err.Error())
 			return false
 		}
 		n, err := chromedp.Run(ctx, chromedp.Nodes(spark, chromedp.AtLeast(0)))
+		last.Store(fmt.Sprintf("%d sparklines (%v)", len(n), err))
 		return err == nil && len(n) == 2 // backlog and lag
-	}, 30*time.Second, 300*time.Millisecond, "sparklines of the sampled backlog and lag")
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(t, drawn, "sparklines of the sampled backlog and lag; last look: %s", last.Load())
 	require.Regexp(t, `billing\.invoiced\s+10\s`, b.text(`#topics`), "the backlog of the route whose webhook is down")
 	require.Contains(t, b.text(`#answered-by`), fmt.Sprintf("pid %d", os.Getpid()), "the page says which relay answered")
 	// The default route, which no relay runs beside the routes table,
