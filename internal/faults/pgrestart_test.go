@@ -68,11 +68,12 @@ func TestPostgresRestart(t *testing.T) {
 		total += c
 	}
 
-	// Looked at twice a second: distinct over 40,000 deliveries at every
-	// 50 ms took CPU from the relay and its receiver on a loaded 2-core
-	// machine. The window is wide for the same reason (the drain took up
-	// to 2.5 minutes while the rest of the suite ran); a relay that stops
-	// draining still fails it.
+	// Looked at twice a second: distinct over 40,000 deliveries every
+	// 50 ms competes for the CPU with the relay and the receiver (in this
+	// process). The window is wide because on a loaded 2-core machine the
+	// drain after the restart took more than 2 minutes, at about 100
+	// msg/s, with the relay waiting on the receiver (a goroutine dump);
+	// a relay that stops draining still fails it.
 	eventually(t, 240*time.Second, 500*time.Millisecond, func() (bool, string) {
 		left := -1
 		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+quoted(schema)+".messages").Scan(&left)
