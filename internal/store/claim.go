@@ -21,9 +21,15 @@ import (
 // of earlier routes; NULL means no filter. @handover are lanes being handed
 // over to another relay: not claimed any more.
 //
-// The lane rows are locked FOR KEY SHARE as they are visited: a lane can
-// change owner (which takes FOR UPDATE) only between two claim
-// transactions, so two relays never work on one lane at once. Within a
+// A lane row is locked FOR KEY SHARE when the claim visits it and finds a
+// deliverable message in it (the lateral k, which reads the lane row
+// again, checks the lease again and locks it): a lane can change owner
+// (which takes FOR UPDATE) only between two claim transactions that take
+// rows from it, so two relays never work on one lane at once. Empty lanes
+// are not locked: a claim of a sparse backlog locks a few lane rows, not
+// all of the worker's, and each lock is a write to the lane row (its xmax),
+// so WAL and a dirtied page. The probe is a scalar subquery, not EXISTS:
+// EXISTS was planned as a bitmap scan of the lane's whole index range. Within a
 // lane, messages come in id order; a message is held back while an earlier
 // message of its key waits for a retry or a delayed delivery (the NOT
 // EXISTS probes a partial index that is empty unless something is failing).
@@ -165,8 +171,15 @@ FROM (
     WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
       AND NOT (l.lane = ANY(@handover::int2[]))
     ORDER BY pos
-    FOR KEY SHARE
 ) o
+CROSS JOIN LATERAL (
+    SELECT k.lane FROM ` + s.Table("lanes") + ` k
+    WHERE k.route = @route AND k.lane = o.lane AND k.owner = @relay AND k.lease_until > now()
+      AND (SELECT true FROM ` + src + ` e
+          WHERE ` + e.ofRoute("e") + `e.lane = o.lane AND ` + Ready("e") + ` AND ` + topicFilter("e") + `
+          ORDER BY e.id LIMIT 1)
+    FOR KEY SHARE
+) k
 CROSS JOIN LATERAL (
     SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
     WHERE ` + e.ofRoute("m") + `m.lane = o.lane

@@ -5,8 +5,15 @@ FROM (
     WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
       AND NOT (l.lane = ANY(@handover::int2[]))
     ORDER BY pos
-    FOR KEY SHARE
 ) o
+CROSS JOIN LATERAL (
+    SELECT k.lane FROM "outbox"."lanes" k
+    WHERE k.route = @route AND k.lane = o.lane AND k.owner = @relay AND k.lease_until > now()
+      AND (SELECT true FROM "outbox"."messages" e
+          WHERE e.lane = o.lane AND (e.available_at IS NULL OR e.available_at <= now()) AND (@topics::text[] IS NULL OR e.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT e.topic LIKE ANY(@exclude))
+          ORDER BY e.id LIMIT 1)
+    FOR KEY SHARE
+) k
 CROSS JOIN LATERAL (
     SELECT m.*, m.ctid AS row_ctid FROM "outbox"."messages" m
     WHERE m.lane = o.lane
