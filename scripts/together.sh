@@ -10,7 +10,7 @@ set -euo pipefail
 DB=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 BIN=${BIN:-/tmp/relay} N=${N:-16} M=${M:-100000}
 psql -q "$DB" -v ON_ERROR_STOP=1 >/dev/null <<SQL
-DELETE FROM outbox.messages;
+TRUNCATE outbox.messages;
 INSERT INTO outbox.messages (topic, key, payload)
 SELECT 't', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $M) g;
 SQL
@@ -21,7 +21,11 @@ for i in $(seq 1 "$N"); do
   "$BIN" run --database-url "$DB" --sink discard --admin-addr 127.0.0.1:0 --id "together-$i" --log-level warn >/dev/null 2>&1 &
   pids+=($!)
 done
-psql -q "$DB" -c "DO \$\$ BEGIN LOOP EXIT WHEN NOT EXISTS (SELECT 1 FROM outbox.messages); PERFORM pg_sleep(0.005); END LOOP; END \$\$"
+# One short transaction per look: a loop inside one statement (a DO
+# block) would hold back the xmin horizon for the whole run, so that no
+# delivered row could be pruned and every claim would step over all of
+# them (1M messages, one relay: 17k msg/s measured that way, 59-64k this way).
+while [ -n "$(psql -At "$DB" -c "SELECT 1 FROM outbox.messages ORDER BY id LIMIT 1")" ]; do sleep 0.05; done
 e=$(date +%s%N)
 kill -TERM "${pids[@]}" 2>/dev/null || true
 wait
