@@ -267,28 +267,50 @@ func Publication(schema string) string { return schema + "_relay" }
 // decode the WAL (wal_level = logical) and it does not exist yet, if the
 // migrating role may (it needs CREATE on the database): otherwise it does
 // nothing, and relays poll. It runs at every Apply, so a server switched
-// to wal_level = logical later gets it at the next migrate.
+// to wal_level = logical later gets it at the next migrate. A publication
+// that exists but does not publish the outbox's inserts (DROP SCHEMA
+// leaves the publication behind, empty, and a schema created again under
+// the same name would otherwise be followed through it in vain) gets the
+// table and the inserts back.
 func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
-	var logical, exists bool
+	var logical, exists, covers, inserts bool
 	err := tx.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical',
-       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, Publication(schema)).Scan(&logical, &exists)
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'),
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1 AND pubinsert)`,
+		Publication(schema), schema).Scan(&logical, &exists, &covers, &inserts)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: publication: %w", err)
 	}
-	if !logical || exists {
+	if !logical || (exists && covers && inserts) {
 		return nil
+	}
+	pub, table := Ident(Publication(schema)), Ident(schema)+".messages"
+	var stmts []string
+	switch {
+	case !exists:
+		stmts = []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + table + " WITH (publish = 'insert')"}
+	default:
+		if !covers {
+			stmts = append(stmts, "ALTER PUBLICATION "+pub+" ADD TABLE "+table)
+		}
+		if !inserts {
+			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
+		}
 	}
 	sp, err := tx.Begin(ctx) // a savepoint: a refusal must not abort the migration
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: publication: %w", err)
 	}
-	_, err = sp.Exec(ctx, "CREATE PUBLICATION "+Ident(Publication(schema))+" FOR TABLE "+Ident(schema)+".messages WITH (publish = 'insert')")
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "42710") { // not allowed; created concurrently
-		return sp.Rollback(ctx)
-	}
-	if err != nil {
-		return fmt.Errorf("outbox: migrate: create publication: %w", err)
+	for _, st := range stmts {
+		_, err = sp.Exec(ctx, st)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "42710") { // not allowed; created or added concurrently
+			return sp.Rollback(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("outbox: migrate: %s: %w", st, err)
+		}
 	}
 	return sp.Commit(ctx)
 }

@@ -78,8 +78,9 @@ func (r *Relay) source() *source {
 // rows it did not return, whose lanes may not be among the batch's.
 //
 // skip are lanes not to claim: those being handed over, and those of
-// the worker's batches in flight.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, skip []int16) (_ []claimed, more, cut bool, _ error) {
+// the worker's batches in flight. only, unless nil, are the only lanes
+// visited.
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, skip, only []int16) (_ []claimed, more, cut bool, _ error) {
 	partial := r.priority[worker]
 	found := 0
 	cb := &pgx.Batch{}
@@ -91,7 +92,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
 		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes,
-		Topics: src.topics, Exclude: src.exclude, Handover: skip,
+		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
 		Priority: r.priority[worker],
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)

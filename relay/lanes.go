@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"strings"
+	"sync"
 )
 
 // Lane-targeted wake-ups. With every relay woken by every new row, each
@@ -73,6 +74,8 @@ func laneOf(key *string, id int64) int {
 }
 
 // setOwned records the lanes this relay holds (adding to them with add).
+// Lanes it did not hold may hold a backlog no wake-up will name: every
+// worker then visits all of its lanes.
 func (r *Relay) setOwned(lanes []int16, add bool) {
 	var s laneSet
 	for _, l := range lanes {
@@ -80,17 +83,24 @@ func (r *Relay) setOwned(lanes []int16, add bool) {
 			s.add(int(l))
 		}
 	}
+	gained := false
 	for i := range s {
+		var old uint64
 		if add {
-			r.ownedSet[i].Or(s[i])
+			old = r.ownedSet[i].Or(s[i])
 		} else {
-			r.ownedSet[i].Store(s[i])
+			old = r.ownedSet[i].Swap(s[i])
 		}
+		gained = gained || s[i]&^old != 0
+	}
+	if gained {
+		r.wakeAll()
 	}
 }
 
-// wakeLanes wakes the workers that claim any of lanes; all of them while
-// this relay does not know its lanes yet.
+// wakeLanes wakes the workers that claim any of lanes, naming those lanes
+// to each (see pending); all of them while this relay does not know its
+// lanes yet.
 func (r *Relay) wakeLanes(lanes laneSet) {
 	var mine laneSet
 	known := false
@@ -103,12 +113,87 @@ func (r *Relay) wakeLanes(lanes laneSet) {
 		r.wakeAll()
 		return
 	}
+	n := r.cfg.Workers
+	per := make([]laneSet, n)
 	for l := range numLanes {
 		if mine.has(l) {
-			select {
-			case r.wake[l%r.cfg.Workers] <- struct{}{}:
-			default:
-			}
+			per[l%n].add(l)
 		}
 	}
+	for w := range per {
+		if per[w].empty() {
+			continue
+		}
+		r.pend[w].add(per[w])
+		select {
+		case r.wake[w] <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pending is what woke a worker since its claims last took it: some of
+// its lanes, or any of them (all). A wake-up about new rows names their
+// lanes (the watcher knows them), and the worker's next claim visits only
+// those lanes; one about anything else (a notification without lanes, a
+// rebalance that gave this relay lanes, a reconnection) makes the next
+// claim visit every lane of the worker. A lane stays pending while a
+// batch of the worker holds it: a claim beside the batch skips it, and
+// the worker claims it again once the batch has ended.
+type pending struct {
+	mu    sync.Mutex
+	lanes laneSet
+	all   bool
+}
+
+func (p *pending) add(lanes laneSet) {
+	p.mu.Lock()
+	p.lanes.union(lanes)
+	p.mu.Unlock()
+}
+
+func (p *pending) addAll() {
+	p.mu.Lock()
+	p.all = true
+	p.mu.Unlock()
+}
+
+// take returns what woke the worker and forgets it, except the lanes in
+// busy (its batches in flight), which stay pending.
+func (p *pending) take(busy laneSet) (lanes laneSet, all bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	all, p.all = p.all, false
+	for i := range p.lanes {
+		lanes[i] = p.lanes[i] &^ busy[i]
+		p.lanes[i] &= busy[i]
+	}
+	return lanes, all
+}
+
+// waiting reports whether a wake-up waits for a claim that can take it
+// (about lanes not in busy, or about any lane).
+func (p *pending) waiting(busy laneSet) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.all {
+		return true
+	}
+	for i := range p.lanes {
+		if p.lanes[i]&^busy[i] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// list returns the lanes of s in ascending order.
+func (s laneSet) list() []int16 {
+	out := make([]int16, 0, 8)
+	for l := range numLanes {
+		if s.has(l) {
+			out = append(out, int16(l))
+		}
+	}
+	return out
 }

@@ -88,3 +88,45 @@ func TestGapList(t *testing.T) {
 		t.Fatalf("the newest gap 1001 kept and the oldest dropped: %v", got)
 	}
 }
+
+// A worker's pending wake-ups: a claim takes the lanes it may visit, the
+// lanes of its batches in flight wait for them to end, and a wake-up
+// about any lane makes the next claim visit every lane.
+func TestPending(t *testing.T) {
+	t.Parallel()
+	set := func(ls ...int) laneSet {
+		var s laneSet
+		for _, l := range ls {
+			s.add(l)
+		}
+		return s
+	}
+	var p pending
+	if p.waiting(laneSet{}) {
+		t.Fatal("a worker nothing woke has something waiting")
+	}
+	p.add(set(2, 4))
+	p.add(set(130))
+	busy := set(4)
+	if !p.waiting(busy) {
+		t.Fatal("lanes 2 and 130 woken, not waiting")
+	}
+	got, all := p.take(busy)
+	if all || got != set(2, 130) || !slices.Equal(got.list(), []int16{2, 130}) {
+		t.Fatalf("take = %v %v, want lanes [2 130] (4 is in flight)", got.list(), all)
+	}
+	if p.waiting(busy) {
+		t.Fatal("only lane 4, in flight, should be left, and it waits for its batch")
+	}
+	if !p.waiting(laneSet{}) {
+		t.Fatal("lane 4 forgotten once its batch ended")
+	}
+	p.addAll()
+	got, all = p.take(laneSet{})
+	if !all || got != set(4) {
+		t.Fatalf("take = %v %v, want every lane and lane 4", got.list(), all)
+	}
+	if got, all = p.take(laneSet{}); all || !got.empty() {
+		t.Fatalf("a second take found %v %v", got.list(), all)
+	}
+}

@@ -40,6 +40,9 @@ type Relay struct {
 	leases      *store.Leases
 
 	wake []chan struct{}
+	// pend[w] is what woke worker w since its claims last took it (see
+	// pending).
+	pend []pending
 	// ownedSet: the lanes this relay held at its last heartbeat (a
 	// laneSet), so that a wake-up about some lanes wakes only the workers
 	// that claim them.
@@ -82,6 +85,9 @@ type Stats struct {
 	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures atomic.Int64
 	// Claims counts claim transactions, empty ones included.
 	Claims atomic.Int64
+	// LaneClaims counts the claims that visited only the lanes a wake-up
+	// named (the others visited every lane of their worker).
+	LaneClaims atomic.Int64
 }
 
 // StatsSnapshot is a copy of Stats.
@@ -90,6 +96,9 @@ type StatsSnapshot struct {
 	// Claims counts claim transactions, empty ones included: Claims per
 	// Delivered is what the relay's polling costs the database.
 	Claims int64
+	// LaneClaims are the Claims that visited only the lanes a wake-up
+	// named; the others visited every lane of their worker.
+	LaneClaims int64
 }
 
 // New returns a relay that reads the outbox through pool and publishes to
@@ -126,6 +135,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		leases:    store.NewLeases(schema, cfg.ID, cfg.Route),
 		log:       cfg.Logger.With("relay_id", cfg.ID),
 		wake:      make([]chan struct{}, cfg.Workers),
+		pend:      make([]pending, cfg.Workers),
 		rebalance: make(chan struct{}, 1),
 		lastLoop:  make([]atomic.Int64, cfg.Workers),
 		connWait:  make([]atomic.Int64, cfg.Workers),
@@ -161,7 +171,7 @@ func (r *Relay) Stats() StatsSnapshot {
 		Claimed: r.stats.Claimed.Load(), Delivered: r.stats.Delivered.Load(),
 		Retried: r.stats.Retried.Load(), DeadLettered: r.stats.DeadLettered.Load(),
 		Batches: r.stats.Batches.Load(), CommitFailures: r.stats.CommitFailures.Load(),
-		Claims: r.stats.Claims.Load(),
+		Claims: r.stats.Claims.Load(), LaneClaims: r.stats.LaneClaims.Load(),
 	}
 }
 

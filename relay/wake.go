@@ -30,7 +30,8 @@ import (
 // a lost one costs latency up to PollInterval, never a message.
 
 func (r *Relay) wakeAll() {
-	for _, c := range r.wake {
+	for i, c := range r.wake {
+		r.pend[i].addAll()
 		select {
 		case c <- struct{}{}:
 		default:

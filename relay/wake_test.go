@@ -25,15 +25,23 @@ type wakeHooks struct {
 	mu        sync.Mutex
 	source    string
 	fallbacks int
+	err       error // the last fallback's
 }
 
-func (h *wakeHooks) Wakeup(source string, fallback bool, _ error) {
+func (h *wakeHooks) Wakeup(source string, fallback bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.source = source
 	if fallback {
 		h.fallbacks++
+		h.err = err
 	}
+}
+
+func (h *wakeHooks) lastErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
 }
 
 func (h *wakeHooks) get() (string, int) {
@@ -86,10 +94,10 @@ func TestWakeupPollIdleRelayWakes(t *testing.T) {
 	}
 }
 
-// At low rates a write costs one claim transaction: the claim visits all
-// of the worker's lanes, so one that found fewer rows than a batch does
-// not come straight back for an empty second look (it did: two claims a
-// message, half of them empty).
+// At low rates a write costs one claim transaction, of the lane the
+// watcher named: a claim that found fewer rows than a batch does not come
+// straight back for an empty second look (it did: two claims a message,
+// half of them empty).
 func TestOneClaimPerWakeAtLowRates(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -98,15 +106,19 @@ func TestOneClaimPerWakeAtLowRates(t *testing.T) {
 	waitSource(t, h, "poll")
 	e.deliveredWithin(e.sink, 1, "k0") // past the start-up's wake-ups
 	time.Sleep(300 * time.Millisecond)
-	before := r.Stats().Claims
+	before := r.Stats()
 	const n = 8
 	for i := 2; i <= n+1; i++ {
 		e.deliveredWithin(e.sink, i, fmt.Sprint("k", i))
 	}
 	time.Sleep(300 * time.Millisecond)
-	claims := r.Stats().Claims - before
+	after := r.Stats()
+	claims := after.Claims - before.Claims
 	require.LessOrEqual(t, claims, int64(n+2), "claim transactions for %d messages written one at a time", n)
 	require.GreaterOrEqual(t, claims, int64(n))
+	// And each visits the lane the watcher named, not all 128 of its
+	// worker's.
+	require.GreaterOrEqual(t, after.LaneClaims-before.LaneClaims, int64(n-1), "claims of the woken lanes only, of %d claims", claims)
 }
 
 func TestWakeupWatcherHandsOver(t *testing.T) {
@@ -212,6 +224,43 @@ func TestWakeupWAL(t *testing.T) {
 	// The server drops a temporary slot when its session has ended, a
 	// moment after the relay closed it.
 	eventually(t, wakeBound, func() bool { return slots() == 0 }, "no slot (no WAL retained) once the relay is gone")
+}
+
+// A publication that publishes nothing of the outbox (DROP SCHEMA leaves
+// the publication behind, empty, and a schema created again under the
+// same name found it "existing"): the relay polls and says why, instead
+// of waiting on a stream that carries no row (its workers then waited for
+// their safety poll), and migrate puts the table back.
+func TestWakeupWALPublicationWithoutTheTable(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	ctx := context.Background()
+	pub := migrations.Ident(migrations.Publication(schema))
+	_, err := pool.Exec(ctx, `ALTER PUBLICATION `+pub+` DROP TABLE `+migrations.Ident(schema)+`.messages`)
+	require.NoError(t, err)
+	published := func() bool {
+		var ok bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages')`,
+			migrations.Publication(schema), schema).Scan(&ok))
+		return ok
+	}
+	require.False(t, published())
+
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
+	h := &wakeHooks{}
+	stop := startOn(t, srv.URL(), idleConfig(e, relay.WakeupWAL, h), e.sink)
+	eventually(t, wakeBound, func() bool { _, f := h.get(); return f >= 1 }, "a fallback reported")
+	require.ErrorContains(t, h.lastErr(), "does not publish")
+	waitSource(t, h, "poll")
+	e.deliveredWithin(e.sink, 1, "k")
+	stop()
+
+	_, err = migrations.Apply(ctx, pool, schema)
+	require.NoError(t, err)
+	require.True(t, published(), "migrate adds the outbox's table to its publication again")
 }
 
 // startOn runs a relay on the server at url until the test ends or stop.

@@ -40,16 +40,24 @@ const walStatusEvery = 5 * time.Second
 func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func()) error {
 	// pgoutput only complains of a missing publication at the first
 	// change it decodes: ask first.
-	var logical, published bool
-	if err := k.pool.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`,
-		migrations.Publication(k.s.Name())).Scan(&logical, &published); err != nil {
+	// A publication that exists and publishes nothing of this outbox (a
+	// dropped schema leaves it behind) starts a stream that never carries
+	// a row: the workers would wait for their safety poll.
+	var logical, published, covers bool
+	if err := k.pool.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+       EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
+               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'messages')`,
+		migrations.Publication(k.s.Name()), k.s.Name()).Scan(&logical, &published, &covers); err != nil {
 		return fmt.Errorf("outbox: WAL: %w", err)
 	}
+	pubName := ident.Quote(migrations.Publication(k.s.Name()))
 	switch {
 	case !logical:
 		return &walRefusedError{"wal_level is not logical"}
 	case !published:
-		return &walRefusedError{fmt.Sprintf("publication %s does not exist (outbox-relay migrate creates it where wal_level = logical)", ident.Quote(migrations.Publication(k.s.Name())))}
+		return &walRefusedError{fmt.Sprintf("publication %s does not exist (outbox-relay migrate creates it where wal_level = logical)", pubName)}
+	case !covers:
+		return &walRefusedError{fmt.Sprintf("publication %s does not publish the inserts into %s (outbox-relay migrate adds them)", pubName, k.s.Table("messages"))}
 	}
 	cc := k.pool.Config().ConnConfig.Config.Copy()
 	cc.RuntimeParams["replication"] = "database"

@@ -50,6 +50,12 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 	// cost an empty claim per batch). overlap: the sink took a good part
 	// of the last batch's time (see sinkBound).
 	claimNow, besideEmpty, overlap := true, false, false
+	// full: the next claim visits every lane of the worker, not only the
+	// lanes wake-ups named (see pending): at the start, after the safety
+	// poll or an error, after a claim of every lane that may have left
+	// rows behind or passed over lanes in flight, and when a wake-up
+	// named no lanes.
+	full := true
 	for ctx.Err() == nil {
 		r.lastLoop[worker].Store(time.Now().UnixNano())
 		if r.schemaErr.Load() != nil && len(flying) == 0 {
@@ -59,11 +65,24 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		}
 		if claimNow && r.schemaErr.Load() == nil && (len(flying) == 0 || overlap && !besideEmpty && r.mayClaim(flying)) {
 			claimNow = false
+			woken, all := r.pend[worker].take(busyLanes(flying))
+			var only []int16 // nil: every lane
+			if !full && !all && !r.priority[worker] {
+				only = woken.list()
+			}
+			full = false
+			if only != nil && len(only) == 0 {
+				// What woke the worker was taken by a claim since, or is
+				// in a batch in flight (pending until it ends).
+				continue
+			}
 			beside := len(flying) > 0
-			f, err := r.begin(ctx, hard, worker, rotation, flying)
+			f, err := r.begin(ctx, hard, worker, rotation, flying, only)
 			rotation = (rotation + r.cfg.Workers) % numLanes
-			for _, o := range flying {
-				o.passed = true // this claim skipped its lanes
+			if only == nil {
+				for _, o := range flying {
+					o.passed = true // this claim skipped its lanes
+				}
 			}
 			switch {
 			case err != nil:
@@ -72,7 +91,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				}
 				r.handoverMayGoOn()
 				backOff(err)
-				claimNow = true
+				claimNow, full = true, true
 				continue
 			case f != nil:
 				flying = append(flying, f)
@@ -80,6 +99,14 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 					f.err = r.finish(hard, f)
 					done <- f
 				}()
+				if f.more {
+					if only != nil {
+						// What it left is in the lanes it visited.
+						r.pend[worker].add(woken)
+					} else {
+						full = true
+					}
+				}
 				claimNow = f.more
 				continue
 			}
@@ -93,7 +120,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				if left, err := r.leftoverSrc.CopiesLeft(ctx, r.pool); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
 					log.Info("earlier fan-out copies all delivered; reading the outbox")
 					r.wakeAll() // the other workers may be idle until their next poll
-					claimNow = true
+					claimNow, full = true, true
 					continue
 				}
 			}
@@ -125,7 +152,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		case <-r.wake[worker]:
 			claimNow, besideEmpty = true, false
 		case <-poll:
-			claimNow, besideEmpty = true, false
+			claimNow, besideEmpty, full = true, false, true
 		case <-sinkSlow:
 			overlap = true
 		}
@@ -140,14 +167,16 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 					return
 				}
 				backOff(f.err)
-				claimNow = true
+				claimNow, full = true, true
 				continue
 			}
 			bo.Reset()
 			overlap = f.sinkBound()
 			// Claim again when the batch's claim may have left some
-			// behind, or a later claim passed over its lanes.
-			claimNow = claimNow || f.more || f.passed
+			// behind, a later claim of every lane passed over its lanes,
+			// or a wake-up named them while it held them.
+			full = full || f.passed
+			claimNow = claimNow || f.more || f.passed || r.pend[worker].waiting(busyLanes(flying))
 		}
 	}
 }
@@ -206,6 +235,17 @@ func (f *flight) sinkBound() bool {
 	return 2*f.ev.SendDuration >= f.ev.ClaimDuration+f.ev.SettleDuration
 }
 
+// busyLanes is the set of the lanes of the batches in flight.
+func busyLanes(flying []*flight) laneSet {
+	var s laneSet
+	for _, f := range flying {
+		for i := range f.batch {
+			s.add(int(f.batch[i].lane))
+		}
+	}
+	return s
+}
+
 // lanes appends the lanes of f's batch to to.
 func (f *flight) lanes(to []int16) []int16 {
 	for i := range f.batch {
@@ -217,10 +257,11 @@ func (f *flight) lanes(to []int16) []int16 {
 }
 
 // begin acquires a connection and claims a batch in a transaction it
-// leaves open, skipping the lanes being handed over and those of the
-// batches in flight. A claim that finds nothing commits at once and
-// returns a nil flight.
-func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, flying []*flight) (_ *flight, err error) {
+// leaves open, from the lanes only (nil: every lane of the worker),
+// skipping the lanes being handed over and those of the batches in
+// flight. A claim that finds nothing commits at once and returns a nil
+// flight.
+func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, flying []*flight, only []int16) (_ *flight, err error) {
 	start := time.Now()
 	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
@@ -254,8 +295,11 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, flying []
 		skip = f.lanes(skip)
 	}
 	src := r.source()
-	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip)
+	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip, only)
 	r.stats.Claims.Add(1)
+	if only != nil {
+		r.stats.LaneClaims.Add(1)
+	}
 	if err != nil {
 		return nil, err
 	}

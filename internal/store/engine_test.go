@@ -204,6 +204,16 @@ func TestClaimOrderHoldAndByteCut(t *testing.T) {
 	if got, want := ids(c.Rows), []int64{1, 5}; !slices.Equal(got, want) {
 		t.Fatalf("worker 1 of 2 without lane 3 claimed %v, want %v", got, want)
 	}
+	// A claim woken about some lanes visits those only (in rotation
+	// order), and still skips the lanes being handed over.
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 1, Rotation: 3, Limit: 100, MaxBytes: 1 << 20, Only: []int16{2, 5, 6}, Handover: []int16{6}}, nil)
+	if got, want := ids(c.Rows), []int64{5, 2}; !slices.Equal(got, want) {
+		t.Fatalf("a claim of lanes 2, 5 and 6 (6 handed over) claimed %v, want %v", got, want)
+	}
+	c = e.claim(en, ClaimParams{Relay: "me", Workers: 2, Worker: 1, Limit: 100, MaxBytes: 1 << 20, Only: []int16{4}}, nil)
+	if len(c.Rows) != 0 {
+		t.Fatalf("worker 1 of 2 woken about lane 4 (worker 0's) claimed %v", ids(c.Rows))
+	}
 	c = e.claim(en, ClaimParams{Relay: "someone else", Workers: 1, Limit: 100, MaxBytes: 1 << 20}, nil)
 	if len(c.Rows) != 0 {
 		t.Fatalf("a relay without lanes claimed %v", ids(c.Rows))
@@ -423,7 +433,7 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 	e := NewEngine(testSchema(t), Copies, "orders", false)
 	a := pgx.NamedArgs{
 		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "lane_limit": 62, "route": "orders",
-		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3},
+		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3}, "only": []int16{3, 4},
 	}
 	for _, st := range []stmt{e.claim, e.claimPriority, e.hasPriority} {
 		sql, want, err := a.RewriteQuery(context.Background(), nil, st.named, nil)
@@ -480,6 +490,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 		hotLane         bool   // worker is the one whose lanes hold the hot key
 		setup           string // committed before the claim
 		priority        bool
+		only            []int16 // the lanes a wake-up named
 		want            int
 	}
 	scenarios := []scenario{
@@ -487,6 +498,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 		{name: "2 workers", workers: 2, want: 500},
 		{name: "16 workers", workers: 16, want: 500},
 		{name: "64 workers", workers: 64, want: 500},
+		{name: "woken lanes", workers: 2, only: []int16{0, 2, 4, 6, 8, 10}, want: 500},
 		{name: "one hot key", workers: 256, hotLane: true, want: 500},
 		{name: "retries waiting", workers: 2, want: 500,
 			setup: `UPDATE MESSAGES SET available_at = now() + interval '1 hour', attempts = 1 WHERE id % 10 = 0 AND key <> 'hot'`},
@@ -520,7 +532,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 			}
 			args := st.args(pgx.NamedArgs{"relay": "me", "workers": sc.workers, "worker": sc.worker, "rotation": 0,
 				"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
-				"handover": []int16{}, "route": ""})
+				"handover": []int16{}, "route": "", "only": sc.only})
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				t.Fatal(err)
 			}

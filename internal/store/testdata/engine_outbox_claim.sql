@@ -8,6 +8,7 @@ FROM (
     SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM "outbox"."lanes" l
     WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
       AND NOT (l.lane = ANY(@handover::int2[]))
+      AND (@only::int2[] IS NULL OR l.lane = ANY(@only::int2[]))
     ORDER BY pos
 ) o
 CROSS JOIN LATERAL (
