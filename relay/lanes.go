@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"crypto/md5"
 	"encoding/hex"
 	"strings"
 	"sync"
@@ -60,17 +59,6 @@ func parseLanes(p string) (laneSet, bool) {
 		}
 	}
 	return s, true
-}
-
-// laneOf is the lane of a message, as the messages table computes it
-// (migrations/001: the first byte of the key's md5; id mod 256 without a
-// key). TestLaneOfMatchesTheTable keeps the two in step.
-func laneOf(key *string, id int64) int {
-	if key == nil {
-		return int(id % numLanes)
-	}
-	sum := md5.Sum([]byte(*key))
-	return int(sum[0])
 }
 
 // setOwned records the lanes this relay holds (adding to them with add).

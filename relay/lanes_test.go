@@ -1,15 +1,9 @@
 package relay
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestLaneSetPayload(t *testing.T) {
@@ -25,37 +19,6 @@ func TestLaneSetPayload(t *testing.T) {
 	for _, bad := range []string{"", "members", "lanes:zz", "lanes:00"} {
 		if _, ok := parseLanes(bad); ok {
 			t.Errorf("parseLanes(%q) accepted", bad)
-		}
-	}
-}
-
-// TestLaneOfMatchesTheTable: the WAL follower computes a row's lane the
-// way the messages table does.
-func TestLaneOfMatchesTheTable(t *testing.T) {
-	t.Parallel()
-	pool, schema := pgtest.Schema(t)
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO `+migrations.Ident(schema)+`.messages (topic, key, payload)
-SELECT 't', CASE WHEN g % 7 = 0 THEN NULL ELSE 'key-' || g || 'é' END, '' FROM generate_series(1, 500) g`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err := pool.Query(ctx, `SELECT id, key, lane FROM `+migrations.Ident(schema)+`.messages`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type row struct {
-		ID   int64
-		Key  *string
-		Lane int16
-	}
-	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range all {
-		if got := laneOf(r.Key, r.ID); got != int(r.Lane) {
-			t.Fatalf("laneOf(%v, %d) = %d, the table says %d", r.Key, r.ID, got, r.Lane)
 		}
 	}
 }

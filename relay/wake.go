@@ -184,6 +184,7 @@ type waker struct {
 	pendLanes  laneSet
 	walDone    atomic.Pointer[error]
 	walUp      atomic.Bool // the WAL stream has started (see loop)
+	walRows    atomic.Bool // the WAL stream reported rows committed
 	cancelWait atomic.Pointer[context.CancelFunc]
 }
 
@@ -292,6 +293,13 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	var (
 		watching, polling bool
+		// streaming: the WAL stream runs, and says when rows were
+		// committed; the watcher then looks for them (the poll's look)
+		// at once, and on the fast interval until watchLinger has passed
+		// without a report or a row, then stops looking.
+		streaming         bool
+		walRowsAt         time.Time // the stream's last report
+		lastLook          time.Time // the watcher's last look for new rows
 		nextElect         time.Time // when a follower next tries the lock
 		lastElect         time.Time // when it last tried
 		seen              int64     = -1
@@ -316,8 +324,8 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		walStarted = time.Now()
 		go func() {
 			defer close(done)
-			err := k.followWAL(walCtx, func(lanes laneSet) {
-				k.wakeAndTell(lanes)
+			err := k.followWAL(walCtx, func() {
+				k.walRows.Store(true)
 				k.kick()
 			}, func() {
 				k.walUp.Store(true)
@@ -369,14 +377,31 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		}
 		if watching {
 			if k.walUp.Swap(false) {
-				// The stream runs: stop polling, and wake everyone once for
-				// what was committed between the last look and the slot's
-				// consistent point.
-				polling = false
+				// The stream runs: looks follow its reports from now on;
+				// everyone looks once for what was committed between the
+				// last look and the slot's consistent point.
+				streaming = true
 				k.setSource("wal", false, nil)
 				k.wakeAndTell(laneSet{})
 			}
+			if k.walRows.Swap(false) && streaming {
+				// Rows were committed. The stream carries a commit as soon
+				// as its WAL record is flushed, a moment before the
+				// writer's transaction is visible to other sessions: a
+				// claim woken by the report itself could miss the row,
+				// and a claim visits only the lanes it was woken about.
+				// The look sees only visible rows, and keeps looking while
+				// reports come (a row not visible yet is found by the next
+				// look, or looked for again as a gap).
+				// Reports closer than notifyGap share a look.
+				walRowsAt = now
+				if !polling {
+					polling, interval = true, watchFast
+				}
+				nextPoll = lastLook.Add(notifyGap)
+			}
 			if errp := k.walDone.Swap(nil); errp != nil {
+				streaming = false
 				stopWAL()
 				stopWAL = func() {}
 				err := *errp
@@ -437,7 +462,8 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				var lanes laneSet
 				var err error
 				filled := false
-				if seen < 0 {
+				baseline := seen < 0
+				if baseline {
 					id, err = k.w.NewestID(ctx, pc)
 					gaps = gapList{}
 				} else {
@@ -449,6 +475,12 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				}
 				if err != nil {
 					return err
+				}
+				if baseline {
+					// Rows up to id are behind the looks from now on, and
+					// a claim woken earlier may have looked before some of
+					// them committed: everyone looks once more.
+					k.wakeAndTell(laneSet{})
 				}
 				if (id > seen && seen >= 0) || filled {
 					k.wake(lanes)
@@ -462,7 +494,11 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 					interval = min(2*interval, k.cfg.WatchInterval)
 				}
 				seen = id
+				lastLook = now
 				nextPoll = time.Now().Add(interval)
+				if streaming && now.Sub(walRowsAt) >= watchLinger && now.Sub(lastRows) >= watchLinger {
+					polling = false // until the stream reports rows again
+				}
 			}
 		}
 

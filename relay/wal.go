@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -25,19 +24,23 @@ import (
 // are still claimed with SKIP LOCKED, so losing it loses nothing, and the
 // watcher polls while it is gone.
 //
-// Every process is woken, not only the owners of the lanes that got rows:
-// pgoutput does not send generated columns (lane is one), and computing
-// the lane from the key here would duplicate the table's definition.
+// The stream says when rows were committed, not which lanes to wake: it
+// carries a commit once its WAL record is flushed, a moment before the
+// writer's transaction is visible to other sessions, so a claim woken by
+// it could look too early and, visiting only the lanes it was woken
+// about, leave the row for the safety poll (seen: a message in a hundred
+// 100 ms late at 1,000 msg/s, some 10 s). The watcher looks for the rows
+// themselves at each report instead (see waker.loop).
 
 // walStatusEvery is how often the follower confirms what it has read, so
 // that the server may recycle the WAL behind it.
 const walStatusEvery = 5 * time.Second
 
-// followWAL streams the outbox's inserts and calls woken with their lanes
-// after each transaction that inserted rows (an empty set when it could
-// not tell the lanes), until ctx ends or the stream fails. started is
-// called once the stream runs: what commits from then on is in it.
-func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func()) error {
+// followWAL streams the outbox's inserts and calls committed after each
+// transaction that inserted rows, until ctx ends or the stream fails.
+// started is called once the stream runs: what commits from then on is in
+// it.
+func (k *waker) followWAL(ctx context.Context, committed func(), started func()) error {
 	// pgoutput only complains of a missing publication at the first
 	// change it decodes: ask first.
 	// A publication that exists and publishes nothing of this outbox (a
@@ -91,9 +94,6 @@ func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func
 	k.log.Debug("following the WAL", "slot", slot, "publication", pub)
 	started()
 	inserted := false
-	var lanes laneSet
-	unknown := false // a row whose lane could not be computed: wake all
-	rels := map[uint32]walColumns{}
 	nextStatus := time.Now().Add(walStatusEvery)
 	for {
 		if time.Now().After(nextStatus) {
@@ -144,26 +144,12 @@ func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func
 				// Relation, Insert..., Commit. Only the message type
 				// matters here.
 				switch pglogrepl.MessageType(x.WALData[0]) {
-				case pglogrepl.MessageTypeRelation:
-					if m, err := pglogrepl.Parse(x.WALData); err == nil {
-						if rm, ok := m.(*pglogrepl.RelationMessage); ok {
-							rels[rm.RelationID] = relationColumns(rm)
-						}
-					}
 				case pglogrepl.MessageTypeInsert:
 					inserted = true
-					if lane, ok := insertLane(x.WALData, rels); ok {
-						lanes.add(lane)
-					} else {
-						unknown = true
-					}
 				case pglogrepl.MessageTypeCommit:
 					if inserted {
-						if unknown {
-							lanes = laneSet{}
-						}
-						woken(lanes)
-						inserted, unknown, lanes = false, false, laneSet{}
+						committed()
+						inserted = false
 					}
 				}
 			}
@@ -171,55 +157,6 @@ func (k *waker) followWAL(ctx context.Context, woken func(laneSet), started func
 			return errors.New("outbox: WAL: the server ended the stream")
 		}
 	}
-}
-
-// walColumns are the positions of id and key in a relation's tuples (-1:
-// absent).
-type walColumns struct{ id, key int }
-
-func relationColumns(rm *pglogrepl.RelationMessage) walColumns {
-	c := walColumns{id: -1, key: -1}
-	for i, col := range rm.Columns {
-		switch col.Name {
-		case "id":
-			c.id = i
-		case "key":
-			c.key = i
-		}
-	}
-	return c
-}
-
-// insertLane computes the lane of an inserted row from its id and key.
-func insertLane(data []byte, rels map[uint32]walColumns) (int, bool) {
-	m, err := pglogrepl.Parse(data)
-	if err != nil {
-		return 0, false
-	}
-	im, ok := m.(*pglogrepl.InsertMessage)
-	if !ok || im.Tuple == nil {
-		return 0, false
-	}
-	c, ok := rels[im.RelationID]
-	if !ok || c.id < 0 || c.key < 0 || c.id >= len(im.Tuple.Columns) || c.key >= len(im.Tuple.Columns) {
-		return 0, false
-	}
-	idCol, keyCol := im.Tuple.Columns[c.id], im.Tuple.Columns[c.key]
-	if idCol.DataType != pglogrepl.TupleDataTypeText {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(string(idCol.Data), 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	switch keyCol.DataType {
-	case pglogrepl.TupleDataTypeNull:
-		return laneOf(nil, id), true
-	case pglogrepl.TupleDataTypeText:
-		key := string(keyCol.Data)
-		return laneOf(&key, id), true
-	}
-	return 0, false
 }
 
 // walRefusedError: the server does not allow this relay to follow the WAL
