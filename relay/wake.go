@@ -297,24 +297,24 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		// committed; the watcher then looks for them (the poll's look)
 		// at once, and on the fast interval until watchLinger has passed
 		// without a report or a row, then stops looking.
-		streaming         bool
-		walRowsAt         time.Time // the stream's last report
-		lastLook          time.Time // the watcher's last look for new rows
-		nextElect         time.Time // when a follower next tries the lock
-		lastElect         time.Time // when it last tried
-		seen              int64     = -1
-		interval                    = watchFast
-		nextPoll          time.Time
-		lastNotify        time.Time
-		lastRows          time.Time // when the watcher last found new rows
-		walRetry          = walRetryMin
-		walAgain          time.Time // when to try the WAL again
-		walStarted        time.Time
-		walLogged         bool
-		stopWAL           = func() {}
-		gaps              gapList
-		dueAt             time.Time // when to look for rows that came due
-		dueSince          int64     // the database's clock at the last look (see store.Due)
+		streaming  bool
+		walRowsAt  time.Time // the stream's last report
+		lastLook   time.Time // the watcher's last look for new rows
+		nextElect  time.Time // when a follower next tries the lock
+		lastElect  time.Time // when it last tried
+		seen       int64     = -1
+		interval             = watchFast
+		nextPoll   time.Time
+		lastNotify time.Time
+		lastRows   time.Time // when the watcher last found new rows
+		walRetry   = walRetryMin
+		walAgain   time.Time // when to try the WAL again
+		walStarted time.Time
+		walLogged  bool
+		stopWAL    = func() {}
+		gaps       gapList
+		dueAt      time.Time // when to look for rows that came due
+		dueSince   int64     // the database's clock at the last look (see store.Due)
 	)
 	defer func() { stopWAL() }()
 	startWAL := func() {
