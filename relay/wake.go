@@ -157,6 +157,12 @@ const (
 	// not 10,000; a gap further down in a burst is left to the safety
 	// poll, like those past maxGaps.
 	gapSpan = 2 * maxGaps
+	// walRecheck is how soon the watcher looks again when its look
+	// after the WAL stream's report found no new row: the writer's
+	// transaction becomes visible a moment after the stream carries it
+	// (the fast interval's 5 ms put the p99 of 50 msg/s at 7 ms, against
+	// 4 ms waking from the stream alone).
+	walRecheck = time.Millisecond
 	// walRetryMin and walRetryMax bound the wait before the watcher tries
 	// the WAL again after it could not follow it.
 	walRetryMin, walRetryMax = time.Second, 5 * time.Minute
@@ -185,6 +191,8 @@ type waker struct {
 	walDone    atomic.Pointer[error]
 	walUp      atomic.Bool // the WAL stream has started (see loop)
 	walRows    atomic.Bool // the WAL stream reported rows committed
+	walMu      sync.Mutex
+	walIDs     []int64 // the ids of those rows (see walIDs)
 	cancelWait atomic.Pointer[context.CancelFunc]
 }
 
@@ -324,7 +332,12 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		walStarted = time.Now()
 		go func() {
 			defer close(done)
-			err := k.followWAL(walCtx, func() {
+			err := k.followWAL(walCtx, func(ids []int64) {
+				k.walMu.Lock()
+				if len(k.walIDs) < maxGaps {
+					k.walIDs = append(k.walIDs, ids[:min(len(ids), maxGaps-len(k.walIDs))]...)
+				}
+				k.walMu.Unlock()
 				k.walRows.Store(true)
 				k.kick()
 			}, func() {
@@ -393,7 +406,15 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				// The look sees only visible rows, and keeps looking while
 				// reports come (a row not visible yet is found by the next
 				// look, or looked for again as a gap).
-				// Reports closer than notifyGap share a look.
+				// Reports closer than notifyGap share a look. A reported
+				// row below the ids the looks have passed (its writer took
+				// its id long before it committed) is looked for by id.
+				k.walMu.Lock()
+				if seen >= 0 {
+					gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > seen }), now)
+				}
+				k.walIDs = nil
+				k.walMu.Unlock()
 				walRowsAt = now
 				if !polling {
 					polling, interval = true, watchFast
@@ -463,6 +484,8 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				var err error
 				filled := false
 				baseline := seen < 0
+				// reported: the stream reported commits since the last look.
+				reported := streaming && walRowsAt.After(lastLook)
 				if baseline {
 					id, err = k.w.NewestID(ctx, pc)
 					gaps = gapList{}
@@ -493,9 +516,15 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				} else if now.Sub(lastRows) >= watchLinger {
 					interval = min(2*interval, k.cfg.WatchInterval)
 				}
+				found := id > seen || filled
 				seen = id
 				lastLook = now
 				nextPoll = time.Now().Add(interval)
+				if reported && !found {
+					// The reported rows are not visible yet (or were
+					// claimed already): look again soon, once.
+					nextPoll = time.Now().Add(walRecheck)
+				}
 				if streaming && now.Sub(walRowsAt) >= watchLinger && now.Sub(lastRows) >= watchLinger {
 					polling = false // until the stream reports rows again
 				}
@@ -595,6 +624,16 @@ func (g *gapList) ids(now time.Time) []int64 {
 // fill drops the gaps whose rows were found.
 func (g *gapList) fill(found []int64) {
 	*g = slices.DeleteFunc(*g, func(x gap) bool { return slices.Contains(found, x.id) })
+}
+
+// addIDs records ids to look for (keeping the newest maxGaps).
+func (g *gapList) addIDs(ids []int64, now time.Time) {
+	for _, id := range ids {
+		*g = append(*g, gap{id: id, until: now.Add(gapTTL)})
+	}
+	if n := len(*g); n > maxGaps {
+		*g = append((*g)[:0], (*g)[n-maxGaps:]...)
+	}
 }
 
 // add records the ids missing between seen and the ids a look found

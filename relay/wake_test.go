@@ -118,7 +118,9 @@ func TestOneClaimPerWakeAtLowRates(t *testing.T) {
 	require.GreaterOrEqual(t, claims, int64(n))
 	// And each visits the lane the watcher named, not all 128 of its
 	// worker's.
-	require.GreaterOrEqual(t, after.LaneClaims-before.LaneClaims, int64(n-1), "claims of the woken lanes only, of %d claims", claims)
+	// (A worker still visits all of its lanes once a second while it is
+	// woken: about every third claim here.)
+	require.GreaterOrEqual(t, after.LaneClaims-before.LaneClaims, int64(n/2), "claims of the woken lanes only, of %d claims", claims)
 }
 
 func TestWakeupWatcherHandsOver(t *testing.T) {
@@ -219,6 +221,18 @@ func TestWakeupWAL(t *testing.T) {
 	e.deliveredWithin(e.sink, 4, "k")
 	waitSource(t, h, "wal")
 	e.deliveredWithin(e.sink, 5, "k")
+
+	// A writer's transaction that took its id before a later row was
+	// seen, and committed after the looks stopped looking for that id: the
+	// stream's report names the row's id, and the watcher looks for it.
+	early, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer early.Rollback(ctx) //nolint:errcheck
+	require.NoError(t, w.Write(ctx, early, msg("wake", "early", "taken first, committed 1.5 s later")))
+	e.deliveredWithin(e.sink, 6, "k")
+	time.Sleep(1500 * time.Millisecond) // past the watcher's gap window (1 s)
+	require.NoError(t, early.Commit(ctx))
+	eventually(t, wakeBound, func() bool { return e.sink.Len() == 7 }, "the row of a transaction committed 1.5 s after a later id was seen")
 
 	stop()
 	// The server drops a temporary slot when its session has ended, a

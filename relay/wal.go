@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -36,11 +38,11 @@ import (
 // that the server may recycle the WAL behind it.
 const walStatusEvery = 5 * time.Second
 
-// followWAL streams the outbox's inserts and calls committed after each
-// transaction that inserted rows, until ctx ends or the stream fails.
-// started is called once the stream runs: what commits from then on is in
-// it.
-func (k *waker) followWAL(ctx context.Context, committed func(), started func()) error {
+// followWAL streams the outbox's inserts and calls committed with the
+// ids of the rows (at most walIDs of them) after each transaction that
+// inserted rows, until ctx ends or the stream fails. started is called
+// once the stream runs: what commits from then on is in it.
+func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
 	// pgoutput only complains of a missing publication at the first
 	// change it decodes: ask first.
 	// A publication that exists and publishes nothing of this outbox (a
@@ -94,6 +96,8 @@ func (k *waker) followWAL(ctx context.Context, committed func(), started func())
 	k.log.Debug("following the WAL", "slot", slot, "publication", pub)
 	started()
 	inserted := false
+	var ids []int64
+	idCol := map[uint32]int{} // the position of id in each relation's tuples
 	nextStatus := time.Now().Add(walStatusEvery)
 	for {
 		if time.Now().After(nextStatus) {
@@ -144,12 +148,23 @@ func (k *waker) followWAL(ctx context.Context, committed func(), started func())
 				// Relation, Insert..., Commit. Only the message type
 				// matters here.
 				switch pglogrepl.MessageType(x.WALData[0]) {
+				case pglogrepl.MessageTypeRelation:
+					if m, err := pglogrepl.Parse(x.WALData); err == nil {
+						if rm, ok := m.(*pglogrepl.RelationMessage); ok {
+							idCol[rm.RelationID] = slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == "id" })
+						}
+					}
 				case pglogrepl.MessageTypeInsert:
 					inserted = true
+					if len(ids) < walIDs {
+						if id, ok := insertedID(x.WALData, idCol); ok {
+							ids = append(ids, id)
+						}
+					}
 				case pglogrepl.MessageTypeCommit:
 					if inserted {
-						committed()
-						inserted = false
+						committed(ids)
+						inserted, ids = false, nil
 					}
 				}
 			}
@@ -157,6 +172,29 @@ func (k *waker) followWAL(ctx context.Context, committed func(), started func())
 			return errors.New("outbox: WAL: the server ended the stream")
 		}
 	}
+}
+
+// walIDs bounds the ids a report of the stream carries: those of a
+// transaction's first rows (the rest are found by the look for new ids,
+// or by the workers' visits of all their lanes).
+const walIDs = 256
+
+// insertedID reads the id of an inserted row.
+func insertedID(data []byte, idCol map[uint32]int) (int64, bool) {
+	m, err := pglogrepl.Parse(data)
+	if err != nil {
+		return 0, false
+	}
+	im, ok := m.(*pglogrepl.InsertMessage)
+	if !ok || im.Tuple == nil {
+		return 0, false
+	}
+	c, ok := idCol[im.RelationID]
+	if !ok || c < 0 || c >= len(im.Tuple.Columns) || im.Tuple.Columns[c].DataType != pglogrepl.TupleDataTypeText {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(string(im.Tuple.Columns[c].Data), 10, 64)
+	return id, err == nil
 }
 
 // walRefusedError: the server does not allow this relay to follow the WAL

@@ -56,6 +56,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 	// rows behind or passed over lanes in flight, and when a wake-up
 	// named no lanes.
 	full := true
+	var lastFull time.Time
 	for ctx.Err() == nil {
 		r.lastLoop[worker].Store(time.Now().UnixNano())
 		if r.schemaErr.Load() != nil && len(flying) == 0 {
@@ -67,10 +68,13 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			claimNow = false
 			woken, all := r.pend[worker].take(busyLanes(flying))
 			var only []int16 // nil: every lane
-			if !full && !all && !r.priority[worker] {
+			if !full && !all && !r.priority[worker] && time.Since(lastFull) < fullEvery {
 				only = woken.list()
 			}
 			full = false
+			if only == nil {
+				lastFull = time.Now()
+			}
 			if only != nil && len(only) == 0 {
 				// What woke the worker was taken by a claim since, or is
 				// in a batch in flight (pending until it ends).
@@ -234,6 +238,14 @@ type flight struct {
 func (f *flight) sinkBound() bool {
 	return 2*f.ev.SendDuration >= f.ev.ClaimDuration+f.ev.SettleDuration
 }
+
+// fullEvery: a worker that claims only the lanes wake-ups named still
+// visits all of its lanes at least this often while it is woken, for a row
+// no wake-up named (a writer's transaction that took its id long before
+// it committed, so that the polling watcher's look for new ids passed it):
+// before, any wake-up's claim visited every lane and found such a row
+// within milliseconds while others were written.
+const fullEvery = time.Second
 
 // busyLanes is the set of the lanes of the batches in flight.
 func busyLanes(flying []*flight) laneSet {
