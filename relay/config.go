@@ -77,10 +77,10 @@ type Config struct {
 	// new rows, for rows that come due (retries, delayed messages) and
 	// for out-of-order commits, the fan-out router for its copies, and an
 	// operator's replay or purge for what it made claimable; a wake-up
-	// lost all the same (a writer's transaction that took its id more
-	// than a second before it committed, a LISTEN session that died
-	// silently) waits for this. Each idle worker's look is one small
-	// transaction. Default 10s.
+	// lost all the same (when polling and nothing else is written, a
+	// writer's transaction that took its id more than a second before it
+	// committed; a LISTEN session that died silently) waits for this.
+	// Each idle worker's look is one small transaction. Default 10s.
 	PollInterval time.Duration
 	// Wakeup is how relays learn of new rows (see README, Wake-up):
 	//   - "wal": one relay process per schema (the watcher) follows the
