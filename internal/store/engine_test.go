@@ -536,6 +536,9 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := tx.Exec(ctx, NoSeqScan); err != nil { // as every claim does
+				t.Fatal(err)
+			}
 			if _, err := tx.Exec(ctx, `PREPARE claim_plan AS `+st.sql); err != nil {
 				t.Fatal(err)
 			}
@@ -594,5 +597,93 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 				t.Errorf("claim read %d outbox rows, want at most %d", read, limit)
 			}
 		})
+	}
+}
+
+// A relay plans its claim once (a generic plan), mostly while the outbox
+// is nearly empty; the plan must still read only what it claims when a
+// backlog comes and no ANALYZE has run since. Planned with sequential
+// scans on the empty table, the held-back check scanned the whole table
+// once per claimed row: 44 s for one claim of a 200k backlog.
+func TestClaimPlannedOnAnEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	ctx := context.Background()
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	en := NewEngine(e.s, Outbox, "", false)
+	args := en.claim.args(pgx.NamedArgs{"relay": "me", "workers": 2, "worker": 0, "rotation": 0,
+		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
+		"handover": []int16{}, "route": "", "only": []int16(nil)})
+	placeholders := make([]string, len(args))
+	for i := range args {
+		placeholders[i] = fmt.Sprintf("$%d", i+1)
+	}
+	execute := `EXECUTE claim_plan(` + strings.Join(placeholders, ", ") + `)`
+	if _, err := conn.Exec(ctx, `PREPARE claim_plan AS `+en.claim.sql); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `DEALLOCATE claim_plan`) //nolint:errcheck // the session goes back to the pool
+	// Each claim in its own transaction, as the relay runs them: the
+	// generic plan is made at the first, on the empty outbox, and kept.
+	claim := func(explain bool) []string {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		for _, set := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, NoSeqScan} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		q := execute
+		if explain {
+			q = `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) ` + execute
+		}
+		rows, err := tx.Query(ctx, q, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var plan []string
+		for rows.Next() {
+			if explain {
+				var l string
+				if err := rows.Scan(&l); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, l)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return plan
+	}
+	claim(false)
+	e.exec(`INSERT INTO ` + e.s.Table("messages") + ` (topic, key, payload)
+SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 50000) g`)
+	plan := claim(true)
+	var got, hit int
+	for _, l := range plan {
+		if i := strings.Index(l, "rows="); i >= 0 && got == 0 {
+			fmt.Sscanf(l[i:], "rows=%d", &got)
+		}
+		if i := strings.Index(l, "Buffers: shared hit="); i >= 0 && hit == 0 {
+			fmt.Sscanf(l[i:], "Buffers: shared hit=%d", &hit)
+		}
+	}
+	t.Logf("claimed %d rows, %d buffers:\n%s", got, hit, strings.Join(plan, "\n"))
+	if got != 500 {
+		t.Errorf("claimed %d rows, want 500", got)
+	}
+	// About two buffers a row (its heap page and the index): 50,000
+	// rows' worth would be a scan of the backlog.
+	if hit > 5000 {
+		t.Errorf("the claim of 500 rows touched %d buffers: its plan scans the backlog", hit)
 	}
 }
