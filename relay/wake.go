@@ -321,8 +321,9 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		walLogged  bool
 		stopWAL    = func() {}
 		gaps       gapList
-		dueAt      time.Time // when to look for rows that came due
-		dueSince   int64     // the database's clock at the last look (see store.Due)
+		recent     = recentIDs{} // ids the looks found lately (WAL mode)
+		dueAt      time.Time     // when to look for rows that came due
+		dueSince   int64         // the database's clock at the last look (see store.Due)
 	)
 	defer func() { stopWAL() }()
 	startWAL := func() {
@@ -409,9 +410,11 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				// Reports closer than notifyGap share a look. A reported
 				// row below the ids the looks have passed (its writer took
 				// its id long before it committed) is looked for by id.
+				// (Most reported rows below it were found by a look before
+				// their report came: those are not looked for again.)
 				k.walMu.Lock()
 				if seen >= 0 {
-					gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > seen }), now)
+					gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > seen || recent.has(id, now) }), now)
 				}
 				k.walIDs = nil
 				k.walMu.Unlock()
@@ -495,6 +498,10 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 					id, lanes, filled = got.Newest, lanesOf(got.Lanes), len(got.GapsFilled) > 0
 					gaps.fill(got.GapsFilled)
 					gaps.add(max(seen, got.Newest-gapSpan), got.IDs, now)
+					if streaming {
+						recent.add(got.IDs, now)
+						recent.add(got.GapsFilled, now)
+					}
 				}
 				if err != nil {
 					return err
@@ -624,6 +631,27 @@ func (g *gapList) ids(now time.Time) []int64 {
 // fill drops the gaps whose rows were found.
 func (g *gapList) fill(found []int64) {
 	*g = slices.DeleteFunc(*g, func(x gap) bool { return slices.Contains(found, x.id) })
+}
+
+// recentIDs are the ids the watcher's looks found in the last gapTTL.
+type recentIDs map[int64]time.Time
+
+func (r recentIDs) add(ids []int64, now time.Time) {
+	if len(r) > 4096 {
+		for id, t := range r {
+			if now.Sub(t) >= gapTTL {
+				delete(r, id)
+			}
+		}
+	}
+	for _, id := range ids {
+		r[id] = now
+	}
+}
+
+func (r recentIDs) has(id int64, now time.Time) bool {
+	t, ok := r[id]
+	return ok && now.Sub(t) < gapTTL
 }
 
 // addIDs records ids to look for (keeping the newest maxGaps).

@@ -54,7 +54,8 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 	// lanes wake-ups named (see pending): at the start, after the safety
 	// poll or an error, after a claim of every lane that may have left
 	// rows behind or passed over lanes in flight, and when a wake-up
-	// named no lanes.
+	// named no lanes; and at least every fullEvery (lastFull: the last
+	// such claim).
 	full := true
 	var lastFull time.Time
 	for ctx.Err() == nil {
