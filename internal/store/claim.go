@@ -95,9 +95,9 @@ type ClaimedRow struct {
 	Lane int16
 }
 
-// NoSeqScan is run in a claim's transaction (SET LOCAL, so it ends with
-// the transaction) and in the watcher's session before their statements
-// are planned. The relay's statements run as prepared statements, and
+// NoSeqScan is run in a claim's transaction and in those of the
+// watcher's looks (SET LOCAL: it ends with the transaction) before their
+// statements are planned. The relay's statements run as prepared statements, and
 // Postgres plans a prepared statement once for all (a generic plan)
 // with the table's size at that moment; the outbox is nearly empty most
 // of the time, so the plan read it with sequential scans, and kept them

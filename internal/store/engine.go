@@ -102,13 +102,8 @@ func ReadOnly(ctx context.Context, q Querier) (bool, error) {
 }
 
 // Listen subscribes the session q to the notifications that writers (and
-// the fan-out router) send about schema s's outbox. The session also runs
-// the watcher's looks, planned without sequential scans (see NoSeqScan):
-// it is the relay's own, and runs nothing else.
+// the fan-out router) send about schema s's outbox.
 func Listen(ctx context.Context, q Querier, s Schema) error {
-	if _, err := q.Exec(ctx, "SET enable_seqscan = off"); err != nil {
-		return err
-	}
 	_, err := q.Exec(ctx, "LISTEN "+ident.Quote(ident.Channel(s.Name())))
 	return err
 }

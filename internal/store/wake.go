@@ -88,10 +88,25 @@ func (w *Waker) TryWatch(ctx context.Context, q Querier, s Schema) (bool, error)
 
 // NewestID returns the highest id among the committed outbox rows (0 when
 // the outbox is empty).
-func (w *Waker) NewestID(ctx context.Context, q Querier) (int64, error) {
+func (w *Waker) NewestID(ctx context.Context, c *pgx.Conn) (int64, error) {
 	var id int64
-	err := q.QueryRow(ctx, w.newest.sql).Scan(&id)
+	err := look(ctx, c, w.newest.sql, nil, &id)
 	return id, err
+}
+
+// look runs one of the watcher's looks on c, in a transaction of its own
+// planned without sequential scans (see NoSeqScan), in one round trip:
+// BEGIN, the setting, the look and COMMIT. (Not a session setting: behind
+// a transaction-pooling proxy it would stay on a server connection that
+// others then use.) An error leaves c in a failed transaction: the
+// watcher gives its session up on any error.
+func look(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(NoSeqScan)
+	b.Queue(sql, args...).QueryRow(func(r pgx.Row) error { return r.Scan(dest...) })
+	b.Queue("COMMIT")
+	return c.SendBatch(ctx, b).Close()
 }
 
 // NewRows is what a look for new rows found: the highest id among the
@@ -107,12 +122,12 @@ type NewRows struct {
 }
 
 // NewRows looks for rows committed past seen and for the rows of gaps.
-func (w *Waker) NewRows(ctx context.Context, q Querier, seen int64, gaps []int64, span int64) (NewRows, error) {
+func (w *Waker) NewRows(ctx context.Context, c *pgx.Conn, seen int64, gaps []int64, span int64) (NewRows, error) {
 	var n NewRows
 	if gaps == nil {
 		gaps = []int64{}
 	}
-	err := q.QueryRow(ctx, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span})...).Scan(&n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
+	err := look(ctx, c, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span}), &n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
 	return n, err
 }
 
@@ -131,10 +146,10 @@ type Due struct {
 // Due looks for the rows (of the outbox and of the fan-out copies) that
 // came due after since (an earlier look's Since; 0 at first), and for the
 // next one to come due.
-func (w *Waker) Due(ctx context.Context, q Querier, since int64) (Due, error) {
+func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) {
 	var d Due
 	var next pgtype.Timestamptz
-	err := q.QueryRow(ctx, w.due.sql, w.due.args(pgx.NamedArgs{"since": since})...).Scan(&d.Now, &d.Since, &d.Lanes, &next)
+	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since}), &d.Now, &d.Since, &d.Lanes, &next)
 	if next.Valid && next.InfinityModifier == pgtype.Finite {
 		d.Next = next.Time
 	}
