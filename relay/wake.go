@@ -192,7 +192,7 @@ type waker struct {
 	walUp      atomic.Bool // the WAL stream has started (see loop)
 	walRows    atomic.Bool // the WAL stream reported rows committed
 	walMu      sync.Mutex
-	walIDs     []int64 // the ids of those rows (see walIDs)
+	walIDs     []int64 // the ids of those rows (see walReportIDs)
 	cancelWait atomic.Pointer[context.CancelFunc]
 }
 
@@ -654,14 +654,19 @@ func (r recentIDs) has(id int64, now time.Time) bool {
 	return ok && now.Sub(t) < gapTTL
 }
 
+// keepNewest drops all but the newest maxGaps gaps.
+func (g *gapList) keepNewest() {
+	if n := len(*g); n > maxGaps {
+		*g = append((*g)[:0], (*g)[n-maxGaps:]...)
+	}
+}
+
 // addIDs records ids to look for (keeping the newest maxGaps).
 func (g *gapList) addIDs(ids []int64, now time.Time) {
 	for _, id := range ids {
 		*g = append(*g, gap{id: id, until: now.Add(gapTTL)})
 	}
-	if n := len(*g); n > maxGaps {
-		*g = append((*g)[:0], (*g)[n-maxGaps:]...)
-	}
+	g.keepNewest()
 }
 
 // add records the ids missing between seen and the ids a look found
@@ -674,9 +679,7 @@ func (g *gapList) add(seen int64, ids []int64, now time.Time) {
 		}
 		prev = max(prev, id)
 	}
-	if n := len(*g); n > maxGaps {
-		*g = append((*g)[:0], (*g)[n-maxGaps:]...)
-	}
+	g.keepNewest()
 }
 
 // payloadOf is the NOTIFY payload about lanes ("" when empty: all lanes).

@@ -39,7 +39,7 @@ import (
 const walStatusEvery = 5 * time.Second
 
 // followWAL streams the outbox's inserts and calls committed with the
-// ids of the rows (at most walIDs of them) after each transaction that
+// ids of the rows (at most walReportIDs of them) after each transaction that
 // inserted rows, until ctx ends or the stream fails. started is called
 // once the stream runs: what commits from then on is in it.
 func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
@@ -156,7 +156,7 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 					}
 				case pglogrepl.MessageTypeInsert:
 					inserted = true
-					if len(ids) < walIDs {
+					if len(ids) < walReportIDs {
 						if id, ok := insertedID(x.WALData, idCol); ok {
 							ids = append(ids, id)
 						}
@@ -174,10 +174,10 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 	}
 }
 
-// walIDs bounds the ids a report of the stream carries: those of a
+// walReportIDs bounds the ids a report of the stream carries: those of a
 // transaction's first rows (the rest are found by the look for new ids,
 // or by the workers' visits of all their lanes).
-const walIDs = 256
+const walReportIDs = 256
 
 // insertedID reads the id of an inserted row.
 func insertedID(data []byte, idCol map[uint32]int) (int64, bool) {

@@ -67,7 +67,8 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 		}
 		if claimNow && r.schemaErr.Load() == nil && (len(flying) == 0 || overlap && !besideEmpty && r.mayClaim(flying)) {
 			claimNow = false
-			woken, all := r.pend[worker].take(busyLanes(flying))
+			busy := busyLanes(flying)
+			woken, all := r.pend[worker].take(busy)
 			var only []int16 // nil: every lane
 			if !full && !all && !r.priority[worker] && time.Since(lastFull) < fullEvery {
 				only = woken.list()
@@ -82,7 +83,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 				continue
 			}
 			beside := len(flying) > 0
-			f, err := r.begin(ctx, hard, worker, rotation, flying, only)
+			f, err := r.begin(ctx, hard, worker, rotation, busy, only)
 			rotation = (rotation + r.cfg.Workers) % numLanes
 			if only == nil {
 				for _, o := range flying {
@@ -259,22 +260,12 @@ func busyLanes(flying []*flight) laneSet {
 	return s
 }
 
-// lanes appends the lanes of f's batch to to.
-func (f *flight) lanes(to []int16) []int16 {
-	for i := range f.batch {
-		if l := f.batch[i].lane; !slices.Contains(to, l) {
-			to = append(to, l)
-		}
-	}
-	return to
-}
-
 // begin acquires a connection and claims a batch in a transaction it
 // leaves open, from the lanes only (nil: every lane of the worker),
-// skipping the lanes being handed over and those of the batches in
-// flight. A claim that finds nothing commits at once and returns a nil
+// skipping the lanes being handed over and busy (those of the batches in
+// flight). A claim that finds nothing commits at once and returns a nil
 // flight.
-func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, flying []*flight, only []int16) (_ *flight, err error) {
+func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, busy laneSet, only []int16) (_ *flight, err error) {
 	start := time.Now()
 	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
@@ -301,11 +292,9 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, flying []
 		}
 	}()
 	skip := r.handoverLanes()
-	if len(flying) > 0 {
-		skip = slices.Clone(skip) // shared with the leaser: never appended to
-	}
-	for _, f := range flying {
-		skip = f.lanes(skip)
+	if !busy.empty() {
+		// Shared with the leaser: never appended to.
+		skip = append(slices.Clone(skip), busy.list()...)
 	}
 	src := r.source()
 	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip, only)
