@@ -62,8 +62,9 @@ func parseLanes(p string) (laneSet, bool) {
 }
 
 // setOwned records the lanes this relay holds (adding to them with add).
-// Lanes it did not hold may hold a backlog no wake-up will name: every
-// worker then visits all of its lanes.
+// (Lanes it gains may hold a backlog no wake-up will name: the leaser
+// wakes every worker, to visit all of its lanes, once the heartbeat that
+// took them has committed.)
 func (r *Relay) setOwned(lanes []int16, add bool) {
 	var s laneSet
 	for _, l := range lanes {
@@ -71,18 +72,12 @@ func (r *Relay) setOwned(lanes []int16, add bool) {
 			s.add(int(l))
 		}
 	}
-	gained := false
 	for i := range s {
-		var old uint64
 		if add {
-			old = r.ownedSet[i].Or(s[i])
+			r.ownedSet[i].Or(s[i])
 		} else {
-			old = r.ownedSet[i].Swap(s[i])
+			r.ownedSet[i].Store(s[i])
 		}
-		gained = gained || s[i]&^old != 0
-	}
-	if gained {
-		r.wakeAll()
 	}
 }
 

@@ -194,6 +194,8 @@ func (l *leaser) tick(ctx context.Context) error {
 	if s.owned != l.owned {
 		l.r.log.Info("lanes rebalanced", "owned", s.owned, "was", l.owned)
 		if s.owned > l.owned {
+			// The lanes it took may hold a backlog that no wake-up named:
+			// every worker visits all of its lanes (see pending).
 			l.r.wakeAll()
 		}
 	}
