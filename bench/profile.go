@@ -13,49 +13,28 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/discard"
 )
 
-// claimCatcher records the first claim statement the relay sends (the
-// one with the LATERAL join over its lanes) with its arguments, so that
-// EXPLAIN runs exactly what the relay runs, whatever internal/store/claim.go
-// says today.
-type claimCatcher struct {
-	mu   sync.Mutex
-	sql  string
-	args []any
-}
-
-func (c *claimCatcher) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.see(d.SQL, d.Args)
-	return ctx
-}
-
-func (c *claimCatcher) see(sql string, args []any) {
-	if strings.Contains(sql, "LATERAL") {
-		c.mu.Lock()
-		if c.sql == "" {
-			c.sql, c.args = sql, append([]any(nil), args...)
-		}
-		c.mu.Unlock()
+// claimStatement is the claim internal/store renders for the relay:
+// worker 0 of workers, lanes leased to owner, from rotation 0.
+func claimStatement(schema, owner string, workers, limit int) (string, []any, error) {
+	sc, err := store.NewSchema(schema)
+	if err != nil {
+		return "", nil, err
 	}
+	var prio bool
+	cb := &pgx.Batch{}
+	store.NewEngine(sc, store.Outbox, "", false).QueueClaim(cb, store.ClaimParams{Relay: owner, Workers: workers, Limit: limit,
+		MaxBytes: 16 << 20}, &prio, func(store.ClaimedRow) error { return nil })
+	q := cb.QueuedQueries[len(cb.QueuedQueries)-1]
+	return q.SQL, q.Arguments, nil
 }
-
-// The relay may send its claim in a pipelined batch (BEGIN + claim).
-func (c *claimCatcher) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-func (c *claimCatcher) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	c.see(d.SQL, d.Args)
-}
-
-func (c *claimCatcher) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-func (c *claimCatcher) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // phaseHooks adds up where the relay's workers spend their time.
 type phaseHooks struct {
@@ -105,8 +84,7 @@ func (b *bench) profile(ctx context.Context) error {
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
-	catcher := &claimCatcher{}
-	el, err := b.drainInProcess(ctx, schema, sink, h, catcher)
+	el, err := b.drainInProcess(ctx, schema, sink, h, nil)
 	pprof.StopCPUProfile()
 	if err != nil {
 		return err
@@ -118,26 +96,30 @@ func (b *bench) profile(ctx context.Context) error {
 	fmt.Fprintf(&out, "summed over workers: claim %s, send %s, settle (delete + commit) %s\n\n", ms(h.claimNs.Load()), ms(h.sendNs.Load()), ms(h.settleNs.Load()))
 	fmt.Fprintf(&out, "CPU profile: %s (go tool pprof -top %s)\n\n", prof, prof)
 
-	// EXPLAIN the claim the relay sent, on the same backlog loaded again,
-	// with every lane owned by the relay id it used; then the raw loop's
-	// statement. Both in transactions that are rolled back.
-	if catcher.sql == "" {
-		return errors.New("the relay sent no claim statement")
-	}
+	// EXPLAIN the relay's claim (as internal/store renders it for worker 0
+	// of this many, every lane owned by one relay id), on the same backlog
+	// loaded again; then the raw loop's statement. Both in transactions
+	// that are rolled back.
 	if err := b.loadBacklog(ctx, schema, b.cfg.n, b.cfg.keys); err != nil {
 		return err
 	}
-	owner, _ := catcher.args[0].(string)
+	const owner = "bench-profile"
+	claimSQL, claimArgs, err := claimStatement(schema, owner, b.cfg.workers, b.cfg.batch)
+	if err != nil {
+		return err
+	}
 	for _, q := range []struct {
 		name, sql string
 		args      []any
 	}{
-		{fmt.Sprintf("relay claim as sent by the relay (args %v)", catcher.args), catcher.sql, catcher.args},
-		{"claim in id order over all the worker's lanes (experiment)", idOrderClaim(schema), append([]any(nil), catcher.args[:6]...)},
+		{"relay claim (worker 0, rotation 0)", claimSQL, claimArgs},
 		{"raw-SQL yardstick statement", fmt.Sprintf(`DELETE FROM %[1]s.messages WHERE id IN (SELECT id FROM %[1]s.messages ORDER BY id LIMIT %[2]d FOR UPDATE SKIP LOCKED) RETURNING id, topic, key, payload, headers`, migrations.Ident(schema), b.cfg.batch), nil},
 	} {
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "UPDATE "+migrations.Ident(schema)+".lanes SET owner = $1, lease_until = now() + interval '1 hour'", owner); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, store.NoSeqScan); err != nil {
 				return err
 			}
 			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+q.sql, q.args...)
@@ -164,14 +146,10 @@ func (b *bench) profile(ctx context.Context) error {
 		name string
 		del  int
 	}
-	variants := []variant{{"BEGIN; relay claim as sent (a DELETE … RETURNING); COMMIT", shapeRelay}}
-	if !strings.Contains(catcher.sql, "DELETE FROM") {
-		variants = []variant{
-			{"BEGIN; relay claim (SELECT … FOR UPDATE); DELETE … WHERE id = ANY; COMMIT", shapeRelay},
-			{"BEGIN; DELETE … WHERE id IN (relay claim without FOR UPDATE) RETURNING …; COMMIT", shapeDeleteInClaim},
-		}
+	variants := []variant{
+		{"BEGIN; relay claim (SELECT … FOR UPDATE); DELETE … WHERE ctid = ANY; COMMIT", shapeRelay},
+		{"BEGIN; DELETE … WHERE ctid IN (relay claim without FOR UPDATE) RETURNING …; COMMIT", shapeDeleteInClaim},
 	}
-	variants = append(variants, variant{"BEGIN; claim in id order over all the worker's lanes (SELECT … FOR UPDATE); DELETE … WHERE id = ANY; COMMIT", shapeIDOrder})
 	for _, v := range variants {
 		if _, err := b.pool.Exec(ctx, "TRUNCATE "+migrations.Ident(schema)+".messages"); err != nil {
 			return err
@@ -179,7 +157,7 @@ func (b *bench) profile(ctx context.Context) error {
 		if err := b.loadBacklog(ctx, schema, b.cfg.n, b.cfg.keys); err != nil {
 			return err
 		}
-		rate, err := b.shapeLoop(ctx, schema, catcher.sql, catcher.args, v.del)
+		rate, err := b.shapeLoop(ctx, schema, owner, v.del)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
@@ -192,74 +170,86 @@ func (b *bench) profile(ctx context.Context) error {
 
 var errRollback = errors.New("rollback")
 
-// deleteClaim turns the relay's claim into a DELETE … RETURNING of the
-// rows it selects, without its per-row FOR UPDATE (the lane's FOR KEY
-// SHARE lock and lease already make the worker the only one on the lane).
+// deleteClaim turns a claim the engine queued (positional arguments)
+// into a DELETE … RETURNING of the rows it selects, without its per-row
+// FOR UPDATE (the lane's FOR KEY SHARE lock and lease already make the
+// worker the only one on the lane).
 func deleteClaim(schema, claim string) string {
 	inner := strings.Replace(claim, "    FOR UPDATE\n", "\n", 1)
-	return "DELETE FROM " + migrations.Ident(schema) + ".messages WHERE id IN (SELECT c.id FROM (" + inner +
-		") c) RETURNING id, message_id, topic, key, payload, headers, created_at, attempts"
+	return "DELETE FROM " + migrations.Ident(schema) + ".messages WHERE ctid IN (SELECT c.row_ctid FROM (" + inner +
+		") c) RETURNING id, lane, payload"
 }
 
 // Variants of the relay's SQL for shapeLoop.
 const (
 	shapeRelay = iota
 	shapeDeleteInClaim
-	shapeIDOrder
 )
 
-// idOrderClaim claims the worker's next messages in id order across all
-// of its lanes at once, instead of walking one lane's (lane, id) index
-// after another: the rows of a batch then sit on a few consecutive heap
-// pages instead of one page each. Per-key order is unchanged (a key's
-// messages are in one lane, and a lane belongs to one worker).
-func idOrderClaim(schema string) string {
+// shapeLoop drains schema with the relay's SQL and nothing else (no sink,
+// no Go-side decoding beyond receiving the rows), in as many connections
+// as the relay has workers, each claiming its own lanes of owner the way
+// the relay's worker does (its next claim starts after the last lane a
+// full claim took rows from). The claim is the one internal/store renders
+// for the relay; shapeDeleteInClaim turns it into DELETE … RETURNING (one
+// write per row instead of a row lock, then a delete). It returns
+// messages per second.
+func (b *bench) shapeLoop(ctx context.Context, schema, owner string, variant int) (float64, error) {
 	s := migrations.Ident(schema)
-	return `
-SELECT m.id, m.message_id::text, m.topic, coalesce(m.key, ''), m.payload, m.headers, m.created_at, m.attempts, now()
-FROM ` + s + `.messages m
-WHERE m.lane IN (
-    SELECT l.lane FROM ` + s + `.lanes l
-    WHERE l.route = $6 AND l.owner = $1 AND l.lease_until > now() AND l.lane % $2 = $3 AND $4::int IS NOT NULL
-    FOR KEY SHARE)
-  AND (m.available_at IS NULL OR m.available_at <= now())
-  AND NOT EXISTS (
-      SELECT 1 FROM ` + s + `.messages w
-      WHERE w.key = m.key AND w.id < m.id
-        AND w.available_at IS NOT NULL AND w.available_at > now())
-ORDER BY m.id
-LIMIT $5
-FOR UPDATE OF m`
-}
-
-// shapeLoop drains schema with the relay's SQL pattern and nothing else
-// (no sink, no Go-side decoding beyond receiving the rows), in as many
-// connections as the relay has workers, each claiming its own lanes the
-// way the relay's worker does. deleteInClaim turns the claim into
-// DELETE … RETURNING (one write per row instead of a row lock, then a
-// delete). It returns messages per second.
-func (b *bench) shapeLoop(ctx context.Context, schema string, claim string, args []any, variant int) (float64, error) {
-	deleteInClaim := variant == shapeDeleteInClaim || strings.Contains(claim, "DELETE FROM")
-	s := migrations.Ident(schema)
-	owner, _ := args[0].(string)
 	if _, err := b.pool.Exec(ctx, "UPDATE "+s+".lanes SET owner = $1, lease_until = now() + interval '1 hour'", owner); err != nil {
 		return 0, err
 	}
+	sc, err := store.NewSchema(schema)
+	if err != nil {
+		return 0, err
+	}
+	eng := store.NewEngine(sc, store.Outbox, "", false)
 	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: b.cfg.databaseURL, Workers: b.cfg.workers})
 	if err != nil {
 		return 0, err
 	}
 	defer pool.Close()
-	q := claim
-	switch variant {
-	case shapeDeleteInClaim:
-		q = deleteClaim(schema, claim)
-	case shapeIDOrder:
-		q = idOrderClaim(schema)
-		// $1 owner, $2 workers, $3 worker, $4 unused rotation, $5 batch, $6 route
-		args = args[:6:6]
+	// claimOnce runs one claim and settles it on c; it returns the rows
+	// claimed and the lane of the last one.
+	claimOnce := func(c *pgx.Conn, w, rotation int) (n int, last int16, err error) {
+		var prio bool
+		var ctids []pgtype.TID
+		cb := &pgx.Batch{}
+		cb.Queue("BEGIN")
+		eng.QueueClaim(cb, store.ClaimParams{Relay: owner, Workers: b.cfg.workers, Worker: w, Rotation: rotation,
+			Limit: b.cfg.batch, MaxBytes: 16 << 20}, &prio, func(r store.ClaimedRow) error {
+			ctids = append(ctids, r.CTID)
+			last = r.Lane
+			return nil
+		})
+		if variant == shapeDeleteInClaim {
+			q := cb.QueuedQueries[len(cb.QueuedQueries)-1]
+			sql, args := deleteClaim(schema, q.SQL), q.Arguments
+			cb.QueuedQueries = cb.QueuedQueries[:len(cb.QueuedQueries)-1]
+			cb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var id int64
+					var payload []byte
+					if err := rows.Scan(&id, &last, &payload); err != nil {
+						return err
+					}
+					n++
+				}
+				return rows.Err()
+			})
+			cb.Queue("COMMIT")
+			return n, last, c.SendBatch(ctx, cb).Close()
+		}
+		if err := c.SendBatch(ctx, cb).Close(); err != nil {
+			return 0, 0, err
+		}
+		sb := &pgx.Batch{}
+		if len(ctids) > 0 {
+			eng.QueueDelete(sb, ctids)
+		}
+		sb.Queue("COMMIT")
+		return len(ctids), last, c.SendBatch(ctx, sb).Close()
 	}
-	del := "DELETE FROM " + s + ".messages WHERE id = ANY($1)"
 	var total atomic.Int64
 	start := time.Now()
 	errc := make(chan error, b.cfg.workers)
@@ -268,39 +258,24 @@ func (b *bench) shapeLoop(ctx context.Context, schema string, claim string, args
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a := append([]any(nil), args...)
-			a[2] = w
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer conn.Release()
 			rotation := w
 			empty := 0
 			for empty < 2 {
-				a[3] = rotation
-				rotation = (rotation + b.cfg.workers) % 256
-				var n int
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					rows, err := tx.Query(ctx, q, a...)
-					if err != nil {
-						return err
-					}
-					var ids []int64
-					for rows.Next() {
-						vals, err := rows.Values()
-						if err != nil {
-							return err
-						}
-						ids = append(ids, vals[0].(int64))
-					}
-					if err := rows.Err(); err != nil {
-						return err
-					}
-					n = len(ids)
-					if !deleteInClaim && n > 0 {
-						_, err = tx.Exec(ctx, del, ids)
-					}
-					return err
-				})
+				n, last, err := claimOnce(conn.Conn(), w, rotation)
 				if err != nil {
 					errc <- err
 					return
+				}
+				if n == b.cfg.batch {
+					rotation = (int(last) + b.cfg.workers) % 256
+				} else {
+					rotation = (rotation + b.cfg.workers) % 256
 				}
 				total.Add(int64(n))
 				if n == 0 {

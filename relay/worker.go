@@ -84,7 +84,7 @@ func (r *Relay) work(ctx, hard context.Context, worker int) {
 			}
 			beside := len(flying) > 0
 			f, err := r.begin(ctx, hard, worker, rotation, busy, only)
-			rotation = (rotation + r.cfg.Workers) % numLanes
+			rotation = nextRotation(rotation, r.cfg.Workers, f)
 			if only == nil {
 				for _, o := range flying {
 					o.passed = true // this claim skipped its lanes
@@ -258,6 +258,23 @@ func busyLanes(flying []*flight) laneSet {
 		}
 	}
 	return s
+}
+
+// nextRotation is the lane the worker's next claim starts at, after a
+// claim that started at rotation and returned f. A claim that filled its
+// batch stopped at the lane of its last row: the next one goes on after
+// it, so every lane still gets its turn (round robin), and the lanes the
+// claim found empty are not probed again before the others have had
+// theirs. Each probe of an emptied lane walks its index over the rows
+// deleted from it (measured, about 60 µs each on a drained 200k backlog),
+// so a rotation that moved one lane per claim while each claim emptied
+// more than one made the claims of a backlog's end walk a growing run of
+// empty lanes: up to all of the worker's, 8 ms a claim.
+func nextRotation(rotation, workers int, f *flight) int {
+	if f != nil && f.more && len(f.batch) > 0 {
+		return (int(f.batch[len(f.batch)-1].lane) + workers) % numLanes
+	}
+	return (rotation + workers) % numLanes
 }
 
 // begin acquires a connection and claims a batch in a transaction it
