@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -169,6 +170,12 @@ const (
 	// walRetryMin and walRetryMax bound the wait before the watcher tries
 	// the WAL again after it could not follow it.
 	walRetryMin, walRetryMax = time.Second, 5 * time.Minute
+	// othersEvery is how often, at most, the watcher checks whether
+	// anyone else listens before it sends a wake-up (see
+	// store.Waker.Others): a relay running alone, the usual deployment,
+	// sends none, each a transaction of its own (measured in the README).
+	// A listener that joins says so at once (store.ListenerPayload).
+	othersEvery = time.Second
 )
 
 // waker is one process's wake-up: its LISTEN session and, while it is the
@@ -276,6 +283,9 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 	if err := store.Listen(ctx, pc, k.s); err != nil {
 		return err
 	}
+	if err := k.w.Join(ctx, pc, k.s); err != nil {
+		return err
+	}
 	connected()
 	k.wake(laneSet{}) // anything written while we were not listening
 	k.members()       // and relays that came or went meanwhile
@@ -327,7 +337,27 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		recent     = recentIDs{} // ids the looks found lately (WAL mode)
 		dueAt      time.Time     // when to look for rows that came due
 		dueSince   int64         // the database's clock at the last look (see store.Due)
+		// alone: nobody else listens (see store.Waker.Others), so the
+		// watcher's wake-ups would wake nobody and are not sent; checked
+		// again before a wake-up at most every othersEvery, and at the
+		// next one after a membership notification; false for
+		// othersEvery after a listener said it started.
+		alone    bool
+		othersAt time.Time
 	)
+	host, _ := os.Hostname()
+	pid := os.Getpid()
+	// tell reports whether the watcher's wake-ups have anyone to wake.
+	tell := func(now time.Time) (bool, error) {
+		if !now.Before(othersAt) {
+			others, err := k.w.Others(ctx, pc, k.s, host, pid)
+			if err != nil {
+				return false, err
+			}
+			alone, othersAt = !others, now.Add(othersEvery)
+		}
+		return !alone, nil
+	}
 	defer func() { stopWAL() }()
 	startWAL := func() {
 		walCtx, cancel := context.WithCancel(ctx)
@@ -460,8 +490,14 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 			}
 			if now.Sub(lastNotify) >= notifyGap {
 				if payload, ok := k.takePending(); ok {
-					if err := k.w.Notify(ctx, pc, payload); err != nil {
+					send, err := tell(now)
+					if err != nil {
 						return err
+					}
+					if send {
+						if err := k.w.Notify(ctx, pc, payload); err != nil {
+							return err
+						}
 					}
 					lastNotify = now
 				}
@@ -517,8 +553,14 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				}
 				if (id > seen && seen >= 0) || filled {
 					k.wake(lanes)
-					if err := k.w.Notify(ctx, pc, payloadOf(lanes)); err != nil {
+					send, err := tell(now)
+					if err != nil {
 						return err
+					}
+					if send {
+						if err := k.w.Notify(ctx, pc, payloadOf(lanes)); err != nil {
+							return err
+						}
 					}
 					lastNotify = now
 					lastRows = now
@@ -579,6 +621,16 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		}
 		if n.PID == pc.PgConn().PID() {
 			continue // our own: our workers were woken when it was sent
+		}
+		switch n.Payload {
+		case store.ListenerPayload:
+			// A listener started: it hears the wake-ups from now on (for
+			// at least othersEvery; then the check says).
+			alone, othersAt = false, time.Now().Add(othersEvery)
+		case store.MembersPayload:
+			// Relays came or went (this process's own too): check again
+			// before the next wake-up.
+			othersAt = time.Time{}
 		}
 		switch lanes, ok := parseLanes(n.Payload); {
 		case n.Payload == store.MembersPayload:

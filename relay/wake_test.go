@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -410,4 +413,80 @@ func TestWakeupNewWatcherWakesForRowsWrittenUnwatched(t *testing.T) {
 	require.NoError(t, err)
 	waitSource(t, h, "poll")
 	eventually(t, wakeBound, func() bool { return e.sink.Len() == 1 }, "the row written before the relay became the watcher delivered")
+}
+
+// A watcher with nobody to wake sends no wake-ups (each is a transaction
+// of its own): a session that merely LISTENs, as no relay does, hears
+// nothing while the relay delivers. A listener that joins (a relay, or
+// ListenConfig) is woken from its first write on; once it has gone, the
+// watcher goes quiet again.
+func TestWakeupLoneWatcherSendsNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := &wakeHooks{}
+	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	waitSource(t, h, "poll")
+
+	ctx := context.Background()
+	spy, err := pgx.Connect(ctx, pgtest.URL())
+	require.NoError(t, err)
+	defer spy.Close(ctx)
+	_, err = spy.Exec(ctx, "LISTEN "+ident.Quote(ident.Channel(e.schema)))
+	require.NoError(t, err)
+	// wakeUps counts the wake-ups the spy heard until quiet has passed
+	// without one (other payloads: membership, listeners, are not).
+	wakeUps := func(quiet time.Duration) int {
+		n := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, quiet)
+			got, err := spy.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				require.ErrorIs(t, wctx.Err(), context.DeadlineExceeded, "spy: %v", err)
+				return n
+			}
+			if got.Payload == "" || strings.HasPrefix(got.Payload, "lanes:") {
+				n++
+			}
+		}
+	}
+
+	wakeUps(500 * time.Millisecond) // the start-up's
+	for i := 1; i <= 3; i++ {
+		e.deliveredWithin(e.sink, i, fmt.Sprint("alone", i))
+	}
+	require.Zero(t, wakeUps(300*time.Millisecond), "wake-ups sent by a relay that is alone")
+
+	lctx, stopListener := context.WithCancel(ctx)
+	var woken atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.ListenConfig(lctx, e.pool, relay.Config{Schema: e.schema, Logger: testLogger(t)}, func() { woken.Add(1) }, nil)
+	}()
+	eventually(t, wakeBound, func() bool { return woken.Load() > 0 }, "the listener's own wake-up at its start")
+	before := woken.Load()
+	e.deliveredWithin(e.sink, 4, "joined")
+	eventually(t, wakeBound, func() bool { return woken.Load() > before }, "the listener woken by the watcher for a new row")
+	require.NotZero(t, wakeUps(300*time.Millisecond), "wake-ups once a listener joined")
+
+	stopListener()
+	<-done
+	time.Sleep(1500 * time.Millisecond) // past the watcher's next check
+	wakeUps(300 * time.Millisecond)
+	e.deliveredWithin(e.sink, 5, "alone again")
+	e.deliveredWithin(e.sink, 6, "alone again")
+	require.Zero(t, wakeUps(300*time.Millisecond), "wake-ups once the listener has gone")
+
+	// A relay of another process that does not join the listeners (an
+	// older release) is found in the relays table when it says it came.
+	// (Registered from the spy's session, which stays alive: a relay
+	// whose session is gone is reaped at once.)
+	_, err = spy.Exec(ctx, "INSERT INTO "+e.table("relays")+` (id, hostname, pid, version, backend_pid, backend_start)
+		SELECT 'older', 'elsewhere', 1, 'v0', pg_backend_pid(), a.backend_start FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, "SELECT pg_notify($1, 'members')", ident.Channel(e.schema))
+	require.NoError(t, err)
+	e.deliveredWithin(e.sink, 7, "older")
+	require.NotZero(t, wakeUps(300*time.Millisecond), "wake-ups once a relay of another process registered")
 }

@@ -60,4 +60,6 @@ func TestWakerGolden(t *testing.T) {
 	golden(t, "wake_notify", w.notify.named)
 	golden(t, "wake_trigger_state", w.triggerState.named)
 	golden(t, "wake_enable_trigger", w.trigger)
+	golden(t, "wake_join", w.join.named)
+	golden(t, "wake_others", w.others.named)
 }

@@ -23,6 +23,15 @@ import (
 // locks use other constants.
 const watcherLockKey = 0x6f757477 // "outw"
 
+// listenerLockKey is the first half of the advisory lock every LISTEN
+// session of a relay process (or of a ListenConfig) holds shared, so that
+// the watcher can tell whether anyone else listens (see Others).
+const listenerLockKey = 0x6f75746c // "outl"
+
+// ListenerPayload is the payload a LISTEN session sends once it listens:
+// a watcher that thought it was alone sends its wake-ups again.
+const ListenerPayload = "listener"
+
 // Waker holds the wake-up statements for one schema.
 type Waker struct {
 	channel, trigger string
@@ -30,6 +39,7 @@ type Waker struct {
 	newRows, due     stmt
 	notify           stmt
 	triggerState     stmt
+	join, others     stmt
 }
 
 // NewWaker renders the wake-up statements for schema s.
@@ -72,6 +82,20 @@ SELECT now(), (extract(epoch FROM now()) * 1000000)::bigint,
        least((SELECT min(m.available_at) FROM ` + s.Table("messages") + ` m WHERE m.available_at > now() AND m.available_at < 'infinity'),
              (SELECT min(c.available_at) FROM ` + s.Table("deliveries") + ` c WHERE c.available_at > now() AND c.available_at < 'infinity'))`),
 		notify: newStmt(`SELECT pg_notify(@channel, @payload)`),
+		// Shared and session level, like the watcher's lock: it goes
+		// with the session. Never waits (nobody takes it exclusively).
+		join: newStmt(`SELECT pg_try_advisory_lock_shared(@key, hashtext(@schema)), pg_notify(@channel, '` + ListenerPayload + `')`),
+		// Another session holds the listeners' lock (another process's
+		// LISTEN session, or a ListenConfig of this one's), or a relay of
+		// another process is registered (a release before the lock
+		// existed listens without it). pg_locks is readable by any role.
+		others: newStmt(`SELECT EXISTS (
+           SELECT 1 FROM pg_locks l
+           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+             AND l.classid = @key::oid AND l.objid = hashtext(@schema)::oid
+             AND l.pid <> pg_backend_pid())
+       OR EXISTS (SELECT 1 FROM ` + s.Table("relays") + ` r WHERE r.hostname <> @hostname OR r.pid <> @pid)`),
 		triggerState: newStmt(`SELECT t.tgenabled <> 'D' FROM pg_trigger t
 WHERE t.tgrelid = to_regclass(@table) AND t.tgname = 'messages_notify'`),
 	}
@@ -154,6 +178,25 @@ func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) 
 		d.Next = next.Time
 	}
 	return d, err
+}
+
+// Join takes q's session into the schema's listeners (a shared advisory
+// lock held until the session ends) and tells the watcher, which may have
+// stopped notifying while it thought no other process listened. Run it
+// after LISTEN.
+func (w *Waker) Join(ctx context.Context, q Querier, s Schema) error {
+	_, err := q.Exec(ctx, w.join.sql, w.join.args(pgx.NamedArgs{"key": listenerLockKey, "schema": s.name, "channel": w.channel})...)
+	return err
+}
+
+// Others reports whether any session but c's listens on the schema's
+// channel as a relay does, or a relay process other than the one at
+// hostname and pid is registered: only then do the watcher's wake-ups
+// have anyone to wake. In a transaction of its own, like the looks.
+func (w *Waker) Others(ctx context.Context, c *pgx.Conn, s Schema, hostname string, pid int) (bool, error) {
+	var others bool
+	err := look(ctx, c, w.others.sql, w.others.args(pgx.NamedArgs{"key": listenerLockKey, "schema": s.name, "hostname": hostname, "pid": pid}), &others)
+	return others, err
 }
 
 // Notify sends payload on the schema's channel from q's session ("" means
