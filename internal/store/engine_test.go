@@ -687,3 +687,48 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 		t.Errorf("the claim of 500 rows touched %d buffers: its plan scans the backlog", hit)
 	}
 }
+
+// NoSeqScan prices sequential scans out of the plans with a huge cost;
+// a statement that cannot avoid one (the relays table read whole) then
+// cost more than jit_above_cost, and Postgres compiled it, 100 ms each
+// time (it delayed the watcher's wake-ups). The setting turns JIT off
+// with it.
+func TestNoSeqScanCompilesNothing(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// Whatever the server's defaults, JIT is on for this transaction
+	// until NoSeqScan says otherwise.
+	if _, err := tx.Exec(ctx, `SET LOCAL jit = on`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, NoSeqScan); err != nil {
+		t.Fatal(err)
+	}
+	var plan string
+	if err := tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT count(*) FROM `+e.s.Table("relays")+` WHERE hostname <> 'x'`).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, `"Total Cost": 1000000`) {
+		t.Fatalf("expected a sequential scan priced out by the setting: %s", plan)
+	}
+	var jit string
+	if err := tx.QueryRow(ctx, `SHOW jit`).Scan(&jit); err != nil {
+		t.Fatal(err)
+	}
+	if jit != "off" {
+		t.Fatalf("jit = %s inside a transaction that ran NoSeqScan", jit)
+	}
+	var analyzed string
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM `+e.s.Table("relays")+` WHERE hostname <> 'x'`).Scan(&analyzed); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(analyzed, `"JIT"`) {
+		t.Fatalf("the statement was compiled: %s", analyzed)
+	}
+}

@@ -192,10 +192,11 @@ func (w *Waker) Join(ctx context.Context, q Querier, s Schema) error {
 // Others reports whether any session but c's listens on the schema's
 // channel as a relay does, or a relay process other than the one at
 // hostname and pid is registered: only then do the watcher's wake-ups
-// have anyone to wake. In a transaction of its own, like the looks.
+// have anyone to wake. Planned as it comes (not under NoSeqScan: the
+// relays table is read whole, it is small).
 func (w *Waker) Others(ctx context.Context, c *pgx.Conn, s Schema, hostname string, pid int) (bool, error) {
 	var others bool
-	err := look(ctx, c, w.others.sql, w.others.args(pgx.NamedArgs{"key": listenerLockKey, "schema": s.name, "hostname": hostname, "pid": pid}), &others)
+	err := c.QueryRow(ctx, w.others.sql, w.others.args(pgx.NamedArgs{"key": listenerLockKey, "schema": s.name, "hostname": hostname, "pid": pid})...).Scan(&others)
 	return others, err
 }
 
