@@ -140,7 +140,7 @@ const (
 	// watchBusyRate: each look wakes claims, and at the writers' full
 	// speed a 2 ms interval cost them 15–20 % of their rate beside a
 	// draining relay (more, smaller claims), where 5 ms merges more rows
-	// into each (README, "Writer tax").
+	// into each (README, "Wake-ups at 2 ms").
 	watchBusy     = 5 * time.Millisecond
 	watchBusyRate = 2000 // rows per second
 	watchLinger   = 250 * time.Millisecond
