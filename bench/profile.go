@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,81 @@ func claimStatement(schema, owner string, workers, limit int) (string, []any, er
 		MaxBytes: 16 << 20}, &prio, func(store.ClaimedRow) error { return nil })
 	q := cb.QueuedQueries[len(cb.QueuedQueries)-1]
 	return q.SQL, q.Arguments, nil
+}
+
+// stmtTimer adds up, per kind of statement, the time between the results
+// of the relay's pipelined batches: from the batch's start (or the
+// previous statement's result) to the moment pgx finished a statement's
+// result (for the claim, after its rows were read and decoded). The
+// server flushes its results at the pipeline's Sync, so the first
+// statement of a batch (BEGIN) carries the server's time for the whole
+// batch, and the claim's own line is the time to read its rows.
+type stmtTimer struct {
+	mu    sync.Mutex
+	last  map[*pgx.Conn]time.Time
+	total map[string]time.Duration
+	count map[string]int
+}
+
+func newStmtTimer() *stmtTimer {
+	return &stmtTimer{last: map[*pgx.Conn]time.Time{}, total: map[string]time.Duration{}, count: map[string]int{}}
+}
+
+func (s *stmtTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (s *stmtTimer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *stmtTimer) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	s.mu.Lock()
+	s.last[c] = time.Now()
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *stmtTimer) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	now := time.Now()
+	kind := "other"
+	switch q := strings.TrimSpace(d.SQL); {
+	case q == "BEGIN":
+		// The server sends its results when the pipeline's Sync is
+		// reached: the first result carries the wait for all of them.
+		kind = "BEGIN: sending the batch and the server running all of it"
+	case q == "COMMIT":
+		kind = "COMMIT"
+	case strings.Contains(q, "set_config"):
+		kind = "NoSeqScan settings"
+	case strings.Contains(q, "LATERAL"):
+		kind = "claim: reading and decoding its rows"
+	case strings.Contains(q, "priority > 0"):
+		kind = "priority probe"
+	case strings.HasPrefix(q, "DELETE"):
+		kind = "delete delivered"
+	}
+	s.mu.Lock()
+	s.total[kind] += now.Sub(s.last[c])
+	s.count[kind]++
+	s.last[c] = now
+	s.mu.Unlock()
+}
+
+func (s *stmtTimer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// report writes the sums as a markdown table.
+func (s *stmtTimer) report(out *strings.Builder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kinds := make([]string, 0, len(s.total))
+	for k := range s.total {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	fmt.Fprintf(out, "| statement, in pipelined batches | count | summed over workers | mean |\n|---|---|---|---|\n")
+	for _, k := range kinds {
+		fmt.Fprintf(out, "| %s | %d | %s | %s |\n", k, s.count[k], s.total[k].Round(time.Millisecond), (s.total[k] / time.Duration(max(1, s.count[k]))).Round(time.Microsecond))
+	}
+	fmt.Fprintln(out)
 }
 
 // phaseHooks adds up where the relay's workers spend their time.
@@ -84,7 +160,8 @@ func (b *bench) profile(ctx context.Context) error {
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
-	el, err := b.drainInProcess(ctx, schema, sink, h, nil)
+	timer := newStmtTimer()
+	el, err := b.drainInProcess(ctx, schema, sink, h, timer)
 	pprof.StopCPUProfile()
 	if err != nil {
 		return err
@@ -95,6 +172,7 @@ func (b *bench) profile(ctx context.Context) error {
 		float64(b.cfg.n)/el.Seconds(), h.batches.Load(), float64(h.claimed.Load())/float64(max(1, h.batches.Load())))
 	fmt.Fprintf(&out, "summed over workers: claim %s, send %s, settle (delete + commit) %s\n\n", ms(h.claimNs.Load()), ms(h.sendNs.Load()), ms(h.settleNs.Load()))
 	fmt.Fprintf(&out, "CPU profile: %s (go tool pprof -top %s)\n\n", prof, prof)
+	timer.report(&out)
 
 	// EXPLAIN the relay's claim (as internal/store renders it for worker 0
 	// of this many, every lane owned by one relay id), on the same backlog
