@@ -261,8 +261,15 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 
 // registration is what this relay's heartbeat says about it.
 func (l *leaser) registration() store.Heartbeat {
-	host, _ := os.Hostname()
-	return store.Heartbeat{Hostname: host, PID: os.Getpid(), Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load()}
+	host, pid := processIdentity()
+	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load()}
+}
+
+// processIdentity is how the relays table tells this process's relays
+// from other processes' (the watcher wakes only the others).
+func processIdentity() (hostname string, pid int) {
+	hostname, _ = os.Hostname()
+	return hostname, os.Getpid()
 }
 
 // fairShare is how many lanes this relay should own: an equal part, the

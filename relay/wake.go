@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -351,18 +350,20 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		alone    bool
 		othersAt time.Time
 	)
-	host, _ := os.Hostname()
-	pid := os.Getpid()
-	// tell reports whether the watcher's wake-ups have anyone to wake.
-	tell := func(now time.Time) (bool, error) {
+	host, pid := processIdentity()
+	// tell sends a wake-up to the other listeners, unless there are none.
+	tell := func(now time.Time, payload string) error {
 		if !now.Before(othersAt) {
 			others, err := k.w.Others(ctx, pc, k.s, host, pid)
 			if err != nil {
-				return false, err
+				return err
 			}
 			alone, othersAt = !others, now.Add(othersEvery)
 		}
-		return !alone, nil
+		if alone {
+			return nil
+		}
+		return k.w.Notify(ctx, pc, payload)
 	}
 	defer func() { stopWAL() }()
 	startWAL := func() {
@@ -496,14 +497,8 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 			}
 			if now.Sub(lastNotify) >= notifyGap {
 				if payload, ok := k.takePending(); ok {
-					send, err := tell(now)
-					if err != nil {
+					if err := tell(now, payload); err != nil {
 						return err
-					}
-					if send {
-						if err := k.w.Notify(ctx, pc, payload); err != nil {
-							return err
-						}
 					}
 					lastNotify = now
 				}
@@ -559,14 +554,8 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				}
 				if (id > seen && seen >= 0) || filled {
 					k.wake(lanes)
-					send, err := tell(now)
-					if err != nil {
+					if err := tell(now, payloadOf(lanes)); err != nil {
 						return err
-					}
-					if send {
-						if err := k.w.Notify(ctx, pc, payloadOf(lanes)); err != nil {
-							return err
-						}
 					}
 					lastNotify = now
 					lastRows = now
@@ -633,18 +622,15 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		if n.PID == pc.PgConn().PID() {
 			continue // our own: our workers were woken when it was sent
 		}
-		switch n.Payload {
-		case store.ListenerPayload:
+		switch lanes, ok := parseLanes(n.Payload); {
+		case n.Payload == store.ListenerPayload:
 			// A listener started: it hears the wake-ups from now on (for
 			// at least othersEvery; then the check says).
 			alone, othersAt = false, time.Now().Add(othersEvery)
-		case store.MembersPayload:
+		case n.Payload == store.MembersPayload:
 			// Relays came or went (this process's own too): check again
 			// before the next wake-up.
 			othersAt = time.Time{}
-		}
-		switch lanes, ok := parseLanes(n.Payload); {
-		case n.Payload == store.MembersPayload:
 			k.members()
 			if !watching {
 				// A relay left or was reaped: it may have been the

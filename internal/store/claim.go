@@ -97,9 +97,9 @@ type ClaimedRow struct {
 
 // NoSeqScan is run in a claim's transaction and in those of the
 // watcher's looks (set_config(…, true) is SET LOCAL: it ends with the
-// transaction) before their
-// statements are planned. The relay's statements run as prepared statements, and
-// Postgres plans a prepared statement once for all (a generic plan)
+// transaction) before their statements are planned. The relay's
+// statements run as prepared statements, and Postgres plans a prepared
+// statement once for all (a generic plan)
 // with the table's size at that moment; the outbox is nearly empty most
 // of the time, so the plan read it with sequential scans, and kept them
 // when a backlog came (a writer's bulk insert, a sink's outage): measured,
