@@ -79,6 +79,24 @@ func (r *Relay) setOwned(lanes []int16, add bool) {
 			r.ownedSet[i].Store(s[i])
 		}
 	}
+	r.ownedKnown.Store(true)
+}
+
+// ownedOf returns the lanes of worker this relay held at its last
+// heartbeat, for a claim to visit; nil until a heartbeat has told (the
+// claim then visits every lane of the worker, and its lease check skips
+// those of other relays).
+func (r *Relay) ownedOf(worker int) []int16 {
+	if !r.ownedKnown.Load() {
+		return nil
+	}
+	out := []int16{}
+	for l := worker; l < numLanes; l += r.cfg.Workers {
+		if r.ownedSet[l>>6].Load()&(1<<(l&63)) != 0 {
+			out = append(out, int16(l))
+		}
+	}
+	return out
 }
 
 // wakeLanes wakes the workers that claim any of lanes, naming those lanes

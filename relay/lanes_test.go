@@ -126,3 +126,23 @@ func TestNextRotation(t *testing.T) {
 		}
 	}
 }
+
+// A claim visits the lanes the relay leases among the worker's (none:
+// none), or, until a heartbeat has told it, every lane of the worker
+// (nil).
+func TestOwnedOf(t *testing.T) {
+	r := &Relay{cfg: Config{Workers: 3}}
+	if got := r.ownedOf(1); got != nil {
+		t.Fatalf("no lanes known: %v, want nil", got)
+	}
+	r.setOwned([]int16{0, 1, 4, 7, 64, 130, 255}, false)
+	for w, want := range [][]int16{{0, 255}, {1, 4, 7, 64, 130}, {}} {
+		if got := r.ownedOf(w); got == nil || !slices.Equal(got, want) {
+			t.Errorf("worker %d: %v, want %v", w, got, want)
+		}
+	}
+	r.setOwned([]int16{2}, true)
+	if got := r.ownedOf(2); !slices.Equal(got, []int16{2}) {
+		t.Errorf("after adding lane 2: %v", got)
+	}
+}

@@ -47,6 +47,8 @@ type Relay struct {
 	// laneSet), so that a wake-up about some lanes wakes only the workers
 	// that claim them.
 	ownedSet [4]atomic.Uint64
+	// ownedKnown: a heartbeat has set ownedSet.
+	ownedKnown atomic.Bool
 	// rebalance asks the leaser to recompute this relay's share now (see
 	// MembersChanged).
 	rebalance chan struct{}

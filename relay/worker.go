@@ -314,7 +314,11 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, busy lane
 		skip = append(slices.Clone(skip), busy.list()...)
 	}
 	src := r.source()
-	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip, only)
+	visit := only
+	if visit == nil {
+		visit = r.ownedOf(worker)
+	}
+	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip, visit)
 	r.stats.Claims.Add(1)
 	if only != nil {
 		r.stats.LaneClaims.Add(1)

@@ -5,10 +5,8 @@ FROM (
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
        m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, o.pos, octet_length(m.payload) AS size
 FROM (
-    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM "outbox"."lanes" l
-    WHERE l.route = @route AND l.owner = @relay AND l.lease_until > now() AND l.lane % @workers = @worker
-      AND NOT (l.lane = ANY(@handover::int2[]))
-      AND (@only::int2[] IS NULL OR l.lane = ANY(@only::int2[]))
+    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM unnest(@lanes::int2[]) l(lane)
+    WHERE l.lane % @workers = @worker AND NOT (l.lane = ANY(@handover::int2[]))
     ORDER BY pos
 ) o
 CROSS JOIN LATERAL (
