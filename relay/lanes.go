@@ -82,6 +82,16 @@ func (r *Relay) setOwned(lanes []int16, add bool) {
 	r.ownedKnown.Store(true)
 }
 
+// dropOwned forgets lanes this relay has released, so that claims stop
+// visiting them before the next heartbeat.
+func (r *Relay) dropOwned(lanes []int16) {
+	for _, l := range lanes {
+		if l >= 0 && int(l) < numLanes {
+			r.ownedSet[l>>6].And(^(uint64(1) << (l & 63)))
+		}
+	}
+}
+
 // ownedOf returns the lanes of worker this relay held at its last
 // heartbeat, for a claim to visit; nil until a heartbeat has told (the
 // claim then visits every lane of the worker, and its lease check skips

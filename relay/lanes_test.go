@@ -145,4 +145,8 @@ func TestOwnedOf(t *testing.T) {
 	if got := r.ownedOf(2); !slices.Equal(got, []int16{2}) {
 		t.Errorf("after adding lane 2: %v", got)
 	}
+	r.dropOwned([]int16{4, 130})
+	if got := r.ownedOf(1); !slices.Equal(got, []int16{1, 7, 64}) {
+		t.Errorf("after releasing lanes 4 and 130: %v", got)
+	}
 }

@@ -306,6 +306,7 @@ func (l *leaser) rebalance(ctx context.Context, tx store.Querier, mine []int16, 
 		if err != nil {
 			return 0, nil, fmt.Errorf("release: %w", err)
 		}
+		l.r.dropOwned(gone)
 		return owned - len(gone), without(giving, gone), nil
 	}
 	return owned, nil, nil
