@@ -148,8 +148,9 @@ const (
 	// the claims it wakes. Beside a draining relay, 16 writers committed
 	// 8.6–8.8k rows/s instead of 7.6–8.0k with 5 ms, and the relay's
 	// process and sessions used a third less CPU (throwaway cluster,
-	// pgbench, alternated; README, "Wake-ups at full speed"). Below that
-	// rate (the latency targets' 50, 1,000 and 5,000 msg/s) nothing changes.
+	// pgbench, alternated; README, "Claims among dead rows, and wake-ups
+	// at full speed"). Below that rate (the latency targets' 50, 1,000
+	// and 5,000 msg/s) nothing changes.
 	watchFull     = 10 * time.Millisecond
 	watchFullRate = 6000 // rows per second
 	watchLinger   = 250 * time.Millisecond
