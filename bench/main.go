@@ -10,7 +10,9 @@
 //   - the idle cost: database transactions/s of 16 idle relays, and the
 //     latency of the first message after the idle spell;
 //   - commit-to-receive latency of single-message transactions at fixed
-//     rates, through the HTTP sink;
+//     rates (1,000, 50 and 5,000 a second; the writers' achieved rate says
+//     whether they kept up) and at the writers' full speed, through the
+//     HTTP sink and through Kafka;
 //   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
 //     with per-key order checked on the output;
 //   - River and Watermill's SQL subscriber draining the same backlog.
@@ -106,7 +108,7 @@ func loadConfig() (config, error) {
 		c.hotN = 20_000
 		c.brokerN = 50_000
 		c.procs = []int{1, 2, 4}
-		c.latency = []latencySpec{{rate: 1000, dur: 5 * time.Second}, {rate: 50, dur: 8 * time.Second}}
+		c.latency = []latencySpec{{rate: 1000, dur: 5 * time.Second}, {rate: 50, dur: 8 * time.Second}, {rate: 5000, dur: 5 * time.Second}}
 		c.maxRateDur = 4 * time.Second
 		c.taxDur = 4 * time.Second
 		// Settle past 10s: an idle backend reports its transactions to
@@ -121,7 +123,7 @@ func loadConfig() (config, error) {
 		c.hotN = 50_000
 		c.brokerN = 200_000
 		c.procs = []int{1, 2, 4, 16}
-		c.latency = []latencySpec{{rate: 1000, dur: 10 * time.Second}, {rate: 50, dur: 15 * time.Second}}
+		c.latency = []latencySpec{{rate: 1000, dur: 10 * time.Second}, {rate: 50, dur: 15 * time.Second}, {rate: 5000, dur: 10 * time.Second}}
 		c.maxRateDur = 6 * time.Second
 		c.taxDur = 8 * time.Second
 		c.idleSettle, c.idleWindow = 12*time.Second, 60*time.Second
