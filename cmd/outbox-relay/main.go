@@ -15,6 +15,7 @@ func main() {
 	// Caught before anything else: a SIGTERM that arrives while the relay
 	// is still starting stops it cleanly instead of killing it.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	cli.TuneGC()
 	code := cli.MainContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
