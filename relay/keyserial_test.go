@@ -18,6 +18,7 @@ import (
 // lane, and says whether it is a sinks.KeySerial sink.
 type laneSink struct {
 	serial  bool
+	lanes   int // what BatchLanes says
 	mu      sync.Mutex
 	perLane []int // per batch: the most messages of one lane
 	seqs    map[string][]int64
@@ -25,6 +26,8 @@ type laneSink struct {
 }
 
 func (s *laneSink) KeySerial() bool { return s.serial }
+
+func (s *laneSink) BatchLanes() int { return s.lanes }
 
 func (s *laneSink) Send(_ context.Context, msgs []sinks.Message) error {
 	s.mu.Lock()
@@ -48,12 +51,18 @@ func (s *laneSink) Close(context.Context) error { return nil }
 // batches drawn from many lanes (at most an eighth of a batch from one
 // lane), and the worker comes back at once while a lane may hold more:
 // the backlog drains with no poll, every key in order. Another sink gets
-// whole lanes.
+// whole lanes; one that asks for batches over more lanes (BatchLanes)
+// gets them.
 func TestKeySerialSinkGetsBatchesAcrossLanes(t *testing.T) {
 	t.Parallel()
 	const batch, keys, each = 80, 100, 6
-	for _, serial := range []bool{true, false} {
-		t.Run(fmt.Sprint("serial=", serial), func(t *testing.T) {
+	for _, tc := range []struct {
+		serial bool
+		lanes  int // BatchLanes
+		most   int // the most messages of one lane in a batch, 0: more than batch/8
+	}{{true, 0, batch / 8}, {true, 40, batch / 40}, {false, 0, 0}} {
+		serial := tc.serial
+		t.Run(fmt.Sprint("serial=", serial, ",lanes=", tc.lanes), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			var msgs []outbox.Message
@@ -61,7 +70,7 @@ func TestKeySerialSinkGetsBatchesAcrossLanes(t *testing.T) {
 				msgs = append(msgs, msg("t", fmt.Sprintf("k%d", i%keys), fmt.Sprint(i)))
 			}
 			e.write(msgs...)
-			sink := &laneSink{serial: serial, seqs: map[string][]int64{}}
+			sink := &laneSink{serial: serial, lanes: tc.lanes, seqs: map[string][]int64{}}
 			cfg := e.config()
 			cfg.Workers, cfg.BatchSize = 1, batch
 			cfg.PollInterval = time.Hour // only the claims' own "more" keeps the worker going
@@ -81,8 +90,8 @@ func TestKeySerialSinkGetsBatchesAcrossLanes(t *testing.T) {
 			for _, n := range sink.perLane {
 				most = max(most, n)
 			}
-			if serial {
-				require.LessOrEqual(t, most, batch/8, "messages of one lane in a batch: %v", sink.perLane)
+			if tc.most > 0 {
+				require.LessOrEqual(t, most, tc.most, "messages of one lane in a batch: %v", sink.perLane)
 			} else {
 				require.Greater(t, most, batch/8, "a sink that is not key-serial gets whole lanes: %v", sink.perLane)
 			}

@@ -145,7 +145,11 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		laneLimit: cfg.BatchSize,
 	}
 	if sinks.IsKeySerial(sink) {
-		r.laneLimit = max(1, cfg.BatchSize/keySerialLanes)
+		lanes := keySerialLanes
+		if b, ok := sinks.As[sinks.BatchLanes](sink); ok && b.BatchLanes() > 0 {
+			lanes = b.BatchLanes()
+		}
+		r.laneLimit = max(1, cfg.BatchSize/lanes)
 	}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)

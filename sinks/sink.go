@@ -102,6 +102,14 @@ type KeySerial interface {
 	KeySerial() bool
 }
 
+// BatchLanes is implemented by a KeySerial sink whose batches should be
+// spread wider than the relay's default: drawn from at least BatchLanes()
+// lanes when the backlog allows (at most that fraction of a batch from one
+// lane per claim). 0 keeps the default (8).
+type BatchLanes interface {
+	BatchLanes() int
+}
+
 // Wrapper is implemented by sinks that wrap another one (a payload
 // format): Unwrap returns the wrapped sink, so that the relay finds the
 // capabilities of the sink underneath.
@@ -118,7 +126,7 @@ func IsKeySerial(s Sink) bool {
 
 // As returns s, or the first sink it wraps (through Wrapper) that
 // implements T: how the relay finds a sink's optional interfaces
-// (StartChecker, KeySerial) under a payload format.
+// (StartChecker, KeySerial, BatchLanes) under a payload format.
 func As[T any](s Sink) (T, bool) {
 	for s != nil {
 		if t, ok := s.(T); ok {
