@@ -118,7 +118,6 @@ type route struct {
 type Sink struct {
 	cfg       Config
 	log       *slog.Logger
-	client    *http.Client
 	transport *http.Transport
 	signer    signer
 	routes    []route
@@ -195,13 +194,6 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		MaxConnsPerHost:     cfg.MaxConcurrency,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
-	}
-	s.client = &http.Client{
-		Transport: s.transport,
-		Timeout:   cfg.Timeout,
-		// A redirect is a failure (Standard Webhooks): following it would
-		// re-POST a signed payload to a host nobody configured.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	s.hosts = len(sems)
 	s.abort, s.abortCancel = context.WithCancel(context.Background())
@@ -327,20 +319,35 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 	if sig := s.signer.sign(m.ID, ts, m.Payload); sig != "" {
 		h[http.CanonicalHeaderKey(HeaderWebhookSignature)] = []string{sig}
 	}
-	// The request has a context of its own: cancelling it is the one way
-	// to end a body read that has started.
-	rctx, cancelReq := context.WithCancel(ctx)
+	// The request has a context of its own: its deadline is the
+	// request's timeout, and cancelling it is the one way to end a body
+	// read that has started.
+	rctx, cancelReq := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancelReq()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, t.raw, bytes.NewReader(m.Payload))
 	if err != nil {
 		return sinks.Permanent(fmt.Errorf("outbox: http: POST %s: cannot build request", t.display))
 	}
 	req.Header = h
+	if u := req.URL.User; u != nil {
+		// Userinfo is sent as basic auth (what http.Client does).
+		pw, _ := u.Password()
+		req.SetBasicAuth(u.Username(), pw)
+	}
 
-	resp, err := s.client.Do(req)
+	// The transport, not an http.Client: a client copies every request's
+	// headers for the redirects it may follow (never, here: a redirect
+	// is a failure, Standard Webhooks) and arms a timer of its own for
+	// its timeout. Measured (100k drains into an external receiver,
+	// scripts/drain-ab.sh, 8 alternated pairs): faster in 7 pairs, by 3
+	// to 8 %, relay CPU −2 to −11 %.
+	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("outbox: http: POST %s: %w", t.display, cerr)
+		}
+		if errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("outbox: http: POST %s: no answer within the timeout (%s): %w", t.display, s.cfg.Timeout, err)
 		}
 		// url.Error repeats the full URL, which may hold a token; keep
 		// only the cause. Every transport failure is retriable.

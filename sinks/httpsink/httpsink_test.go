@@ -2,6 +2,7 @@ package httpsink
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,6 +123,18 @@ func TestSendWithoutSecretHasNoSignature(t *testing.T) {
 	require.Empty(t, byID["id-1"].Header.Values(HeaderKey), "no key header for a keyless message")
 	require.Equal(t, "application/json", byID["id-1"].Header.Get("Content-Type"))
 	require.Equal(t, []string{"application/xml"}, byID["id-2"].Header.Values("Content-Type"), "the message's own content-type wins")
+}
+
+// Userinfo in the URL goes as HTTP basic auth (docs/sinks/http.md).
+func TestSendUserinfoAsBasicAuth(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t)
+	s := newSink(t, Config{URL: "http://hook:p%40ss@" + rc.addr + "/in"})
+	require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("id-1", "t", "k", "{}", nil)}))
+	reqs := rc.requests()
+	require.Len(t, reqs, 1)
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("hook:p@ss"))
+	require.Equal(t, want, reqs[0].Header.Get("Authorization"))
 }
 
 // statusRespond answers with the status in the x-want-status request header
@@ -735,7 +748,7 @@ func TestNewAppliesDefaults(t *testing.T) {
 	s, err := New(Config{URL: "https://example.com/"}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close(context.Background())) }()
-	require.Equal(t, DefaultTimeout, s.client.Timeout)
+	require.Equal(t, DefaultTimeout, s.cfg.Timeout)
 	require.Equal(t, DefaultResponseHeaderTimeout, s.transport.ResponseHeaderTimeout)
 	require.Equal(t, DefaultTLSHandshakeTimeout, s.transport.TLSHandshakeTimeout)
 	require.Equal(t, DefaultMaxConcurrency, s.transport.MaxConnsPerHost)
