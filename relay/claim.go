@@ -121,8 +121,9 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 
 // keySerialLanes: a sink that sends a key's messages one round trip after
 // another gets batches drawn from at least this many lanes (unless it
-// asks for more: sinks.BatchLanes) when the backlog allows (1,000 keys spread over 256 lanes: about 4 keys a lane,
-// so some 32 keys a batch instead of 4). Measured against whole lanes,
+// asks for more: sinks.BatchLanes) when the backlog allows (1,000 keys
+// spread over 256 lanes: about 4 keys a lane, so some 32 keys a batch
+// instead of 4). Measured against whole lanes,
 // alternated in one session: NATS strict +8 to +17 %; RabbitMQ and
 // webhooks within the bench's noise (README, Performance).
 const keySerialLanes = 8
