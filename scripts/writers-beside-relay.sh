@@ -31,18 +31,8 @@
 set -euo pipefail
 DURATION=${DURATION:-8} N=${N:-2} AUTOVACUUM=${AUTOVACUUM:-off} NORELAY=${NORELAY:-0}
 [ $# -ge 1 ] || { echo "usage: $0 relay-binary..." >&2; exit 2; }
-bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
-dir=$(mktemp -d /tmp/writers-beside.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-[ "$(id -u)" = 0 ] && chown postgres "$dir"
-cleanup() { as_pg "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"; }
-trap cleanup EXIT
-as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust --no-locale --no-sync >/dev/null
-as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$dir -c shared_buffers=128MB -c max_wal_size=1GB -c autovacuum=$AUTOVACUUM -c shared_preload_libraries=pg_stat_statements" start >/dev/null
-DB=postgres://postgres@127.0.0.1:$port/postgres
-q() { psql -q -At "$DB" -c "$1"; }
-q "CREATE EXTENSION pg_stat_statements" >/dev/null
+. "$(dirname "$0")/throwaway-pg.sh"
+throwaway_pg writers-beside -c shared_buffers=128MB -c max_wal_size=1GB -c autovacuum=$AUTOVACUUM
 cat >"$dir/ins.sql" <<'SQL'
 \set k random(1, 1000)
 INSERT INTO outbox.messages (topic, key, payload) VALUES ('bench', 'key-' || :k, convert_to(repeat('x', 200), 'UTF8'));
