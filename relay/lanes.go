@@ -66,12 +66,7 @@ func parseLanes(p string) (laneSet, bool) {
 // wakes every worker, to visit all of its lanes, once the heartbeat that
 // took them has committed.)
 func (r *Relay) setOwned(lanes []int16, add bool) {
-	var s laneSet
-	for _, l := range lanes {
-		if l >= 0 && int(l) < numLanes {
-			s.add(int(l))
-		}
-	}
+	s := laneSetOf(lanes)
 	for i := range s {
 		if add {
 			r.ownedSet[i].Or(s[i])
@@ -85,11 +80,31 @@ func (r *Relay) setOwned(lanes []int16, add bool) {
 // dropOwned forgets lanes this relay has released, so that claims stop
 // visiting them before the next heartbeat.
 func (r *Relay) dropOwned(lanes []int16) {
+	s := laneSetOf(lanes)
+	for i := range s {
+		r.ownedSet[i].And(^s[i])
+	}
+}
+
+// owned returns the lanes this relay holds, as setOwned and dropOwned
+// left them.
+func (r *Relay) owned() laneSet {
+	var s laneSet
+	for i := range s {
+		s[i] = r.ownedSet[i].Load()
+	}
+	return s
+}
+
+// laneSetOf returns the set of lanes (those out of range left out).
+func laneSetOf(lanes []int16) laneSet {
+	var s laneSet
 	for _, l := range lanes {
 		if l >= 0 && int(l) < numLanes {
-			r.ownedSet[l>>6].And(^(uint64(1) << (l & 63)))
+			s.add(int(l))
 		}
 	}
+	return s
 }
 
 // ownedOf returns the lanes of worker this relay held at its last
@@ -100,9 +115,9 @@ func (r *Relay) ownedOf(worker int) []int16 {
 	if !r.ownedKnown.Load() {
 		return nil
 	}
-	out := []int16{}
+	owned, out := r.owned(), []int16{}
 	for l := worker; l < numLanes; l += r.cfg.Workers {
-		if r.ownedSet[l>>6].Load()&(1<<(l&63)) != 0 {
+		if owned.has(l) {
 			out = append(out, int16(l))
 		}
 	}
@@ -113,14 +128,12 @@ func (r *Relay) ownedOf(worker int) []int16 {
 // to each (see pending); all of them while this relay does not know its
 // lanes yet.
 func (r *Relay) wakeLanes(lanes laneSet) {
+	owned := r.owned()
 	var mine laneSet
-	known := false
 	for i := range mine {
-		o := r.ownedSet[i].Load()
-		known = known || o != 0
-		mine[i] = o & lanes[i]
+		mine[i] = owned[i] & lanes[i]
 	}
-	if !known {
+	if owned.empty() {
 		r.wakeAll()
 		return
 	}
