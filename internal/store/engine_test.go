@@ -459,6 +459,50 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 // share of lanes a worker owns: the generic plan (what a prepared claim
 // ends up with) reads a bounded number of pages, never the whole index.
 // With -v the plans are logged (docs/benchmarks.md shows them).
+// claimArgs are the arguments of the claim statement st for relay "me" in
+// route "": worker of workers visiting only (nil: every lane of the
+// worker), a 500-row batch, no topic filter, nothing handed over.
+func claimArgs(st stmt, workers, worker int, only []int16) []any {
+	return st.args(pgx.NamedArgs{"relay": "me", "workers": workers, "worker": worker, "rotation": 0,
+		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
+		"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: workers, Worker: worker, Only: only}.lanes()})
+}
+
+// executeClaimPlan executes the prepared claim_plan with n arguments.
+// EXECUTE takes no bind parameters: run it in the simple protocol, where
+// pgx inlines them as literals.
+func executeClaimPlan(n int) string {
+	placeholders := make([]string, n)
+	for i := range placeholders {
+		placeholders[i] = fmt.Sprintf("$%d", i+1)
+	}
+	return `EXECUTE claim_plan(` + strings.Join(placeholders, ", ") + `)`
+}
+
+// explainGeneric runs st once in tx as the relay plans it (its generic
+// plan, under NoSeqScan, as every claim) and returns the lines of its
+// EXPLAIN (ANALYZE, BUFFERS).
+func explainGeneric(t *testing.T, tx pgx.Tx, st stmt, args []any) []string {
+	t.Helper()
+	ctx := context.Background()
+	for _, set := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, NoSeqScan, `PREPARE claim_plan AS ` + st.sql} {
+		if _, err := tx.Exec(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer tx.Exec(ctx, `DEALLOCATE claim_plan`) //nolint:errcheck // the session goes back to the pool
+	rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+executeClaimPlan(len(args)),
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan
+}
+
 // scanOfClaim matches a plan line that scans the outbox for the claim
 // itself (alias m or m_n), with its rows and loops.
 var scanOfClaim = regexp.MustCompile(`(?:Scan|Scan using \S+) on messages m(?:_\d+)? \(actual rows=(\d+) loops=(\d+)\)`)
@@ -530,33 +574,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 			if sc.priority {
 				st = en.claimPriority
 			}
-			args := st.args(pgx.NamedArgs{"relay": "me", "workers": sc.workers, "worker": sc.worker, "rotation": 0,
-				"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
-				"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: sc.workers, Worker: sc.worker, Only: sc.only}.lanes()})
-			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, NoSeqScan); err != nil { // as every claim does
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `PREPARE claim_plan AS `+st.sql); err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Exec(ctx, `DEALLOCATE claim_plan`) //nolint:errcheck // the session goes back to the pool
-			placeholders := make([]string, len(args))
-			for i := range args {
-				placeholders[i] = fmt.Sprintf("$%d", i+1)
-			}
-			// EXECUTE takes no bind parameters: pgx inlines them as literals.
-			rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE claim_plan(`+strings.Join(placeholders, ", ")+`)`,
-				append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
+			plan := explainGeneric(t, tx, st, claimArgs(st, sc.workers, sc.worker, sc.only))
 			t.Logf("%s:\n%s", sc.name, strings.Join(plan, "\n"))
 			// The rows claimed (the top node's) and the outbox rows the
 			// claim read (scans of the claim's own alias, m or m_n, with
@@ -630,34 +648,12 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 	fill(300)
 
 	en := NewEngine(e.s, Outbox, "", false)
-	p := ClaimParams{Workers: 2, Worker: 0}
-	args := en.claim.args(pgx.NamedArgs{"relay": "me", "workers": p.Workers, "worker": p.Worker, "rotation": 0,
-		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
-		"handover": []int16{}, "route": "", "lanes": p.lanes()})
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	for _, set := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, NoSeqScan, `PREPARE claim_plan AS ` + en.claim.sql} {
-		if _, err := tx.Exec(ctx, set); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer tx.Exec(ctx, `DEALLOCATE claim_plan`) //nolint:errcheck
-	placeholders := make([]string, len(args))
-	for i := range args {
-		placeholders[i] = fmt.Sprintf("$%d", i+1)
-	}
-	rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE claim_plan(`+strings.Join(placeholders, ", ")+`)`,
-		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	plan := explainGeneric(t, tx, en.claim, claimArgs(en.claim, 2, 0, nil))
 	text := strings.Join(plan, "\n")
 	t.Logf("claim of a small outbox among dead rows:\n%s", text)
 	var got int
@@ -692,14 +688,8 @@ func TestClaimPlannedOnAnEmptyOutbox(t *testing.T) {
 	}
 	defer conn.Release()
 	en := NewEngine(e.s, Outbox, "", false)
-	args := en.claim.args(pgx.NamedArgs{"relay": "me", "workers": 2, "worker": 0, "rotation": 0,
-		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
-		"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: 2}.lanes()})
-	placeholders := make([]string, len(args))
-	for i := range args {
-		placeholders[i] = fmt.Sprintf("$%d", i+1)
-	}
-	execute := `EXECUTE claim_plan(` + strings.Join(placeholders, ", ") + `)`
+	args := claimArgs(en.claim, 2, 0, nil)
+	execute := executeClaimPlan(len(args))
 	if _, err := conn.Exec(ctx, `PREPARE claim_plan AS `+en.claim.sql); err != nil {
 		t.Fatal(err)
 	}
