@@ -45,6 +45,10 @@ func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
 // once and at most one more after the gap, not one each.
 const rebalanceGap = 50 * time.Millisecond
 
+// shortGap is rebalanceGap for a relay below its fair share: the lanes it
+// waits for are handed back one relay at a time.
+const shortGap = 10 * time.Millisecond
+
 // handoverRetry is how soon a heartbeat comes again while lanes wait to
 // be handed over, should no worker say that its batch ended.
 const handoverRetry = 100 * time.Millisecond
@@ -97,7 +101,13 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 	case <-tick:
 	case <-retry:
 	case <-l.r.rebalance:
-		if d := rebalanceGap - time.Since(last); d > 0 {
+		gap := rebalanceGap
+		if l.r.short.Load() {
+			// Below its share, it takes lanes as they are handed back
+			// (only such a relay answers those notifications).
+			gap = shortGap
+		}
+		if d := gap - time.Since(last); d > 0 {
 			sleep(ctx, d)
 		}
 		select { // notifications that came meanwhile are served too
@@ -124,6 +134,15 @@ func (r *Relay) MembersChanged() {
 	select {
 	case r.rebalance <- struct{}{}:
 	default:
+	}
+}
+
+// membersNotified handles a membership notification: every relay
+// rebalances when relays came or went, and only one below its share
+// when lanes were handed back (freed).
+func (r *Relay) membersNotified(freed bool) {
+	if !freed || r.short.Load() {
+		r.MembersChanged()
 	}
 }
 
@@ -242,15 +261,21 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 		}
 	}
 	var err error
-	if s.owned, s.handover, err = l.rebalance(ctx, conn, beat.Mine, fairShare(beat.Count)); err != nil {
+	target := fairShare(beat.Count)
+	if s.owned, s.handover, err = l.rebalance(ctx, conn, beat.Mine, target); err != nil {
 		return s, err
 	}
+	l.r.short.Store(s.owned < target)
 	b = &pgx.Batch{}
 	q.QueueWorkedLanes(b, &s.worked)
-	if beat.Reaped > 0 || s.owned < len(beat.Mine) {
-		// A dead relay's lanes, or lanes handed back, are free: the
-		// others take them now rather than at their next heartbeat.
+	switch {
+	case beat.Reaped > 0:
+		// A dead relay's lanes are free, and every share changed: the
+		// others rebalance now rather than at their next heartbeat.
 		q.QueueNotifyMembers(b)
+	case s.owned < len(beat.Mine):
+		// Lanes handed back: the relays below their share take them now.
+		q.QueueNotifyFreed(b)
 	}
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {

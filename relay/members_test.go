@@ -3,11 +3,14 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -95,6 +98,59 @@ func TestLeavingRelaysLanesAreTakenPromptly(t *testing.T) {
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), len(msgs)))
 	checkOrder(t, e.sink.Delivered())
 	require.Empty(t, e.sink.Violations())
+}
+
+// A notification that lanes were handed back ("lanes-freed") is for the
+// relays below their share: a relay holding its share runs no heartbeat
+// for it, as it does for "members" (the control). With sixteen relays, a
+// join frees a lane at each of fifteen others, and each such
+// notification made all sixteen run a heartbeat.
+func TestFreedLanesWakeOnlyRelaysBelowTheirShare(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.slowHeartbeat()
+	r1, _ := e.start(cfg, e.sink)
+	r2, _ := e.start(cfg, e.sink)
+	eventually(t, 20*time.Second, func() bool {
+		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
+	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	ctx := context.Background()
+	beats := func() (at map[string]time.Time) {
+		rows, err := e.pool.Query(ctx, "SELECT id, heartbeat_at FROM "+e.table("relays"))
+		require.NoError(t, err)
+		at = map[string]time.Time{}
+		for rows.Next() {
+			var id string
+			var ts time.Time
+			require.NoError(t, rows.Scan(&id, &ts))
+			at[id] = ts
+		}
+		require.NoError(t, rows.Err())
+		return at
+	}
+	// Balanced: the last heartbeats are done once nobody beats for a while.
+	before := beats()
+	for {
+		time.Sleep(300 * time.Millisecond)
+		now := beats()
+		if maps.Equal(now, before) {
+			break
+		}
+		before = now
+	}
+	notify := func(payload string) {
+		_, err := e.pool.Exec(ctx, "SELECT pg_notify($1, $2)", ident.Channel(e.schema), payload)
+		require.NoError(t, err)
+	}
+	notify(store.FreedPayload)
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, before, beats(), "relays at their share ran a heartbeat for freed lanes")
+
+	notify(store.MembersPayload)
+	eventually(t, 5*time.Second, func() bool {
+		now := beats()
+		return now[r1.ID()].After(before[r1.ID()]) && now[r2.ID()].After(before[r2.ID()])
+	}, "no heartbeat after a members notification: %v, was %v", beats(), before)
 }
 
 // Relays come and go while a backlog is delivered: a lane is never worked

@@ -52,8 +52,12 @@ type Relay struct {
 	// rebalance asks the leaser to recompute this relay's share now (see
 	// MembersChanged).
 	rebalance chan struct{}
-	lastLoop  []atomic.Int64 // unix nanos of each worker's latest loop turn
-	connWait  []atomic.Int64 // see starved
+	// short: this relay's last heartbeat left it below its fair share
+	// (true until its first): a notification that lanes were handed back
+	// is for it (see membersNotified).
+	short    atomic.Bool
+	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
+	connWait []atomic.Int64 // see starved
 	// laneLimit is the most messages a claim takes from one lane: the
 	// batch size, or an eighth of it for a sink that sends a key's
 	// messages one round trip after another (sinks.KeySerial), whose
@@ -155,6 +159,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.wake[i] = make(chan struct{}, 1)
 		r.priority[i] = true // until the first probe says otherwise
 	}
+	r.short.Store(true) // no lanes before the first heartbeat
 	r.src, r.leftoverSrc = newSources(schema, cfg)
 	if cfg.Route != "" {
 		r.log = r.log.With("route", cfg.Route)
@@ -258,7 +263,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if !r.cfg.SharedListener {
 			cfg := r.cfg
 			cfg.Logger = r.log
-			listen(ctx, r.pool, cfg, r.wakeSet, r.MembersChanged)
+			listen(ctx, r.pool, cfg, r.wakeSet, r.membersNotified)
 		}
 	})
 

@@ -303,7 +303,7 @@ func (s *Set) Run(ctx context.Context) error {
 				for _, r := range s.relays {
 					r.wakeSet(lanes)
 				}
-			}, s.membersChanged)
+			}, s.membersNotified)
 		}()
 		defer func() { cancel(); <-listenDone }()
 	}
@@ -327,11 +327,12 @@ func (s *Set) Wake() {
 	}
 }
 
-// membersChanged: relays joined or left; every relay of the Set
-// recomputes its share of the lanes.
-func (s *Set) membersChanged() {
+// membersNotified: relays joined or left, and every relay of the Set
+// recomputes its share of the lanes; or lanes were handed back (freed),
+// and those below their share take them.
+func (s *Set) membersNotified(freed bool) {
 	for _, r := range s.relays {
-		r.MembersChanged()
+		r.membersNotified(freed)
 	}
 }
 

@@ -83,7 +83,11 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 // Notifications are an optimization: workers poll and leases rebalance at
 // every heartbeat anyway, so a lost connection costs only latency.
 func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
-	listen(ctx, pool, cfg, func(laneSet) { wake() }, members)
+	var notified func(bool)
+	if members != nil {
+		notified = func(bool) { members() }
+	}
+	listen(ctx, pool, cfg, func(laneSet) { wake() }, notified)
 }
 
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
@@ -97,7 +101,10 @@ func (r *Relay) wakeSet(lanes laneSet) {
 
 // listen is ListenConfig, with wake-ups about some lanes (an empty set:
 // any lane).
-func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneSet), members func()) {
+//
+// members is called with freed false when relays came or went, and true
+// when lanes were handed back (store.FreedPayload).
+func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneSet), members func(freed bool)) {
 	cfg = cfg.WithDefaults()
 	log := cfg.Logger
 	s, err := store.NewSchema(cfg.Schema)
@@ -107,7 +114,7 @@ func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneS
 		return
 	}
 	if members == nil {
-		members = func() {}
+		members = func(bool) {}
 	}
 	k := &waker{cfg: cfg, pool: pool, log: log, s: s, w: store.NewWaker(s), wake: wake, members: members, source: "-"}
 	bo := newReconnectBackoff()
@@ -203,8 +210,9 @@ type waker struct {
 	s    store.Schema
 	w    *store.Waker
 	wake func(laneSet)
-	// members: relays joined, left or handed lanes back.
-	members func()
+	// members: relays joined or left (false), or handed lanes back
+	// (freed: true).
+	members func(freed bool)
 
 	source string // last reported to the hooks
 
@@ -304,7 +312,7 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 	}
 	connected()
 	k.wake(laneSet{}) // anything written while we were not listening
-	k.members()       // and relays that came or went meanwhile
+	k.members(false)  // and relays that came or went meanwhile
 
 	mode := k.cfg.Wakeup
 	if mode == WakeupNotify {
@@ -643,11 +651,15 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 			// A listener started: it hears the wake-ups from now on (for
 			// at least othersEvery; then the check says).
 			alone, othersAt = false, time.Now().Add(othersEvery)
+		case n.Payload == store.FreedPayload:
+			// Lanes were handed back: the relays below their share take
+			// them (the set of relays is the same).
+			k.members(true)
 		case n.Payload == store.MembersPayload:
 			// Relays came or went (this process's own too): check again
 			// before the next wake-up.
 			othersAt = time.Time{}
-			k.members()
+			k.members(false)
 			if !watching {
 				// A relay left or was reaped: it may have been the
 				// watcher, whose rows nobody watches until a follower

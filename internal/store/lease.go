@@ -24,7 +24,7 @@ type Leases struct {
 
 	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays stmt
 	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
-	notifyMembers                                                     stmt
+	notifyMembers, notifyFreed                                        stmt
 }
 
 // MembersPayload is the payload of the notification a relay sends on the
@@ -33,6 +33,14 @@ type Leases struct {
 // recompute their share at once instead of at their next heartbeat.
 // Writers' notifications have an empty payload.
 const MembersPayload = "members"
+
+// FreedPayload is the payload of the notification a relay sends when it
+// handed lanes back and the set of relays did not change: only a relay
+// below its share has anything to do (take them). With sixteen relays, a
+// join frees a lane at each of fifteen; as MembersPayload each of those
+// made all sixteen run a heartbeat, on the database the joiner was
+// waiting for.
+const FreedPayload = "lanes-freed"
 
 // Heartbeat is what a relay's registration says about it.
 type Heartbeat struct {
@@ -165,6 +173,12 @@ func (l *Leases) QueueRelease(b *pgx.Batch, lanes []int16) {
 // QueueNotifyMembers queues NotifyMembers on b.
 func (l *Leases) QueueNotifyMembers(b *pgx.Batch) {
 	b.Queue(l.notifyMembers.sql, l.args(l.notifyMembers, pgx.NamedArgs{"channel": l.channel})...)
+}
+
+// QueueNotifyFreed queues the notification that lanes were handed back
+// (FreedPayload) on b.
+func (l *Leases) QueueNotifyFreed(b *pgx.Batch) {
+	b.Queue(l.notifyFreed.sql, l.args(l.notifyFreed, pgx.NamedArgs{"channel": l.channel})...)
 }
 
 // Renew extends the relay's leases by ttl and returns its lanes.
@@ -310,4 +324,5 @@ RETURNING lane`)
 	// The channel is the writers' (the relays LISTEN on one connection);
 	// the payload tells the notifications apart.
 	l.notifyMembers = newStmt(`SELECT pg_notify(@channel, '` + MembersPayload + `')`)
+	l.notifyFreed = newStmt(`SELECT pg_notify(@channel, '` + FreedPayload + `')`)
 }
