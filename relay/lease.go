@@ -26,7 +26,6 @@ type leaser struct {
 	held       *pgxpool.Conn // conn's pool handle (see dropConn)
 	conn       *pgx.Conn
 	owned      int
-	lanesReady bool
 	// joined: this relay registered and told the others (once; again
 	// after it gave up).
 	joined bool
@@ -168,37 +167,6 @@ func (l *leaser) tick(ctx context.Context) error {
 	if d, starved := l.r.starved(); starved {
 		return l.giveUp(ctx, d)
 	}
-	if !l.lanesReady {
-		// Counted first: the insert, even when it inserts nothing, waits
-		// for every transaction that is changing a lane row (the running
-		// relays' heartbeats), which held up relays starting together.
-		c, err := l.r.leases.CountRelays(ctx, l.conn)
-		if err != nil {
-			return fmt.Errorf("count lanes of route %q: %w", l.r.cfg.Route, err)
-		}
-		if c.Lanes < numLanes {
-			if _, err := l.r.leases.EnsureLanes(ctx, l.conn); err != nil {
-				return fmt.Errorf("create lanes of route %q: %w", l.r.cfg.Route, err)
-			}
-		}
-		l.lanesReady = true
-	}
-	if !l.joined {
-		// Register and tell the others before taking any lane, in a
-		// transaction of its own (one round trip): relays that start
-		// together then count each other, and each takes its share
-		// rather than everything.
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		l.r.leases.QueueHeartbeat(b, l.registration())
-		l.r.leases.QueueNotifyMembers(b)
-		b.Queue("COMMIT")
-		if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
-			// run closes the connection, which ends the transaction.
-			return fmt.Errorf("register: %w", err)
-		}
-		l.joined = true
-	}
 	s, err := l.heartbeat(ctx)
 	if err != nil {
 		// run closes the connection, which ends the transaction: no
@@ -242,11 +210,31 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 	var s share
 	var beat store.Beat
 	b := &pgx.Batch{}
+	joining := !l.joined
+	if joining {
+		// Register and tell the others before taking any lane, in a
+		// transaction of its own that commits before the heartbeat's
+		// begins: relays that start together then count each other, and
+		// each takes its share rather than everything. The lane rows are
+		// created first if some are missing. Sent in the heartbeat's
+		// first round trip: on a busy database each round trip of a
+		// starting relay waited tens of milliseconds for it.
+		b.Queue("BEGIN")
+		q.QueueEnsureMissingLanes(b)
+		q.QueueHeartbeat(b, l.registration())
+		q.QueueNotifyMembers(b)
+		b.Queue("COMMIT")
+	}
 	b.Queue("BEGIN")
 	q.QueueBeat(b, l.registration(), cfg.LeaseTTL, !cfg.DisableFastFailover, &beat)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		// run closes the connection, which ends the transaction.
+		if joining {
+			return s, fmt.Errorf("register, heartbeat: %w", err)
+		}
 		return s, fmt.Errorf("heartbeat: %w", err)
 	}
+	l.joined = true
 	l.r.setOwned(beat.Mine, false)
 	if beat.Count.Lanes < numLanes {
 		// Lane rows were deleted under the running relays: the messages

@@ -46,7 +46,7 @@ func TestEngineGolden(t *testing.T) {
 
 	l := NewLeases(s, "relay-1", "orders")
 	for name, sql := range map[string]stmt{
-		"ensure_lanes": l.ensureLanes, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
+		"ensure_lanes": l.ensureLanes, "ensure_missing_lanes": l.ensureMissing, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
 		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
 		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
 		"notify_members": l.notifyMembers,
@@ -300,6 +300,65 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 	}
 	if left, err := a.CopiesLeft(ctx, e.pool); err != nil || left {
 		t.Fatalf("CopiesLeft = %v, %v after route a's copy went", left, err)
+	}
+}
+
+// A starting relay creates its route's lane rows in its registration when
+// some are missing, and inserts nothing (so waits for no lane row's lock)
+// when none are.
+func TestEnsureMissingLanes(t *testing.T) {
+	t.Parallel()
+	pool, s := migrated(t)
+	ctx := context.Background()
+	l := NewLeases(s, "r1", "x")
+	ensure := func() int64 {
+		t.Helper()
+		b := &pgx.Batch{}
+		l.QueueEnsureMissingLanes(b)
+		var n int64
+		br := pool.SendBatch(ctx, b)
+		tag, err := br.Exec()
+		if err == nil {
+			n = tag.RowsAffected()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := ensure(); n != NumLanes {
+		t.Fatalf("on a route without lanes: %d created, want %d", n, NumLanes)
+	}
+	if n := ensure(); n != 0 {
+		t.Fatalf("with every lane there: %d created", n)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM `+s.Table("lanes")+` WHERE route = 'x' AND lane >= 250`); err != nil {
+		t.Fatal(err)
+	}
+	if n := ensure(); n != 6 {
+		t.Fatalf("with 6 lanes missing: %d created", n)
+	}
+	// Nothing to insert: no wait for a transaction holding a lane row.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	if _, err := tx.Exec(ctx, `UPDATE `+s.Table("lanes")+` SET owner = 'r2' WHERE route = 'x' AND lane = 0`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int64, 1)
+	go func() { done <- ensure() }()
+	select {
+	case n := <-done:
+		if n != 0 {
+			t.Fatalf("%d created", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the check for missing lanes waited for a lane row's lock")
 	}
 }
 

@@ -22,7 +22,8 @@ type Leases struct {
 	relay, route string
 	channel      string // the outbox's NOTIFY channel
 
-	ensureLanes, heartbeat, clampHeartbeats, reap, renew, countRelays stmt
+	ensureLanes, ensureMissing, heartbeat, clampHeartbeats, reap      stmt
+	renew, countRelays                                                stmt
 	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
 	notifyMembers, notifyFreed                                        stmt
 }
@@ -78,6 +79,15 @@ func (l *Leases) args(st stmt, a pgx.NamedArgs) []any {
 func (l *Leases) EnsureLanes(ctx context.Context, q Querier) (int64, error) {
 	tag, err := q.Exec(ctx, l.ensureLanes.sql, l.args(l.ensureLanes, pgx.NamedArgs{})...)
 	return tag.RowsAffected(), err
+}
+
+// QueueEnsureMissingLanes queues on b the creation of the route's lane
+// rows when some are missing. When none are (every start but the first),
+// it inserts no row and so waits for no lock: an INSERT … ON CONFLICT that
+// inserts nothing still waits for every transaction changing a lane row
+// (the running relays' heartbeats and claims).
+func (l *Leases) QueueEnsureMissingLanes(b *pgx.Batch) {
+	b.Queue(l.ensureMissing.sql, l.args(l.ensureMissing, pgx.NamedArgs{})...)
 }
 
 // Heartbeat registers the relay, or renews its registration, with the
@@ -241,6 +251,9 @@ func (l *Leases) lanes(ctx context.Context, q Querier, st stmt, a pgx.NamedArgs)
 func (l *Leases) render(s Schema) {
 	lanes, relays := s.Table("lanes"), s.Table("relays")
 	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`)
+	l.ensureMissing = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g
+WHERE (SELECT count(*) FROM ` + lanes + ` WHERE route = @route) < 256
+ON CONFLICT DO NOTHING`)
 
 	l.heartbeat = newStmt(`
 INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
