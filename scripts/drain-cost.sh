@@ -14,6 +14,10 @@
 #
 #   go build -o /tmp/relay ./cmd/outbox-relay
 #   N=200000 R=2 scripts/drain-cost.sh /tmp/relay
+#   RELAY_ARGS='--config routes.yaml' scripts/drain-cost.sh /tmp/relay   # e.g. fan-out
+#
+# RELAY_ARGS replaces `--sink discard`; the drain ends when neither the
+# outbox nor the fan-out copies hold a row.
 #
 # Needs initdb/pg_ctl and pgbench (Debian: postgresql); run as root, the
 # server runs as the OS user postgres.
@@ -81,7 +85,8 @@ relay() {
   load
   b0=$(busy)
   t0=$(date +%s.%N)
-  DATABASE_URL=$DB "$b" run --sink discard --admin-addr '' --log-level warn &
+  # shellcheck disable=SC2086 # RELAY_ARGS is a list of arguments
+  DATABASE_URL=$DB "$b" run ${RELAY_ARGS:---sink discard} --admin-addr '' --log-level warn &
   rpid=$!
   # One psql session polls (a psql started per look cost a tenth of a
   # core); the start-up, until the first row is gone, is printed apart.
@@ -94,7 +99,7 @@ relay() {
     sleep 0.01
   done
   while :; do
-    echo "SELECT NOT EXISTS (SELECT 1 FROM outbox.messages ORDER BY id LIMIT 1);" >&"${POLL[1]}"
+    echo "SELECT NOT EXISTS (SELECT 1 FROM outbox.messages ORDER BY id LIMIT 1) AND NOT EXISTS (SELECT 1 FROM outbox.deliveries);" >&"${POLL[1]}"
     read -r left <&"${POLL[0]}"
     [ "$left" = t ] && break
     sleep 0.01
