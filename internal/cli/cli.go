@@ -351,7 +351,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
 	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
 	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
-	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database")
+	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database (a count of the outbox: less often when a count takes more than a twentieth of it)")
 	return cmd
 }
 
