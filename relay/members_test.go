@@ -27,6 +27,18 @@ func (e *env) slowHeartbeat() relay.Config {
 	return cfg
 }
 
+// startBalanced starts two relays of cfg and waits (at most within) until
+// each holds half of the lanes; stop2 stops the second as SIGTERM does.
+func (e *env) startBalanced(t *testing.T, cfg relay.Config, within time.Duration) (r1, r2 *relay.Relay, stop2 func()) {
+	t.Helper()
+	r1, _ = e.start(cfg, e.sink)
+	r2, stop2 = e.start(cfg, e.sink)
+	eventually(t, within, func() bool {
+		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
+	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	return r1, r2, stop2
+}
+
 // ownedBy returns how many lanes each relay holds in the lanes table.
 func (e *env) ownedBy(t *testing.T) map[string]int {
 	t.Helper()
@@ -77,11 +89,7 @@ func TestLeavingRelaysLanesAreTakenPromptly(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	cfg := e.slowHeartbeat()
-	r1, _ := e.start(cfg, e.sink)
-	r2, stop2 := e.start(cfg, e.sink)
-	eventually(t, 20*time.Second, func() bool {
-		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
-	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	r1, _, stop2 := e.startBalanced(t, cfg, 20*time.Second)
 
 	e.sink.SetDelay(5 * time.Millisecond)
 	var msgs []outbox.Message
@@ -109,11 +117,7 @@ func TestFreedLanesWakeOnlyRelaysBelowTheirShare(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	cfg := e.slowHeartbeat()
-	r1, _ := e.start(cfg, e.sink)
-	r2, _ := e.start(cfg, e.sink)
-	eventually(t, 20*time.Second, func() bool {
-		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
-	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	r1, r2, _ := e.startBalanced(t, cfg, 20*time.Second)
 	ctx := context.Background()
 	beats := func() (at map[string]time.Time) {
 		rows, err := e.pool.Query(ctx, "SELECT id, heartbeat_at FROM "+e.table("relays"))

@@ -182,11 +182,7 @@ func TestTwoRelaysShareLanesAndKeepKeyOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	cfg := e.config()
-	r1, _ := e.start(cfg, e.sink)
-	r2, _ := e.start(cfg, e.sink)
-	eventually(t, 10*time.Second, func() bool {
-		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
-	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	r1, r2, _ := e.startBalanced(t, cfg, 10*time.Second)
 
 	const n = 4000
 	var msgs []outbox.Message
