@@ -77,9 +77,11 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 //
 // members (unless nil) is called when relays joined, left or handed lanes
 // back (a notification from a relay's lease session, payload
-// store.MembersPayload), and after every reconnection: a process running
-// its relays with a shared listener calls Relay.MembersChanged of each,
-// so that they rebalance at once instead of at their next heartbeat.
+// store.MembersPayload or store.FreedPayload), and after every
+// reconnection: a process running its relays with a shared listener
+// calls Relay.MembersChanged of each, so that they rebalance at once
+// instead of at their next heartbeat. (A Set's own listener passes freed
+// lanes only to its relays below their share.)
 // Notifications are an optimization: workers poll and leases rebalance at
 // every heartbeat anyway, so a lost connection costs only latency.
 func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
