@@ -22,10 +22,10 @@ const numLanes = store.NumLanes
 // that connection (pid, start time) is how other relays tell that this one
 // died without waiting for the lease to expire.
 type leaser struct {
-	r          *Relay
-	held       *pgxpool.Conn // conn's pool handle (see dropConn)
-	conn       *pgx.Conn
-	owned      int
+	r     *Relay
+	held  *pgxpool.Conn // conn's pool handle (see dropConn)
+	conn  *pgx.Conn
+	owned int
 	// joined: this relay registered and told the others (once; again
 	// after it gave up).
 	joined bool
