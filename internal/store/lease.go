@@ -22,10 +22,10 @@ type Leases struct {
 	relay, route string
 	channel      string // the outbox's NOTIFY channel
 
-	ensureLanes, ensureMissing, heartbeat, clampHeartbeats, reap      stmt
-	renew, countRelays                                                stmt
-	workedLanes, acquire, release, releaseAll, unregister, owned      stmt
-	notifyMembers, notifyFreed                                        stmt
+	ensureLanes, ensureMissing, heartbeat, clampHeartbeats, reap stmt
+	renew, countRelays                                           stmt
+	workedLanes, acquire, release, releaseAll, unregister, owned stmt
+	notifyMembers, notifyFreed                                   stmt
 }
 
 // MembersPayload is the payload of the notification a relay sends on the
