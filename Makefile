@@ -39,7 +39,7 @@ test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
 
 chaos: services build ## long chaos run (kills relays, restarts a throwaway Postgres)
-	CHAOS_LONG=1 $(GO_TEST) -timeout 60m -run 'Chaos' -v ./internal/chaos/
+	CHAOS_LONG=1 $(GO_TEST) -timeout 150m -run 'Chaos' -v ./internal/chaos/
 
 faults: services build ## long fault-injection runs (30 s outages, 5M backlog)
 	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/faults/
