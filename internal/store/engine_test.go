@@ -46,7 +46,7 @@ func TestEngineGolden(t *testing.T) {
 
 	l := NewLeases(s, "relay-1", "orders")
 	for name, sql := range map[string]stmt{
-		"ensure_lanes": l.ensureLanes, "ensure_missing_lanes": l.ensureMissing, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
+		"ensure_lanes": l.ensureLanes, "heartbeat": l.heartbeat, "clamp_heartbeats": l.clampHeartbeats,
 		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
 		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
 		"notify_members": l.notifyMembers,

@@ -22,7 +22,7 @@ type Leases struct {
 	relay, route string
 	channel      string // the outbox's NOTIFY channel
 
-	ensureLanes, ensureMissing, heartbeat, clampHeartbeats, reap stmt
+	ensureLanes, heartbeat, clampHeartbeats, reap                stmt
 	renew, countRelays                                           stmt
 	workedLanes, acquire, release, releaseAll, unregister, owned stmt
 	notifyMembers, notifyFreed                                   stmt
@@ -74,7 +74,8 @@ func (l *Leases) args(st stmt, a pgx.NamedArgs) []any {
 	return st.args(a)
 }
 
-// EnsureLanes creates the route's lane rows that are missing and returns
+// EnsureLanes creates the route's lane rows that are missing (see
+// QueueEnsureMissingLanes, the same statement) and returns
 // how many it created.
 func (l *Leases) EnsureLanes(ctx context.Context, q Querier) (int64, error) {
 	tag, err := q.Exec(ctx, l.ensureLanes.sql, l.args(l.ensureLanes, pgx.NamedArgs{})...)
@@ -87,7 +88,7 @@ func (l *Leases) EnsureLanes(ctx context.Context, q Querier) (int64, error) {
 // inserts nothing still waits for every transaction changing a lane row
 // (the running relays' heartbeats and claims).
 func (l *Leases) QueueEnsureMissingLanes(b *pgx.Batch) {
-	b.Queue(l.ensureMissing.sql, l.args(l.ensureMissing, pgx.NamedArgs{})...)
+	b.Queue(l.ensureLanes.sql, l.args(l.ensureLanes, pgx.NamedArgs{})...)
 }
 
 // Heartbeat registers the relay, or renews its registration, with the
@@ -250,8 +251,7 @@ func (l *Leases) lanes(ctx context.Context, q Querier, st stmt, a pgx.NamedArgs)
 
 func (l *Leases) render(s Schema) {
 	lanes, relays := s.Table("lanes"), s.Table("relays")
-	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g ON CONFLICT DO NOTHING`)
-	l.ensureMissing = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g
+	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g
 WHERE (SELECT count(*) FROM ` + lanes + ` WHERE route = @route) < 256
 ON CONFLICT DO NOTHING`)
 
