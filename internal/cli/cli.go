@@ -523,8 +523,6 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			defer cancel()
 			_ = srv.Close(cctx)
 		}()
-	}
-	if o.adminAddr != "" {
 		// The backlog gauges count the outbox (0.85 s of database time
 		// on a 1M backlog here): only when someone can scrape them.
 		watchCtx, stopWatch := context.WithCancel(parent)
