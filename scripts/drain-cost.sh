@@ -17,7 +17,15 @@
 #   RELAY_ARGS='--config routes.yaml' scripts/drain-cost.sh /tmp/relay   # e.g. fan-out
 #
 # RELAY_ARGS replaces `--sink discard`; the drain ends when neither the
-# outbox nor the fan-out copies hold a row.
+# outbox nor the fan-out copies hold a row. COPIES_TO=all,copy loads the
+# backlog as fan-out copies for those routes instead (the destinations'
+# work alone; RELAY_ARGS must configure routes of those names) and skips
+# the raw loop. PG_SETTINGS adds server settings, e.g.
+#   PG_SETTINGS='-c shared_preload_libraries=pg_stat_statements,auto_explain
+#     -c auto_explain.log_min_duration=0 -c auto_explain.log_analyze=on
+#     -c auto_explain.sample_rate=0.02'
+# and PG_LOG=/tmp/pg.log keeps the cluster's log (where auto_explain
+# writes its plans).
 #
 # Needs initdb/pg_ctl and pgbench (Debian: postgresql); run as root, the
 # server runs as the OS user postgres.
@@ -26,7 +34,7 @@ N=${N:-200000} R=${R:-2}
 [ $# -ge 1 ] || { echo "usage: $0 relay-binary..." >&2; exit 2; }
 . "$(dirname "$0")/throwaway-pg.sh"
 throwaway_pg drain-cost -c shared_buffers=128MB -c autovacuum=off -c max_wal_size=1GB \
-  -c pg_stat_statements.track_utility=off
+  -c pg_stat_statements.track_utility=off ${PG_SETTINGS:-}
 cat >"$dir/raw.sql" <<'SQL'
 DELETE FROM outbox.messages WHERE id IN (SELECT id FROM outbox.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) RETURNING id, topic, key, payload, headers;
 SQL
@@ -38,6 +46,13 @@ load() {
   DATABASE_URL=$DB "$migrate_bin" migrate >/dev/null 2>&1
   q "INSERT INTO outbox.messages (topic, key, payload)
      SELECT 'bench', 'key-' || (i % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $N) i" >/dev/null
+  if [ -n "${COPIES_TO:-}" ]; then # the backlog as fan-out copies, one per route listed
+    q "INSERT INTO outbox.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
+       SELECT r, m.id, m.message_id, m.topic, m.key, m.payload, m.headers, m.lane, m.created_at, m.dedup_key, m.priority
+       FROM outbox.messages m, unnest(string_to_array('$COPIES_TO', ',')) r" >/dev/null
+    q "TRUNCATE outbox.messages" >/dev/null
+    q "VACUUM ANALYZE outbox.deliveries" >/dev/null
+  fi
   q "VACUUM ANALYZE outbox.messages" >/dev/null
   q "CHECKPOINT" >/dev/null
   q "SELECT pg_stat_statements_reset()" >/dev/null
@@ -92,6 +107,7 @@ relay() {
   # core); the start-up, until the first row is gone, is printed apart.
   coproc POLL { psql -q -At "$DB"; }
   local first='' left
+  [ -z "${COPIES_TO:-}" ] || first=$t0 # (no start-up figure)
   while [ -z "$first" ]; do # a count until the first row is gone
     echo "SELECT count(*) < $N FROM outbox.messages;" >&"${POLL[1]}"
     read -r left <&"${POLL[0]}"
@@ -116,6 +132,6 @@ relay() {
 
 echo "backlog $N rows, 1,000 keys, 200-byte payloads"
 for _ in $(seq "$R"); do
-  raw
+  [ -n "${COPIES_TO:-}" ] || raw
   for b in "$@"; do relay "$b"; done
 done

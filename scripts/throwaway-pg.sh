@@ -6,7 +6,8 @@
 # pg_stat_statements loaded and the given settings ("-c name=value" each),
 # creates the extension, and sets DB (its postgres database) and dir (the
 # directory, where the caller may keep files). The cluster and the
-# directory go when the script exits. q runs one statement on DB.
+# directory go when the script exits (the server's log is copied to
+# $PG_LOG first, when set). q runs one statement on DB.
 #
 # Needs initdb/pg_ctl (Debian: postgresql); run as root, the server runs as
 # the OS user postgres.
@@ -14,6 +15,7 @@
 _as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
 _throwaway_pg_cleanup() {
+  if [ -n "${PG_LOG:-}" ]; then cp "$dir/log" "$PG_LOG" 2>/dev/null || true; fi
   _as_pg "$_pg_bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$dir"
 }
