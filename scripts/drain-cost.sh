@@ -127,7 +127,8 @@ relay() {
   cpu=$(cpu_of "$rpid")
   kill "$rpid"; wait "$rpid" 2>/dev/null || true
   report "$(basename "$b")" "$(echo "$t1 - $t0" | bc -l)" "$cpu" "$(echo "$b1 - $b0" | bc -l)"
-  printf '    start-up (until the first row was gone) %.2f s\n' "$(echo "$first - $t0" | bc -l)"
+  [ -n "${COPIES_TO:-}" ] ||
+    printf '    start-up (until the first row was gone) %.2f s\n' "$(echo "$first - $t0" | bc -l)"
 }
 
 echo "backlog $N rows, 1,000 keys, 200-byte payloads"
