@@ -44,7 +44,7 @@ load() {
   q "SELECT pg_stat_statements_reset()" >/dev/null
 }
 
-run() { # name statement (:'b' is the batch's ctid array)
+run() { # name statement-template (%s: the batch's ctid array, a literal)
   local f
   f=$(mktemp)
   load
