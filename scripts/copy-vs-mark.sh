@@ -32,16 +32,8 @@ throwaway_pg copy-vs-mark -c shared_buffers=128MB -c autovacuum=off -c max_wal_s
   -c pg_stat_statements.track_utility=off -c synchronous_commit=off
 
 load() {
-  q "DROP SCHEMA IF EXISTS outbox CASCADE" >/dev/null 2>&1
-  q "DROP TABLE IF EXISTS batches" >/dev/null 2>&1
-  DATABASE_URL=$DB "$bin" migrate >/dev/null 2>&1
-  q "ALTER TABLE outbox.messages ADD COLUMN copied boolean" >/dev/null
-  q "INSERT INTO outbox.messages (topic, key, payload)
-     SELECT 'bench', 'key-' || (i % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $N) i" >/dev/null
-  q "CREATE TABLE batches AS SELECT (row_number() OVER (ORDER BY lane, id) - 1) / 500 AS b, ctid AS t FROM outbox.messages" >/dev/null
-  q "VACUUM ANALYZE outbox.messages" >/dev/null
-  q "CHECKPOINT" >/dev/null
-  q "SELECT pg_stat_statements_reset()" >/dev/null
+  load_backlog "$bin" "$N" "ALTER TABLE outbox.messages ADD COLUMN copied boolean" \
+    "CREATE TABLE outbox.batches AS SELECT (row_number() OVER (ORDER BY lane, id) - 1) / 500 AS b, ctid AS t FROM outbox.messages"
 }
 
 run() { # name statement-template (%s: the batch's ctid array, a literal)
@@ -53,7 +45,7 @@ run() { # name statement-template (%s: the batch's ctid array, a literal)
 SELECT pg_backend_pid() AS pid \gset
 \setenv PID :pid
 \! awk '{print \$14 + \$15}' /proc/\$PID/stat > $f.0
-SELECT format(:'tmpl', quote_literal(array_agg(t)::text)) FROM batches GROUP BY b ORDER BY b
+SELECT format(:'tmpl', quote_literal(array_agg(t)::text)) FROM outbox.batches GROUP BY b ORDER BY b
 \gexec
 \! awk '{print \$14 + \$15}' /proc/\$PID/stat > $f.1
 SQL

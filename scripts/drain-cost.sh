@@ -42,20 +42,15 @@ SQL
 migrate_bin=$1
 
 load() {
-  q "DROP SCHEMA IF EXISTS outbox CASCADE" >/dev/null 2>&1
-  DATABASE_URL=$DB "$migrate_bin" migrate >/dev/null 2>&1
-  q "INSERT INTO outbox.messages (topic, key, payload)
-     SELECT 'bench', 'key-' || (i % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $N) i" >/dev/null
-  if [ -n "${COPIES_TO:-}" ]; then # the backlog as fan-out copies, one per route listed
-    q "INSERT INTO outbox.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
+  if [ -z "${COPIES_TO:-}" ]; then
+    load_backlog "$migrate_bin" "$N"
+  else # the backlog as fan-out copies, one per route listed
+    load_backlog "$migrate_bin" "$N" \
+      "INSERT INTO outbox.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at, dedup_key, priority)
        SELECT r, m.id, m.message_id, m.topic, m.key, m.payload, m.headers, m.lane, m.created_at, m.dedup_key, m.priority
-       FROM outbox.messages m, unnest(string_to_array('$COPIES_TO', ',')) r" >/dev/null
-    q "TRUNCATE outbox.messages" >/dev/null
-    q "VACUUM ANALYZE outbox.deliveries" >/dev/null
+       FROM outbox.messages m, unnest(string_to_array('$COPIES_TO', ',')) r" \
+      "TRUNCATE outbox.messages" "VACUUM ANALYZE outbox.deliveries"
   fi
-  q "VACUUM ANALYZE outbox.messages" >/dev/null
-  q "CHECKPOINT" >/dev/null
-  q "SELECT pg_stat_statements_reset()" >/dev/null
 }
 
 report() { # name seconds drainer_cpu_seconds busy_cpu_seconds

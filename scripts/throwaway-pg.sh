@@ -7,7 +7,8 @@
 # creates the extension, and sets DB (its postgres database) and dir (the
 # directory, where the caller may keep files). The cluster and the
 # directory go when the script exits (the server's log is copied to
-# $PG_LOG first, when set). q runs one statement on DB.
+# $PG_LOG first, when set). q runs one statement on DB; load_backlog
+# (below) loads the backlog the drain measurements share.
 #
 # Needs initdb/pg_ctl (Debian: postgresql); run as root, the server runs as
 # the OS user postgres.
@@ -21,6 +22,24 @@ _throwaway_pg_cleanup() {
 }
 
 q() { psql -q -At "$DB" -c "$1"; }
+
+# load_backlog BIN N [STATEMENT...] gives DB a fresh outbox schema,
+# migrated by the relay binary BIN, holding N messages (1,000 keys,
+# 200-byte payloads); runs each STATEMENT; then vacuums and analyzes the
+# outbox, checkpoints and resets pg_stat_statements, so that what comes
+# next is measured alone.
+load_backlog() {
+  local bin=$1 n=$2 st
+  shift 2
+  q "DROP SCHEMA IF EXISTS outbox CASCADE" >/dev/null 2>&1
+  DATABASE_URL=$DB "$bin" migrate >/dev/null 2>&1
+  q "INSERT INTO outbox.messages (topic, key, payload)
+     SELECT 'bench', 'key-' || (i % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $n) i" >/dev/null
+  for st in "$@"; do q "$st" >/dev/null; done
+  q "VACUUM ANALYZE outbox.messages" >/dev/null
+  q "CHECKPOINT" >/dev/null
+  q "SELECT pg_stat_statements_reset()" >/dev/null
+}
 
 throwaway_pg() {
   local name=$1 port
