@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,11 +98,12 @@ const wantDefaultBatchBytes = relay.DefaultBatchBytes
 func TestLargePayloadBatchesBoundedByBytes(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	// 80 messages of 1 MiB over 8 keys, and two of 17 MiB in the middle
+	// 80 messages of 1 MiB over 8 keys, and two of 16.5 MiB (above the
+	// byte limit, below the message limit) in the middle
 	// of keys k3 and k6. The payloads compress to almost nothing in the
 	// database; the relay receives every byte.
 	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.table("messages")+` (topic, key, payload)
-SELECT 't', 'k' || (g % 8), convert_to(repeat('x', CASE WHEN g IN (43, 46) THEN 17 << 20 ELSE 1 << 20 END), 'UTF8')
+SELECT 't', 'k' || (g % 8), convert_to(repeat('x', CASE WHEN g IN (43, 46) THEN (16 << 20) + (1 << 19) ELSE 1 << 20 END), 'UTF8')
 FROM generate_series(1, 82) g ORDER BY g`)
 	require.NoError(t, err)
 
@@ -124,7 +126,7 @@ FROM generate_series(1, 82) g ORDER BY g`)
 	sink.mu.Unlock()
 	sink.checkBatches(t, wantDefaultBatchBytes)
 	// One worker holding its batch: the payloads (at most 16 MiB, or one
-	// message of 17 MiB) and what pgx and the relay keep around them.
+	// message of 16.5 MiB) and what pgx and the relay keep around them.
 	require.Less(t, growth, int64(64<<20), "one worker's live heap grew by %d MiB", growth>>20)
 }
 
@@ -214,4 +216,73 @@ func TestBatchBytesCutKeepsKeyOrder(t *testing.T) {
 		check(t, ksink, len(msgs))
 		check(t, hsink, len(msgs))
 	})
+}
+
+// TestOversizeMessageDeadLetteredUnread: a message over MaxMessageBytes,
+// written by plain SQL (which checks no size), among small ones of its key
+// and of others. Before the limit existed the relay read every row whole,
+// and one 150 MB row OOM-killed every relay that took its lane, forever.
+// Now it is dead-lettered, its content moved inside the database, never
+// handed to the sink; its key moves on behind it (skip) or waits (hold),
+// and every other message is delivered in key order.
+func TestOversizeMessageDeadLetteredUnread(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{relay.OnDeadLetterSkip, relay.OnDeadLetterHold} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := context.Background()
+			// k0: 1, 2, big (3), 4, 5; k1: 6..10; a keyless big one (11).
+			_, err := e.pool.Exec(ctx, `INSERT INTO `+e.table("messages")+` (topic, key, payload)
+SELECT 't', CASE WHEN g = 11 THEN NULL ELSE 'k' || ((g - 1) / 5) END,
+       convert_to(repeat('x', CASE WHEN g IN (3, 11) THEN 300000 ELSE 100 END), 'UTF8')
+FROM generate_series(1, 11) g ORDER BY g`)
+			require.NoError(t, err)
+			sink := newSizeSink(false)
+			read := &readHooks{}
+			cfg := e.config()
+			cfg.MaxMessageBytes = 100000
+			cfg.OnDeadLetter = policy
+			cfg.Hooks = read
+			e.start(cfg, sink)
+			want := 8 // k0's 1, 2, 4, 5 and k1's five
+			if policy == relay.OnDeadLetterHold {
+				want = 7 // k0's 4 and 5 wait behind its dead letter
+			}
+			eventually(t, 30*time.Second, func() bool { return sink.delivered() >= want && e.count("dead_letters") == 2 },
+				"delivered %d of %d, dead letters %d of 2", sink.delivered(), want, e.count("dead_letters"))
+			sink.checkBatches(t, 1<<30)
+			sink.mu.Lock()
+			for _, b := range sink.batches {
+				require.Less(t, b.bytes, 100000*b.n, "an oversize payload reached the sink: %v", sink.batches)
+			}
+			sink.mu.Unlock()
+			var reason, lastErr string
+			var size int
+			require.NoError(t, e.pool.QueryRow(ctx, `SELECT reason, last_error, octet_length(payload) FROM `+e.table("dead_letters")+` WHERE id = 3`).Scan(&reason, &lastErr, &size))
+			require.Equal(t, relay.ReasonPermanent, reason)
+			require.Contains(t, lastErr, "max-message-bytes 100000")
+			require.Equal(t, 300000, size, "the dead letter keeps the whole payload")
+			require.Less(t, read.largest.Load(), int64(100000), "the relay read an oversize payload")
+			if policy == relay.OnDeadLetterHold {
+				sink.mu.Lock()
+				require.Equal(t, []int64{1, 2}, sink.seqs["k0"], "k0 waits behind its dead letter")
+				sink.mu.Unlock()
+			}
+		})
+	}
+}
+
+// readHooks records the largest payload the relay held in a batch.
+type readHooks struct {
+	relay.NopHooks
+	largest atomic.Int64
+}
+
+func (h *readHooks) Batch(ev relay.BatchEvent) {
+	for _, m := range ev.Messages {
+		if n := int64(len(m.Payload)); n > h.largest.Load() {
+			h.largest.Store(n)
+		}
+	}
 }

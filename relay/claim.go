@@ -17,6 +17,10 @@ type claimed struct {
 	attempts int
 	ctid     pgtype.TID
 	lane     int16
+	// oversize is the message's size when it is over MaxMessageBytes: the
+	// claim did not read its content (msg has none), and it is never
+	// sent. 0 otherwise.
+	oversize int64
 }
 
 // source is where a worker's claims come from, and the statements that
@@ -94,7 +98,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	batch := make([]claimed, 0, min(r.cfg.BatchSize, 64))
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
-		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes,
+		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
 		Priority: r.priority[worker],
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
@@ -103,7 +107,11 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 			return fmt.Errorf("headers of message %d: %w", row.ID, err)
 		}
 		found = row.Found
-		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, lane: row.Lane, msg: sinks.Message{
+		var oversize int64
+		if row.Size > r.cfg.MaxMessageBytes {
+			oversize = row.Size
+		}
+		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, lane: row.Lane, oversize: oversize, msg: sinks.Message{
 			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
 			// delivered as the claim's time.

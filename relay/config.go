@@ -72,6 +72,16 @@ type Config struct {
 	// three times its size, as pgx keeps a read buffer the size of the
 	// largest row). Default 16 MiB.
 	BatchBytes int64
+	// MaxMessageBytes is the largest message the relay reads: its payload
+	// plus the stored size of its headers. A larger message is claimed
+	// without its content and dead-lettered at once (reason permanent,
+	// with its size in the error), its content moved to the dead-letter
+	// table inside the database: a row no sink could take, written by a
+	// writer that checks nothing (plain SQL, outbox.enqueue), never has to
+	// fit in the relay's memory. Default 17 MiB: the Go writer's default
+	// payload limit (16 MiB) and room for its headers, so that whatever
+	// that writer accepts is read.
+	MaxMessageBytes int64
 	// PollInterval is how often an idle worker looks for work when nothing
 	// wakes it. A safety net: the schema's watcher wakes the workers for
 	// new rows, for rows that come due (retries, delayed messages) and
@@ -178,6 +188,7 @@ const (
 	DefaultPipeline        = 2
 	DefaultBatchSize       = 500
 	DefaultBatchBytes      = 16 << 20
+	DefaultMaxMessageBytes = 17 << 20
 	DefaultPollInterval    = 10 * time.Second
 	DefaultPublishTimeout  = 30 * time.Second
 	DefaultMaxAttempts     = 20
@@ -230,6 +241,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchBytes == 0 {
 		c.BatchBytes = DefaultBatchBytes
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
@@ -328,6 +342,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchBytes < 1 {
 		bad("batch-bytes", "must be at least 1, got %d", c.BatchBytes)
+	}
+	if c.MaxMessageBytes < 1 {
+		bad("max-message-bytes", "must be at least 1, got %d", c.MaxMessageBytes)
 	}
 	if c.PollInterval < time.Millisecond {
 		bad("poll-interval", "must be at least 1ms, got %s", c.PollInterval)

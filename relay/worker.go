@@ -443,13 +443,61 @@ func (r *Relay) send(hard context.Context, batch []claimed, ev *BatchEvent) {
 	ev.Messages = msgs
 	ev.SendStart = time.Now()
 	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
-	ev.SendErr = r.sink.Send(sendCtx, msgs)
+	ev.SendErr = r.sendReadable(sendCtx, batch, msgs)
 	cancel()
 	ev.SendDuration = time.Since(ev.SendStart)
 	// The claim ran at ClaimedAt (database clock), roughly when the claim
 	// began.
 	ev.AckedAt = batch[0].msg.ClaimedAt.Add(ev.ClaimDuration + time.Since(ev.SendStart))
 }
+
+// sendReadable sends msgs to the sink, except those the claim did not
+// read (over MaxMessageBytes): each of those fails permanently, so that it
+// is dead-lettered, and the later messages of its key in the batch are
+// not attempted (they come back in a later claim, behind the dead letter
+// as the dead-letter policy says). A batch without such a message goes to
+// the sink as it is.
+func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.Message) error {
+	n := 0
+	for i := range batch {
+		if batch[i].oversize > 0 {
+			n++
+		}
+	}
+	if n == 0 {
+		return r.sink.Send(ctx, msgs)
+	}
+	be := sinks.NewBatchError(len(msgs))
+	blocked := map[string]bool{}
+	idx := make([]int, 0, len(msgs)-n)
+	sub := make([]sinks.Message, 0, len(msgs)-n)
+	for i, c := range batch {
+		switch {
+		case c.oversize > 0:
+			be.Errs[i] = sinks.Permanent(fmt.Errorf("%w: %d bytes, max-message-bytes %d; not read, not sent",
+				ErrMessageTooLarge, c.oversize, r.cfg.MaxMessageBytes))
+			if c.msg.Key != "" {
+				blocked[c.msg.Key] = true
+			}
+		case c.msg.Key != "" && blocked[c.msg.Key]:
+			be.Errs[i] = sinks.ErrNotAttempted
+		default:
+			idx = append(idx, i)
+			sub = append(sub, msgs[i])
+		}
+	}
+	if len(sub) > 0 {
+		err := r.sink.Send(ctx, sub)
+		for j, i := range idx {
+			be.Errs[i] = sinks.Outcome(err, j, len(sub))
+		}
+	}
+	return be
+}
+
+// ErrMessageTooLarge: a message is over Config.MaxMessageBytes. It is
+// dead-lettered without being read.
+var ErrMessageTooLarge = errors.New("outbox: message too large for the relay")
 
 // commit queues s's statements and COMMIT in one round trip; when the
 // database refuses them as a whole, the batch is settled row by row

@@ -257,6 +257,7 @@ type runOptions struct {
 	pipeline        int
 	batchSize       int
 	batchBytes      int64
+	maxMessageBytes int64
 	maxConns        int
 	pollInterval    time.Duration
 	wakeup          string
@@ -323,6 +324,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers' batches in flight, leases and LISTEN need, plus one for health checks and metrics)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
 	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
+	f.Int64Var(&o.maxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest message (payload and headers) the relay reads (17 MiB); a larger one is dead-lettered without being read")
 	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work when nothing wakes them (a safety net)")
 	f.StringVar(&o.wakeup, "wakeup", relay.DefaultWakeup, "how relays learn of new rows: auto (wal where the server allows it, else poll), wal (follow the outbox's inserts in the WAL), poll (one relay per database polls and wakes the others), notify (the writers' trigger; the writers pay for it)")
 	f.DurationVar(&o.watchInterval, "watch-interval", relay.DefaultWatchInterval, "longest wait between two looks for new rows of the polling watcher when idle")
@@ -362,7 +364,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"workers": int64(o.workers), "pipeline": int64(o.pipeline), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
 		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
-		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "console-sample-interval": int64(o.consoleSample),
+		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "max-message-bytes": o.maxMessageBytes, "console-sample-interval": int64(o.consoleSample),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -381,6 +383,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		Pipeline:            o.pipeline,
 		BatchSize:           o.batchSize,
 		BatchBytes:          o.batchBytes,
+		MaxMessageBytes:     o.maxMessageBytes,
 		PollInterval:        o.pollInterval,
 		Wakeup:              o.wakeup,
 		WatchInterval:       o.watchInterval,

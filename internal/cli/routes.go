@@ -19,20 +19,21 @@ import (
 // routeSpec is one entry of the config file's routes list. Unset
 // settings inherit the run flags.
 type routeSpec struct {
-	Name           string         `yaml:"name"`
-	Topics         []string       `yaml:"topics"`
-	Sink           string         `yaml:"sink"`
-	FanOut         bool           `yaml:"fanout"`
-	Format         string         `yaml:"format"`
-	Workers        *int           `yaml:"workers"`
-	Pipeline       *int           `yaml:"pipeline"`
-	BatchSize      *int           `yaml:"batch-size"`
-	BatchBytes     *int64         `yaml:"batch-bytes"`
-	MaxAttempts    *int           `yaml:"max-attempts"`
-	OnDeadLetter   *string        `yaml:"on-dead-letter"`
-	RetryInitial   *time.Duration `yaml:"retry-initial"`
-	RetryMax       *time.Duration `yaml:"retry-max"`
-	PublishTimeout *time.Duration `yaml:"publish-timeout"`
+	Name            string         `yaml:"name"`
+	Topics          []string       `yaml:"topics"`
+	Sink            string         `yaml:"sink"`
+	FanOut          bool           `yaml:"fanout"`
+	Format          string         `yaml:"format"`
+	Workers         *int           `yaml:"workers"`
+	Pipeline        *int           `yaml:"pipeline"`
+	BatchSize       *int           `yaml:"batch-size"`
+	BatchBytes      *int64         `yaml:"batch-bytes"`
+	MaxMessageBytes *int64         `yaml:"max-message-bytes"`
+	MaxAttempts     *int           `yaml:"max-attempts"`
+	OnDeadLetter    *string        `yaml:"on-dead-letter"`
+	RetryInitial    *time.Duration `yaml:"retry-initial"`
+	RetryMax        *time.Duration `yaml:"retry-max"`
+	PublishTimeout  *time.Duration `yaml:"publish-timeout"`
 	// Sections are the route's own sink sections, by key ("kafka"); the
 	// keys are checked against the sink drivers' sections.
 	Sections map[string]yaml.Node `yaml:",inline"`
@@ -139,6 +140,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		setIf(&cfg.Pipeline, sp.Pipeline)
 		setIf(&cfg.BatchSize, sp.BatchSize)
 		setIf(&cfg.BatchBytes, sp.BatchBytes)
+		setIf(&cfg.MaxMessageBytes, sp.MaxMessageBytes)
 		setIf(&cfg.MaxAttempts, sp.MaxAttempts)
 		setIf(&cfg.OnDeadLetter, sp.OnDeadLetter)
 		setIf(&cfg.RetryInitial, sp.RetryInitial)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,6 +64,11 @@ type ClaimParams struct {
 	// MaxBytes is the most payload bytes claimed (the first row always
 	// goes). The router reads no payloads and ignores it.
 	MaxBytes int64
+	// MaxMessage is the largest message (payload plus the stored size of
+	// its headers) whose content the claim reads; a larger one is claimed
+	// without it (empty payload and headers, its Size said): the relay
+	// dead-letters it without ever holding it in memory. 0: no limit.
+	MaxMessage int64
 	// Topics and Exclude are the route's topic patterns and those of
 	// earlier routes, in LIKE form with a backslash as the escape; nil: no filter.
 	Topics, Exclude []string
@@ -119,6 +125,10 @@ type ClaimedRow struct {
 	// Lane is the row's lane: a worker with batches in flight claims
 	// the next one from the others.
 	Lane int16
+	// Size is the message's size as ClaimParams.MaxMessage weighs it;
+	// above that limit Payload and Headers were not read. The router's
+	// claim does not weigh: 0.
+	Size int64
 }
 
 // NoSeqScan is run in a claim's transaction and in those of the
@@ -178,10 +188,14 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 	if laneLimit <= 0 || laneLimit > p.Limit {
 		laneLimit = p.Limit
 	}
+	maxMessage := p.MaxMessage
+	if maxMessage <= 0 {
+		maxMessage = math.MaxInt64
+	}
 	args := pgx.NamedArgs{
 		"relay": p.Relay, "workers": p.Workers, "worker": p.Worker, "rotation": p.Rotation,
 		"limit": p.Limit, "lane_limit": laneLimit, "max_bytes": p.MaxBytes, "topics": p.Topics, "exclude": p.Exclude,
-		"handover": handover, "lanes": p.lanes(),
+		"handover": handover, "lanes": p.lanes(), "max_message": maxMessage,
 	}
 	claim := e.claim
 	if e.source != Router {
@@ -202,7 +216,7 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		dest := []any{&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
 			&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID, &c.Lane}
 		if e.source != Router {
-			dest = append(dest, &c.Found)
+			dest = append(dest, &c.Size, &c.Found)
 		}
 		for rows.Next() {
 			if err := rows.Scan(dest...); err != nil {
@@ -214,6 +228,27 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		}
 		return rows.Err()
 	})
+}
+
+// msgSize is the size of the message in row alias a as the max-message
+// limit weighs it: its payload's length and its headers' stored size.
+// Both are read from the row's header or its TOAST pointer: a large
+// payload is not detoasted to be weighed.
+func msgSize(a string) string {
+	return "(octet_length(" + a + ".payload)::bigint + pg_column_size(" + a + ".headers))"
+}
+
+// oversize is true of a message too large for the relay to read
+// (@max_message): the claim returns it without payload and headers, and
+// the relay dead-letters it, so that a row no sink could take, written by
+// a writer that checks nothing (plain SQL, outbox.enqueue), never has to
+// fit in the relay's memory.
+func oversize(a string) string { return msgSize(a) + " > @max_message" }
+
+// readSize is what the claim reads of the payload in row alias a: nothing
+// of an oversize message.
+func readSize(a string) string {
+	return "CASE WHEN " + oversize(a) + " THEN 0 ELSE octet_length(" + a + ".payload) END"
 }
 
 // topicFilter is the route's topic condition on the row alias a.
@@ -261,25 +296,25 @@ CROSS JOIN LATERAL (
     LIMIT @lane_limit
     FOR UPDATE
 ) m`
-	// The router copies rows inside the database: it reads neither
-	// payloads nor headers.
-	body := "m.payload, m.headers"
 	if e.source == Router {
-		body = `'\x'::bytea AS payload, '{}'::jsonb AS headers`
-	}
-	// rows are the columns a claim returns (ClaimedRow's).
-	rows := `
-SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, ` + body + `,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane`
-	if e.source == Router {
-		// No byte limit: nothing to weigh.
-		e.claim = newStmt(rows + from + `
+		// The router copies rows inside the database: it reads neither
+		// payloads nor headers, and weighs nothing.
+		e.claim = newStmt(`
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, '\x'::bytea AS payload, '{}'::jsonb AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane` + from + `
 LIMIT @limit`)
 		return
 	}
+	// rows are the columns a claim returns (ClaimedRow's). A message over
+	// @max_message is claimed without its content (see oversize).
+	rows := `
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
+       CASE WHEN ` + oversize("m") + ` THEN '\x'::bytea ELSE m.payload END AS payload,
+       CASE WHEN ` + oversize("m") + ` THEN '{}'::jsonb ELSE m.headers END AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, ` + msgSize("m") + ` AS msg_size`
 	// What byteCut orders and weighs the rows by: pos and lane (the claim
-	// order, with id), size.
-	weighed := rows + `, o.pos, octet_length(m.payload) AS size`
+	// order, with id), size (what the claim reads of the payload).
+	weighed := rows + `, o.pos, ` + readSize("m") + ` AS size`
 	e.claim = newStmt(byteCut(weighed + from + `
 LIMIT @limit`))
 	e.claimPriority = newStmt(e.priorityClaim(s, rows, weighed+from))
@@ -322,7 +357,7 @@ WITH pl AS MATERIALIZED (
     WHERE l.owner = @relay AND l.lease_until > now() AND NOT (l.lane = ANY(@handover::int2[]))
     ORDER BY k.prio DESC, l.lane
     FOR KEY SHARE OF l
-), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, octet_length(m.payload) AS size
+), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, ` + readSize("m") + ` AS size
     FROM pl CROSS JOIN LATERAL (
         SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
         WHERE ` + e.ofRoute("m") + `m.lane = pl.lane
@@ -358,7 +393,7 @@ LIMIT @limit`)
 // payloads beyond the cut never leave the database.
 func byteCut(src string) string {
 	return `
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.found
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.msg_size, c.found
 FROM (
     SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (` + src + `

@@ -463,7 +463,7 @@ func BenchmarkClaimRewrite(b *testing.B) {
 	args := func() pgx.NamedArgs {
 		return pgx.NamedArgs{
 			"relay": "me", "workers": 2, "worker": 0, "rotation": 0, "limit": 500, "lane_limit": 500, "route": "",
-			"max_bytes": int64(1 << 24), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
+			"max_bytes": int64(1 << 24), "max_message": int64(17 << 20), "topics": []string(nil), "exclude": []string(nil), "handover": []int16{},
 		}
 	}
 	for _, st := range []struct {
@@ -492,7 +492,7 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 	e := NewEngine(testSchema(t), Copies, "orders", false)
 	a := pgx.NamedArgs{
 		"relay": "me", "workers": 2, "worker": 1, "rotation": 7, "limit": 500, "lane_limit": 62, "route": "orders",
-		"max_bytes": int64(99), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3}, "lanes": []int16{3, 4},
+		"max_bytes": int64(99), "max_message": int64(1000), "topics": []string{"a%"}, "exclude": []string(nil), "handover": []int16{3}, "lanes": []int16{3, 4},
 	}
 	for _, st := range []stmt{e.claim, e.claimPriority, e.hasPriority} {
 		sql, want, err := a.RewriteQuery(context.Background(), nil, st.named, nil)
@@ -523,7 +523,7 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 // worker), a 500-row batch, no topic filter, nothing handed over.
 func claimArgs(st stmt, workers, worker int, only []int16) []any {
 	return st.args(pgx.NamedArgs{"relay": "me", "workers": workers, "worker": worker, "rotation": 0,
-		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "topics": []string(nil), "exclude": []string(nil),
+		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "max_message": int64(17 << 20), "topics": []string(nil), "exclude": []string(nil),
 		"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: workers, Worker: worker, Only: only}.lanes()})
 }
 

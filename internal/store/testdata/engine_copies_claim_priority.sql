@@ -11,8 +11,10 @@ WITH pl AS MATERIALIZED (
     ORDER BY k.prio DESC, l.lane
     FOR KEY SHARE OF l
 ), pm AS MATERIALIZED (
-SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, -pl.prio AS pos, octet_length(m.payload) AS size
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
+       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
+       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size, -pl.prio AS pos, CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
     FROM pl CROSS JOIN LATERAL (
         SELECT m.*, m.ctid AS row_ctid FROM "outbox"."deliveries" m
         WHERE m.route = @route AND m.lane = pl.lane
@@ -33,14 +35,16 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
     LIMIT @limit
 )
 
-SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.found
+SELECT c.id, c.message_id, c.topic, c.key, c.payload, c.headers, c.created_at, c.attempts, c.claimed_at, c.row_ctid, c.lane, c.msg_size, c.found
 FROM (
     SELECT c.*, sum(c.size) OVER w AS run, row_number() OVER w AS n, count(*) OVER () AS found
     FROM (
 SELECT * FROM pm
 UNION ALL
-SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, m.payload, m.headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, o.pos, octet_length(m.payload) AS size
+SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
+       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
+       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size, o.pos, CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
 FROM (
     SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM unnest(@lanes::int2[]) l(lane)
     WHERE l.lane % @workers = @worker AND NOT (l.lane = ANY(@handover::int2[]))
