@@ -29,7 +29,7 @@ func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, src *source, s se
 	}
 	ids := make([]int64, 0, len(s.delivered)+len(s.retries.IDs)+len(s.dead.IDs))
 	ids = append(append(append(ids, s.delivered...), s.retries.IDs...), s.dead.IDs...)
-	if _, err := pc.Exec(ctx, "BEGIN"); err != nil {
+	if _, err := pc.Exec(ctx, store.Begin); err != nil {
 		return settlement{}, err
 	}
 	tids, err := src.Relock(ctx, pc, ids)

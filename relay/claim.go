@@ -88,7 +88,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	partial := r.priority[worker]
 	found := 0
 	cb := &pgx.Batch{}
-	cb.Queue("BEGIN")
+	cb.Queue(store.Begin)
 	// What the probe finds chooses the claim of the worker's next cycle
 	// (the one with a priority phase costs more, so it runs only while
 	// there are priority messages).
@@ -100,7 +100,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
 		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
-		Priority: r.priority[worker],
+		Priority: r.priority[worker], Settings: r.claimSettings,
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
 		if err != nil {

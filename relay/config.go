@@ -142,9 +142,10 @@ type Config struct {
 	// LeaseTTL/3.
 	Heartbeat time.Duration
 	// DisableFastFailover turns off treating a relay whose lease connection
-	// is gone from pg_stat_activity as dead. Set it when the relay reaches
-	// Postgres through a transaction-pooling proxy (PgBouncer), where
-	// backend pids change under a session. Default false.
+	// is gone from pg_stat_activity as dead (only its heartbeat's age then
+	// tells). Not needed behind a transaction-pooling proxy (PgBouncer): a
+	// relay that runs through one registers no backend, and is never
+	// reaped by one. Default false.
 	DisableFastFailover bool
 	// DrainTimeout is how long Run waits for in-flight batches after its
 	// context is cancelled before rolling them back (their messages come

@@ -219,13 +219,13 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 		// created first if some are missing. Sent in the heartbeat's
 		// first round trip: on a busy database each round trip of a
 		// starting relay waited tens of milliseconds for it.
-		b.Queue("BEGIN")
+		b.Queue(store.Begin)
 		q.QueueEnsureMissingLanes(b)
 		q.QueueHeartbeat(b, l.registration())
 		q.QueueNotifyMembers(b)
 		b.Queue("COMMIT")
 	}
-	b.Queue("BEGIN")
+	b.Queue(store.Begin)
 	q.QueueBeat(b, l.registration(), cfg.LeaseTTL, !cfg.DisableFastFailover, &beat)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		// run closes the connection, which ends the transaction.
@@ -275,7 +275,7 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 // registration is what this relay's heartbeat says about it.
 func (l *leaser) registration() store.Heartbeat {
 	host, pid := processIdentity()
-	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load()}
+	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load(), Pooled: l.r.pooled}
 }
 
 // processIdentity is how the relays table tells this process's relays
@@ -390,7 +390,7 @@ func (l *leaser) leaveEarly(ctx context.Context) {
 	// One round trip: release is given every lane of the route, and
 	// takes those of this relay that no claim is using.
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(store.Begin)
 	l.r.leases.QueueUnregister(b)
 	l.r.leases.QueueRelease(b, allLanes)
 	l.r.leases.QueueNotifyMembers(b)

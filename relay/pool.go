@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/store"
 )
 
 // PoolConfig holds the session settings NewPool applies, and the
@@ -45,7 +50,19 @@ type PoolConfig struct {
 
 // NewPool connects to the database with the session settings the relay
 // relies on: bounded transactions and statements, TCP keepalives so a
-// vanished relay host is noticed, an application_name for pg_stat_activity.
+// vanished relay host is noticed, an application_name for
+// pg_stat_activity, read committed whatever the database's default, and
+// no idle_session_timeout (its LISTEN and lease sessions are idle by
+// design).
+//
+// Behind a transaction-pooling proxy (PgBouncer in transaction mode, and
+// the like) sessions are not the relay's own: the first connection the
+// pool opens finds out (see store.Pooled) with a probe connection, and
+// from then on the pool sends no session settings (a proxy refuses them,
+// or drops them on a backend others share; the relay sets what it needs
+// in each claim's transaction instead) and runs statements without
+// prepared statements (pgx's exec mode) unless the URL chose the simple
+// protocol. docs/operations.md, "Behind PgBouncer", says what changes.
 func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(pc.URL)
 	if err != nil {
@@ -66,24 +83,84 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	}
 	cfg.MaxConns = int32(pc.MaxConns)
 	cfg.MinConns = 0
-	p := cfg.ConnConfig.RuntimeParams
-	if _, ok := p["application_name"]; !ok {
-		p["application_name"] = "outbox-relay"
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-relay"
+	}
+	session := map[string]string{
+		"idle_in_transaction_session_timeout": strconv.FormatInt((pc.PublishTimeout + 30*time.Second).Milliseconds(), 10),
+		"statement_timeout":                   "60000",
+		"lock_timeout":                        "30000",
+		"default_transaction_isolation":       "read committed",
+		"tcp_keepalives_idle":                 "15",
+		"tcp_keepalives_interval":             "5",
+		"tcp_keepalives_count":                "3",
 	}
 	if !pc.SynchronousCommit {
-		p["synchronous_commit"] = "off"
+		session["synchronous_commit"] = "off"
 	}
-	p["idle_in_transaction_session_timeout"] = strconv.FormatInt((pc.PublishTimeout + 30*time.Second).Milliseconds(), 10)
-	p["statement_timeout"] = "60000"
-	p["lock_timeout"] = "30000"
-	p["tcp_keepalives_idle"] = "15"
-	p["tcp_keepalives_interval"] = "5"
-	p["tcp_keepalives_count"] = "3"
+	var k sessionKind
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		kind, err := k.get(ctx, cc)
+		if err != nil {
+			return err
+		}
+		if kind.pooled {
+			if cc.DefaultQueryExecMode != pgx.QueryExecModeSimpleProtocol {
+				cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+			}
+			return nil
+		}
+		for name, v := range session {
+			if _, set := cc.RuntimeParams[name]; !set {
+				cc.RuntimeParams[name] = v
+			}
+		}
+		if kind.version >= 14 {
+			cc.RuntimeParams["idle_session_timeout"] = "0"
+		}
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: connect: %w", err)
 	}
 	return pool, nil
+}
+
+// sessionKind is what the pool's first connection found out about the
+// server's sessions, once.
+type sessionKind struct {
+	mu     sync.Mutex
+	known  bool
+	pooled bool
+	// version is the server's major version (0 when unknown).
+	version int
+}
+
+// get probes the server with a connection of cc's (its own settings only,
+// none of the relay's) the first time, and returns what it found.
+func (k *sessionKind) get(ctx context.Context, cc *pgx.ConnConfig) (*sessionKind, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.known {
+		return k, nil
+	}
+	c, err := pgx.ConnectConfig(ctx, cc.Copy())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	pooled, err := store.Pooled(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	k.known, k.pooled = true, pooled
+	v := c.PgConn().ParameterStatus("server_version")
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i > 0 {
+		v = v[:i]
+	}
+	k.version, _ = strconv.Atoi(v)
+	return k, nil
 }
 
 // Conns returns how many connections one process running relays with

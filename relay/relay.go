@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -63,6 +65,11 @@ type Relay struct {
 	// messages one round trip after another (sinks.KeySerial), whose
 	// batches go faster the more keys they span.
 	laneLimit int
+	// pooled: the pool's sessions go through a transaction-pooling proxy
+	// (found at Run's start; see store.Pooled). claimSettings is then
+	// what each claim's transaction sets in place of session settings.
+	pooled        bool
+	claimSettings string
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
 	priority  []bool
@@ -204,6 +211,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	if v > migrations.Latest() {
 		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
 	}
+	if err := r.checkSessions(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {
 		// Under a payload format too: the check is the sink's underneath.
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.ConnectTimeout)
@@ -287,6 +300,41 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// checkSessions finds out whether the pool's sessions go through a
+// transaction-pooling proxy. Through one, the relay keeps no session
+// state: its claims set their timeouts in their own transactions, its
+// wake-up neither listens nor takes the watcher's lock (see listen), and
+// its registration names no backend. A pool that prepares statements
+// there is refused: the proxy hands them to other clients' backends
+// (errors 42P05 and 26000, and batches settled twice).
+func (r *Relay) checkSessions(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: database: %w", err)
+	}
+	defer conn.Release()
+	pooled, err := store.Pooled(ctx, conn.Conn())
+	if err != nil {
+		return fmt.Errorf("outbox: database: %w", err)
+	}
+	if !pooled {
+		return nil
+	}
+	switch conn.Conn().Config().DefaultQueryExecMode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+	default:
+		return fmt.Errorf("%w: database-url: the connections go through a transaction-pooling proxy (PgBouncer or the like), where prepared statements reach other clients' sessions; add default_query_exec_mode=exec to the URL (relay.NewPool does so by itself)", ErrConfig)
+	}
+	r.pooled = true
+	r.claimSettings = store.TxSettings{
+		IdleInTransaction: r.cfg.PublishTimeout + 30*time.Second,
+		Statement:         time.Minute,
+		Lock:              30 * time.Second,
+	}.SQL()
+	r.log.Info("the database connections go through a transaction-pooling proxy: this relay keeps no session state (no LISTEN, no session locks or settings) and looks for new rows itself")
+	return nil
+}
+
 // findLeftover looks, for a relay that reads the outbox in a named route,
 // for fan-out copies made for that route under an earlier configuration:
 // they are delivered first (see Relay.leftover).
@@ -318,6 +366,9 @@ func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err e
 		}
 		if reason := refused(err); reason != "" {
 			// Waiting cannot help: the server answered, and said no.
+			if startupRefused(err) {
+				return 0, 0, fmt.Errorf("%w: database-url: %s: %w", ErrConfig, reason, err)
+			}
 			return 0, 0, fmt.Errorf("outbox: database: %s: %w", reason, err)
 		}
 		d := bo.NextBackOff()
@@ -345,9 +396,24 @@ func refused(err error) string {
 		return "password authentication failed"
 	case "28000":
 		return "the server refuses this role or host (the role does not exist, or pg_hba.conf has no entry for it)"
+	case "08P01":
+		if startupRefused(err) {
+			return "a connection pooler in front of the server refuses the session settings this pool sends at start-up; open the pool with relay.NewPool, which sends none through a pooler, or remove them from the URL"
+		}
 	}
 	return ""
 }
+
+// startupRefused reports whether err is a proxy refusing a start-up
+// parameter (PgBouncer: "unsupported startup parameter").
+func startupRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "08P01" && strings.Contains(pe.Message, "startup parameter")
+}
+
+// ErrConfig marks a configuration the relay cannot run with: waiting or
+// retrying cannot help (the command line exits 2).
+var ErrConfig = errors.New("outbox: configuration")
 
 // spawn runs f in a goroutine and returns a channel closed when f returns.
 func spawn(f func()) <-chan struct{} {

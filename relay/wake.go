@@ -217,6 +217,9 @@ type waker struct {
 	members func(freed bool)
 
 	source string // last reported to the hooks
+	// pooled: the LISTEN connection goes through a transaction-pooling
+	// proxy (see session).
+	pooled bool
 
 	// The WAL follower asks the LISTEN loop to notify the other processes
 	// about some lanes (pending: all of them when pendLanes is empty) and
@@ -306,6 +309,22 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 	// give it back to the pool (but keep it counted there, see dropConn).
 	defer dropConn(context.WithoutCancel(ctx), conn)
 	pc := conn.Conn()
+	pooled, err := store.Pooled(ctx, pc)
+	if err != nil {
+		return err
+	}
+	if pooled {
+		// Through a transaction-pooling proxy LISTEN and the watcher's
+		// lock would stay on a backend that other clients then use (and
+		// the lock with it, after this relay stopped, so that no relay
+		// watched again): this process keeps neither, and looks for new
+		// and due rows itself, for its own workers only.
+		k.pooled = true
+		connected()
+		k.wake(laneSet{})
+		k.members(false)
+		return k.loop(ctx, pc, false, true)
+	}
 	if err := store.Listen(ctx, pc, k.s); err != nil {
 		return err
 	}
@@ -363,6 +382,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		recent     = recentIDs{} // ids the looks found lately (WAL mode)
 		dueAt      time.Time     // when to look for rows that came due
 		dueSince   int64         // the database's clock at the last look (see store.Due)
+		lowered    int64         // the outbox's newest id when seen was last lowered to it
 		// alone: nobody else listens (see store.Waker.Others), so the
 		// watcher's wake-ups would wake nobody and are not sent; checked
 		// again before a wake-up at most every othersEvery, and at the
@@ -372,8 +392,12 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 		othersAt time.Time
 	)
 	host, pid := processIdentity()
-	// tell sends a wake-up to the other listeners, unless there are none.
+	// tell sends a wake-up to the other listeners, unless there are none
+	// (or this session, through a proxy, cannot know).
 	tell := func(now time.Time, payload string) error {
+		if k.pooled {
+			return nil
+		}
 		if !now.Before(othersAt) {
 			others, err := k.w.Others(ctx, pc, k.s, host, pid)
 			if err != nil {
@@ -422,13 +446,20 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	for {
 		now := time.Now()
 		if !watching && !now.Before(nextElect) {
-			ok, err := k.w.TryWatch(ctx, pc, k.s)
-			if err != nil {
-				return err
+			ok := k.pooled // a pooled session watches for its own process alone
+			if !ok {
+				var err error
+				if ok, err = k.w.TryWatch(ctx, pc, k.s); err != nil {
+					return err
+				}
 			}
 			if ok {
 				watching = true
 				switch {
+				case k.pooled:
+					k.log.Info("connected through a transaction-pooling proxy: this process looks for new rows and rows that come due itself, without LISTEN or the watcher's lock")
+					polling = true
+					k.setSource("poll", false, nil)
 				case !rows:
 					k.log.Info("this process watches the outbox for rows that come due (retries, delayed messages) and wakes the other relays")
 				case wal:
@@ -531,6 +562,20 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 				}
 				if lanes := lanesOf(d.Lanes); !lanes.empty() {
 					k.wakeAndTell(lanes)
+				}
+				if polling && seen > d.Newest && d.Newest > 0 && d.Newest != lowered {
+					// Every row past d.Newest is gone: delivered, or the
+					// identity was reset (TRUNCATE … RESTART IDENTITY, a
+					// restore), after which new rows take ids below those
+					// the looks passed, and a look for ids past seen would
+					// never find them. Look again from the start: it finds
+					// the rows there are now, and wakes only their lanes.
+					// Once per newest id: rows that wait (a retry) below
+					// the newest seen are looked at once, not every second;
+					// an empty outbox needs no look (new rows take ids
+					// past 0).
+					k.log.Debug("outbox ids below the newest seen; looking from the start", "seen", seen, "newest", d.Newest)
+					seen, lowered = 0, d.Newest
 				}
 				dueSince = d.Since
 				dueAt = now.Add(dueEvery)

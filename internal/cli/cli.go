@@ -339,7 +339,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often lanes are renewed and rebalanced (default lease-ttl/3)")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", 0, "on shutdown, how long in-flight batches may finish before they are rolled back (default publish-timeout)")
 	f.BoolVar(&o.syncCommit, "synchronous-commit", false, "keep synchronous_commit on for the relay's sessions (off costs only redeliveries after a database crash)")
-	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead (needed behind PgBouncer transaction pooling)")
+	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead; only their heartbeat's age tells (relays behind PgBouncer are never judged by their connection)")
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
@@ -545,7 +545,13 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		go g.cancelWhenEmpty(runCtx, pool, cancel)
 		ctx = runCtx
 	}
-	return relays.Run(ctx)
+	if err := relays.Run(ctx); err != nil {
+		if errors.Is(err, relay.ErrConfig) {
+			return &usageError{err}
+		}
+		return err
+	}
+	return nil
 }
 
 // connBudget returns the process's connection cap (--max-conns, or by

@@ -86,6 +86,9 @@ type ClaimParams struct {
 	// Priority runs the claim with a first phase for priorities: set it
 	// while the previous claim's probe (see QueueClaim) found some.
 	Priority bool
+	// Settings is the statement run first in the claim's transaction
+	// (TxSettings.SQL); NoSeqScan when empty.
+	Settings string
 }
 
 // lanes are the lanes the claim visits: Only, or every lane of the
@@ -169,6 +172,34 @@ type ClaimedRow struct {
 // the relay's is large enough for JIT to pay.
 const NoSeqScan = "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)"
 
+// Begin begins every transaction of the relay's: read committed whatever
+// the database's default_transaction_isolation (a DBA's serializable
+// default made heartbeats fail with serialization errors).
+const Begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+// TxSettings are the settings a claim's transaction runs under, set in it
+// (SET LOCAL) rather than on the session: through a transaction-pooling
+// proxy (PgBouncer) session settings reach a backend that other clients
+// then use, and the proxy refuses them as startup parameters. They bound
+// what a relay that stops mid-batch (frozen, partitioned) can hold.
+type TxSettings struct {
+	// IdleInTransaction aborts the transaction of a relay that stops
+	// talking to the database mid-batch, freeing its rows.
+	IdleInTransaction time.Duration
+	// Statement and Lock bound each statement and each lock wait.
+	Statement, Lock time.Duration
+}
+
+// SQL is the statement that sets s, and NoSeqScan's settings, in the
+// current transaction.
+func (s TxSettings) SQL() string {
+	ms := func(d time.Duration) string { return fmt.Sprintf("'%d'", d.Milliseconds()) }
+	return NoSeqScan +
+		", set_config('idle_in_transaction_session_timeout', " + ms(s.IdleInTransaction) + ", true)" +
+		", set_config('statement_timeout', " + ms(s.Statement) + ", true)" +
+		", set_config('lock_timeout', " + ms(s.Lock) + ", true)"
+}
+
 // QueueClaim queues a claim on b: the priority probe (except for the
 // router, which copies in id order whatever the priority: the
 // destinations' claims honour it) and the claim itself. When b's results
@@ -179,7 +210,11 @@ const NoSeqScan = "SELECT set_config('enable_seqscan', 'off', true), set_config(
 // transaction first and settles it after: the claimed rows stay locked
 // until then.
 func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row func(ClaimedRow) error) {
-	b.Queue(NoSeqScan)
+	if p.Settings != "" {
+		b.Queue(p.Settings)
+	} else {
+		b.Queue(NoSeqScan)
+	}
 	handover := p.Handover
 	if handover == nil {
 		handover = []int16{} // NULL would exclude every lane

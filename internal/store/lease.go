@@ -49,6 +49,10 @@ type Heartbeat struct {
 	PID      int
 	Version  string
 	InFlight int64 // claimed messages not yet settled
+	// Pooled: the relay's sessions go through a transaction-pooling
+	// proxy, so no backend is its own: its registration names none
+	// (backend_pid 0), and fast failover never reaps it by backend.
+	Pooled bool
 }
 
 // RelayCount is a route's registered relays as one relay sees them.
@@ -95,7 +99,7 @@ func (l *Leases) QueueEnsureMissingLanes(b *pgx.Batch) {
 // identity of q's session (other relays reap it when that session is gone).
 func (l *Leases) Heartbeat(ctx context.Context, q Querier, h Heartbeat) error {
 	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
-		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight,
+		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
 	})...)
 	return err
 }
@@ -166,7 +170,7 @@ func (l *Leases) QueueWorkedLanes(b *pgx.Batch, n *int) {
 // QueueHeartbeat queues Heartbeat on b.
 func (l *Leases) QueueHeartbeat(b *pgx.Batch, h Heartbeat) {
 	b.Queue(l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
-		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight,
+		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
 	})...)
 }
 
@@ -257,7 +261,9 @@ ON CONFLICT DO NOTHING`)
 
 	l.heartbeat = newStmt(`
 INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
-SELECT @relay, @hostname, @pid, @version, @route, @in_flight, pg_backend_pid(), a.backend_start
+SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
+       CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
+       CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`)
@@ -276,7 +282,9 @@ WHERE id IN (
 
 	// A relay is dead when its heartbeat is older than the lease TTL or,
 	// with fast failover, when its lease connection no longer exists (its
-	// process died and the server noticed the closed socket).
+	// process died and the server noticed the closed socket). A relay
+	// behind a transaction-pooling proxy names no backend (0): only its
+	// heartbeat tells.
 	//
 	// Rows locked by another transaction are skipped: that is a relay
 	// writing its heartbeat right now, alive, whose new backend pid this
@@ -289,7 +297,7 @@ DELETE FROM ` + relays + ` WHERE id IN (
     SELECT r.id FROM ` + relays + ` r
     WHERE r.id <> @relay AND (
         r.heartbeat_at < now() - @ttl_ms * interval '1 millisecond'
-        OR (@fast_failover AND NOT EXISTS (
+        OR (@fast_failover AND r.backend_pid <> 0 AND NOT EXISTS (
             SELECT 1 FROM pg_stat_activity a
             WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))
     FOR UPDATE SKIP LOCKED)`)

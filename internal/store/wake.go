@@ -80,7 +80,8 @@ SELECT now(), (extract(epoch FROM now()) * 1000000)::bigint,
            UNION ALL
            (SELECT c.lane FROM ` + s.Table("deliveries") + ` c, t WHERE c.available_at > t.since AND c.available_at <= now() LIMIT 10000)) d), '{}'),
        least((SELECT min(m.available_at) FROM ` + s.Table("messages") + ` m WHERE m.available_at > now() AND m.available_at < 'infinity'),
-             (SELECT min(c.available_at) FROM ` + s.Table("deliveries") + ` c WHERE c.available_at > now() AND c.available_at < 'infinity'))`),
+             (SELECT min(c.available_at) FROM ` + s.Table("deliveries") + ` c WHERE c.available_at > now() AND c.available_at < 'infinity')),
+       (SELECT coalesce(max(m.id), 0) FROM ` + s.Table("messages") + ` m)`),
 		notify: newStmt(`SELECT pg_notify(@channel, @payload)`),
 		// Shared and session level, like the watcher's lock: it goes
 		// with the session. Never waits (nobody takes it exclusively).
@@ -110,6 +111,21 @@ func (w *Waker) TryWatch(ctx context.Context, q Querier, s Schema) (bool, error)
 	return ok, err
 }
 
+// Pooled reports whether c's session goes through a transaction-pooling
+// proxy (PgBouncer, pgcat, Odyssey, RDS Proxy): the backend that answers
+// is not the one whose process id the connection was given at start-up
+// (a proxy makes one up). Such a session keeps no state of its own:
+// LISTEN, advisory locks, prepared statements and settings stay on a
+// backend that other clients then use. Run in the simple protocol, so
+// that the check itself prepares nothing there.
+func Pooled(ctx context.Context, c *pgx.Conn) (bool, error) {
+	var pid int64
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+		return false, err
+	}
+	return uint32(pid) != c.PgConn().PID(), nil
+}
+
 // NewestID returns the highest id among the committed outbox rows (0 when
 // the outbox is empty).
 func (w *Waker) NewestID(ctx context.Context, c *pgx.Conn) (int64, error) {
@@ -126,7 +142,7 @@ func (w *Waker) NewestID(ctx context.Context, c *pgx.Conn) (int64, error) {
 // watcher gives its session up on any error.
 func look(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(Begin)
 	b.Queue(NoSeqScan)
 	b.Queue(sql, args...).QueryRow(func(r pgx.Row) error { return r.Scan(dest...) })
 	b.Queue("COMMIT")
@@ -165,15 +181,21 @@ type Due struct {
 	Lanes []int16
 	// Next is when the next waiting row comes due; zero when none waits.
 	Next time.Time
+	// Newest is the highest id in the outbox (0 when it is empty): the
+	// polling watcher's looks go on from the newest id they saw, and ids
+	// below it appear when the identity was reset (TRUNCATE … RESTART
+	// IDENTITY, a restore).
+	Newest int64
 }
 
 // Due looks for the rows (of the outbox and of the fan-out copies) that
-// came due after since (an earlier look's Since; 0 at first), and for the
-// next one to come due.
+// came due after since (an earlier look's Since; 0 at first), for the
+// next one to come due, and for the outbox's highest id (a backward probe
+// of the primary key).
 func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) {
 	var d Due
 	var next pgtype.Timestamptz
-	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since}), &d.Now, &d.Since, &d.Lanes, &next)
+	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since}), &d.Now, &d.Since, &d.Lanes, &next, &d.Newest)
 	if next.Valid && next.InfinityModifier == pgtype.Finite {
 		d.Next = next.Time
 	}

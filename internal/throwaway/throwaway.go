@@ -1,5 +1,5 @@
-// Package throwaway starts a test's own nats-server (with JetStream) or
-// redis-server on a free loopback port, which the test may kill and start
+// Package throwaway starts a test's own nats-server (with JetStream),
+// redis-server or pgbouncer on a free loopback port, which the test may kill and start
 // again: disruptive tests never touch the machine's shared servers. Each
 // server keeps its data in a temporary directory (JetStream's file store;
 // Redis' append-only file, written before every reply), so what it
@@ -29,6 +29,7 @@ type Server struct {
 	args []string
 	port int
 	dir  string
+	user string // pgbouncer's
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -92,13 +93,20 @@ func freePort(tb testing.TB) int {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-// URL is the server's URL (nats://… or redis://…/0).
+// URL is the server's URL (nats://… or redis://…/0; for pgbouncer,
+// postgres://user@…/ without a database name: see DatabaseURL).
 func (s *Server) URL() string {
-	if s.name == "redis-server" {
+	switch s.name {
+	case "redis-server":
 		return "redis://" + s.Addr() + "/0"
+	case "pgbouncer":
+		return "postgres://" + s.user + "@" + s.Addr() + "/"
 	}
 	return "nats://" + s.Addr()
 }
+
+// DatabaseURL is pgbouncer's URL for database db.
+func (s *Server) DatabaseURL(db string) string { return s.URL() + db }
 
 // Start starts the server (again, on the same port and data) and waits
 // until it accepts connections.
@@ -192,4 +200,53 @@ func RedisCluster(tb testing.TB, n int) string {
 		}
 	}
 	return "redis://" + strings.Join(addrs, ",")
+}
+
+// PgBouncer starts pgbouncer in transaction pooling mode on a free port,
+// in front of the Postgres server at target (host:port), with trust
+// authentication for user, at most poolSize server connections per
+// database and user, and the stock settings otherwise (it refuses start-up
+// parameters it does not know, as a default installation does). Its URL
+// is URL with the database's name.
+func PgBouncer(tb testing.TB, target, user string, poolSize int) *Server {
+	tb.Helper()
+	s := newServer(tb, "pgbouncer")
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		tb.Fatalf("throwaway: pgbouncer target %q: %v", target, err)
+	}
+	users := filepath.Join(s.dir, "users.txt")
+	ini := filepath.Join(s.dir, "pgbouncer.ini")
+	conf := fmt.Sprintf(`[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = %d
+max_client_conn = 500
+`, host, port, s.port, users, poolSize)
+	for path, body := range map[string]string{ini: conf, users: fmt.Sprintf("%q \"\"\n", user)} {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			tb.Fatalf("throwaway: %v", err)
+		}
+	}
+	s.args = []string{ini}
+	if os.Geteuid() == 0 {
+		// pgbouncer refuses to run as root; it drops to an unprivileged
+		// user, which must be able to read its files.
+		for _, d := range []string{filepath.Dir(s.dir), s.dir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				tb.Fatalf("throwaway: %v", err)
+			}
+		}
+		s.args = []string{"-u", "postgres", ini}
+	}
+	s.user = user
+	s.Start()
+	return s
 }
