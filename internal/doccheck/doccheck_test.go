@@ -1,0 +1,210 @@
+package doccheck
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+// root is the repository's root, two levels above this package.
+const root = "../.."
+
+// docs lists the Markdown files users read: the top-level pages, docs/,
+// the Helm chart's README and the result files of bench/.
+func docs(t *testing.T) []string {
+	t.Helper()
+	var files []string
+	for _, f := range []string{"README.md", "CONTRIBUTING.md", "CHANGELOG.md"} {
+		files = append(files, filepath.Join(root, f))
+	}
+	for _, dir := range []string{"docs", "deploy", "bench/results"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+				files = append(files, p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return files
+}
+
+var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// prose returns the lines of a Markdown file outside fenced code blocks,
+// with inline code removed (a link inside backticks is not a link).
+func prose(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []string
+	fenced := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			lines = append(lines, "")
+			continue
+		}
+		if fenced {
+			lines = append(lines, "")
+			continue
+		}
+		lines = append(lines, inlineCode.ReplaceAllString(line, "``"))
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return lines
+}
+
+var inlineCode = regexp.MustCompile("`[^`]*`")
+
+// anchors returns the heading ids GitHub gives a Markdown file.
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	ids := map[string]bool{}
+	seen := map[string]int{}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenced := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		if fenced || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		id := slug(strings.TrimLeft(line, "# "))
+		if n := seen[id]; n > 0 {
+			ids[id+"-"+itoa(n)] = true
+		} else {
+			ids[id] = true
+		}
+		seen[id]++
+	}
+	return ids
+}
+
+func itoa(n int) string {
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+// slug is GitHub's heading id: lower case; letters, digits, '-' and '_'
+// kept; spaces become '-'; everything else dropped.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// Every relative link of the docs names a file that exists, and every
+// anchor a heading of its target.
+func TestLinksResolve(t *testing.T) {
+	t.Parallel()
+	cache := map[string]map[string]bool{}
+	for _, file := range docs(t) {
+		rel, _ := filepath.Rel(root, file)
+		for i, line := range prose(t, file) {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				dest := file
+				if path != "" {
+					dest = filepath.Join(filepath.Dir(file), path)
+					if _, err := os.Stat(dest); err != nil {
+						t.Errorf("%s:%d: link %s: no such file", rel, i+1, target)
+						continue
+					}
+				}
+				if anchor == "" || !strings.HasSuffix(dest, ".md") {
+					continue
+				}
+				ids, ok := cache[dest]
+				if !ok {
+					ids = anchors(t, dest)
+					cache[dest] = ids
+				}
+				if !ids[anchor] {
+					t.Errorf("%s:%d: link %s: no heading with id %q", rel, i+1, target, anchor)
+				}
+			}
+		}
+	}
+}
+
+// The docs speak in the project's voice and state what is true now: no
+// first person, and no section that describes behaviour from before a fix
+// (that story belongs in CHANGELOG.md, which is not checked here).
+func TestProjectVoice(t *testing.T) {
+	t.Parallel()
+	banned := regexp.MustCompile(`\bI (measured|would|tried|found|think|did)\b|Fixed\. The description|other people's|What I would`)
+	for _, file := range docs(t) {
+		rel, _ := filepath.Rel(root, file)
+		if rel == "CHANGELOG.md" {
+			continue
+		}
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(raw), "\n") {
+			if m := banned.FindString(line); m != "" {
+				t.Errorf("%s:%d: %q: write in the project's voice, about what is true now", rel, i+1, m)
+			}
+		}
+	}
+}
+
+// README.md is the front door: short enough to read, and the two
+// commands it promises exist in the Makefile.
+func TestREADMEIsAFrontDoor(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), "\n"); n > 320 {
+		t.Errorf("README.md has %d lines; keep it near 300 and move detail to the page that owns it", n)
+	}
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{"demo", "test", "build"} {
+		if !strings.Contains(string(raw), "make "+target) {
+			t.Errorf("README.md does not give `make %s`", target)
+		}
+		if !regexp.MustCompile(`(?m)^` + target + `:`).Match(mk) {
+			t.Errorf("the Makefile has no %s target, which README.md gives", target)
+		}
+	}
+}
