@@ -208,3 +208,40 @@ func TestREADMEIsAFrontDoor(t *testing.T) {
 		}
 	}
 }
+
+// README.md and CONTRIBUTING.md say exactly which Debian packages
+// `make test` may install: every package scripts/services.sh passes to
+// apt_install (or to ensure_tool) is named in both, and every install is
+// made without recommended packages.
+func TestDocsListWhatServicesInstalls(t *testing.T) {
+	t.Parallel()
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "services.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(script), "apt-get install -y -qq --no-install-recommends") {
+		t.Error("scripts/services.sh: apt_install no longer passes --no-install-recommends")
+	}
+	var pkgs []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*apt_install ([a-z0-9 .+-]+)$`).FindAllStringSubmatch(string(script), -1) {
+		pkgs = append(pkgs, strings.Fields(m[1])...)
+	}
+	for _, m := range regexp.MustCompile(`ensure_tool \S+ ([a-z0-9.+-]+)`).FindAllStringSubmatch(string(script), -1) {
+		pkgs = append(pkgs, m[1])
+	}
+	if len(pkgs) < 5 {
+		t.Fatalf("found only %v in scripts/services.sh: the test's patterns no longer match it", pkgs)
+	}
+	for _, doc := range []string{"README.md", "CONTRIBUTING.md"} {
+		raw, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pkgs {
+			named := regexp.MustCompile("(^|[\\s`])" + regexp.QuoteMeta(p) + "([\\s`,;.)]|$)")
+			if !named.Match(raw) {
+				t.Errorf("%s does not name %s, which scripts/services.sh may install", doc, p)
+			}
+		}
+	}
+}
