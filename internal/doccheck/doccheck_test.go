@@ -245,3 +245,47 @@ func TestDocsListWhatServicesInstalls(t *testing.T) {
 		}
 	}
 }
+
+// docs/benchmarks.md owns every figure: the performance table of README.md
+// is an excerpt of its current run, so every number in it appears in the
+// "Current release" section of docs/benchmarks.md.
+func TestREADMEFiguresAreTheBenchmarksOwn(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bench, err := os.ReadFile(filepath.Join(root, "docs", "benchmarks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := string(bench)
+	start := strings.Index(current, "## Current release")
+	if start < 0 {
+		t.Fatal(`docs/benchmarks.md has no "## Current release" section`)
+	}
+	current = current[start:]
+	if end := strings.Index(current[3:], "\n## "); end >= 0 {
+		current = current[:end+3]
+	}
+	perf := string(readme)
+	start = strings.Index(perf, "## Performance")
+	if start < 0 {
+		t.Fatal(`README.md has no "## Performance" section`)
+	}
+	perf = perf[start:]
+	if end := strings.Index(perf[3:], "\n## "); end >= 0 {
+		perf = perf[:end+3]
+	}
+	number := regexp.MustCompile(`\b\d+\.\d+\b`)
+	for _, line := range strings.Split(perf, "\n") {
+		if !strings.HasPrefix(line, "| ") {
+			continue
+		}
+		for _, n := range number.FindAllString(line, -1) {
+			if !strings.Contains(current, n) {
+				t.Errorf("README.md's performance table shows %s, which the current run in docs/benchmarks.md does not: %s", n, line)
+			}
+		}
+	}
+}
