@@ -289,3 +289,50 @@ func TestREADMEFiguresAreTheBenchmarksOwn(t *testing.T) {
 		}
 	}
 }
+
+// Every test the docs name as the proof of a promise exists.
+func TestNamedTestsExist(t *testing.T) {
+	t.Parallel()
+	defined := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz|Example)\w*)\(`)
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(raw), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Z]\\w*)`")
+	for _, file := range docs(t) {
+		rel, _ := filepath.Rel(root, file)
+		if strings.HasPrefix(rel, "bench/results") || rel == "CHANGELOG.md" {
+			continue // history may name tests that were renamed since
+		}
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(raw), "\n") {
+			for _, m := range named.FindAllStringSubmatch(line, -1) {
+				if !defined[m[1]] {
+					t.Errorf("%s:%d: names %s, which no _test.go file defines", rel, i+1, m[1])
+				}
+			}
+		}
+	}
+}
