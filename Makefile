@@ -12,7 +12,7 @@ export TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 GO_TEST := go test -race -count=1 -timeout 30m
 BIN := bin
 
-.PHONY: help build demo test vet chaos faults bench fuzz services clean
+.PHONY: help build demo test vet docs chaos faults bench fuzz services clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -20,12 +20,15 @@ help: ## list targets
 build: ## build bin/outbox-relay and bin/outbox-demo
 	go build -o $(BIN)/ ./cmd/...
 
-services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need (promtool, helm, chromium); prints every change it makes
+services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need (docker-compose, promtool, helm, chromium), without recommended packages; prints every change it makes
 	scripts/services.sh postgres rabbitmq nats redis docker-compose promtool helm chromium
 
 demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
 	scripts/services.sh postgres
 	scripts/demo.sh
+
+docs: ## regenerate docs/cli.md (the command-line and configuration reference) from the commands
+	go run ./internal/cli/gendoc
 
 vet: ## go vet, the module and bench/
 	go vet ./...

@@ -1,41 +1,42 @@
-// Package relay is the engine of outbox-relay: workers claim committed
-// outbox rows, hand them to a sink, and delete what the sink accepted, in
-// one transaction per batch ("lock while publishing").
+// Package relay runs outbox-relay's engine inside a Go program: it claims
+// the messages applications committed to the outbox table, hands them to a
+// sink, and deletes what the sink accepted, at least once and in order per
+// key. The outbox-relay daemon is this package plus flags, metrics and an
+// admin listener; embed it when the relay should live in your own process.
 //
-// Ordering. Every message belongs to one of 256 lanes (a hash of its key).
-// Relay processes lease lanes through the lanes table, each taking a fair
-// share, and rebalance at once when one joins or leaves (it says so with a
-// NOTIFY from its own session, see lease.go); a lane is worked on by one
-// worker of one process at a time, and in id order. Messages with the same key therefore reach the sink in the
-// order they were written, never concurrently, whatever the number of
-// relay processes. A message whose delivery failed waits for its retry in
-// the row (attempts, available_at) and holds back the later messages of its
-// key, and only of its key.
+// What to call:
 //
-// Failure. A relay that dies mid-batch loses nothing: its transaction
-// aborts and the rows are claimable again. Its lanes go to other relays
-// when its lease connection is seen closed, or at the latest after LeaseTTL.
-// Idle-in-transaction and statement timeouts on the relay's sessions bound
-// how long a relay cut off from the database can hold rows.
+//   - NewPool opens the relay's database pool with the session settings it
+//     relies on (timeouts, keepalives, synchronous_commit off for its own
+//     sessions only). For one Relay, PoolConfig{Workers: cfg.Workers} sizes
+//     it as the daemon does: a connection per batch in flight, the lane
+//     lease, LISTEN and one for health checks. For several relays on one
+//     pool, set MaxConns to Conns(cfgs...) + PipelineConns(cfgs...) + 1;
+//     Conns(cfgs...) + 1 is the least that runs every worker, one batch at
+//     a time.
+//   - New(pool, sink, Config) builds one Relay for one sink; Run(ctx)
+//     relays until ctx ends, then stops claiming, lets the batches in flight
+//     finish (Config.DrainTimeout), hands its lanes to other relays and
+//     returns.
+//   - NewSet(pool, SetConfig) runs several routes in one process (topic
+//     patterns, fan-out to several sinks, dead letters for unrouted
+//     topics), as the daemon's routes table does; Set.Run as Relay.Run.
+//   - Relay.Live and Relay.Ready (Set too) answer liveness and readiness
+//     probes; Relay.Stats counts the relay's work.
+//   - Config documents every setting with its default; Config.Validate
+//     names the field at fault.
 //
-// Routes. A Relay serves one route; a Set runs several in one process
-// (relay.NewSet), with the fan-out router, the unrouted route and one
-// shared LISTEN, as the CLI's routes table does (set.go). Topic patterns
-// are package topic's.
+// The schema must be migrated first (package migrations, or
+// `outbox-relay migrate`). Metrics and tracing plug in through Config.Hooks
+// (packages relayprom and relayotel); operator actions (status, dead-letter
+// replay and purge, archive replay) are in package relay/operator; sinks
+// are in package sinks and its subpackages. Messages are written by package
+// outbox, in the application's own transaction.
 //
-// Where things are. The worker loop (worker.go) claims from a source
-// chosen once by New (claim.go: the outbox, a route's fan-out copies, or
-// the outbox for the fan-out router), hands the batch to the sink and
-// settles it. The retry and dead-letter rule is the settle decision
-// (settle.go: an outcome becomes a delete, a retry or a dead letter; the
-// delay comes from retry.go); apart.go settles row by row when the
-// database refuses a batch's statements. Lane leases are in lease.go,
-// Live and Ready in health.go. Wake-up is in wake.go (the LISTEN session
-// and the watcher elected per schema, which polls or follows the WAL,
-// wal.go, and names the lanes that got rows, lanes.go): nothing runs in
-// the writers' transactions by default. This package holds no
-// SQL: every statement it runs (the claim query among them) is a typed
-// method of package internal/store, rendered once per schema and source.
-//
-// This package does not parse flags or know any concrete sink.
+// Guarantees: every committed message is handed to the sink at least once
+// with a stable message id; messages of one key go in write order and never
+// concurrently, across any number of relay processes; a failed delivery is
+// retried with backoff stored in its row and holds back only its own key;
+// after Config.MaxAttempts, or a permanent error, it moves to the
+// dead-letter table. docs/guarantees.md names the test behind each promise.
 package relay

@@ -25,7 +25,7 @@ func Example_operated() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	cfg := relay.Config{Schema: "outbox", Workers: 4}
-	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", MaxConns: relay.Conns(cfg) + 1})
+	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", Workers: cfg.Workers})
 	if err != nil {
 		log.Fatal(err)
 	}

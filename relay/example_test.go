@@ -45,7 +45,7 @@ func Example() {
 // with its own retry policy. Messages of other topics are dead-lettered
 // with the reason `no route matches topic "…"` (the Set adds that
 // route), where an operator sees them. One pool serves every route, sized
-// by SetConfig.Conns plus one for health checks (runRoutes).
+// as the daemon sizes it (runRoutes).
 func ExampleNewSet() {
 	kafka, webhook := openSinks()
 	base := relay.Config{Workers: 4}
@@ -73,7 +73,14 @@ func Example_fanOut() {
 func runRoutes(sc relay.SetConfig) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app", MaxConns: sc.Conns() + 1})
+	// Every relay the Set runs (routes, router, unrouted), each worker
+	// with its pipeline full, plus one connection for health checks.
+	cfgs, err := sc.Plan()
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app",
+		MaxConns: relay.Conns(cfgs...) + relay.PipelineConns(cfgs...) + 1})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -106,7 +113,7 @@ func Example_fanOutByHand() {
 	kafkaCfg := relay.Config{Route: "kafka", Deliveries: true, SharedListener: true}
 	crmCfg := relay.Config{Route: "crm", Deliveries: true, SharedListener: true}
 	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app",
-		MaxConns: relay.Conns(routerCfg, kafkaCfg, crmCfg) + 1})
+		MaxConns: relay.Conns(routerCfg, kafkaCfg, crmCfg) + relay.PipelineConns(routerCfg, kafkaCfg, crmCfg) + 1})
 	if err != nil {
 		log.Fatal(err)
 	}

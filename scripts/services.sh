@@ -2,25 +2,40 @@
 # Make sure the local services the tests and the demo need are running:
 # start them when installed but stopped, install them (Debian packages)
 # when missing, and fail loudly when that is impossible. Every change it
-# makes to the machine is printed, as the command it runs, before it runs:
+# makes to the machine is printed, as the command it runs, before it runs.
+# This list is complete (README.md and CONTRIBUTING.md repeat it for
+# readers; keep the three in step):
 #
-#   - apt-get update / apt-get install of postgresql, rabbitmq-server,
-#     nats-server, redis-server, docker-compose or prometheus (for promtool,
-#     which tests the alert rules and the dashboard's queries), when they
-#     are missing (the tests' throwaway servers need initdb and pg_ctl from
-#     postgresql, rabbitmq-server and rabbitmqctl from rabbitmq-server,
-#     nats-server and redis-server from theirs);
-#   - apt-get install of chromium and chromium-driver (the console's browser
-#     tests drive a headless Chromium) when chromium is missing;
+#   - apt-get update, once, before the first install;
+#   - apt-get install --no-install-recommends (every install: no
+#     recommended packages, so no container engine, no desktop) of, each
+#     only when its command is missing:
+#       postgresql postgresql-contrib  (the shared server; initdb and pg_ctl
+#                                       for the tests' throwaway servers)
+#       rabbitmq-server                (the shared broker; rabbitmq-server and
+#                                       rabbitmqctl for throwaway nodes)
+#       nats-server                    (JetStream; throwaway servers too)
+#       redis-server                   (the shared server; throwaway servers)
+#       docker-compose                 (Debian's Compose v1, Python: validates
+#                                       docker-compose.yml with `config -q`;
+#                                       no engine is installed or needed)
+#       prometheus                     (for promtool, which tests the alert
+#                                       rules and the dashboard's queries)
+#       chromium chromium-driver       (the console's browser tests)
 #   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
-#     when helm is missing (Debian has no helm package; the chart's tests
-#     need it; building it takes a few minutes once);
+#     when helm is missing, or when the helm found is a build of this
+#     script's from before it set the default Kubernetes version (Debian has
+#     no helm package; the chart's tests need it; building it takes a few
+#     minutes once). The build sets Helm's default Kubernetes version to the
+#     one of its client libraries, as Helm's own release builds do, so
+#     `helm template` works without --kube-version;
 #   - while installing prometheus, a temporary /usr/sbin/policy-rc.d that
 #     keeps the package's Prometheus server from starting (it would take
-#     port 9090, the relay's admin port), and `systemctl disable
+#     port 9090, the relay's admin port), and `systemctl disable --now
 #     prometheus` where systemd runs;
 #   - two `trust` lines for 127.0.0.1 and ::1 at the top of the newest
-#     cluster's pg_hba.conf, then a reload, when loopback is not trusted yet;
+#     cluster's pg_hba.conf, then a reload, when loopback is not trusted yet
+#     (test machines only);
 #   - starting PostgreSQL (pg_ctlcluster ... start), RabbitMQ
 #     (rabbitmq-server -detached), NATS with JetStream on 127.0.0.1:4222
 #     (nats-server -js, data in /var/lib/nats-server) or Redis on
@@ -31,7 +46,7 @@
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq nats redis
+#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool helm chromium
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -53,7 +68,10 @@ apt_install() {
 		run "${SUDO[@]}" apt-get update -qq >&2 || die "apt-get update failed"
 		apt_updated=1
 	fi
-	run "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
+	# Recommended packages are never installed: Debian's docker-compose
+	# recommends docker.io (with containerd, runc, iptables, apparmor), and
+	# nothing here needs them.
+	run "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2 || die "apt-get install $* failed"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -184,7 +202,7 @@ ensure_promtool() {
 		"${SUDO[@]}" chmod 755 /usr/sbin/policy-rc.d
 		policy=1
 	fi
-	apt_install --no-install-recommends prometheus
+	apt_install prometheus
 	if [ -n "$policy" ]; then
 		run "${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
 	fi
@@ -204,17 +222,40 @@ has_chromium() {
 ensure_chromium() {
 	has_chromium && return 0
 	log "chromium not installed"
-	apt_install --no-install-recommends chromium chromium-driver
+	apt_install chromium chromium-driver
 }
 
 HELM_VERSION=v3.19.0
+# HELM_KUBE_MINOR is the Kubernetes minor version of HELM_VERSION's client
+# libraries (k8s.io/client-go v0.34 in its go.mod): Helm's release builds
+# set it as the default of `helm template` through -ldflags, and a plain
+# `go install` leaves Helm's fallback, Kubernetes 1.20, which the chart's
+# kubeVersion (>=1.25) refuses. Change both together.
+HELM_KUBE_MINOR=34
+
+# helm_default_kube_ok reports whether helm renders the chart with its
+# default Kubernetes version (a helm built without the -ldflags does not).
+helm_default_kube_ok() {
+	local chart
+	chart="$(dirname "$0")/../deploy/helm/outbox-relay"
+	[ -d "$chart" ] || return 0
+	! helm template r1 "$chart" 2>&1 | grep -q 'incompatible with Kubernetes'
+}
 
 # ensure_helm builds Helm from its Go module (Debian does not package it).
 ensure_helm() {
-	command -v helm >/dev/null && return 0
-	log "helm not installed"
+	if command -v helm >/dev/null; then
+		helm_default_kube_ok && return 0
+		log "helm ($(command -v helm)) defaults to Kubernetes 1.20 (built without Helm's -ldflags); building $HELM_VERSION again"
+	else
+		log "helm not installed"
+	fi
 	command -v go >/dev/null || die "go not found: cannot build helm"
-	run "${SUDO[@]}" env GOBIN=/usr/local/bin GOFLAGS=-mod=mod "$(command -v go)" install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ||
+	local k ldflags=""
+	for k in pkg/chartutil pkg/lint/rules; do
+		ldflags+=" -X helm.sh/helm/v3/$k.k8sVersionMajor=1 -X helm.sh/helm/v3/$k.k8sVersionMinor=$HELM_KUBE_MINOR"
+	done
+	run "${SUDO[@]}" env GOBIN=/usr/local/bin GOFLAGS=-mod=mod "$(command -v go)" install -ldflags "${ldflags# }" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ||
 		die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed"
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -133,21 +134,73 @@ func TestHelmAlertRulesAreTheProjects(t *testing.T) {
 func TestHelmTemplate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		values []string
-		full   bool
+		name    string
+		values  []string
+		full    bool
+		secrets bool
 	}{
-		{name: "defaults"},
-		{name: "full values", values: []string{"-f", chartDir + "/ci/full-values.yaml"}, full: true},
+		// No --kube-version: the Kubernetes version helm assumes by
+		// itself must satisfy the chart's kubeVersion (a helm built with
+		// a bare `go install` assumes 1.20; scripts/services.sh builds it
+		// with Helm's own -ldflags).
+		{name: "defaults, helm's own Kubernetes version"},
+		{name: "defaults", values: []string{"--kube-version", "1.29.0"}},
+		{name: "full values", values: []string{"--kube-version", "1.29.0", "-f", chartDir + "/ci/full-values.yaml"}, full: true},
+		// Secrets for the sink URL and the console's tokens too: each is
+		// mounted so that the relay does not warn (checkSecretFileModes).
+		{name: "secrets", values: []string{"--set", "sink.url=", "--set", "sink.existingSecret=relay-sink", "--set", "console.tokensSecret=relay-console"}, secrets: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			out := helm(t, append([]string{"template", "relay", chartDir, "--namespace", "apps", "--kube-version", "1.29.0"}, tc.values...)...)
+			out := helm(t, append([]string{"template", "relay", chartDir, "--namespace", "apps"}, tc.values...)...)
 			m := parseManifests(t, "helm template "+tc.name, out)
+			if tc.secrets {
+				checkChartSecrets(t, m)
+				return
+			}
 			checkChart(t, m, tc.full)
 		})
 	}
 }
+
+// checkChartSecrets checks a rendering whose database URL, sink URL and
+// console tokens all come from Secrets: every one is a file the relay reads
+// without warning (checkPod runs checkSecretFileModes on each), and the
+// pods of the relay and of the migration set an fsGroup.
+func checkChartSecrets(t *testing.T, m manifests) {
+	require.Len(t, m.deployments, 1, "one Deployment")
+	spec := m.deployments[0].Spec.Template.Spec
+	runs := checkPod(t, m.file+": Deployment", spec)
+	require.Len(t, runs, 1)
+	for _, env := range []string{"OUTBOX_DATABASE_URL_FILE", "OUTBOX_SINK_FILE", "OUTBOX_ADMIN_TOKEN_FILE"} {
+		_, ok := runs[0].env(env)
+		require.True(t, ok, "%s is not set", env)
+	}
+	require.NotNil(t, spec.SecurityContext.FSGroup)
+	require.Len(t, m.jobs, 1, "the migration hook Job")
+	checkPod(t, m.file+": Job", m.jobs[0].Spec.Template.Spec)
+	require.NotNil(t, m.jobs[0].Spec.Template.Spec.SecurityContext.FSGroup)
+}
+
+// The image tag the docs build and push is the one the chart deploys by
+// default (its appVersion) and the plain manifests name.
+func TestImageTagsAgree(t *testing.T) {
+	t.Parallel()
+	var chart struct {
+		AppVersion string `yaml:"appVersion"`
+	}
+	require.NoError(t, yaml.Unmarshal(readFile(t, chartDir+"/Chart.yaml"), &chart))
+	files := []string{"docs/deploy.md", "deploy/kubernetes/deployment.yaml", "deploy/kubernetes/sidecar.yaml"}
+	for _, f := range files {
+		tags := imageTag.FindAllStringSubmatch(string(readFile(t, f)), -1)
+		require.NotEmpty(t, tags, "%s names no registry.example.com/outbox-relay:TAG", f)
+		for _, tag := range tags {
+			require.Equal(t, chart.AppVersion, tag[1], "%s tags the image %s; the chart deploys %s by default", f, tag[0], chart.AppVersion)
+		}
+	}
+}
+
+var imageTag = regexp.MustCompile(`registry\.example\.com/outbox-relay:([^\s"']+)`)
 
 func checkChart(t *testing.T, m manifests, full bool) {
 	require.Len(t, m.deployments, 1, "one Deployment")

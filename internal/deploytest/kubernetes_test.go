@@ -205,6 +205,7 @@ type volume struct {
 		Items       []struct {
 			Key  string `yaml:"key"`
 			Path string `yaml:"path"`
+			Mode *int   `yaml:"mode"`
 		} `yaml:"items"`
 	} `yaml:"secret"`
 	ConfigMap *struct {
@@ -366,6 +367,7 @@ func checkPod(t *testing.T, where string, spec podSpec) []container {
 		at := where + " container " + c.Name
 		checkSecurity(t, at, spec, c)
 		checkDatabaseSecret(t, at, spec, c)
+		checkSecretFileModes(t, at, spec, c)
 		switch sub := subcommand(c); sub {
 		case "run":
 			runs = append(runs, c)
@@ -475,6 +477,51 @@ func checkDatabaseSecret(t *testing.T, at string, spec podSpec, c container) {
 	}
 	if !found {
 		t.Errorf("%s: no OUTBOX_DATABASE_URL(_FILE) or DATABASE_URL(_FILE)", at)
+	}
+}
+
+// checkSecretFileModes holds every *_FILE the relay reads from a mounted
+// Secret to what the relay's own check accepts without its "secret file is
+// readable by other users" warning (internal/cli: not world-readable, and
+// group-readable only by a group the process is in). Kubernetes mounts
+// Secret files as root, group fsGroup, mode defaultMode (0644 when unset):
+// so the mode must not be world-readable, a group-readable mode needs the
+// pod's fsGroup, and an owner-only mode leaves the non-root relay unable to
+// read its own secret.
+func checkSecretFileModes(t *testing.T, at string, spec podSpec, c container) {
+	t.Helper()
+	for _, e := range c.Env {
+		if !strings.HasSuffix(e.Name, "_FILE") || e.Value == nil {
+			continue
+		}
+		for _, vm := range c.VolumeMounts {
+			rel, err := filepath.Rel(vm.MountPath, *e.Value)
+			if err != nil || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Name != vm.Name || v.Secret == nil {
+					continue
+				}
+				mode := 0o644 // Kubernetes' default
+				if v.Secret.DefaultMode != nil {
+					mode = *v.Secret.DefaultMode
+				}
+				for _, it := range v.Secret.Items {
+					if it.Path == rel && it.Mode != nil {
+						mode = *it.Mode
+					}
+				}
+				switch {
+				case mode&0o004 != 0:
+					t.Errorf("%s: %s=%s is mounted with mode %#o, readable by every user (the relay warns): set the Secret volume's defaultMode to 0440 and the pod's fsGroup", at, e.Name, *e.Value, mode)
+				case mode&0o040 != 0 && (spec.SecurityContext == nil || spec.SecurityContext.FSGroup == nil):
+					t.Errorf("%s: %s=%s is group-readable (mode %#o) but the pod sets no fsGroup: the file's group is not the relay's (the relay warns)", at, e.Name, *e.Value, mode)
+				case mode&0o044 == 0:
+					t.Errorf("%s: %s=%s has mode %#o: Secret files belong to root, so the non-root relay cannot read it; use 0440 with the pod's fsGroup", at, e.Name, *e.Value, mode)
+				}
+			}
+		}
 	}
 }
 

@@ -38,3 +38,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- if hasSuffix "m" $d -}}{{ mul (trimSuffix "m" $d | atoi) 60 }}{{- else -}}{{ trimSuffix "s" $d | atoi }}{{- end -}}
 {{- end -}}
+
+{{/*
+The pod's securityContext: the values' podSecurityContext, with an fsGroup
+(default: runAsGroup, else 65532). Kubernetes mounts Secret files as
+root:fsGroup; with the chart's defaultMode 0440 only the relay's group can
+read them, so the relay's "secret file is readable by other users" check
+(world-readable, or group-readable by a group it is not in) stays quiet.
+*/}}
+{{- define "outbox-relay.podSecurityContext" -}}
+{{- $podSecurity := deepCopy .Values.podSecurityContext }}
+{{- $_ := set $podSecurity "fsGroup" ($podSecurity.fsGroup | default $podSecurity.runAsGroup | default 65532) }}
+{{- toYaml $podSecurity }}
+{{- end }}
