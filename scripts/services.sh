@@ -21,6 +21,8 @@
 #                                       no engine is installed or needed)
 #       prometheus                     (for promtool, which tests the alert
 #                                       rules and the dashboard's queries)
+#       pgbouncer                      (the tests' throwaway PgBouncers in
+#                                       front of the test database)
 #       chromium chromium-driver       (the console's browser tests)
 #   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
 #     when helm is missing, or when the helm found is a build of this
@@ -29,10 +31,10 @@
 #     minutes once). The build sets Helm's default Kubernetes version to the
 #     one of its client libraries, as Helm's own release builds do, so
 #     `helm template` works without --kube-version;
-#   - while installing prometheus, a temporary /usr/sbin/policy-rc.d that
-#     keeps the package's Prometheus server from starting (it would take
-#     port 9090, the relay's admin port), and `systemctl disable --now
-#     prometheus` where systemd runs;
+#   - while installing prometheus or pgbouncer, a temporary
+#     /usr/sbin/policy-rc.d that keeps the package's server from starting
+#     (Prometheus would take port 9090, the relay's admin port), and
+#     `systemctl disable --now` of it where systemd runs;
 #   - two `trust` lines for 127.0.0.1 and ::1 at the top of the newest
 #     cluster's pg_hba.conf, then a reload, when loopback is not trusted yet
 #     (test machines only);
@@ -46,7 +48,7 @@
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool helm chromium
+#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -195,6 +197,22 @@ ensure_tool() { # command package
 ensure_promtool() {
 	command -v promtool >/dev/null && return 0
 	log "promtool not installed"
+	install_without_service prometheus
+}
+
+# ensure_pgbouncer installs pgbouncer, which the tests run as throwaway
+# instances of their own in front of the test database (internal/throwaway):
+# the package's own server must not start.
+ensure_pgbouncer() {
+	command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] && return 0
+	log "pgbouncer not installed"
+	install_without_service pgbouncer
+}
+
+# install_without_service installs a package whose service must not run
+# here: a temporary /usr/sbin/policy-rc.d keeps it from starting during
+# the install, and where systemd runs it is disabled afterwards.
+install_without_service() { # package (its service has the same name)
 	local policy=""
 	if [ ! -e /usr/sbin/policy-rc.d ]; then
 		log "running: write /usr/sbin/policy-rc.d (exit 101: no service starts during the install)"
@@ -202,12 +220,12 @@ ensure_promtool() {
 		"${SUDO[@]}" chmod 755 /usr/sbin/policy-rc.d
 		policy=1
 	fi
-	apt_install prometheus
+	apt_install "$1"
 	if [ -n "$policy" ]; then
 		run "${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
 	fi
 	if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-		run "${SUDO[@]}" systemctl disable --now prometheus >&2 || true
+		run "${SUDO[@]}" systemctl disable --now "$1" >&2 || true
 	fi
 }
 
@@ -267,6 +285,7 @@ for s in "$@"; do
 	redis) ensure_redis ;;
 	docker-compose) ensure_tool docker-compose docker-compose ;;
 	promtool) ensure_promtool ;;
+	pgbouncer) ensure_pgbouncer ;;
 	helm) ensure_helm ;;
 	chromium) ensure_chromium ;;
 	*) die "unknown service $s" ;;

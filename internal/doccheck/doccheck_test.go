@@ -223,7 +223,7 @@ func TestDocsListWhatServicesInstalls(t *testing.T) {
 		t.Error("scripts/services.sh: apt_install no longer passes --no-install-recommends")
 	}
 	var pkgs []string
-	for _, m := range regexp.MustCompile(`(?m)^\s*apt_install ([a-z0-9 .+-]+)$`).FindAllStringSubmatch(string(script), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:apt_install|install_without_service) ([a-z0-9 .+-]+)$`).FindAllStringSubmatch(string(script), -1) {
 		pkgs = append(pkgs, strings.Fields(m[1])...)
 	}
 	for _, m := range regexp.MustCompile(`ensure_tool \S+ ([a-z0-9.+-]+)`).FindAllStringSubmatch(string(script), -1) {
