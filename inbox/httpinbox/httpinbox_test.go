@@ -165,4 +165,3 @@ type hooks struct{ dups *atomic.Int64 }
 func (h hooks) Duplicate(inbox.Message)         { h.dups.Add(1) }
 func (h hooks) OutOfOrder(inbox.Message, int64) {}
 func (h hooks) Gap(inbox.Message, int64)        {}
-
