@@ -36,7 +36,7 @@ type env struct {
 	hooks   *counting
 }
 
-func setup(t *testing.T, partitions int32) *env {
+func setup(t testing.TB, partitions int32) *env {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
 	if err != nil {
@@ -58,12 +58,12 @@ func setup(t *testing.T, partitions int32) *env {
 
 // send publishes msgs through the relay's own Kafka sink, so the test
 // reads what the relay puts on the wire.
-func (e *env) send(t *testing.T, msgs ...sinks.Message) {
+func (e *env) send(t testing.TB, msgs ...sinks.Message) {
 	t.Helper()
 	require.NoError(t, e.sink.Send(t.Context(), msgs))
 }
 
-func (e *env) reader(t *testing.T, group string) *kafka.Reader {
+func (e *env) reader(t testing.TB, group string) *kafka.Reader {
 	t.Helper()
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: e.cluster.ListenAddrs(), GroupID: group, Topic: topic,
