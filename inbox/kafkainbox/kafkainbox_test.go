@@ -147,8 +147,11 @@ func TestKilledBeforeOffsetCommitProcessesNothingTwice(t *testing.T) {
 	t.Logf("duplicates absorbed: %d (5 relay redeliveries, the rest the killed batch)", e.hooks.dups.Load())
 }
 
-// Two consumers of one group over three partitions, one of them joining
-// late (a rebalance), apply each message once and each key in order.
+// Two consumers of one group over three partitions, the second joining
+// while the first is in the middle of its records (a rebalance), apply
+// each message once and each key in order. A consumer whose offset commit
+// fails in the rebalance starts again with a new reader, as a service
+// would; what it had committed to the database comes again and is skipped.
 func TestRebalanceAppliesOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 3)
@@ -156,21 +159,39 @@ func TestRebalanceAppliesOnce(t *testing.T) {
 	e.send(t, msgs...)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
+	var applied [2]atomic.Int64
+	secondStarted := make(chan struct{})
 	var wg sync.WaitGroup
-	start := func() {
-		r := e.reader(t, "g")
+	start := func(n int) {
 		wg.Go(func() {
-			if err := e.consumer(r, 8).Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("consumer: %v", err)
+			for ctx.Err() == nil {
+				c := e.consumer(e.reader(t, "g"), 8)
+				handle := c.Handle
+				c.Handle = func(ctx context.Context, tx pgx.Tx, r kafka.Message) error {
+					// The first consumer waits, in the middle of its
+					// records, for the second to join.
+					if n == 0 && applied[0].Load() == 30 {
+						select {
+						case <-secondStarted:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}
+					applied[n].Add(1)
+					return handle(ctx, tx, r)
+				}
+				if err := c.Run(ctx); err != nil && ctx.Err() == nil {
+					t.Logf("consumer %d starts again after: %v", n, err)
+				}
 			}
 		})
 	}
-	start()
+	start(0)
 	testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
-		n := len(inboxtest.Effects(t, e.pool, e.schema))
-		return n > 0, "waiting for the first consumer"
+		return applied[0].Load() >= 30, "waiting for the first consumer"
 	})
-	start()
+	start(1)
+	close(secondStarted)
 	testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
 		n := len(inboxtest.Effects(t, e.pool, e.schema))
 		return n == len(msgs), fmt.Sprintf("%d of %d applied", n, len(msgs))
@@ -178,6 +199,8 @@ func TestRebalanceAppliesOnce(t *testing.T) {
 	cancel()
 	wg.Wait()
 	checkOnceInOrder(t, inboxtest.Effects(t, e.pool, e.schema), msgs)
+	require.Positive(t, applied[1].Load(), "the second consumer took part")
+	t.Logf("handled by the first consumer %d, by the second %d; %d duplicates skipped", applied[0].Load(), applied[1].Load(), e.hooks.dups.Load())
 }
 
 func checkOnceInOrder(t *testing.T, got []inboxtest.Applied, msgs []sinks.Message) {
