@@ -77,3 +77,39 @@ func Handle(ctx context.Context, in *inbox.Inbox, db inbox.Beginner, g Group, x 
 	}
 	return o, nil
 }
+
+// HandleBatch is Handle for the entries of one read (XREADGROUP or
+// XAUTOCLAIM): one transaction and one inbox statement for all of them,
+// then one XACK. When the batch holds an out-of-order entry it is handled
+// again one entry at a time, so the entries before that one are applied
+// and acknowledged; the first error is returned.
+func HandleBatch(ctx context.Context, in *inbox.Inbox, db inbox.Beginner, g Group, xs []redis.XMessage, fn func(ctx context.Context, tx pgx.Tx, x redis.XMessage) error) error {
+	if len(xs) == 0 {
+		return nil
+	}
+	ms := make([]inbox.Message, len(xs))
+	ids := make([]string, len(xs))
+	for i, x := range xs {
+		m, err := Message(x)
+		if err != nil {
+			return fmt.Errorf("%w (entry %s)", err, x.ID)
+		}
+		ms[i], ids[i] = m, x.ID
+	}
+	_, err := in.RunBatch(ctx, db, ms, func(ctx context.Context, tx pgx.Tx, i int) error { return fn(ctx, tx, xs[i]) })
+	if errors.Is(err, inbox.ErrOutOfOrder) {
+		for _, x := range xs {
+			if _, err := Handle(ctx, in, db, g, x, fn); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := g.Client.XAck(ctx, g.Stream, g.Group, ids...).Err(); err != nil {
+		return fmt.Errorf("outbox: redisinbox: XACK %d entries (processed; they come again as duplicates): %w", len(ids), err)
+	}
+	return nil
+}

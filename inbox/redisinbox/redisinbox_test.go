@@ -33,7 +33,8 @@ func redisURL() string {
 // Entries written by the relay's Redis sink, some twice (a relay
 // redelivery after later entries of their keys); a consumer that commits
 // an entry and dies before its XACK; a second consumer claims the pending
-// entry and reads the rest: every message applied once, each key in order.
+// entry and handles the rest as one batch (HandleBatch): every message
+// applied once, each key in order.
 func TestKilledBeforeXAck(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -98,12 +99,10 @@ func TestKilledBeforeXAck(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, inbox.Duplicate, o)
 	}
+	// The rest as one batch: one transaction, one XACK.
 	res, err = rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c2", Streams: []string{stream, ">"}, Count: 100}).Result()
 	require.NoError(t, err)
-	for _, x := range res[0].Messages {
-		_, err := redisinbox.Handle(ctx, in, pool, g, x, apply)
-		require.NoError(t, err)
-	}
+	require.NoError(t, redisinbox.HandleBatch(ctx, in, pool, g, res[0].Messages, apply))
 	pending, err := rdb.XPending(ctx, stream, "g").Result()
 	require.NoError(t, err)
 	require.Zero(t, pending.Count, "every entry acked")

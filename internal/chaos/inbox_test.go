@@ -30,7 +30,7 @@ import (
 // into a Redis stream and are SIGKILLed at random, their database
 // sessions ended mid-batch, so batches are added to the stream again:
 // duplicates that arrive after later messages of their keys. A consumer
-// reads the stream through the inbox (package redisinbox) and applies
+// reads the stream through the inbox (redisinbox.HandleBatch) and applies
 // each posting to its own balances table; it is killed too, at random,
 // either mid-transaction or after its commit and before its XACK, and a
 // new consumer claims what it left pending.
@@ -100,7 +100,9 @@ func TestChaosInbox(t *testing.T) {
 		return g.LastDeliveredID == info.LastGeneratedID && g.Pending == 0,
 			fmt.Sprintf("stream at %s, group at %s with %d pending", info.LastGeneratedID, g.LastDeliveredID, g.Pending)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	// The consumer was killed every 0.3-1 s all along; give it a minute
+	// and 2 ms a posting (-race, 2 shared cores) to finish.
+	deadline := time.Now().Add(60*time.Second + time.Duration(messages)*2*time.Millisecond)
 	for {
 		ok, why := caughtUp()
 		if ok {
@@ -360,17 +362,17 @@ func (b *bank) consume(ctx context.Context, t *testing.T, rng *rand.Rand, rdb *r
 }
 
 // consumer claims the group's pending entries, then reads new ones, and
-// handles each through the inbox until ctx ends or an XACK fails.
+// handles them through the inbox, a read at a time, until ctx ends or an
+// XACK fails.
 func (b *bank) consumer(ctx context.Context, rdb *redis.Client, acker dyingClient, stream, group, name string) error {
 	g := redisinbox.Group{Client: acker, Stream: stream, Group: group}
+	// One transaction, one inbox statement and one XACK per read.
 	handle := func(xs []redis.XMessage) error {
-		for _, x := range xs {
-			if _, err := redisinbox.Handle(ctx, b.in, b.pool, g, x, b.post); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return err
+		if err := redisinbox.HandleBatch(ctx, b.in, b.pool, g, xs, b.post); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			return err
 		}
 		return nil
 	}
