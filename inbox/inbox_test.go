@@ -387,3 +387,39 @@ func seqs(as []inboxtest.Applied) []int64 {
 	}
 	return out
 }
+
+// The hot path is one statement per message, and one per batch: counted
+// on the wire with a pgx tracer.
+func TestOneStatementPerMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	cfg := e.pool.Config().Copy()
+	tr := &countingTracer{}
+	cfg.ConnConfig.Tracer = tr
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	before := tr.n.Load()
+	for _, m := range []inbox.Message{msg("k", 1), msg("k", 2), msg("", 0)} {
+		_, err := e.in.Accept(ctx, tx, m)
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 3, tr.n.Load()-before, "one statement per message")
+	before = tr.n.Load()
+	_, err = e.in.AcceptBatch(ctx, tx, []inbox.Message{msg("k", 3), msg("k", 4), msg("j", 5), msg("", 0)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tr.n.Load()-before, "one statement per batch")
+}
+
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -237,3 +237,24 @@ type counting struct{ dups, ooo atomic.Int64 }
 func (c *counting) Duplicate(inbox.Message)         { c.dups.Add(1) }
 func (c *counting) OutOfOrder(inbox.Message, int64) { c.ooo.Add(1) }
 func (c *counting) Gap(inbox.Message, int64)        {}
+
+// An out-of-order record stops the consumer with an *inbox.OutOfOrderError
+// and its offset uncommitted: the next consumer of the group gets it
+// again, and it is still reported, never applied and never skipped.
+func TestOutOfOrderStopsWithOffsetUncommitted(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	msgs := transfers(3, 1)
+	msgs[2].Seq = msgs[0].Seq // below the mark the second one sets
+	e.send(t, msgs...)
+	for range 2 {
+		r := e.reader(t, "g")
+		err := e.consumer(r, 1).Run(t.Context())
+		var ooo *inbox.OutOfOrderError
+		require.ErrorAs(t, err, &ooo)
+		require.Equal(t, msgs[2].ID, ooo.ID)
+		require.Equal(t, msgs[1].Seq, ooo.Mark)
+		require.NoError(t, r.Close())
+	}
+	require.Len(t, inboxtest.Effects(t, e.pool, e.schema), 2)
+}
