@@ -22,6 +22,10 @@ type payload struct {
 	Key string `json:"key"`
 	Seq int    `json:"seq"`
 	Tag string `json:"tag"`
+	// Amount makes the message a posting to the key's account: the
+	// amounts of one transaction sum to zero (a transfer between the
+	// accounts it locks). TestChaosInbox checks the consumer's balances.
+	Amount int64 `json:"amount"`
 }
 
 // delivery is one message the receiver accepted (answered 2xx), in arrival

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -60,7 +61,8 @@ type workload struct {
 	paced     int64
 
 	mu         sync.Mutex
-	rolledBack map[string]bool // tags of deliberately rolled-back messages
+	rolledBack map[string]bool  // tags of deliberately rolled-back messages
+	amounts    map[string]int64 // every message's amount by tag, written or not
 	errs       []string
 }
 
@@ -87,7 +89,7 @@ func newWorkload(t *testing.T, databaseURL, schema string, nkeys int, rate float
 	if err != nil {
 		t.Fatal(err)
 	}
-	wl := &workload{pool: pool, w: w, schema: schema, rate: rate, rollbackEvery: 10, seed: seed, rolledBack: map[string]bool{}}
+	wl := &workload{pool: pool, w: w, schema: schema, rate: rate, rollbackEvery: 10, seed: seed, rolledBack: map[string]bool{}, amounts: map[string]int64{}}
 	for i := range nkeys {
 		wl.keys = append(wl.keys, fmt.Sprintf("k%04d", i))
 	}
@@ -204,9 +206,25 @@ func (wl *workload) txn(ctx context.Context, tag string, keys []string, counts [
 		oKey []string
 		oSeq []int32
 	)
+	total := 0
+	for _, c := range counts {
+		total += int(c)
+	}
+	var sum int64
 	for i, k := range keys {
 		for j := range int(counts[i]) {
 			p := payload{Key: k, Seq: cur[k] + 1 + j, Tag: fmt.Sprintf("%s.%d", tag, len(msgs))}
+			// A transfer: every message but the last moves an amount
+			// derived from its tag, the last balances the transaction.
+			if len(msgs) < total-1 {
+				p.Amount = int64(crc32.ChecksumIEEE([]byte(p.Tag))%1001) - 500
+				sum += p.Amount
+			} else {
+				p.Amount = -sum
+			}
+			wl.mu.Lock()
+			wl.amounts[p.Tag] = p.Amount
+			wl.mu.Unlock()
 			body, _ := json.Marshal(p)
 			msgs = append(msgs, outbox.Message{Topic: "chaos.orders", Key: k, Payload: body,
 				Headers: map[string]string{"content-type": "application/json"}})
@@ -255,6 +273,13 @@ func (wl *workload) rolledBackTags() map[string]bool {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	return wl.rolledBack
+}
+
+// amount returns the amount of the message tagged tag.
+func (wl *workload) amount(tag string) int64 {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	return wl.amounts[tag]
 }
 
 func (wl *workload) errors() []string {

@@ -651,7 +651,7 @@ func (b *batch) prepare(i int) error {
 			return fmt.Errorf("outbox: amqp: %s of %d bytes exceeds the AMQP limit of 255", f.name, len(f.v))
 		}
 	}
-	headers := make(amqp.Table, len(m.Headers)+1)
+	headers := make(amqp.Table, len(m.Headers)+2)
 	contentType := s.cfg.ContentType
 	for k, v := range m.Headers {
 		if len(k) > 255 {
@@ -668,6 +668,7 @@ func (b *batch) prepare(i int) error {
 	if m.Key != "" {
 		headers[HeaderKey] = m.Key
 	}
+	headers[HeaderSeq] = m.Seq
 	b.keys[i] = rk
 	b.pubs[i] = amqp.Publishing{
 		Headers:      headers,

@@ -39,7 +39,8 @@ func TestConformance(t *testing.T) {
 								h[k] = s
 							}
 						}
-						out[i] = sinktest.Delivered{ID: d.MessageId, Topic: d.Type, Key: headerString(d, HeaderKey),
+						seq, _ := d.Headers[HeaderSeq].(int64)
+						out[i] = sinktest.Delivered{ID: d.MessageId, Seq: seq, Topic: d.Type, Key: headerString(d, HeaderKey),
 							Payload: d.Body, Headers: h, Partition: -1}
 					}
 					return out, err

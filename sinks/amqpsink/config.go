@@ -57,6 +57,13 @@ const DefaultExchangeName = "amq.default"
 // own). It is set only when the key is not empty.
 const HeaderKey = "outbox-key"
 
+// HeaderSeq carries the message's position (sinks.Message.Seq, the outbox
+// row's id) as an AMQP long (int64). A key's messages carry growing
+// positions in the order they were written; consumers (the inbox package)
+// use it to tell a late redelivery from a new message. An application
+// header with the same name is replaced.
+const HeaderSeq = "outbox-seq"
+
 // Config configures the RabbitMQ (AMQP 0-9-1) sink. The zero value of every
 // field but URL and Exchange means "use the default" documented on it; New
 // applies the defaults. Every field can also be set as a query parameter of

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,7 +27,7 @@ const (
 // ceAttrs are the context attributes the format sets, in the order they
 // are written. datacontenttype is absent: every binding maps it onto the
 // protocol's own content type.
-var ceAttrs = []string{"specversion", "id", "source", "type", "time", "subject", "partitionkey"}
+var ceAttrs = []string{"specversion", "id", "source", "type", "time", "subject", "partitionkey", "outboxseq"}
 
 // CloudEvents returns the CloudEvents 1.0 binary-content-mode format for
 // opts.Binding. Each message becomes an event with
@@ -39,6 +40,12 @@ var ceAttrs = []string{"specversion", "id", "source", "type", "time", "subject",
 //	subject         = the key, when the message has one
 //	partitionkey    = the key, when the message has one (Partitioning
 //	                  extension)
+//	outboxseq       = the message's position (sinks.Message.Seq, the
+//	                  outbox row's id) in decimal (extension attribute):
+//	                  a key's events carry growing positions in the
+//	                  order they were written, which consumers (the
+//	                  inbox package) use to tell a late redelivery
+//	                  from a new event
 //	datacontenttype = the message's "content-type" header, when set
 //
 // and data = the payload, unchanged. The application's other headers are
@@ -135,7 +142,7 @@ func (f *cloudEvents) Encode(m sinks.Message) (sinks.Message, error) {
 	if !m.CreatedAt.IsZero() {
 		ts = m.CreatedAt.UTC().Format(time.RFC3339Nano)
 	}
-	values := [...]string{SpecVersion, m.ID, f.source, typ, ts, m.Key, m.Key}
+	values := [...]string{SpecVersion, m.ID, f.source, typ, ts, m.Key, m.Key, strconv.FormatInt(m.Seq, 10)}
 
 	h := make(map[string]string, len(m.Headers)+len(values))
 	var contentType, ctName string

@@ -79,12 +79,12 @@ func e2eMessages(topic string) []sinks.Message {
 // wantAttrs is what a receiver must decode from e2eMessages.
 func wantAttrs(topic, source string) []map[string]string {
 	return []map[string]string{
-		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": source,
+		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": source, "outboxseq": "7",
 			"type": "com.example.order.created", "time": createdUTC, "subject": "order-42",
 			"partitionkey": "order-42", "datacontenttype": "application/json"},
-		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f51", "source": source,
+		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f51", "source": source, "outboxseq": "7",
 			"type": topic, "time": createdUTC},
-		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f52", "source": source,
+		{"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f52", "source": source, "outboxseq": "7",
 			"type": "commande.créée", "time": createdUTC, "subject": "clé €", "partitionkey": "clé €"},
 	}
 }
@@ -178,7 +178,7 @@ func TestE2EKafkaCloudEvents(t *testing.T) {
 			require.Equal(t, m.Key, string(r.Key), "the record key stays the outbox key")
 		}
 		// Exact header names on the wire.
-		want := []string{"ce_id", "ce_source", "ce_specversion", "ce_time", "ce_type", kafkasink.HeaderMessageID}
+		want := []string{"ce_id", "ce_outboxseq", "ce_source", "ce_specversion", "ce_time", "ce_type", kafkasink.HeaderMessageID, kafkasink.HeaderSeq}
 		if m.Key != "" {
 			want = append(want, "ce_partitionkey", "ce_subject")
 		}
@@ -221,6 +221,7 @@ func TestE2EKafkaDebezium(t *testing.T) {
 		"id":                      m.ID,
 		"eventType":               "OrderCreated",
 		kafkasink.HeaderMessageID: m.ID,
+		kafkasink.HeaderSeq:       "7",
 	}, got)
 }
 
@@ -278,9 +279,9 @@ func TestE2EHTTPCloudEvents(t *testing.T) {
 			}
 		}
 		sort.Strings(ce)
-		want := []string{"ce-id", "ce-source", "ce-specversion", "ce-time", "ce-type"}
+		want := []string{"ce-id", "ce-outboxseq", "ce-source", "ce-specversion", "ce-time", "ce-type"}
 		if ev.attrs["subject"] != "" {
-			want = []string{"ce-id", "ce-partitionkey", "ce-source", "ce-specversion", "ce-subject", "ce-time", "ce-type"}
+			want = []string{"ce-id", "ce-outboxseq", "ce-partitionkey", "ce-source", "ce-specversion", "ce-subject", "ce-time", "ce-type"}
 		}
 		require.Equal(t, want, ce)
 		// The sink's own headers are still there.
@@ -396,9 +397,9 @@ func TestE2EAMQPCloudEvents(t *testing.T) {
 					}
 				}
 				sort.Strings(ce)
-				want := []string{"id", "source", "specversion", "time", "type"}
+				want := []string{"id", "outboxseq", "source", "specversion", "time", "type"}
 				if ev.attrs["subject"] != "" {
-					want = []string{"id", "partitionkey", "source", "specversion", "subject", "time", "type"}
+					want = []string{"id", "outboxseq", "partitionkey", "source", "specversion", "subject", "time", "type"}
 				}
 				for i := range want {
 					want[i] = prefix + want[i]

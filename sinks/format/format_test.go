@@ -106,6 +106,7 @@ func TestCloudEventsHeaders(t *testing.T) {
 			"ce_time":         createdUTC,
 			"ce_subject":      "order-42",
 			"ce_partitionkey": "order-42",
+			"ce_outboxseq":    "7",
 			"content-type":    "application/json",
 		})},
 		{"http", format.Options{Binding: format.BindingHTTP, Source: "/orders"}, with(map[string]string{
@@ -116,6 +117,7 @@ func TestCloudEventsHeaders(t *testing.T) {
 			"ce-time":         createdUTC,
 			"ce-subject":      "order-42",
 			"ce-partitionkey": "order-42",
+			"ce-outboxseq":    "7",
 			"content-type":    "application/json",
 		})},
 		{"amqp", format.Options{Binding: format.BindingAMQP, Source: "https://orders.example.com"}, with(map[string]string{
@@ -126,6 +128,7 @@ func TestCloudEventsHeaders(t *testing.T) {
 			"cloudEvents_time":         createdUTC,
 			"cloudEvents_subject":      "order-42",
 			"cloudEvents_partitionkey": "order-42",
+			"cloudEvents_outboxseq":    "7",
 			"content-type":             "application/json",
 		})},
 		{"amqp-colon", format.Options{Binding: format.BindingAMQP, AMQPPrefix: format.AMQPPrefixColon}, with(map[string]string{
@@ -136,6 +139,7 @@ func TestCloudEventsHeaders(t *testing.T) {
 			"cloudEvents:time":         createdUTC,
 			"cloudEvents:subject":      "order-42",
 			"cloudEvents:partitionkey": "order-42",
+			"cloudEvents:outboxseq":    "7",
 			"content-type":             "application/json",
 		})},
 	}
@@ -178,7 +182,7 @@ func TestCloudEventsDecode(t *testing.T) {
 		want map[string]string
 	}{
 		{"full", func(*sinks.Message) {}, map[string]string{
-			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders",
+			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders", "outboxseq": "7",
 			"type": "com.example.order.created", "time": createdUTC, "subject": "order-42",
 			"partitionkey": "order-42", "datacontenttype": "application/json",
 		}},
@@ -187,7 +191,7 @@ func TestCloudEventsDecode(t *testing.T) {
 			m.Headers = nil
 			m.CreatedAt = time.Time{}
 		}, map[string]string{
-			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders", "type": "orders",
+			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders", "outboxseq": "7", "type": "orders",
 		}},
 		{"application headers that collide are replaced", func(m *sinks.Message) {
 			m.Headers = map[string]string{
@@ -197,7 +201,7 @@ func TestCloudEventsDecode(t *testing.T) {
 				"Content-Type": "application/xml",
 			}
 		}, map[string]string{
-			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders",
+			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders", "outboxseq": "7",
 			"type": "orders", "time": createdUTC, "subject": "order-42", "partitionkey": "order-42",
 			"datacontenttype": "application/xml",
 		}},
@@ -205,7 +209,7 @@ func TestCloudEventsDecode(t *testing.T) {
 			m.Key = `Euro € 😀 "q" 100%`
 			m.Headers = map[string]string{"type": "événement créé"}
 		}, map[string]string{
-			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders",
+			"specversion": "1.0", "id": "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", "source": "/svc/orders", "outboxseq": "7",
 			"type": "événement créé", "time": createdUTC, "subject": `Euro € 😀 "q" 100%`,
 			"partitionkey": `Euro € 😀 "q" 100%`,
 		}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,8 +63,10 @@ func TestConformance(t *testing.T) {
 							// (and the suite) write them in lower case.
 							headers[strings.ToLower(name)] = vals[0]
 						}
+						seq, _ := strconv.ParseInt(r.Header.Get(HeaderSeq), 10, 64)
 						out[i] = sinktest.Delivered{
 							ID:        r.Header.Get(HeaderWebhookID),
+							Seq:       seq,
 							Topic:     topic,
 							Key:       key,
 							Payload:   r.Body,

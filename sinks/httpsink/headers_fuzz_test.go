@@ -35,7 +35,7 @@ func FuzzHeadersNoInjection(f *testing.F) {
 	f.Cleanup(func() { _ = s.Close(context.Background()) })
 	own := map[string]bool{}
 	for _, h := range []string{"Content-Type", "Content-Length", "User-Agent", httpsink.HeaderWebhookID, httpsink.HeaderWebhookTimestamp,
-		httpsink.HeaderIdempotencyKey, httpsink.HeaderTopic, httpsink.HeaderKey} {
+		httpsink.HeaderIdempotencyKey, httpsink.HeaderTopic, httpsink.HeaderKey, httpsink.HeaderSeq} {
 		own[http.CanonicalHeaderKey(h)] = true
 	}
 

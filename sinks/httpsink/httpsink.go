@@ -49,6 +49,13 @@ const (
 	// survives; HeaderKey is absent when the message has no key.
 	HeaderTopic = "outbox-topic"
 	HeaderKey   = "outbox-key"
+	// HeaderSeq carries the message's position (sinks.Message.Seq, the
+	// outbox row's id) in decimal. A key's messages carry growing
+	// positions in the order they were written; consumers (the inbox
+	// package) use it to tell a late redelivery from a new message. Like
+	// the other headers it is not covered by the Standard Webhooks
+	// signature, which signs the id, the timestamp and the body.
+	HeaderSeq = "outbox-seq"
 	// UserAgent is sent on every request.
 	UserAgent = "outbox-relay"
 )
@@ -73,7 +80,7 @@ const bodyReadTimeout = 500 * time.Millisecond
 // ignored or would corrupt the framing).
 var reservedHeaders = map[string]bool{
 	"webhook-id": true, "webhook-timestamp": true, "webhook-signature": true,
-	"idempotency-key": true, "outbox-topic": true, "outbox-key": true, "user-agent": true,
+	"idempotency-key": true, "outbox-topic": true, "outbox-key": true, "outbox-seq": true, "user-agent": true,
 	"host": true, "content-length": true, "transfer-encoding": true, "connection": true,
 	"keep-alive": true, "proxy-connection": true, "proxy-authorization": true, "te": true,
 	"trailer": true, "upgrade": true, "expect": true,
@@ -458,6 +465,7 @@ func (s *Sink) headers(m sinks.Message) (http.Header, error) {
 	h[http.CanonicalHeaderKey(HeaderWebhookID)] = []string{m.ID}
 	h[HeaderIdempotencyKey] = []string{m.ID}
 	h[http.CanonicalHeaderKey(HeaderTopic)] = []string{url.PathEscape(m.Topic)}
+	h[http.CanonicalHeaderKey(HeaderSeq)] = []string{strconv.FormatInt(m.Seq, 10)}
 	if m.Key != "" {
 		h[http.CanonicalHeaderKey(HeaderKey)] = []string{url.PathEscape(m.Key)}
 	}

@@ -117,6 +117,10 @@ func conformanceEnv(t *testing.T) *sinktest.Env {
 						d.ID = string(h.Value)
 						continue
 					}
+					if h.Key == HeaderSeq {
+						d.Seq, _ = strconv.ParseInt(string(h.Value), 10, 64)
+						continue
+					}
 					d.Headers[h.Key] = string(h.Value)
 				}
 				out = append(out, d)

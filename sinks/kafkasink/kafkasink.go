@@ -3,8 +3,8 @@
 //
 // Each outbox message becomes one Kafka record: key = outbox key (null when
 // the message has none), value = payload byte for byte, headers = the
-// outbox-message-id header followed by the application headers in key
-// order, timestamp = the message's created_at (the database's clock, never
+// outbox-message-id and outbox-seq headers followed by the application
+// headers in key order, timestamp = the message's created_at (the database's clock, never
 // the relay host's). Records are produced with acks=all and partitioned by
 // a key hash (murmur2 by default, like the Java client).
 //
@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -39,6 +40,14 @@ import (
 // dead-letter replay, so consumers deduplicate on it. It is always the first
 // header; an application header with the same name is dropped.
 const HeaderMessageID = "outbox-message-id"
+
+// HeaderSeq is the record header carrying the message's position
+// (sinks.Message.Seq, the outbox row's id) in decimal. A key's messages
+// carry growing positions in the order they were written; consumers (the
+// inbox package) use it to tell a late redelivery from a new message. It is
+// always the second header; an application header with the same name is
+// dropped.
+const HeaderSeq = "outbox-seq"
 
 // Kafka's record batch v2 framing, before the first record: base offset (8),
 // length (4), leader epoch (4), magic (1), crc (4), attributes (2), last
@@ -786,10 +795,12 @@ func record(m *sinks.Message, ts time.Time) protocol.Record {
 		v = []byte{}
 	}
 	r.Value = protocol.NewBytes(v)
-	r.Headers = make([]protocol.Header, 0, 1+len(m.Headers))
-	r.Headers = append(r.Headers, protocol.Header{Key: HeaderMessageID, Value: []byte(m.ID)})
+	r.Headers = make([]protocol.Header, 0, 2+len(m.Headers))
+	r.Headers = append(r.Headers,
+		protocol.Header{Key: HeaderMessageID, Value: []byte(m.ID)},
+		protocol.Header{Key: HeaderSeq, Value: strconv.AppendInt(nil, m.Seq, 10)})
 	for _, k := range sortedKeys(m.Headers) {
-		if k == HeaderMessageID {
+		if k == HeaderMessageID || k == HeaderSeq {
 			continue
 		}
 		r.Headers = append(r.Headers, protocol.Header{Key: k, Value: []byte(m.Headers[k])})
@@ -816,6 +827,7 @@ func recordSize(m *sinks.Message) int {
 	n := 5 + 1 + 10 + 5 // length, attributes, timestamp delta, offset delta
 	n += 5 + len(m.Key) + 5 + len(m.Payload) + 5
 	n += 5 + len(HeaderMessageID) + 5 + len(m.ID)
+	n += 5 + len(HeaderSeq) + 5 + 20 // the widest int64 in decimal
 	for k, v := range m.Headers {
 		n += 5 + len(k) + 5 + len(v)
 	}

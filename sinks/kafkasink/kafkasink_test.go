@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,8 +75,9 @@ func TestSendRecordsKeysHeadersPartitions(t *testing.T) {
 		require.True(t, ok)
 		delete(byID, id)
 		require.Equal(t, HeaderMessageID, r.Headers[0].Key, "the id header comes first")
+		require.Equal(t, kgo.RecordHeader{Key: HeaderSeq, Value: strconv.AppendInt(nil, m.Seq, 10)}, r.Headers[1], "the position comes second")
 		var keys []string
-		for _, h := range r.Headers[1:] {
+		for _, h := range r.Headers[2:] {
 			keys = append(keys, h.Key)
 			require.Equal(t, m.Headers[h.Key], string(h.Value))
 		}
@@ -105,12 +107,13 @@ func TestMessageIDHeaderCannotBeOverridden(t *testing.T) {
 	s := newSink(t, c)
 	cons := newConsumer(t, c.ListenAddrs(), "t")
 	m := msg("t", "k", 1, "x")
-	m.Headers = map[string]string{HeaderMessageID: "forged", "z": "1"}
+	m.Headers = map[string]string{HeaderMessageID: "forged", HeaderSeq: "999", "z": "1"}
 	require.NoError(t, s.Send(context.Background(), []sinks.Message{m}))
 	r := cons.mustRead(t, 1)[0]
-	require.Len(t, r.Headers, 2)
+	require.Len(t, r.Headers, 3)
 	require.Equal(t, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(m.ID)}, r.Headers[0])
-	require.Equal(t, "z", r.Headers[1].Key)
+	require.Equal(t, kgo.RecordHeader{Key: HeaderSeq, Value: []byte("1")}, r.Headers[1])
+	require.Equal(t, "z", r.Headers[2].Key)
 }
 
 func TestBalancers(t *testing.T) {

@@ -63,7 +63,7 @@ func setup(t *testing.T) *sinktest.Env {
 			cursor += n
 			out := make([]sinktest.Delivered, len(msgs))
 			for i, m := range msgs {
-				out[i] = sinktest.Delivered{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, Partition: -1}
+				out[i] = sinktest.Delivered{ID: m.ID, Seq: m.Seq, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, Partition: -1}
 			}
 			return out, nil
 		},

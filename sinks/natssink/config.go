@@ -41,6 +41,12 @@ const (
 	// HeaderKey carries the outbox key (set only when the key is not
 	// empty).
 	HeaderKey = "outbox-key"
+	// HeaderSeq carries the message's position (sinks.Message.Seq, the
+	// outbox row's id) in decimal. A key's messages carry growing
+	// positions in the order they were written; consumers (the inbox
+	// package) use it to tell a late redelivery from a new message. It
+	// replaces an application header of the same name.
+	HeaderSeq = "outbox-seq"
 )
 
 // Config configures the NATS JetStream sink. Zero values select the

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +179,8 @@ func (e *testEnv) count(ctx context.Context) uint64 {
 }
 
 func delivered(m *jetstream.RawStreamMsg) sinktest.Delivered {
-	d := sinktest.Delivered{ID: m.Header.Get(HeaderMsgID), Topic: m.Subject, Key: m.Header.Get(HeaderKey),
+	seq, _ := strconv.ParseInt(m.Header.Get(HeaderSeq), 10, 64)
+	d := sinktest.Delivered{ID: m.Header.Get(HeaderMsgID), Seq: seq, Topic: m.Subject, Key: m.Header.Get(HeaderKey),
 		Payload: m.Data, Headers: map[string]string{}, Partition: -1}
 	for k, v := range m.Header {
 		if len(v) > 0 {

@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -376,10 +377,10 @@ func (s *Sink) prepare(m sinks.Message, maxPayload int64) (*nats.Msg, error) {
 	if err := checkSubject(subject); err != nil {
 		return nil, fmt.Errorf("outbox: nats: subject %q: %w", subject, err)
 	}
-	h := make(nats.Header, len(m.Headers)+3)
+	h := make(nats.Header, len(m.Headers)+4)
 	// Every header has one value: one array holds them all (one
 	// allocation per message, not one per header).
-	vals := make([]string, 0, len(m.Headers)+3)
+	vals := make([]string, 0, len(m.Headers)+4)
 	one := func(v string) []string {
 		vals = append(vals, v)
 		return vals[len(vals)-1 : len(vals) : len(vals)]
@@ -394,6 +395,9 @@ func (s *Sink) prepare(m sinks.Message, maxPayload int64) (*nats.Msg, error) {
 	}
 	h[HeaderMsgID] = one(m.ID)
 	size += len(HeaderMsgID) + len(m.ID) + 4
+	seq := strconv.FormatInt(m.Seq, 10)
+	h[HeaderSeq] = one(seq)
+	size += len(HeaderSeq) + len(seq) + 4
 	if m.Key != "" {
 		if strings.ContainsAny(m.Key, "\r\n") {
 			return nil, errors.New("outbox: nats: key: contains CR or LF, which a NATS header cannot carry")

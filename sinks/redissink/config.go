@@ -26,6 +26,11 @@ const (
 	FieldID      = "id"      // the message id
 	FieldKey     = "key"     // the outbox key, absent when the message has none
 	FieldPayload = "payload" // the payload, byte for byte
+	// FieldSeq is the message's position (sinks.Message.Seq, the outbox
+	// row's id) in decimal. A key's messages carry growing positions in
+	// the order they were written; consumers (the inbox package) use it to
+	// tell a late redelivery from a new message.
+	FieldSeq = "outbox-seq"
 )
 
 // Config configures the Redis Streams sink. Zero values select the

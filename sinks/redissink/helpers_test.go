@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +162,8 @@ func delivered(topic string, m redis.XMessage) sinktest.Delivered {
 		switch k {
 		case FieldID:
 			d.ID = s
+		case FieldSeq:
+			d.Seq, _ = strconv.ParseInt(s, 10, 64)
 		case FieldKey:
 			d.Key = s
 		case FieldPayload:

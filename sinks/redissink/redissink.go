@@ -1,9 +1,9 @@
 // Package redissink appends outbox messages to Redis Streams.
 //
 // Each message becomes one stream entry (XADD with an automatic entry id)
-// with the fields id (the message id), key (the outbox key, absent when
-// there is none), payload (byte for byte) and one field per header, named
-// after it (with an optional prefix). The stream key is the topic, or a
+// with the fields id (the message id), outbox-seq (its position), key (the
+// outbox key, absent when there is none), payload (byte for byte) and one
+// field per header, named after it (with an optional prefix). The stream key is the topic, or a
 // template.
 //
 // One round trip per batch. The whole batch goes to the server as one
@@ -264,7 +264,7 @@ func (s *Sink) run(ctx context.Context, msgs []sinks.Message, streams []string, 
 	keys := make([]string, len(idx))
 	n := 3 + len(failedKeys)
 	for _, i := range idx {
-		n += 8 + 2*len(msgs[i].Headers)
+		n += 10 + 2*len(msgs[i].Headers)
 	}
 	args := make([]any, 0, n)
 	switch {
@@ -317,7 +317,7 @@ func (s *Sink) check(m sinks.Message, stream string) error {
 		return errors.New("outbox: redis: stream: the template renders an empty stream key")
 	}
 	for k := range m.Headers {
-		if name := s.cfg.HeaderPrefix + k; name == FieldID || name == FieldKey || name == FieldPayload {
+		if name := s.cfg.HeaderPrefix + k; name == FieldID || name == FieldKey || name == FieldPayload || name == FieldSeq {
 			return fmt.Errorf("%w: header %q would be field %q (set header_prefix)", ErrFieldClash, k, name)
 		}
 	}
@@ -325,15 +325,15 @@ func (s *Sink) check(m sinks.Message, stream string) error {
 }
 
 // appendEntry appends the script arguments of m's entry (its outbox key,
-// its number of fields, then the field-value pairs: id, key, payload and
-// the headers by name) to args. names is scratch space, returned for
+// its number of fields, then the field-value pairs: id, outbox-seq, key,
+// payload and the headers by name) to args. names is scratch space, returned for
 // reuse.
 func (s *Sink) appendEntry(args []any, m sinks.Message, names []string) ([]any, []string) {
-	nf := 2 + len(m.Headers)
+	nf := 3 + len(m.Headers)
 	if m.Key != "" {
 		nf++
 	}
-	args = append(args, m.Key, nf, FieldID, m.ID)
+	args = append(args, m.Key, nf, FieldID, m.ID, FieldSeq, strconv.FormatInt(m.Seq, 10))
 	if m.Key != "" {
 		args = append(args, FieldKey, m.Key)
 	}

@@ -73,8 +73,8 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestEntryFields pins the entry layout: id, key, payload, one field per
-// header (sorted), in batch order.
+// TestEntryFields pins the entry layout: id, outbox-seq, key, payload, one
+// field per header (sorted), in batch order.
 func TestEntryFields(t *testing.T) {
 	t.Parallel()
 	e := setup(t, withConfig(func(c *Config) { c.Stream = "{topic}"; c.HeaderPrefix = "h-" }))
@@ -88,9 +88,9 @@ func TestEntryFields(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res, 2)
 	f0 := res[0].([]any)[1].([]any)
-	require.Equal(t, []any{"id", m.ID, "key", "order-1", "payload", "\x00\x01\xff", "h-key", "a header named key", "h-type", "OrderPlaced"}, f0)
+	require.Equal(t, []any{"id", m.ID, "outbox-seq", "1", "key", "order-1", "payload", "\x00\x01\xff", "h-key", "a header named key", "h-type", "OrderPlaced"}, f0)
 	f1 := res[1].([]any)[1].([]any)
-	require.Equal(t, []any{"id", keyless.ID, "payload", "x"}, f1, "no key field without a key")
+	require.Equal(t, []any{"id", keyless.ID, "outbox-seq", "2", "payload", "x"}, f1, "no key field without a key")
 }
 
 // TestWrongTypeIsPermanentAndBlocksItsKey: the server's refusal of one
@@ -128,11 +128,13 @@ func TestWrongTypeIsPermanentAndBlocksItsKey(t *testing.T) {
 func TestHeaderClashIsPermanent(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	m := sinktest.Msg(e.topic("clash"), "k", 1, []byte("x"))
-	m.Headers = map[string]string{"payload": "forged"}
-	err := e.sink.Send(context.Background(), []sinks.Message{m})
-	require.True(t, sinks.IsPermanent(sinks.Outcome(err, 0, 1)), "%v", err)
-	require.ErrorIs(t, sinks.Outcome(err, 0, 1), ErrFieldClash)
+	for _, field := range []string{FieldPayload, FieldSeq} {
+		m := sinktest.Msg(e.topic("clash"), "k", 1, []byte("x"))
+		m.Headers = map[string]string{field: "forged"}
+		err := e.sink.Send(context.Background(), []sinks.Message{m})
+		require.True(t, sinks.IsPermanent(sinks.Outcome(err, 0, 1)), "%v", err)
+		require.ErrorIs(t, sinks.Outcome(err, 0, 1), ErrFieldClash)
+	}
 }
 
 // TestTrimming: maxlen keeps a stream near its length; max_age drops

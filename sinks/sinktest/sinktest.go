@@ -2,7 +2,8 @@
 // against a real backend before the relay may use it.
 //
 // The suite checks the contract written on sinks.Sink: one message and
-// batches arrive with their stable id, key, headers and exact payload bytes;
+// batches arrive with their stable id, position (Seq), key, headers and
+// exact payload bytes;
 // messages sharing a key arrive in Seq order; an empty batch delivers
 // nothing; a cancelled context returns promptly with a retriable error;
 // concurrent Sends are safe; Close is idempotent and later Sends fail with
@@ -85,6 +86,7 @@ import (
 // Delivered is one message as read back from the backend by a real consumer.
 type Delivered struct {
 	ID        string // the stable message id as the backend carries it
+	Seq       int64  // the message's position (sinks.Message.Seq) as the backend carries it
 	Topic     string // logical topic (as the sink's Topic() mapping returned it)
 	Key       string // "" when none
 	Payload   []byte
@@ -719,6 +721,7 @@ func first(got []Delivered, id string) Delivered {
 func checkMessage(t *testing.T, d Delivered, m sinks.Message) {
 	t.Helper()
 	require.Equal(t, m.ID, d.ID, "id")
+	require.Equal(t, m.Seq, d.Seq, "message %s: position (Seq): every sink must carry it for consumers to order a key's messages", m.ID)
 	require.Equal(t, m.Topic, d.Topic, "message %s: topic", m.ID)
 	require.Equal(t, m.Key, d.Key, "message %s: key", m.ID)
 	if !bytes.Equal(m.Payload, d.Payload) {

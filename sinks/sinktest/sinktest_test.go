@@ -37,6 +37,7 @@ func TestSuiteCatchesBrokenSinks(t *testing.T) {
 		{"no-key-stop", "PerKeyStop", "must not be attempted"},
 		{"chunks-forget-failures", "WideBatchPerKey", "must not be attempted"},
 		{"rewrite-id", "SendOne", "unknown id"},
+		{"drop-seq", "SendOne", "position (Seq)"},
 		{"empty-delivers", "EmptyBatch", "an empty batch delivered something"},
 		{"no-reason", "", `Features.Why["Restart"] is empty`},
 	}
@@ -172,7 +173,7 @@ func brokenEnv(t *testing.T, broken string) *sinktest.Env {
 			}
 			var out []sinktest.Delivered
 			for _, m := range s.Delivered()[cursor : cursor+n] {
-				d := sinktest.Delivered{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, Partition: -1}
+				d := sinktest.Delivered{ID: m.ID, Seq: m.Seq, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, Partition: -1}
 				switch broken {
 				case "drop-headers":
 					d.Headers = nil
@@ -182,6 +183,8 @@ func brokenEnv(t *testing.T, broken string) *sinktest.Env {
 					}
 				case "rewrite-id":
 					d.ID = sinktest.NewID()
+				case "drop-seq":
+					d.Seq = 0
 				}
 				out = append(out, d)
 			}

@@ -80,7 +80,7 @@ func setup(t *testing.T) *sinktest.Env {
 				_, _ = io.Copy(io.Discard, pr) // keep the writer unblocked
 				return
 			}
-			d := sinktest.Delivered{ID: l.ID, Topic: l.Topic, Payload: payload, Headers: l.Headers, Partition: -1}
+			d := sinktest.Delivered{ID: l.ID, Seq: l.Seq, Topic: l.Topic, Payload: payload, Headers: l.Headers, Partition: -1}
 			if l.Key != nil {
 				d.Key = *l.Key
 			}

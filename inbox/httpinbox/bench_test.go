@@ -1,0 +1,110 @@
+package httpinbox_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/inbox/httpinbox"
+	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+)
+
+// BenchmarkInboxCost measures what the inbox adds to a webhook receiver:
+// the relay's HTTP sink posts the same batches (100 messages over 100
+// keys, signed) to a plain receiver (verify the signature, a transaction
+// with the effect, 204) and to httpinbox.Handler (the same, plus the
+// inbox statement), alternating, in the same run. Each iteration is one
+// round of rounds messages each way; run it with -benchtime=3x. Reported:
+// µs per webhook each way and their ratio (inbox/plain).
+func BenchmarkInboxCost(b *testing.B) {
+	const messages, batch = 2000, 100
+	pool, schema := inboxtest.Schema(b)
+	in, err := inbox.New(inbox.Config{Schema: schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := httpinbox.NewVerifier([]string{secret}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	effect := func(ctx context.Context, tx pgx.Tx, r *httpinbox.Request) error {
+		return inboxtest.EffectPayload(ctx, tx, schema, r.Message, string(r.Body))
+	}
+	withInbox := &httpinbox.Handler{Verifier: v, Inbox: in, DB: pool, Handle: effect}
+	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, "body", http.StatusServiceUnavailable)
+			return
+		}
+		if err := v.Verify(r.Header, body); err != nil {
+			http.Error(w, "signature", http.StatusUnauthorized)
+			return
+		}
+		m, err := httpinbox.Message(r.Header)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		tx, err := pool.Begin(r.Context())
+		if err == nil {
+			defer tx.Rollback(r.Context()) //nolint:errcheck // no-op after commit
+			err = effect(r.Context(), tx, &httpinbox.Request{Message: m, Header: r.Header, Body: body})
+		}
+		if err == nil {
+			err = tx.Commit(r.Context())
+		}
+		if err != nil {
+			http.Error(w, "not processed", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	sinkTo := func(h http.Handler) *httpsink.Sink {
+		srv := httptest.NewServer(h)
+		b.Cleanup(srv.Close)
+		s, err := httpsink.New(httpsink.Config{URL: srv.URL + "/hook", Secrets: []sinkconf.Secret{sinkconf.Secret(secret)}}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close(context.Background()) })
+		return s
+	}
+	toPlain, toInbox := sinkTo(plain), sinkTo(withInbox)
+	round := func(s *httpsink.Sink, seq int64) time.Duration {
+		start := time.Now()
+		for i := 0; i < messages; i += batch {
+			msgs := make([]sinks.Message, batch)
+			for j := range msgs {
+				seq++
+				msgs[j] = sinks.Message{ID: uuid.NewString(), Seq: seq, Topic: "transfers", Key: fmt.Sprintf("acct-%d", j),
+					Payload: []byte(`{"amount":42}`), CreatedAt: time.Now(), ClaimedAt: time.Now(), Attempt: 1}
+			}
+			if err := s.Send(b.Context(), msgs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	var tPlain, tInbox time.Duration
+	for i := 0; b.Loop(); i++ {
+		base := int64(i) * messages
+		tPlain += round(toPlain, base)
+		tInbox += round(toInbox, base)
+	}
+	n := float64(b.N * messages)
+	b.ReportMetric(float64(tPlain.Microseconds())/n, "µs/webhook-plain")
+	b.ReportMetric(float64(tInbox.Microseconds())/n, "µs/webhook-inbox")
+	b.ReportMetric(float64(tInbox)/float64(tPlain), "inbox/plain")
+}

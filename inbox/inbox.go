@@ -1,0 +1,535 @@
+// Package inbox is the consumer half of outbox-relay: it makes the effects
+// of a message happen once per message id, whatever the redeliveries,
+// crashes and restarts, and in write order per key.
+//
+// Inside the consumer's own database transaction, Handle records the
+// message (its id, key and position) and runs the handler's effects, so
+// that both commit or neither does. A message whose id was recorded before
+// is a duplicate: the handler does not run. Per key, the inbox keeps a
+// high-water mark, the highest position processed; a message that arrives
+// below its key's mark without having been processed (a message the
+// consumer would otherwise apply out of order) is never applied silently:
+// by default Handle returns an *OutOfOrderError and the transaction must
+// roll back (Config.OutOfOrder chooses to apply it anyway, reported).
+//
+// The compiler keeps Handle inside a transaction: it takes a pgx.Tx (which
+// *pgxpool.Tx satisfies and a pool or a connection does not); HandleSQL
+// takes a *sql.Tx. Run and RunSQL begin the transaction, call Handle and
+// commit; a broker adapter acknowledges the message only after they
+// return nil (packages kafkainbox, amqpinbox, natsinbox, redisinbox,
+// httpinbox, ceinbox).
+//
+// The tables live in a schema of the consumer's choosing: Migrate creates
+// them under an advisory lock, Script prints them as plain SQL. Prune
+// removes processed ids older than a retention window, in small batches.
+//
+// Cost: one statement per message (one per batch with HandleBatch), which
+// records the id and checks and advances the key's mark together.
+//
+// Outside the standard library this package imports only pgx
+// (TestImportsOnlyPgx keeps it so): it knows nothing about the relay, the
+// sinks or the brokers.
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
+)
+
+// DefaultSchema is the schema of the inbox tables when none is configured.
+const DefaultSchema = "inbox"
+
+// Message is what the inbox needs to know of a delivered message. The
+// adapters take it from each broker's message.
+type Message struct {
+	// ID is the stable message id, a UUID (the relay's message_id: Kafka
+	// header outbox-message-id, AMQP message-id, Nats-Msg-Id, the Redis
+	// entry's id field, webhook-id, the CloudEvents id).
+	ID string
+	// Key is the message's ordering key; "" when it has none (then no
+	// order is checked, only duplicates).
+	Key string
+	// Seq is the message's position (the outbox row's id, header
+	// outbox-seq): a key's messages carry growing positions in write
+	// order. 0 means unknown: no order is checked, only duplicates.
+	Seq int64
+}
+
+// Outcome says what Handle did with a message.
+type Outcome int
+
+const (
+	// Processed: the message was new; it is recorded and the handler ran.
+	Processed Outcome = iota + 1
+	// Duplicate: the message's id was processed before (a redelivery,
+	// early or late); the handler did not run.
+	Duplicate
+	// AppliedOutOfOrder: the message arrived below its key's mark without
+	// having been processed, and Config.OutOfOrder is ApplyOutOfOrder: it
+	// is recorded and the handler ran.
+	AppliedOutOfOrder
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	case AppliedOutOfOrder:
+		return "applied out of order"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// OutOfOrderPolicy says what Handle does with a message that arrives below
+// its key's high-water mark without having been processed.
+type OutOfOrderPolicy int
+
+const (
+	// RejectOutOfOrder (the default) returns an *OutOfOrderError: the
+	// handler does not run, the caller rolls back and does not acknowledge
+	// the message, so the broker redelivers it and the consumer sees the
+	// error until somebody decides (a redelivery stays out of order: fix
+	// it by hand, or switch the key to ApplyOutOfOrder).
+	RejectOutOfOrder OutOfOrderPolicy = iota
+	// ApplyOutOfOrder records the message and runs the handler anyway,
+	// reporting it through Hooks.OutOfOrder: for effects that commute
+	// (sums, sets), where the order of two messages does not matter but
+	// losing one does.
+	ApplyOutOfOrder
+)
+
+// ErrOutOfOrder is matched by every *OutOfOrderError (errors.Is).
+var ErrOutOfOrder = errors.New("outbox: inbox: message below its key's high-water mark was never processed")
+
+// OutOfOrderError reports a message that arrived below its key's
+// high-water mark without having been processed: a message that, applied
+// now, would land after later messages of its key. It happens when the
+// key's writers do not serialize (two transactions of one key committing
+// out of id order), after a dead letter of the key was replayed while the
+// key moved on, after the outbox's id sequence was reset (positions go
+// backwards), and for a redelivery that comes after the retention window
+// pruned its id.
+type OutOfOrderError struct {
+	ID   string
+	Key  string
+	Seq  int64 // the message's position
+	Mark int64 // the key's high-water mark
+}
+
+func (e *OutOfOrderError) Error() string {
+	return fmt.Sprintf("outbox: inbox: message %s of key %q at position %d is below the key's high-water mark %d and was never processed", e.ID, e.Key, e.Seq, e.Mark)
+}
+
+// Is makes errors.Is(err, ErrOutOfOrder) true.
+func (e *OutOfOrderError) Is(target error) bool { return target == ErrOutOfOrder }
+
+// Hooks observe what the inbox decides, for metrics and logs. Every
+// method is called inside the consumer's transaction, before the handler
+// runs (for a rolled-back transaction too), so it must be quick and must
+// not fail. A nil Hooks observes nothing.
+type Hooks interface {
+	// Duplicate: m's id was processed before; the handler did not run.
+	Duplicate(m Message)
+	// OutOfOrder: m arrived below its key's mark without having been
+	// processed. Called whatever the policy.
+	OutOfOrder(m Message, mark int64)
+	// Gap: with Config.Contiguous, m's position skipped past mark+1: the
+	// messages in between have not arrived (yet).
+	Gap(m Message, mark int64)
+}
+
+// Config configures an Inbox. The zero value is usable.
+type Config struct {
+	// Schema holds the inbox tables (inbox_messages, inbox_keys,
+	// inbox_migrations). Default "inbox". It may be the outbox's schema,
+	// or the consumer's own.
+	Schema string
+	// OutOfOrder is the policy for a message below its key's mark that was
+	// never processed. Default RejectOutOfOrder.
+	OutOfOrder OutOfOrderPolicy
+	// Contiguous says the positions of a key have no holes (1, 2, 3, ...:
+	// a sequence the writer keeps per key and the consumer puts in
+	// Message.Seq), so a position past mark+1 is a gap, reported through
+	// Hooks.Gap. Default false: the relay's positions are outbox ids,
+	// shared by all keys, so a key's positions skip by design and a
+	// missing message shows only when it arrives late (OutOfOrderError).
+	Contiguous bool
+	// Hooks observe duplicates, out-of-order messages and gaps. Default
+	// nil.
+	Hooks Hooks
+}
+
+// Inbox records processed messages in one schema.
+type Inbox struct {
+	cfg    Config
+	schema string
+	one    string // the statement for one message
+	batch  string // the statement for a batch (pgx arrays)
+	prune  string
+}
+
+// New returns an Inbox for cfg.
+func New(cfg Config) (*Inbox, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = DefaultSchema
+	}
+	if err := validSchema(cfg.Schema); err != nil {
+		return nil, err
+	}
+	switch cfg.OutOfOrder {
+	case RejectOutOfOrder, ApplyOutOfOrder:
+	default:
+		return nil, fmt.Errorf("outbox: inbox: OutOfOrder: unknown policy %d", cfg.OutOfOrder)
+	}
+	msgs, keys := quote(cfg.Schema)+".inbox_messages", quote(cfg.Schema)+".inbox_keys"
+	// One statement records the id (a conflict means a duplicate: nothing
+	// else is written) and, for a new keyed message, advances the key's
+	// mark, returning the mark it found. ON CONFLICT DO UPDATE locks the
+	// key's row, so consumers racing on one key take turns, and reads the
+	// latest committed mark, not the statement's snapshot.
+	one := `WITH ins AS (
+    INSERT INTO ` + msgs + ` (message_id, key, seq) VALUES ($1::uuid, $2::text, $3::bigint)
+    ON CONFLICT DO NOTHING RETURNING 1
+), k AS (
+    INSERT INTO ` + keys + ` AS k (key, mark) SELECT $2::text, $3::bigint FROM ins WHERE $2::text <> '' AND $3::bigint > 0
+    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark)
+    RETURNING prev
+)
+SELECT EXISTS (SELECT FROM ins), coalesce((SELECT prev FROM k), 0)`
+	// The batch form: ids inserted in id order and keys locked in key
+	// order, so that two consumers' overlapping batches cannot deadlock;
+	// each key's mark advances once, to the batch's highest new position.
+	batch := `WITH m AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS m(id, key, seq)
+), ins AS (
+    INSERT INTO ` + msgs + ` (message_id, key, seq) SELECT id, key, seq FROM m ORDER BY id
+    ON CONFLICT DO NOTHING RETURNING message_id, key, seq
+), k AS (
+    INSERT INTO ` + keys + ` AS k (key, mark)
+    SELECT key, max(seq) FROM ins WHERE key <> '' AND seq > 0 GROUP BY key ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark)
+    RETURNING key, prev
+)
+SELECT (SELECT coalesce(array_agg(message_id::text), '{}') FROM ins), (SELECT coalesce(array_agg(key), '{}') FROM k), (SELECT coalesce(array_agg(prev), '{}') FROM k)`
+	prune := `WITH gone AS (
+    SELECT message_id FROM ` + msgs + ` WHERE processed_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM ` + msgs + ` m USING gone WHERE m.message_id = gone.message_id`
+	return &Inbox{cfg: cfg, schema: cfg.Schema, one: one, batch: batch, prune: prune}, nil
+}
+
+// Schema returns the schema of the inbox tables.
+func (in *Inbox) Schema() string { return in.schema }
+
+// Accept records m as processed in tx, or reports why it must not be
+// applied, without running anything: Handle is Accept followed by the
+// handler. It returns Processed or AppliedOutOfOrder when the caller must
+// apply m's effects in tx, Duplicate when it must not, and an
+// *OutOfOrderError (with RejectOutOfOrder) when tx must roll back.
+func (in *Inbox) Accept(ctx context.Context, tx pgx.Tx, m Message) (Outcome, error) {
+	if err := m.check(); err != nil {
+		return 0, err
+	}
+	var fresh bool
+	var mark int64
+	if err := tx.QueryRow(ctx, in.one, m.ID, m.Key, m.Seq).Scan(&fresh, &mark); err != nil {
+		return 0, fmt.Errorf("outbox: inbox: record %s: %w", m.ID, err)
+	}
+	return in.decide(m, fresh, mark)
+}
+
+// AcceptSQL is Accept for database/sql.
+func (in *Inbox) AcceptSQL(ctx context.Context, tx *sql.Tx, m Message) (Outcome, error) {
+	if err := m.check(); err != nil {
+		return 0, err
+	}
+	var fresh bool
+	var mark int64
+	if err := tx.QueryRowContext(ctx, in.one, m.ID, m.Key, m.Seq).Scan(&fresh, &mark); err != nil {
+		return 0, fmt.Errorf("outbox: inbox: record %s: %w", m.ID, err)
+	}
+	return in.decide(m, fresh, mark)
+}
+
+// decide turns what the statement found into an outcome. mark is the
+// key's mark before the statement (0: none, or the message is unkeyed).
+func (in *Inbox) decide(m Message, fresh bool, mark int64) (Outcome, error) {
+	if !fresh {
+		if in.cfg.Hooks != nil {
+			in.cfg.Hooks.Duplicate(m)
+		}
+		return Duplicate, nil
+	}
+	if m.Key == "" || m.Seq <= 0 || mark == 0 {
+		return Processed, nil
+	}
+	if m.Seq <= mark {
+		if in.cfg.Hooks != nil {
+			in.cfg.Hooks.OutOfOrder(m, mark)
+		}
+		if in.cfg.OutOfOrder == ApplyOutOfOrder {
+			return AppliedOutOfOrder, nil
+		}
+		return 0, &OutOfOrderError{ID: m.ID, Key: m.Key, Seq: m.Seq, Mark: mark}
+	}
+	if in.cfg.Contiguous && m.Seq > mark+1 && in.cfg.Hooks != nil {
+		in.cfg.Hooks.Gap(m, mark)
+	}
+	return Processed, nil
+}
+
+// Handle records m as processed in tx and runs fn in the same transaction,
+// unless m is a duplicate (then fn does not run). Commit tx after Handle
+// returns nil, and acknowledge the broker only after the commit; roll it
+// back when Handle returns an error (an *OutOfOrderError, or fn's error:
+// the record goes with the effects). fn receives tx: every effect that
+// must happen once goes through it.
+func (in *Inbox) Handle(ctx context.Context, tx pgx.Tx, m Message, fn func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
+	o, err := in.Accept(ctx, tx, m)
+	if err != nil || o == Duplicate {
+		return o, err
+	}
+	if err := fn(ctx, tx); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// HandleSQL is Handle for database/sql: tx is a *sql.Tx (a *sql.DB does
+// not compile here).
+func (in *Inbox) HandleSQL(ctx context.Context, tx *sql.Tx, m Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+	o, err := in.AcceptSQL(ctx, tx, m)
+	if err != nil || o == Duplicate {
+		return o, err
+	}
+	if err := fn(ctx, tx); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// AcceptBatch is Accept for a batch of messages, in one statement: it
+// returns one outcome per message, in order. A message whose id appears
+// earlier in the batch is a Duplicate. When a message is out of order
+// (below its key's mark, or below an earlier message of its key in the
+// batch) and the policy is RejectOutOfOrder, it returns the
+// *OutOfOrderError of the first such message and tx must roll back:
+// retry the batch's messages one at a time to apply the others.
+func (in *Inbox) AcceptBatch(ctx context.Context, tx pgx.Tx, ms []Message) ([]Outcome, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	out := make([]Outcome, len(ms))
+	ids, keys, seqs := make([]string, 0, len(ms)), make([]string, 0, len(ms)), make([]int64, 0, len(ms))
+	seen := make(map[string]bool, len(ms))
+	for i, m := range ms {
+		if err := m.check(); err != nil {
+			return nil, err
+		}
+		id := strings.ToLower(m.ID)
+		if seen[id] {
+			out[i] = Duplicate
+			continue
+		}
+		seen[id] = true
+		ids, keys, seqs = append(ids, m.ID), append(keys, m.Key), append(seqs, m.Seq)
+	}
+	var inserted, markKeys []string
+	var marks []int64
+	if err := tx.QueryRow(ctx, in.batch, ids, keys, seqs).Scan(&inserted, &markKeys, &marks); err != nil {
+		return nil, fmt.Errorf("outbox: inbox: record a batch of %d: %w", len(ms), err)
+	}
+	fresh := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[id] = true
+	}
+	last := make(map[string]int64, len(markKeys))
+	for i, k := range markKeys {
+		last[k] = marks[i]
+	}
+	var first error
+	for i, m := range ms {
+		if out[i] == Duplicate {
+			if in.cfg.Hooks != nil {
+				in.cfg.Hooks.Duplicate(m)
+			}
+			continue
+		}
+		o, err := in.decide(m, fresh[strings.ToLower(m.ID)], last[m.Key])
+		if err != nil && first == nil {
+			first = err
+		}
+		out[i] = o
+		if o != Duplicate && m.Key != "" && m.Seq > last[m.Key] {
+			last[m.Key] = m.Seq
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return out, nil
+}
+
+// HandleBatch records ms in tx with one statement (AcceptBatch) and runs
+// fn for each message to apply, in order, in the same transaction. See
+// AcceptBatch for its errors; on any error tx must roll back.
+func (in *Inbox) HandleBatch(ctx context.Context, tx pgx.Tx, ms []Message, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]Outcome, error) {
+	out, err := in.AcceptBatch(ctx, tx, ms)
+	if err != nil {
+		return nil, err
+	}
+	for i, o := range out {
+		if o == Duplicate {
+			continue
+		}
+		if err := fn(ctx, tx, i); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Run begins a transaction on db, calls Handle and commits. It returns nil
+// only after the commit: acknowledge the broker then, never before. When
+// Handle fails the transaction rolls back and the error is returned.
+func (in *Inbox) Run(ctx context.Context, db Beginner, m Message, fn func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: inbox: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	o, err := in.Handle(ctx, tx, m, fn)
+	if err != nil {
+		return o, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("outbox: inbox: commit %s: %w", m.ID, err)
+	}
+	return o, nil
+}
+
+// RunBatch is Run for a batch (HandleBatch in one transaction). When the
+// batch fails with an *OutOfOrderError under RejectOutOfOrder, nothing of
+// it is applied; the caller may retry its messages one at a time with Run.
+func (in *Inbox) RunBatch(ctx context.Context, db Beginner, ms []Message, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]Outcome, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: inbox: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	out, err := in.HandleBatch(ctx, tx, ms, fn)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: inbox: commit a batch of %d: %w", len(ms), err)
+	}
+	return out, nil
+}
+
+// RunSQL is Run for database/sql.
+func (in *Inbox) RunSQL(ctx context.Context, db *sql.DB, m Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: inbox: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	o, err := in.HandleSQL(ctx, tx, m, fn)
+	if err != nil {
+		return o, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("outbox: inbox: commit %s: %w", m.ID, err)
+	}
+	return o, nil
+}
+
+// PruneConfig bounds one Prune call.
+type PruneConfig struct {
+	// Window is how long a processed id is kept; older ones are removed.
+	// Required (no default: it must outlast the longest time a broker may
+	// redeliver a message, which only the operator knows).
+	Window time.Duration
+	// BatchSize is how many ids one statement removes, each batch in its
+	// own short transaction, so that pruning never holds many row locks or
+	// one long transaction. Default 1000.
+	BatchSize int
+	// MaxBatches bounds the batches of one call. Default 0: until nothing
+	// older than Window is left.
+	MaxBatches int
+}
+
+// Prune removes processed ids older than cfg.Window, in batches of
+// cfg.BatchSize, and returns how many it removed. Run it periodically
+// (every few minutes) from one consumer or a cron job; concurrent calls
+// skip each other's rows. A redelivery of a pruned id is no longer
+// recognised as a duplicate: a keyed message at or below its key's mark is
+// reported as out of order (never applied twice silently), an unkeyed one
+// is processed again. The keys' marks are kept (one row per key).
+func (in *Inbox) Prune(ctx context.Context, db Beginner, cfg PruneConfig) (int64, error) {
+	if cfg.Window <= 0 {
+		return 0, errors.New("outbox: inbox: prune: Window: must be positive")
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.BatchSize < 0 {
+		return 0, errors.New("outbox: inbox: prune: BatchSize: must not be negative")
+	}
+	var total int64
+	for b := 0; cfg.MaxBatches == 0 || b < cfg.MaxBatches; b++ {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return total, fmt.Errorf("outbox: inbox: prune: %w", err)
+		}
+		tag, err := tx.Exec(ctx, in.prune, cfg.Window.Milliseconds(), cfg.BatchSize)
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return total, fmt.Errorf("outbox: inbox: prune: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(cfg.BatchSize) {
+			break
+		}
+	}
+	return total, nil
+}
+
+func (m Message) check() error {
+	if m.ID == "" {
+		return errors.New("outbox: inbox: message has no id")
+	}
+	if m.Seq < 0 {
+		return fmt.Errorf("outbox: inbox: message %s: negative position %d", m.ID, m.Seq)
+	}
+	return nil
+}
+
+// validSchema accepts any name Postgres does (it is always quoted).
+func validSchema(s string) error {
+	switch {
+	case s == "":
+		return errors.New("outbox: inbox: Schema: must not be empty")
+	case len(s) > 63:
+		return fmt.Errorf("outbox: inbox: Schema: %d bytes is longer than Postgres' 63", len(s))
+	case strings.ContainsRune(s, 0):
+		return errors.New("outbox: inbox: Schema: must not contain NUL")
+	}
+	return nil
+}
+
+func quote(s string) string { return ident.Quote(s) }

@@ -1,0 +1,425 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
+)
+
+// env is one test's inbox in a fresh schema, with an effects table the
+// handlers write to.
+type env struct {
+	pool   *pgxpool.Pool
+	schema string
+	in     *inbox.Inbox
+}
+
+func setup(t *testing.T, cfg inbox.Config) *env {
+	t.Helper()
+	pool, schema := inboxtest.Schema(t)
+	cfg.Schema = schema
+	in, err := inbox.New(cfg)
+	require.NoError(t, err)
+	return &env{pool: pool, schema: schema, in: in}
+}
+
+// apply is a handler whose effect is one row in effects.
+func (e *env) apply(m inbox.Message) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		return inboxtest.Effect(ctx, tx, e.schema, m)
+	}
+}
+
+func (e *env) effects(t *testing.T) []inboxtest.Applied {
+	t.Helper()
+	return inboxtest.Effects(t, e.pool, e.schema)
+}
+
+func msg(key string, seq int64) inbox.Message {
+	return inbox.Message{ID: uuid.NewString(), Key: key, Seq: seq}
+}
+
+func TestDuplicatesSkipped(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	m := msg("k", 10)
+	for i, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate, inbox.Duplicate} {
+		o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		require.Equal(t, want, o, "delivery %d", i+1)
+	}
+	// Unkeyed and position-less messages are deduplicated too.
+	for _, m := range []inbox.Message{{ID: uuid.NewString()}, {ID: uuid.NewString(), Key: "k2"}} {
+		o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Processed, o)
+		o, err = e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, o)
+	}
+	require.Len(t, e.effects(t), 3)
+}
+
+// The report's case: a message redelivered after later messages of its
+// key is a duplicate, never applied again.
+func TestStaleRedeliveryAfterLaterMessagesSkipped(t *testing.T) {
+	t.Parallel()
+	h := &counting{}
+	e := setup(t, inbox.Config{Hooks: h})
+	ctx := t.Context()
+	ms := []inbox.Message{msg("acct", 3), msg("acct", 7), msg("acct", 9)}
+	for _, m := range ms {
+		_, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+	}
+	for _, m := range []inbox.Message{ms[0], ms[1]} {
+		o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, o)
+	}
+	got := e.effects(t)
+	require.Equal(t, []int64{3, 7, 9}, seqs(got))
+	require.EqualValues(t, 2, h.dups.Load())
+	require.Zero(t, h.ooo.Load())
+}
+
+func TestHandlerErrorRollsBackEffectAndRecord(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	m := msg("k", 5)
+	boom := errors.New("boom")
+	_, err := e.in.Run(ctx, e.pool, m, func(ctx context.Context, tx pgx.Tx) error {
+		require.NoError(t, e.apply(m)(ctx, tx))
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Empty(t, e.effects(t), "the effect rolled back")
+	// The record rolled back too: the redelivery is processed, and the
+	// key's mark did not move (a later message is not out of order).
+	o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Processed, o)
+	require.Len(t, e.effects(t), 1)
+}
+
+// A message below its key's mark that was never processed is reported,
+// not dropped: the consumer sees an *OutOfOrderError with the key, the
+// position and the mark, nothing is recorded, and the message is applied
+// once the policy allows it.
+func TestOutOfOrderNeverSilentlyDropped(t *testing.T) {
+	t.Parallel()
+	h := &counting{}
+	e := setup(t, inbox.Config{Hooks: h})
+	ctx := t.Context()
+	later, early := msg("acct", 20), msg("acct", 10)
+	_, err := e.in.Run(ctx, e.pool, later, e.apply(later))
+	require.NoError(t, err)
+	for range 2 { // a redelivery stays out of order
+		_, err = e.in.Run(ctx, e.pool, early, e.apply(early))
+		var ooo *inbox.OutOfOrderError
+		require.ErrorAs(t, err, &ooo)
+		require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+		require.Equal(t, inbox.OutOfOrderError{ID: early.ID, Key: "acct", Seq: 10, Mark: 20}, *ooo)
+		require.Contains(t, err.Error(), `key "acct" at position 10`)
+	}
+	require.Equal(t, []int64{20}, seqs(e.effects(t)))
+	require.EqualValues(t, 2, h.ooo.Load())
+
+	// The same position with another id (a reset sequence) is out of
+	// order too.
+	_, err = e.in.Run(ctx, e.pool, msg("acct", 20), e.apply(early))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+
+	apply, err := inbox.New(inbox.Config{Schema: e.schema, OutOfOrder: inbox.ApplyOutOfOrder, Hooks: h})
+	require.NoError(t, err)
+	o, err := apply.Run(ctx, e.pool, early, e.apply(early))
+	require.NoError(t, err)
+	require.Equal(t, inbox.AppliedOutOfOrder, o)
+	o, err = apply.Run(ctx, e.pool, early, e.apply(early))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, o)
+	require.Equal(t, []int64{20, 10}, seqs(e.effects(t)))
+	// The mark did not go back: 15 is still out of order.
+	_, err = e.in.Run(ctx, e.pool, msg("acct", 15), e.apply(early))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+}
+
+func TestGapReportedWhenContiguous(t *testing.T) {
+	t.Parallel()
+	h := &counting{}
+	e := setup(t, inbox.Config{Contiguous: true, Hooks: h})
+	ctx := t.Context()
+	for _, s := range []int64{1, 2, 4} {
+		m := msg("k", s)
+		_, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1, h.gaps.Load())
+	require.Equal(t, "k@4>2", h.lastGap.Load())
+}
+
+func TestBatch(t *testing.T) {
+	t.Parallel()
+	h := &counting{}
+	e := setup(t, inbox.Config{Hooks: h})
+	ctx := t.Context()
+	a1, a2, b1, done := msg("a", 1), msg("a", 5), msg("b", 2), msg("a", 3)
+	_, err := e.in.Run(ctx, e.pool, done, e.apply(done))
+	require.NoError(t, err)
+	// done (a@3) processed before; a1 (a@1) then is below the mark.
+	batch := []inbox.Message{a2, b1, a2, done, {ID: uuid.NewString()}}
+	out, err := e.in.RunBatch(ctx, e.pool, batch, func(ctx context.Context, tx pgx.Tx, i int) error {
+		return inboxtest.Effect(ctx, tx, e.schema, batch[i])
+	})
+	require.NoError(t, err)
+	require.Equal(t, []inbox.Outcome{inbox.Processed, inbox.Processed, inbox.Duplicate, inbox.Duplicate, inbox.Processed}, out)
+	require.Equal(t, []int64{3, 5, 2, 0}, seqs(e.effects(t)))
+
+	// Out of order against the mark, and inside the batch: the batch fails
+	// as a whole and records nothing.
+	for _, bad := range [][]inbox.Message{{msg("c", 1), a1}, {msg("d", 9), msg("d", 8)}} {
+		_, err = e.in.RunBatch(ctx, e.pool, bad, func(ctx context.Context, tx pgx.Tx, i int) error {
+			return inboxtest.Effect(ctx, tx, e.schema, bad[i])
+		})
+		require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+	}
+	require.Len(t, e.effects(t), 4)
+	o, err := e.in.Run(ctx, e.pool, msg("d", 8), e.apply(msg("d", 8)))
+	require.NoError(t, err, "the failed batch left no mark on d")
+	require.Equal(t, inbox.Processed, o)
+}
+
+// Consumers racing on the same messages (a rebalance, two consumers of
+// one queue) apply each message once, and a key's effects in order.
+func TestConcurrentConsumersApplyOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	const keys, perKey, consumers = 8, 25, 4
+	var ms []inbox.Message
+	for s := range perKey {
+		for k := range keys {
+			ms = append(ms, msg(fmt.Sprintf("k%d", k), int64(s*keys+k+1)))
+		}
+	}
+	var outOfOrder atomic.Int64
+	var wg sync.WaitGroup
+	for c := range consumers {
+		wg.Go(func() {
+			// Every consumer sees every message, in order, some as
+			// batches; the others deliver the same ones at the same time.
+			for i := 0; i < len(ms); {
+				n := 1 + (i+c)%3
+				part := ms[i:min(i+n, len(ms))]
+				i += n
+				for {
+					_, err := e.in.RunBatch(ctx, e.pool, part, func(ctx context.Context, tx pgx.Tx, j int) error {
+						return inboxtest.Effect(ctx, tx, e.schema, part[j])
+					})
+					if err == nil {
+						break
+					}
+					if errors.Is(err, inbox.ErrOutOfOrder) {
+						outOfOrder.Add(1)
+					}
+					if !retriable(err) {
+						t.Errorf("consumer %d: %v", c, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := e.effects(t)
+	require.Len(t, got, len(ms), "each message applied once")
+	last := map[string]int64{}
+	for _, a := range got {
+		require.Greater(t, a.Seq, last[a.Key], "key %s applied out of order", a.Key)
+		last[a.Key] = a.Seq
+	}
+	require.Zero(t, outOfOrder.Load(), "every consumer delivers in order, so nothing is out of order")
+}
+
+// retriable: a deadlock or serialization failure between consumers; the
+// broker would redeliver.
+func retriable(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "40P01") || strings.Contains(s, "40001")
+}
+
+func TestDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	db := stdlib.OpenDBFromPool(e.pool)
+	t.Cleanup(func() { _ = db.Close() })
+	m := msg("k", 4)
+	fn := func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+pgx.Identifier{e.schema, "effects"}.Sanitize()+" (message_id, key, seq) VALUES ($1, $2, $3)", m.ID, m.Key, m.Seq)
+		return err
+	}
+	for _, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
+		o, err := e.in.RunSQL(ctx, db, m, fn)
+		require.NoError(t, err)
+		require.Equal(t, want, o)
+	}
+	_, err := e.in.RunSQL(ctx, db, msg("k", 2), fn)
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+	require.Len(t, e.effects(t), 1)
+}
+
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	old := []inbox.Message{msg("k", 1), msg("k", 2), msg("", 0), msg("", 0), msg("", 0)}
+	for _, m := range old {
+		_, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+	}
+	_, err := e.pool.Exec(ctx, "UPDATE "+pgx.Identifier{e.schema, "inbox_messages"}.Sanitize()+" SET processed_at = now() - interval '2 days'")
+	require.NoError(t, err)
+	fresh := msg("k", 3)
+	_, err = e.in.Run(ctx, e.pool, fresh, e.apply(fresh))
+	require.NoError(t, err)
+
+	_, err = e.in.Prune(ctx, e.pool, inbox.PruneConfig{})
+	require.ErrorContains(t, err, "Window")
+	n, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: 24 * time.Hour, BatchSize: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, len(old), n)
+
+	// What a redelivery after the window means: the fresh id is still a
+	// duplicate; a pruned keyed one is reported out of order (not applied
+	// twice); a pruned unkeyed one is processed again.
+	o, err := e.in.Run(ctx, e.pool, fresh, e.apply(fresh))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, o)
+	_, err = e.in.Run(ctx, e.pool, old[0], e.apply(old[0]))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+	o, err = e.in.Run(ctx, e.pool, old[2], e.apply(old[2]))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Processed, o)
+}
+
+func TestMigrateAndScript(t *testing.T) {
+	t.Parallel()
+	pool := inboxtest.Pool(t)
+	ctx := t.Context()
+	schema := `Odd "schema"; name`
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	var wg sync.WaitGroup
+	applied := make([][]int, 3)
+	for i := range applied {
+		wg.Go(func() {
+			v, err := inbox.Migrate(ctx, pool, schema)
+			require.NoError(t, err)
+			applied[i] = v
+		})
+	}
+	wg.Wait()
+	total := 0
+	for _, v := range applied {
+		total += len(v)
+	}
+	require.Equal(t, 1, total, "one caller applies the migration, the others find it done: %v", applied)
+
+	script, err := inbox.Script("consumer")
+	require.NoError(t, err)
+	require.Contains(t, script, `CREATE TABLE "consumer".inbox_messages`)
+	require.Contains(t, script, `INSERT INTO "consumer".inbox_migrations (version, name) VALUES (1, 'init')`)
+	// The printed script applies as it is.
+	other := "inbox_script_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	script, err = inbox.Script(other)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+other+" CASCADE") })
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Conn().PgConn().Exec(ctx, script).ReadAll()
+	require.NoError(t, err)
+	v, err := inbox.Migrate(ctx, pool, other)
+	require.NoError(t, err)
+	require.Empty(t, v)
+
+	_, err = inbox.New(inbox.Config{Schema: strings.Repeat("s", 64)})
+	require.ErrorContains(t, err, "Schema")
+	_, err = inbox.New(inbox.Config{OutOfOrder: 7})
+	require.ErrorContains(t, err, "OutOfOrder")
+}
+
+type counting struct {
+	dups, ooo, gaps atomic.Int64
+	lastGap         atomic.Value
+}
+
+func (c *counting) Duplicate(inbox.Message)         { c.dups.Add(1) }
+func (c *counting) OutOfOrder(inbox.Message, int64) { c.ooo.Add(1) }
+func (c *counting) Gap(m inbox.Message, mark int64) {
+	c.gaps.Add(1)
+	c.lastGap.Store(fmt.Sprintf("%s@%d>%d", m.Key, m.Seq, mark))
+}
+
+func seqs(as []inboxtest.Applied) []int64 {
+	out := make([]int64, len(as))
+	for i, a := range as {
+		out[i] = a.Seq
+	}
+	return out
+}
+
+// The hot path is one statement per message, and one per batch: counted
+// on the wire with a pgx tracer.
+func TestOneStatementPerMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	cfg := e.pool.Config().Copy()
+	tr := &countingTracer{}
+	cfg.ConnConfig.Tracer = tr
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	before := tr.n.Load()
+	for _, m := range []inbox.Message{msg("k", 1), msg("k", 2), msg("", 0)} {
+		_, err := e.in.Accept(ctx, tx, m)
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 3, tr.n.Load()-before, "one statement per message")
+	before = tr.n.Load()
+	_, err = e.in.AcceptBatch(ctx, tx, []inbox.Message{msg("k", 3), msg("k", 4), msg("j", 5), msg("", 0)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tr.n.Load()-before, "one statement per batch")
+}
+
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
