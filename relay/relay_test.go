@@ -71,28 +71,8 @@ func (e *env) config() relay.Config {
 // a stop function that drains it.
 func (e *env) start(cfg relay.Config, sink sinks.Sink) (*relay.Relay, func()) {
 	e.t.Helper()
-	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), Workers: cfg.Workers})
-	require.NoError(e.t, err)
-	r, err := relay.New(pool, sink, cfg)
-	require.NoError(e.t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(e.t, err)
-			case <-time.After(30 * time.Second):
-				e.t.Error("relay did not stop within 30s")
-			}
-			pool.Close()
-		})
-	}
-	e.t.Cleanup(stop)
-	return r, stop
+	r, stop := e.startOn(pgtest.URL(), cfg, sink)
+	return r, func() { require.NoError(e.t, stop()) }
 }
 
 func (e *env) write(msgs ...outbox.Message) {

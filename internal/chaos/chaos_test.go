@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
@@ -49,6 +52,10 @@ type plan struct {
 	hold        bool
 	poisonEvery uint32
 	replayEvery time.Duration
+	// pgBouncer runs all relays but the last through a PgBouncer of the
+	// test's own in transaction pooling mode (stock settings), the last
+	// one directly.
+	pgBouncer bool
 }
 
 // event is a one-off fault at an offset from the start of the writes.
@@ -162,6 +169,31 @@ func TestChaosHold(t *testing.T) {
 	runChaos(t, p)
 }
 
+// TestChaosPgBouncer is TestChaos with two relays through a PgBouncer in
+// transaction pooling mode and one direct: the same kills, terminated
+// sessions (pooled backends included), receiver outage, stall and pause.
+// Nothing may be lost or reordered, and no duplicate may come from
+// anything but a crash (issue 35: before, prepared statements cached
+// through the proxy made batches settle twice). CHAOS_LONG=1 runs the
+// long plan that way.
+func TestChaosPgBouncer(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipping the PgBouncer chaos test in -short mode")
+	}
+	p := shortPlan()
+	p.name, p.messages, p.keys, p.relays = "short pgbouncer", 20_000, 500, 3
+	if os.Getenv("CHAOS_LONG") == "1" {
+		p = longPlan()
+		p.name, p.relays = "long pgbouncer", 3
+		// Its PostgreSQL restart would be the throwaway server's, which
+		// the PgBouncer would have to follow: not this test's subject.
+		p.events = slices.DeleteFunc(p.events, func(e event) bool { return e.kind == "pg-restart" })
+	}
+	p.pgBouncer = true
+	runChaos(t, p)
+}
+
 // TestChaosFanOut is TestChaos with a fan-out route: the router's copies
 // must survive the same faults, and each destination must get every
 // committed message, in key order.
@@ -228,6 +260,13 @@ func runChaos(t *testing.T, p plan) {
 		args = append(args, "--workers", "1")
 	}
 	c := newCluster(t, bin, databaseURL, schema, args)
+	if p.pgBouncer {
+		c.slotURL = map[string]string{}
+		bouncer := bouncerFor(t, databaseURL)
+		for i := 1; i < p.relays; i++ {
+			c.slotURL[fmt.Sprintf("r%d", i)] = withAppName(bouncer, c.appName)
+		}
+	}
 	var pgDown, pgUp atomic.Int64 // unix nanos of the PostgreSQL restart window
 	c.tolerateExit = func(pr *proc) bool {
 		// A relay started while PostgreSQL restarts cannot read the schema
@@ -518,6 +557,21 @@ func runChaos(t *testing.T, p plan) {
 }
 
 // pick chooses up to n distinct slots that are not paused.
+// bouncerFor starts a PgBouncer in front of the server of databaseURL and
+// returns its URL for the same database.
+func bouncerFor(t *testing.T, databaseURL string) string {
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		t.Fatalf("database URL: %v", err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	b := throwaway.PgBouncer(t, net.JoinHostPort(u.Hostname(), port), u.User.Username(), 6)
+	return b.DatabaseURL(strings.TrimPrefix(u.Path, "/"))
+}
+
 func pick(rng *rand.Rand, slots []string, n int, paused *sync.Map) []string {
 	var cand []string
 	for _, s := range slots {

@@ -62,6 +62,9 @@ type cluster struct {
 	schema  string
 	appName string
 	args    []string
+	// slotURL, when set for a slot, is its database URL instead of dbURL
+	// (relays through a PgBouncer beside direct ones).
+	slotURL map[string]string
 
 	mu         sync.Mutex
 	current    map[string]*proc
@@ -187,7 +190,11 @@ func (c *cluster) launch(slot string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"run", "--id", id, "--database-url", c.dbURL, "--schema", c.schema}, c.args...)
+	dbURL := c.dbURL
+	if u, ok := c.slotURL[slot]; ok {
+		dbURL = u
+	}
+	args := append([]string{"run", "--id", id, "--database-url", dbURL, "--schema", c.schema}, c.args...)
 	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = relayEnv()

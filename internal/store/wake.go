@@ -35,6 +35,7 @@ const ListenerPayload = "listener"
 // Waker holds the wake-up statements for one schema.
 type Waker struct {
 	channel, trigger string
+	table            string // the outbox, quoted
 	tryLock, newest  stmt
 	newRows, due     stmt
 	notify           stmt
@@ -45,6 +46,7 @@ type Waker struct {
 // NewWaker renders the wake-up statements for schema s.
 func NewWaker(s Schema) *Waker {
 	return &Waker{
+		table:   s.Table("messages"),
 		channel: ident.Channel(s.name),
 		trigger: "ALTER TABLE " + s.Table("messages") + " ENABLE TRIGGER messages_notify",
 		// Session level: the lock is the watcher's for as long as its
@@ -81,7 +83,8 @@ SELECT now(), (extract(epoch FROM now()) * 1000000)::bigint,
            (SELECT c.lane FROM ` + s.Table("deliveries") + ` c, t WHERE c.available_at > t.since AND c.available_at <= now() LIMIT 10000)) d), '{}'),
        least((SELECT min(m.available_at) FROM ` + s.Table("messages") + ` m WHERE m.available_at > now() AND m.available_at < 'infinity'),
              (SELECT min(c.available_at) FROM ` + s.Table("deliveries") + ` c WHERE c.available_at > now() AND c.available_at < 'infinity')),
-       (SELECT coalesce(max(m.id), 0) FROM ` + s.Table("messages") + ` m)`),
+       (SELECT q.last_value FROM pg_sequences q
+        WHERE format('%I.%I', q.schemaname, q.sequencename) = pg_get_serial_sequence(@table, 'id'))`),
 		notify: newStmt(`SELECT pg_notify(@channel, @payload)`),
 		// Shared and session level, like the watcher's lock: it goes
 		// with the session. Never waits (nobody takes it exclusively).
@@ -181,21 +184,24 @@ type Due struct {
 	Lanes []int16
 	// Next is when the next waiting row comes due; zero when none waits.
 	Next time.Time
-	// Newest is the highest id in the outbox (0 when it is empty): the
-	// polling watcher's looks go on from the newest id they saw, and ids
-	// below it appear when the identity was reset (TRUNCATE … RESTART
-	// IDENTITY, a restore).
-	Newest int64
+	// LastID is the last id the outbox's identity handed out, when the
+	// relay's role may read it (SELECT on the sequence; else, and before
+	// the first id after a reset, 0). The polling watcher's looks go on
+	// from the newest id they saw; an identity that was reset (TRUNCATE …
+	// RESTART IDENTITY, a restore) hands out ids below it.
+	LastID int64
 }
 
 // Due looks for the rows (of the outbox and of the fan-out copies) that
 // came due after since (an earlier look's Since; 0 at first), for the
-// next one to come due, and for the outbox's highest id (a backward probe
-// of the primary key).
+// next one to come due, and for the identity's last id (pg_sequences: no
+// row of the outbox is read).
 func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) {
 	var d Due
 	var next pgtype.Timestamptz
-	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since}), &d.Now, &d.Since, &d.Lanes, &next, &d.Newest)
+	var last pgtype.Int8
+	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since, "table": w.table}), &d.Now, &d.Since, &d.Lanes, &next, &last)
+	d.LastID = last.Int64
 	if next.Valid && next.InfinityModifier == pgtype.Finite {
 		d.Next = next.Time
 	}

@@ -29,6 +29,11 @@ GRANT SELECT ON {{.Schema}}.schema_migrations TO {{.Role}};
 -- Claim (SELECT ... FOR UPDATE), retry scheduling (UPDATE), delivered and
 -- dead-lettered rows (DELETE).
 GRANT SELECT, UPDATE, DELETE ON {{.Schema}}.messages TO {{.Role}};
+-- The identity's last value, read once a second by the watcher: after
+-- TRUNCATE ... RESTART IDENTITY (or a restore) new ids are below those it
+-- has seen, and it looks from the start again. Without this grant it
+-- cannot tell, and such rows wait for the workers' --poll-interval.
+GRANT SELECT ON SEQUENCE {{.Schema}}.messages_id_seq TO {{.Role}};
 -- INSERT ... ON CONFLICT DO UPDATE when a replayed message dies again; the
 -- backlog gauges count them.
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.dead_letters TO {{.Role}};

@@ -1,0 +1,497 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/store"
+)
+
+// watch is one LISTEN session's state machine (docs/design.md, "Wake-up"):
+// the election of the schema's watcher and, once this session watches,
+// the WAL stream, the looks for rows that came due and for new rows, and
+// the NOTIFYs to the other processes. Each concern is one method that
+// step calls in turn; wait and heard handle what comes in between. Only
+// loop's goroutine touches it; the WAL follower talks to it through the
+// waker's atomics (walUp, walRows, walDone) and kick.
+type watch struct {
+	k         *waker
+	pc        *pgx.Conn
+	wal, rows bool // follow the WAL; watch for new rows at all
+	host      string
+	pid       int
+
+	// Election.
+	watching  bool
+	nextElect time.Time // when a follower next tries the lock
+	lastElect time.Time // when it last tried
+
+	// The WAL stream. streaming: it runs, and says when rows were
+	// committed; the watcher then looks for them (the poll's look) at
+	// once, and on the fast interval until watchLinger has passed
+	// without a report or a row, then stops looking.
+	streaming  bool
+	walRowsAt  time.Time // the stream's last report
+	walRetry   time.Duration
+	walAgain   time.Time // when to try the WAL again
+	walStarted time.Time
+	walLogged  bool
+	stopWAL    func()
+
+	// Looks for new rows.
+	polling  bool
+	seen     int64 // the newest id the looks have passed; -1: none yet
+	interval time.Duration
+	nextPoll time.Time
+	lastLook time.Time // the last look for new rows
+	lastRows time.Time // when a look last found new rows
+	gaps     gapList
+	recent   recentIDs // ids the looks found lately (WAL mode)
+
+	// Looks for rows that came due.
+	dueAt    time.Time // when to look next
+	dueSince int64     // the database's clock at the last look (see store.Due)
+
+	// NOTIFYs. alone: nobody else listens (see store.Waker.Others), so
+	// the watcher's wake-ups would wake nobody and are not sent; checked
+	// again before a wake-up at most every othersEvery, and at the next
+	// one after a membership notification; false for othersEvery after a
+	// listener said it started.
+	lastNotify time.Time
+	alone      bool
+	othersAt   time.Time
+}
+
+func newWatch(k *waker, pc *pgx.Conn, wal, rows bool) *watch {
+	host, pid := processIdentity()
+	return &watch{k: k, pc: pc, wal: wal, rows: rows, host: host, pid: pid,
+		seen: -1, interval: watchFast, walRetry: walRetryMin, stopWAL: func() {}, recent: recentIDs{}}
+}
+
+// loop waits for notifications on pc and, once this session holds the
+// watcher lock, watches for rows that came due and, with rows (unless the
+// writers' trigger does), for new rows: through the WAL when wal is set
+// and the server allows it, else by polling.
+func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
+	w := newWatch(k, pc, wal, rows)
+	defer func() { w.stopWAL() }()
+	for {
+		now := time.Now()
+		if err := w.step(ctx, now); err != nil {
+			return err
+		}
+		n, err := w.wait(ctx, now)
+		if err != nil {
+			return err
+		}
+		if n != nil {
+			w.heard(n)
+		}
+	}
+}
+
+// step does what is due at now: the election while this session does
+// not watch, and every concern of the watcher while it does.
+func (w *watch) step(ctx context.Context, now time.Time) error {
+	if !w.watching && !now.Before(w.nextElect) {
+		if err := w.elect(ctx, now); err != nil {
+			return err
+		}
+	}
+	if !w.watching {
+		return nil
+	}
+	w.followStream(ctx, now)
+	if err := w.sendPending(ctx, now); err != nil {
+		return err
+	}
+	if err := w.lookDue(ctx, now); err != nil {
+		return err
+	}
+	if w.polling && !now.Before(w.nextPoll) {
+		return w.lookNew(ctx, now)
+	}
+	return nil
+}
+
+// elect tries the watcher lock (a pooled session watches for its own
+// process alone, without it) and starts watching when it got it.
+func (w *watch) elect(ctx context.Context, now time.Time) error {
+	k := w.k
+	ok := k.pooled
+	if !ok {
+		var err error
+		if ok, err = k.w.TryWatch(ctx, w.pc, k.s); err != nil {
+			return err
+		}
+	}
+	if !ok {
+		w.lastElect = now
+		w.nextElect = now.Add(k.cfg.Heartbeat)
+		if w.rows {
+			k.setSource("follow", false, nil)
+		}
+		return nil
+	}
+	w.watching = true
+	switch {
+	case k.pooled:
+		k.log.Info("connected through a transaction-pooling proxy: this process looks for new rows and rows that come due itself, without LISTEN or the watcher's lock")
+		w.polling = true
+		k.setSource("poll", false, nil)
+	case !w.rows:
+		k.log.Info("this process watches the outbox for rows that come due (retries, delayed messages) and wakes the other relays")
+	case w.wal:
+		k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", w.wal)
+		w.startWAL(ctx)
+	default:
+		k.log.Info("this process watches the outbox for new rows and wakes the other relays", "wal", w.wal)
+		w.polling = true
+		k.setSource("poll", false, nil)
+	}
+	// Rows written since the last watcher died were seen by nobody:
+	// everyone looks once.
+	k.wakeAndTell(laneSet{})
+	return nil
+}
+
+// startWAL starts following the WAL in a goroutine of its own, which
+// reports through the waker's atomics.
+func (w *watch) startWAL(ctx context.Context) {
+	k := w.k
+	walCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	k.walDone.Store(nil)
+	w.walStarted = time.Now()
+	go func() {
+		defer close(done)
+		err := k.followWAL(walCtx, func(ids []int64) {
+			k.walMu.Lock()
+			if len(k.walIDs) < maxGaps {
+				k.walIDs = append(k.walIDs, ids[:min(len(ids), maxGaps-len(k.walIDs))]...)
+			}
+			k.walMu.Unlock()
+			k.walRows.Store(true)
+			k.kick()
+		}, func() {
+			k.walUp.Store(true)
+			k.kick()
+		})
+		if err == nil {
+			err = errors.New("outbox: WAL stream ended")
+		}
+		k.walDone.Store(&err)
+		k.kick()
+	}()
+	w.stopWAL = func() { cancel(); <-done }
+	// Keep polling until the stream has started: rows committed before
+	// the slot's consistent point are not in the stream.
+	if !w.polling {
+		w.polling, w.seen, w.interval, w.nextPoll = true, -1, watchFast, time.Now()
+	}
+}
+
+// followStream takes in what the WAL stream reported since the last step:
+// it started, rows were committed, or it ended (then the watcher polls,
+// and tries the WAL again later).
+func (w *watch) followStream(ctx context.Context, now time.Time) {
+	k := w.k
+	if k.walUp.Swap(false) {
+		// The stream runs: looks follow its reports from now on; everyone
+		// looks once for what was committed between the last look and the
+		// slot's consistent point.
+		w.streaming = true
+		k.setSource("wal", false, nil)
+		k.wakeAndTell(laneSet{})
+	}
+	if k.walRows.Swap(false) && w.streaming {
+		// Rows were committed. The stream carries a commit as soon as its
+		// WAL record is flushed, a moment before the writer's transaction
+		// is visible to other sessions: a claim woken by the report itself
+		// could miss the row, and a claim visits only the lanes it was
+		// woken about. The look sees only visible rows, and keeps looking
+		// while reports come (a row not visible yet is found by the next
+		// look, or looked for again as a gap). Reports closer than
+		// notifyGap share a look. A reported row below the ids the looks
+		// have passed (its writer took its id long before it committed) is
+		// looked for by id. (Most reported rows below it were found by a
+		// look before their report came: those are not looked for again.)
+		k.walMu.Lock()
+		if w.seen >= 0 {
+			w.gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > w.seen || w.recent.has(id, now) }), now)
+		}
+		k.walIDs = nil
+		k.walMu.Unlock()
+		w.walRowsAt = now
+		if !w.polling {
+			w.polling, w.interval = true, watchFast
+		}
+		w.nextPoll = w.lastLook.Add(notifyGap)
+	}
+	if errp := k.walDone.Swap(nil); errp != nil {
+		w.streamEnded(ctx, now, *errp)
+	}
+	if w.wal && w.polling && !w.walAgain.IsZero() && !now.Before(w.walAgain) {
+		w.walAgain = time.Time{}
+		w.startWAL(ctx)
+	}
+}
+
+// streamEnded falls back to polling after the WAL stream ended with err,
+// and sets when to try the WAL again.
+func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
+	k := w.k
+	w.streaming = false
+	w.stopWAL()
+	w.stopWAL = func() {}
+	if time.Since(w.walStarted) > time.Minute {
+		w.walRetry = walRetryMin // it ran for a while: a break, not a refusal
+	}
+	if walRefused(err) {
+		w.walRetry = walRetryMax
+	}
+	lvl := slog.LevelWarn
+	if k.cfg.Wakeup == WakeupAuto && walRefused(err) {
+		lvl = slog.LevelInfo // auto, and the server does not allow it: expected
+		if w.walLogged {
+			lvl = slog.LevelDebug
+		}
+	}
+	w.walLogged = true
+	k.log.Log(ctx, lvl, "cannot follow the WAL; polling for new rows instead", "error", err, "retry_wal_in", w.walRetry)
+	k.setSource("poll", true, err)
+	w.polling, w.seen, w.interval, w.nextPoll = true, -1, watchFast, now
+	w.walAgain = now.Add(w.walRetry)
+	w.walRetry = min(2*w.walRetry, walRetryMax)
+	// Rows may have come while the stream was failing.
+	k.wakeAndTell(laneSet{})
+}
+
+// tell sends a wake-up to the other listeners, unless there are none (or
+// this session, through a proxy, cannot know).
+func (w *watch) tell(ctx context.Context, now time.Time, payload string) error {
+	k := w.k
+	if k.pooled {
+		return nil
+	}
+	if !now.Before(w.othersAt) {
+		others, err := k.w.Others(ctx, w.pc, k.s, w.host, w.pid)
+		if err != nil {
+			return err
+		}
+		w.alone, w.othersAt = !others, now.Add(othersEvery)
+	}
+	if w.alone {
+		return nil
+	}
+	return k.w.Notify(ctx, w.pc, payload)
+}
+
+// sendPending sends the NOTIFY that waits (the WAL follower's, the
+// elections'), at most one per notifyGap.
+func (w *watch) sendPending(ctx context.Context, now time.Time) error {
+	if now.Sub(w.lastNotify) < notifyGap {
+		return nil
+	}
+	payload, ok := w.k.takePending()
+	if !ok {
+		return nil
+	}
+	if err := w.tell(ctx, now, payload); err != nil {
+		return err
+	}
+	w.lastNotify = now
+	return nil
+}
+
+// lookDue looks, when it is time, for rows that came due (retries,
+// delayed messages) and wakes their lanes; it also notices when the
+// outbox's ids went below those the looks for new rows passed.
+func (w *watch) lookDue(ctx context.Context, now time.Time) error {
+	if now.Before(w.dueAt) {
+		return nil
+	}
+	k := w.k
+	d, err := k.w.Due(ctx, w.pc, w.dueSince)
+	if err != nil {
+		return err
+	}
+	if lanes := lanesOf(d.Lanes); !lanes.empty() {
+		k.wakeAndTell(lanes)
+	}
+	if w.seen > 0 && d.LastID > 0 && d.LastID < w.seen {
+		// The identity handed out an id below the newest the looks
+		// passed: it was reset (TRUNCATE … RESTART IDENTITY, a restore),
+		// and a look for ids past seen would never find the new rows.
+		// Look from the start again: it finds the rows there are now,
+		// and wakes their lanes. (Following the WAL, the stream's reports
+		// name the new ids, and the looks find them as gaps.)
+		k.log.Info("the outbox's identity was reset; looking for new rows from the start", "seen", w.seen, "last_id", d.LastID)
+		w.seen = 0
+	}
+	w.dueSince = d.Since
+	w.dueAt = now.Add(dueEvery)
+	if !d.Next.IsZero() {
+		// The next row's due time, on this clock (+1ms: it is due once
+		// the database's clock has passed it).
+		if at := now.Add(d.Next.Sub(d.Now) + time.Millisecond); at.Before(w.dueAt) {
+			w.dueAt = at
+		}
+	}
+	return nil
+}
+
+// lookNew looks for rows committed past the newest id seen (and for the
+// gaps below it), wakes their lanes here and in the other processes, and
+// sets the interval of the next look by the rate rows come at.
+func (w *watch) lookNew(ctx context.Context, now time.Time) error {
+	k := w.k
+	var id int64
+	var lanes laneSet
+	var err error
+	filled := false
+	baseline := w.seen < 0
+	// reported: the stream reported commits since the last look.
+	reported := w.streaming && w.walRowsAt.After(w.lastLook)
+	if baseline {
+		id, err = k.w.NewestID(ctx, w.pc)
+		w.gaps = gapList{}
+	} else {
+		var got store.NewRows
+		got, err = k.w.NewRows(ctx, w.pc, w.seen, w.gaps.ids(now), gapSpan)
+		id, lanes, filled = got.Newest, lanesOf(got.Lanes), len(got.GapsFilled) > 0
+		w.gaps.fill(got.GapsFilled)
+		w.gaps.add(max(w.seen, got.Newest-gapSpan), got.IDs, now)
+		if w.streaming {
+			w.recent.add(got.IDs, now)
+			w.recent.add(got.GapsFilled, now)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if baseline {
+		// Rows up to id are behind the looks from now on, and a claim
+		// woken earlier may have looked before some of them committed:
+		// everyone looks once more.
+		k.wakeAndTell(laneSet{})
+	}
+	if (id > w.seen && w.seen >= 0) || filled {
+		k.wake(lanes)
+		if err := w.tell(ctx, now, payloadOf(lanes)); err != nil {
+			return err
+		}
+		w.lastNotify = now
+		w.lastRows = now
+		w.interval = watchFast
+		if !w.lastLook.IsZero() {
+			// Rows come faster than the workers would want a wake-up for
+			// each few: merge more of them per claim.
+			switch rate := float64(id-w.seen) / now.Sub(w.lastLook).Seconds(); {
+			case rate > watchFullRate:
+				w.interval = watchFull
+			case rate > watchBusyRate:
+				w.interval = watchBusy
+			}
+		}
+	} else if now.Sub(w.lastRows) >= watchLinger {
+		w.interval = min(2*w.interval, k.cfg.WatchInterval)
+	}
+	found := id > w.seen || filled
+	w.seen = id
+	w.lastLook = now
+	w.nextPoll = time.Now().Add(w.interval)
+	if reported && !found {
+		// The reported rows are not visible yet (or were claimed already):
+		// look again soon, once.
+		w.nextPoll = time.Now().Add(walRecheck)
+	}
+	if w.streaming && now.Sub(w.walRowsAt) >= watchLinger && now.Sub(w.lastRows) >= watchLinger {
+		w.polling = false // until the stream reports rows again
+	}
+	return nil
+}
+
+// wait waits for a notification until the next thing to do (or a kick)
+// and returns it; nil when the wait ended without one.
+func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, error) {
+	k := w.k
+	var deadline time.Time
+	switch {
+	case !w.watching:
+		deadline = w.nextElect
+	case w.polling:
+		deadline = w.nextPoll
+		if !w.walAgain.IsZero() && w.walAgain.Before(deadline) {
+			deadline = w.walAgain
+		}
+	default:
+		deadline = now.Add(time.Hour) // the WAL follower kicks
+	}
+	if w.watching && w.dueAt.Before(deadline) {
+		deadline = w.dueAt
+	}
+	if k.isPending() {
+		deadline = w.lastNotify.Add(notifyGap)
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	k.cancelWait.Store(&cancel)
+	if (k.isPending() && time.Since(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil {
+		cancel() // kicked before the wait could be interrupted
+	}
+	n, err := w.pc.WaitForNotification(wctx)
+	k.cancelWait.Store(nil)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if wctx.Err() != nil && !w.pc.IsClosed() {
+			return nil, nil // time for the next thing to do, or kicked
+		}
+		return nil, err
+	}
+	if n.PID == w.pc.PgConn().PID() {
+		return nil, nil // our own: our workers were woken when it was sent
+	}
+	return n, nil
+}
+
+// heard acts on a notification from another session.
+func (w *watch) heard(n *pgconn.Notification) {
+	k := w.k
+	switch lanes, ok := parseLanes(n.Payload); {
+	case n.Payload == store.ListenerPayload:
+		// A listener started: it hears the wake-ups from now on (for at
+		// least othersEvery; then the check says).
+		w.alone, w.othersAt = false, time.Now().Add(othersEvery)
+	case n.Payload == store.FreedPayload:
+		// Lanes were handed back: the relays below their share take them
+		// (the set of relays is the same).
+		k.members(true)
+	case n.Payload == store.MembersPayload:
+		// Relays came or went (this process's own too): check again
+		// before the next wake-up.
+		w.othersAt = time.Time{}
+		k.members(false)
+		if !w.watching {
+			// A relay left or was reaped: it may have been the watcher,
+			// whose rows nobody watches until a follower takes its lock.
+			// At most one try per rebalanceGap: sixteen relays starting
+			// together send sixteen notifications.
+			if t := w.lastElect.Add(rebalanceGap); t.Before(w.nextElect) {
+				w.nextElect = t
+			}
+		}
+	case n.Payload == "":
+		k.wake(laneSet{})
+	case ok:
+		k.wake(lanes)
+	}
+}
