@@ -165,7 +165,8 @@ const lockKey = 0x6f757462 // "outb"
 // Apply brings schema up to the latest version and returns the versions it
 // applied (none when already current). It runs in one transaction under an
 // advisory lock, so concurrent callers are safe: the second waits, then
-// finds nothing to do.
+// finds nothing to do. It refuses a database whose server_encoding is not
+// UTF8 (ErrServerEncoding).
 func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
 	ms, err := Load(schema)
 	if err != nil {
@@ -176,6 +177,9 @@ func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
 		return nil, fmt.Errorf("outbox: migrate: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if err := CheckEncoding(ctx, tx); err != nil {
+		return nil, err
+	}
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", lockKey, schema); err != nil {
 		return nil, fmt.Errorf("outbox: migrate: lock: %w", err)
 	}

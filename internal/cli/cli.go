@@ -81,8 +81,8 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	fmt.Fprintln(stderr, "outbox-relay:", err)
 	var ue *usageError
-	if errors.As(err, &ue) {
-		return 2
+	if errors.As(err, &ue) || errors.Is(err, migrations.ErrServerEncoding) {
+		return 2 // a database the relay refuses is configuration to change, as a bad flag is
 	}
 	return 1
 }
