@@ -147,7 +147,8 @@ func Script(schema string) (string, error) {
 	}
 	b.WriteString("\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
 		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
-		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages WITH (publish = 'insert');\n")
+		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id) WITH (publish = 'insert');\n" +
+		"-- (the column list, PostgreSQL 15+, keeps payloads out of the stream; before 15, leave \"(id)\" out)\n")
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
 }
@@ -276,27 +277,46 @@ func Publication(schema string) string { return schema + "_relay" }
 // leaves the publication behind, empty, and a schema created again under
 // the same name would otherwise be followed through it in vain) gets the
 // table and the inserts back.
+//
+// The stream is only a wake-up: the relays read the id of an inserted row
+// and nothing else. Where the server has column lists (PostgreSQL 15+),
+// the publication carries the id alone, so that payloads (up to the
+// outbox's limit each) are not sent to every following relay; an older
+// publication gets its column list at the next migrate.
 func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
-	var logical, exists, covers, inserts bool
+	var logical, exists, covers, inserts, columnLists bool
 	err := tx.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical',
        EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
        EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'),
-       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1 AND pubinsert)`,
-		Publication(schema), schema).Scan(&logical, &exists, &covers, &inserts)
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1 AND pubinsert),
+       current_setting('server_version_num')::int >= 150000`,
+		Publication(schema), schema).Scan(&logical, &exists, &covers, &inserts, &columnLists)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: publication: %w", err)
 	}
-	if !logical || (exists && covers && inserts) {
+	idOnly := !columnLists // nothing to do where there are no column lists
+	if columnLists && covers {
+		// attnames (15+): the published columns, all of them without a list.
+		err := tx.QueryRow(ctx, `SELECT attnames = ARRAY['id']::name[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'`,
+			Publication(schema), schema).Scan(&idOnly)
+		if err != nil {
+			return fmt.Errorf("outbox: migrate: publication: %w", err)
+		}
+	}
+	if !logical || (exists && covers && inserts && idOnly) {
 		return nil
 	}
 	pub, table := Ident(Publication(schema)), Ident(schema)+".messages"
+	if columnLists {
+		table += " (id)"
+	}
 	var stmts []string
 	switch {
 	case !exists:
 		stmts = []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + table + " WITH (publish = 'insert')"}
 	default:
-		if !covers {
-			stmts = append(stmts, "ALTER PUBLICATION "+pub+" ADD TABLE "+table)
+		if !covers || !idOnly {
+			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET TABLE "+table)
 		}
 		if !inserts {
 			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
