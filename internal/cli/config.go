@@ -97,8 +97,12 @@ type fileSecret struct {
 func lookupEnv(flag, name string, ef *envFiles) (string, bool, error) {
 	path, isFile := os.LookupEnv(name + "_FILE")
 	if isFile && !slices.Contains(fileOptions, flag) {
-		return "", false, usagef("outbox: %s_FILE: %s is not a secret and is not read from a file (only %s are): set %s, or %s in the --config file",
-			name, flag, strings.Join(fileOptions, " and "), name, flag)
+		instead := name + ", or " + flag + " in the --config file"
+		if flag == "config" {
+			instead = name + " or --config"
+		}
+		return "", false, usagef("outbox: %s_FILE: %s is not a secret and is not read from a file (only %s are): set %s",
+			name, flag, strings.Join(fileOptions, " and "), instead)
 	}
 	if v, ok := os.LookupEnv(name); ok {
 		return v, true, nil
