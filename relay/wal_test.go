@@ -98,3 +98,30 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 		require.Equal(t, []string{"id"}, cols, "the publication's column list")
 	}
 }
+
+// A publication made by an earlier migrate carries every column: the next
+// migrate gives it the column list (id) where the server has column lists
+// (15+), so that payloads leave the stream.
+func TestMigrateGivesThePublicationItsColumnList(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	ctx := context.Background()
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version))
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d has no publication column lists (15+ has)", version)
+	}
+	pub := migrations.Ident(migrations.Publication(schema))
+	_, err := pool.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+migrations.Ident(schema)+".messages")
+	require.NoError(t, err)
+	columns := func() []string {
+		var cols []string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT attnames::text[] FROM pg_publication_tables WHERE pubname = $1`, migrations.Publication(schema)).Scan(&cols))
+		return cols
+	}
+	require.Contains(t, columns(), "payload", "the publication of an earlier release")
+	_, err = migrations.Apply(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, []string{"id"}, columns())
+}
