@@ -147,7 +147,8 @@ func Script(schema string) (string, error) {
 	}
 	b.WriteString("\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
 		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
-		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages WITH (publish = 'insert');\n")
+		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id) WITH (publish = 'insert');\n" +
+		"-- (the column list, PostgreSQL 15+, keeps payloads out of the stream; before 15, leave \"(id)\" out)\n")
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
 }
@@ -165,7 +166,8 @@ const lockKey = 0x6f757462 // "outb"
 // Apply brings schema up to the latest version and returns the versions it
 // applied (none when already current). It runs in one transaction under an
 // advisory lock, so concurrent callers are safe: the second waits, then
-// finds nothing to do.
+// finds nothing to do. It refuses a database whose server_encoding is not
+// UTF8 (ErrServerEncoding).
 func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
 	ms, err := Load(schema)
 	if err != nil {
@@ -176,6 +178,9 @@ func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
 		return nil, fmt.Errorf("outbox: migrate: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if err := CheckEncoding(ctx, tx); err != nil {
+		return nil, err
+	}
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", lockKey, schema); err != nil {
 		return nil, fmt.Errorf("outbox: migrate: lock: %w", err)
 	}
@@ -272,27 +277,46 @@ func Publication(schema string) string { return schema + "_relay" }
 // leaves the publication behind, empty, and a schema created again under
 // the same name would otherwise be followed through it in vain) gets the
 // table and the inserts back.
+//
+// The stream is only a wake-up: the relays read the id of an inserted row
+// and nothing else. Where the server has column lists (PostgreSQL 15+),
+// the publication carries the id alone, so that payloads (up to the
+// outbox's limit each) are not sent to every following relay; an older
+// publication gets its column list at the next migrate.
 func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
-	var logical, exists, covers, inserts bool
+	var logical, exists, covers, inserts, columnLists bool
 	err := tx.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical',
        EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
        EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'),
-       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1 AND pubinsert)`,
-		Publication(schema), schema).Scan(&logical, &exists, &covers, &inserts)
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1 AND pubinsert),
+       current_setting('server_version_num')::int >= 150000`,
+		Publication(schema), schema).Scan(&logical, &exists, &covers, &inserts, &columnLists)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: publication: %w", err)
 	}
-	if !logical || (exists && covers && inserts) {
+	idOnly := !columnLists // nothing to do where there are no column lists
+	if columnLists && covers {
+		// attnames (15+): the published columns, all of them without a list.
+		err := tx.QueryRow(ctx, `SELECT attnames = ARRAY['id']::name[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'`,
+			Publication(schema), schema).Scan(&idOnly)
+		if err != nil {
+			return fmt.Errorf("outbox: migrate: publication: %w", err)
+		}
+	}
+	if !logical || (exists && covers && inserts && idOnly) {
 		return nil
 	}
 	pub, table := Ident(Publication(schema)), Ident(schema)+".messages"
+	if columnLists {
+		table += " (id)"
+	}
 	var stmts []string
 	switch {
 	case !exists:
 		stmts = []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + table + " WITH (publish = 'insert')"}
 	default:
-		if !covers {
-			stmts = append(stmts, "ALTER PUBLICATION "+pub+" ADD TABLE "+table)
+		if !covers || !idOnly {
+			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET TABLE "+table)
 		}
 		if !inserts {
 			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")

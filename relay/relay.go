@@ -196,12 +196,21 @@ func (r *Relay) Stats() StatsSnapshot {
 // Run relays messages until ctx is cancelled, then drains: it stops
 // claiming, lets in-flight batches finish (rolling them back after
 // DrainTimeout), hands its lanes back and returns nil. It does not close
-// the sink or the pool.
+// the sink or the pool. It refuses a database whose server_encoding is not
+// UTF8 (an error wrapping migrations.ErrServerEncoding).
 func (r *Relay) Run(ctx context.Context) error {
 	v, relayMin, err := r.schemaVersion(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started: nothing to drain
+		}
+		return err
+	}
+	// Before the version: a schema that migrate refuses to create here
+	// would otherwise be reported as missing.
+	if err := migrations.CheckEncoding(ctx, r.pool); err != nil {
+		if ctx.Err() != nil {
+			return nil
 		}
 		return err
 	}

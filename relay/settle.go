@@ -21,10 +21,10 @@ type settlement struct {
 	dead          store.DeadLetters
 }
 
-// Dead-letter reasons.
+// Dead-letter reasons (the operator's selections accept these only).
 const (
-	ReasonPermanent   = "permanent"
-	ReasonMaxAttempts = "max_attempts"
+	ReasonPermanent   = store.ReasonPermanent
+	ReasonMaxAttempts = store.ReasonMaxAttempts
 )
 
 // settle decides what happens to each message of a batch given the sink's

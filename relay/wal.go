@@ -26,6 +26,14 @@ import (
 // are still claimed with SKIP LOCKED, so losing it loses nothing, and the
 // watcher polls while it is gone.
 //
+// A slot decodes every change of the database, and without streaming
+// keeps a transaction until its commit: one over logical_decoding_work_mem,
+// on any table, was spilled to the server's pg_replslot (600k unrelated
+// rows: 70 MB). Where the server can (14+), the watcher asks for large
+// transactions to be streamed while they run; pgoutput drops the changes
+// of unpublished tables from the segments, and the watcher wakes on the
+// Stream Commit. See docs/design.md, "WAL wake-up".
+//
 // The stream says when rows were committed, not which lanes to wake: it
 // carries a commit once its WAL record is flushed, a moment before the
 // writer's transaction is visible to other sessions, so a claim woken by
@@ -49,10 +57,12 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 	// dropped schema leaves it behind) starts a stream that never carries
 	// a row: the workers would wait for their safety poll.
 	var logical, published, covers bool
+	var version int
 	if err := k.pool.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
        EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
-               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'messages')`,
-		migrations.Publication(k.s.Name()), k.s.Name()).Scan(&logical, &published, &covers); err != nil {
+               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'messages'),
+       current_setting('server_version_num')::int`,
+		migrations.Publication(k.s.Name()), k.s.Name()).Scan(&logical, &published, &covers, &version); err != nil {
 		return fmt.Errorf("outbox: WAL: %w", err)
 	}
 	pubName := ident.Quote(migrations.Publication(k.s.Name()))
@@ -87,16 +97,22 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 		return fmt.Errorf("outbox: WAL: %w", err)
 	}
 	pub := ident.Quote(migrations.Publication(k.s.Name()))
-	err = pglogrepl.StartReplication(ctx, conn, slot, pos, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + escapeLiteral(pub) + "'"},
-	})
+	args := []string{"proto_version '1'", "publication_names '" + escapeLiteral(pub) + "'"}
+	if version >= walStreamingVersion {
+		args = []string{"proto_version '2'", "streaming 'on'", "publication_names '" + escapeLiteral(pub) + "'"}
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, pos, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		return fmt.Errorf("outbox: WAL: start replication (publication %s): %w", pub, err)
 	}
 	k.log.Debug("following the WAL", "slot", slot, "publication", pub)
 	started()
-	inserted := false
-	var ids []int64
+	var txn walTxn // the transaction being sent whole, at its commit
+	// Transactions streamed while in progress (PostgreSQL 14+), by
+	// top-level xid: their segments may interleave, and only their
+	// Stream Commit says they committed.
+	streamed := map[uint32]*walTxn{}
+	inStream, streamXid := false, uint32(0)
 	idCol := map[uint32]int{} // the position of id in each relation's tuples
 	nextStatus := time.Now().Add(walStatusEvery)
 	for {
@@ -144,27 +160,66 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 				if len(x.WALData) == 0 {
 					continue
 				}
-				// pgoutput sends a transaction once committed: Begin,
-				// Relation, Insert..., Commit. Only the message type
-				// matters here.
+				// pgoutput sends a small transaction once committed:
+				// Begin, Relation, Insert..., Commit. A large one, with
+				// streaming, comes in segments while it runs (Stream
+				// Start, its changes, Stream Stop; again and again) and
+				// ends with Stream Commit or Stream Abort. Only the
+				// message type matters, and the ids of a few inserts.
 				switch pglogrepl.MessageType(x.WALData[0]) {
 				case pglogrepl.MessageTypeRelation:
-					if m, err := pglogrepl.Parse(x.WALData); err == nil {
-						if rm, ok := m.(*pglogrepl.RelationMessage); ok {
+					if m, err := pglogrepl.ParseV2(x.WALData, inStream); err == nil {
+						if rm, ok := m.(*pglogrepl.RelationMessageV2); ok {
 							idCol[rm.RelationID] = slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == "id" })
 						}
 					}
 				case pglogrepl.MessageTypeInsert:
-					inserted = true
-					if len(ids) < walReportIDs {
-						if id, ok := insertedID(x.WALData, idCol); ok {
-							ids = append(ids, id)
+					t := &txn
+					if inStream {
+						if t = streamed[streamXid]; t == nil {
+							t = &walTxn{}
+							streamed[streamXid] = t
+						}
+					}
+					t.inserted = true
+					if len(t.ids) < walReportIDs {
+						if id, ok := insertedID(x.WALData, inStream, idCol); ok {
+							t.ids = append(t.ids, id)
 						}
 					}
 				case pglogrepl.MessageTypeCommit:
-					if inserted {
-						committed(ids)
-						inserted, ids = false, nil
+					if txn.inserted {
+						committed(txn.ids)
+					}
+					txn = walTxn{}
+				case pglogrepl.MessageTypeStreamStart:
+					m, err := pglogrepl.ParseV2(x.WALData, false)
+					if err != nil {
+						return fmt.Errorf("outbox: WAL: %w", err)
+					}
+					inStream, streamXid = true, m.(*pglogrepl.StreamStartMessageV2).Xid
+				case pglogrepl.MessageTypeStreamStop:
+					inStream = false
+				case pglogrepl.MessageTypeStreamCommit:
+					m, err := pglogrepl.ParseV2(x.WALData, false)
+					if err != nil {
+						return fmt.Errorf("outbox: WAL: %w", err)
+					}
+					xid := m.(*pglogrepl.StreamCommitMessageV2).Xid
+					if t := streamed[xid]; t != nil && t.inserted {
+						committed(t.ids)
+					}
+					delete(streamed, xid)
+				case pglogrepl.MessageTypeStreamAbort:
+					m, err := pglogrepl.ParseV2(x.WALData, false)
+					if err != nil {
+						return fmt.Errorf("outbox: WAL: %w", err)
+					}
+					// A subtransaction's abort leaves the transaction
+					// going: what it inserted may be gone, and waking
+					// for it costs a look only.
+					if a := m.(*pglogrepl.StreamAbortMessageV2); a.Xid == a.SubXid {
+						delete(streamed, a.Xid)
 					}
 				}
 			}
@@ -179,16 +234,32 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 // or by the workers' visits of all their lanes).
 const walReportIDs = 256
 
-// insertedID reads the id of an inserted row.
-func insertedID(data []byte, idCol map[uint32]int) (int64, bool) {
-	m, err := pglogrepl.Parse(data)
+// walStreamingVersion is the first server_version_num whose pgoutput
+// streams large transactions while they run (protocol version 2,
+// streaming 'on'). Without it, a transaction over logical_decoding_work_mem
+// is spilled to the server's pg_replslot until its commit, whatever
+// tables it writes: the decoder cannot tell beforehand which changes the
+// publication will drop.
+const walStreamingVersion = 140000
+
+// walTxn is what the stream said of one transaction so far.
+type walTxn struct {
+	inserted bool
+	ids      []int64 // of its first inserts (walReportIDs)
+}
+
+// insertedID reads the id of an inserted row (inStream: the message is
+// part of a streamed transaction, and carries its xid).
+func insertedID(data []byte, inStream bool, idCol map[uint32]int) (int64, bool) {
+	m, err := pglogrepl.ParseV2(data, inStream)
 	if err != nil {
 		return 0, false
 	}
-	im, ok := m.(*pglogrepl.InsertMessage)
-	if !ok || im.Tuple == nil {
+	im2, ok := m.(*pglogrepl.InsertMessageV2)
+	if !ok || im2.Tuple == nil {
 		return 0, false
 	}
+	im := &im2.InsertMessage
 	c, ok := idCol[im.RelationID]
 	if !ok || c < 0 || c >= len(im.Tuple.Columns) || im.Tuple.Columns[c].DataType != pglogrepl.TupleDataTypeText {
 		return 0, false

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
@@ -141,17 +142,20 @@ type selectionFlags struct {
 	deadAfter  string
 	deadBefore string
 	all        bool
+	// flags tells --route "" (the default route) from no --route.
+	flags *pflag.FlagSet
 }
 
 func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 	f := cmd.Flags()
+	s.flags = f
 	f.StringSliceVar(&s.ids, "id", nil, "dead letter id (repeat or comma-separate)")
 	f.StringVar(&s.topic, "topic", "", "only dead letters of this topic")
 	f.StringVar(&s.key, "key", "", "only dead letters of this message key")
-	f.StringVar(&s.reason, "reason", "", "only dead letters of this reason (max_attempts, permanent, unrouted...)")
+	f.StringVar(&s.reason, "reason", "", "only dead letters of this reason: "+strings.Join(operator.Reasons(), " or "))
 	f.StringVar(&s.deadAfter, "dead-after", "", "only dead letters that died at or after this RFC 3339 time")
 	f.StringVar(&s.deadBefore, "dead-before", "", "only dead letters that died before this RFC 3339 time")
-	f.StringVar(&s.route, "route", "", "only dead letters of this fan-out destination route")
+	f.StringVar(&s.route, "route", "", "only dead letters of this fan-out destination route (\"\" for the outbox's own, the default route)")
 	f.DurationVar(&s.olderThan, "older-than", 0, "only dead letters that died longer ago than this, e.g. 720h")
 	if withAll {
 		f.BoolVar(&s.all, "all", false, "every dead letter (required when no other selector is given)")
@@ -160,6 +164,7 @@ func (s *selectionFlags) add(cmd *cobra.Command, withAll bool) {
 
 func (s *selectionFlags) selection() (operator.Selection, error) {
 	sel := operator.Selection{Topic: s.topic, Key: s.key, Reason: s.reason, Route: s.route, All: s.all}
+	sel.DefaultRoute = s.route == "" && s.flags != nil && s.flags.Changed("route")
 	for _, t := range []struct {
 		name, raw string
 		to        *time.Time
@@ -184,6 +189,9 @@ func (s *selectionFlags) selection() (operator.Selection, error) {
 		return sel, usagef("outbox: older-than: must not be negative")
 	}
 	sel.OlderThan = s.olderThan // measured on the database's clock
+	if err := sel.Validate(); err != nil {
+		return sel, &usageError{err}
+	}
 	return sel, nil
 }
 

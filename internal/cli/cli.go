@@ -54,6 +54,7 @@ type globals struct {
 	logFormat   string
 
 	file   *fileConfig
+	files  envFiles // what was read through *_FILE variables
 	stdout io.Writer
 	stderr io.Writer
 	log    *slog.Logger
@@ -79,10 +80,12 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "outbox-relay:", err)
+	// A value read through a *_FILE variable is never printed, whichever
+	// part of the command put it in its error.
+	fmt.Fprintln(stderr, "outbox-relay:", g.files.scrub(err.Error()))
 	var ue *usageError
-	if errors.As(err, &ue) {
-		return 2
+	if errors.As(err, &ue) || errors.Is(err, migrations.ErrServerEncoding) {
+		return 2 // a database the relay refuses is configuration to change, as a bad flag is
 	}
 	return 1
 }
@@ -132,9 +135,9 @@ order of precedence. Config-file keys are the long flag names.`,
 // prepare applies env and file values, validates the shared options and
 // sets up logging.
 func (g *globals) prepare(cmd *cobra.Command) error {
-	var readable []readableFile
+	ef := &g.files
 	if !cmd.Flags().Changed("config") {
-		if v, ok, err := lookupEnv("OUTBOX_CONFIG", &readable); err != nil {
+		if v, ok, err := lookupEnv("config", "OUTBOX_CONFIG", ef); err != nil {
 			return err
 		} else if ok {
 			g.configPath = v
@@ -145,7 +148,7 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 		return err
 	}
 	g.file = fc
-	if err := resolve(cmd, fc, &readable); err != nil {
+	if err := resolve(cmd, fc, ef); err != nil {
 		return err
 	}
 	var level slog.Level
@@ -161,7 +164,7 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 	default:
 		return usagef("outbox: log-format: %q is not text or json", g.logFormat)
 	}
-	warnReadable(g.log, readable)
+	warnReadable(g.log, ef.readable)
 	if err := migrations.ValidateSchema(g.schema); err != nil {
 		return &usageError{err}
 	}

@@ -10,9 +10,11 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -55,35 +57,99 @@ func envNames(name string) []string {
 	return []string{env}
 }
 
+// fileOptions are the options whose environment variable has a _FILE
+// twin naming a file that holds the value: the ones that carry secrets
+// (a database password, a sink's credentials), for secrets mounted as
+// files. Any other option's _FILE twin is refused unread: a secret file
+// wired to the wrong option (OUTBOX_WORKERS_FILE) would otherwise come
+// back in that option's parse error, and one wired to OUTBOX_ID_FILE in
+// every log line.
+var fileOptions = []string{"database-url", "sink"}
+
+// envFiles is what reading the environment found out about *_FILE
+// variables, for prepare and Main to use once they can.
+type envFiles struct {
+	// readable are secret files others can read: accepted (Docker and
+	// Kubernetes mount secrets 0444/0644 by default) and logged as a
+	// warning once the logger exists.
+	readable []readableFile
+	// secrets are the values read through *_FILE: Main takes them out of
+	// the error it prints, whatever part of the command echoed them.
+	secrets []fileSecret
+}
+
 // readableFile is a *_FILE secret that others can read: everyone, or a
-// group this process is not in. It is accepted (Docker and Kubernetes
-// mount secrets 0444/0644 by default) and logged as a warning once the
-// logger exists.
+// group this process is not in.
 type readableFile struct {
 	env  string
 	path string
 	mode fs.FileMode
 }
 
-// lookupEnv reads a variable, or the file named by its _FILE twin (for
-// secrets mounted as files). A file others can read is added to readable.
-func lookupEnv(name string, readable *[]readableFile) (string, bool, error) {
+// fileSecret is a value read through the *_FILE variable env.
+type fileSecret struct {
+	env, path, value string
+}
+
+// lookupEnv reads the variable name of option flag, or the file named by
+// its _FILE twin where flag is one of fileOptions. Errors about the file
+// name the variable and the path, never the content.
+func lookupEnv(flag, name string, ef *envFiles) (string, bool, error) {
+	path, isFile := os.LookupEnv(name + "_FILE")
+	if isFile && !slices.Contains(fileOptions, flag) {
+		instead := name + ", or " + flag + " in the --config file"
+		if flag == "config" {
+			instead = name + " or --config"
+		}
+		return "", false, usagef("outbox: %s_FILE: %s is not a secret and is not read from a file (only %s are): set %s",
+			name, flag, strings.Join(fileOptions, " and "), instead)
+	}
 	if v, ok := os.LookupEnv(name); ok {
 		return v, true, nil
 	}
-	if path, ok := os.LookupEnv(name + "_FILE"); ok {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return "", false, usagef("outbox: %s_FILE: %v", name, err)
-		}
-		// Stat follows symlinks: Kubernetes mounts a secret as a link
-		// to the file whose mode counts.
-		if fi, err := os.Stat(path); err == nil && exposed(fi) {
-			*readable = append(*readable, readableFile{env: name + "_FILE", path: path, mode: fi.Mode().Perm()})
-		}
-		return strings.TrimRight(string(b), "\r\n"), true, nil
+	if !isFile {
+		return "", false, nil
 	}
-	return "", false, nil
+	// Stat of the opened file follows symlinks: Kubernetes mounts a
+	// secret as a link to the file whose mode counts.
+	b, fi, err := readRegularFile(name+"_FILE", path, maxSecretFileBytes)
+	if err != nil {
+		return "", false, err
+	}
+	if exposed(fi) {
+		ef.readable = append(ef.readable, readableFile{env: name + "_FILE", path: path, mode: fi.Mode().Perm()})
+	}
+	v := strings.TrimRight(string(b), "\r\n")
+	if strings.ContainsFunc(v, unicode.IsControl) {
+		// Not a secret of one line (/proc/self/environ, a binary): an
+		// error about it could only show it, escaped past recognition.
+		return "", false, usagef("outbox: %s_FILE: %s holds more than one line or control characters; the file holds the value alone", name, path)
+	}
+	ef.secrets = append(ef.secrets, fileSecret{env: name + "_FILE", path: path, value: v})
+	return v, true, nil
+}
+
+// scrub replaces in msg every value read through a *_FILE variable, as
+// written and as redactURL shows it, with the variable's name and path.
+func (ef *envFiles) scrub(msg string) string {
+	for _, s := range ef.secrets {
+		if s.value == "" {
+			continue
+		}
+		with := "(the value of " + s.env + "=" + s.path + ")"
+		// As written, as redactURL shows it, and each of those as %q
+		// escapes it.
+		for _, form := range []string{redactURL(s.value), s.value} {
+			if form == "" {
+				continue
+			}
+			msg = strings.ReplaceAll(msg, form, with)
+			if q := strconv.Quote(form); q[1:len(q)-1] != form {
+				msg = strings.ReplaceAll(msg, q[1:len(q)-1], with)
+			}
+		}
+	}
+	return msg
 }
 
 // exposed reports whether users other than the file's owner and this
@@ -109,9 +175,9 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 	if path == "" {
 		return fc, nil
 	}
-	raw, err := os.ReadFile(path)
+	raw, _, err := readRegularFile("config", path, maxConfigFileBytes)
 	if err != nil {
-		return nil, usagef("outbox: config: %v", err)
+		return nil, err
 	}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
@@ -470,22 +536,28 @@ func isCLIOnly(f *pflag.Flag) bool { return len(f.Annotations[cliOnlyAnnotation]
 
 // resolve fills every flag the user did not set on the command line from
 // the environment, then from the config file: flags > env > file.
-// Secret files others can read are added to readable.
-func resolve(cmd *cobra.Command, fc *fileConfig, readable *[]readableFile) error {
+// What it learns of *_FILE variables goes to ef.
+func resolve(cmd *cobra.Command, fc *fileConfig, ef *envFiles) error {
 	var errs []error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Changed || f.Name == "help" || f.Name == "config" || isCLIOnly(f) {
 			return
 		}
 		for _, env := range envNames(f.Name) {
-			v, ok, err := lookupEnv(env, readable)
+			_, fromFile := os.LookupEnv(env + "_FILE")
+			_, plain := os.LookupEnv(env)
+			v, ok, err := lookupEnv(f.Name, env, ef)
 			if err != nil {
 				errs = append(errs, err)
 				return
 			}
 			if ok {
 				if err := f.Value.Set(v); err != nil {
-					errs = append(errs, usagef("outbox: %s (from %s): %v", f.Name, env, redactErr(f.Name, err)))
+					if fromFile && !plain {
+						errs = append(errs, usagef("outbox: %s (from %s_FILE=%s): not a valid value (the file's content is not shown)", f.Name, env, os.Getenv(env+"_FILE")))
+					} else {
+						errs = append(errs, usagef("outbox: %s (from %s): %v", f.Name, env, redactErr(f.Name, err)))
+					}
 				}
 				return
 			}

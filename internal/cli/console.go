@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"cmp"
-	"os"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,17 +22,13 @@ func loadTokens(o runOptions) (*console.Tokens, error) {
 		}
 		return nil, nil
 	}
-	fi, err := os.Stat(o.adminTokenFile)
+	b, fi, err := readRegularFile("admin-token-file", o.adminTokenFile, maxSecretFileBytes)
 	if err != nil {
-		return nil, usagef("outbox: admin-token-file: %v", err)
+		return nil, err
 	}
 	if exposed(fi) {
 		return nil, usagef("outbox: admin-token-file: %s is readable by other users (mode %s): chmod 600 it (in Kubernetes: defaultMode 0440 and the pod's fsGroup)",
 			o.adminTokenFile, fi.Mode().Perm())
-	}
-	b, err := os.ReadFile(o.adminTokenFile)
-	if err != nil {
-		return nil, usagef("outbox: admin-token-file: %v", err)
 	}
 	t, err := console.ParseTokens(bytes.NewReader(b))
 	if err != nil {

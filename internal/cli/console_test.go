@@ -23,7 +23,7 @@ func TestAdminTokenFileErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--admin-token-file", filepath.Join(dir, "missing")}, "admin-token-file: stat " + filepath.Join(dir, "missing")},
+		{[]string{"--admin-token-file", filepath.Join(dir, "missing")}, "admin-token-file: open " + filepath.Join(dir, "missing")},
 		{[]string{"--admin-token-file", write("empty", "", 0o600)}, "admin-token-file: " + filepath.Join(dir, "empty") + ": no token in the file"},
 		{[]string{"--admin-token-file", write("bad", "ops\n", 0o600)}, "line 1: want name:token"},
 		{[]string{"--admin-token-file", write("open", "ops:0123456789abcdef0123\n", 0o644)}, "is readable by other users (mode -rw-r--r--): chmod 600 it"},

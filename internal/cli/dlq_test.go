@@ -84,4 +84,20 @@ func TestDLQSelectByKeyReasonAndTime(t *testing.T) {
 	code, _, stderr = run(t, "dlq", "purge", "--dead-after", "yesterday")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "dead-after: want an RFC 3339 time")
+	// An unknown reason could only select nothing: refused, naming the
+	// reasons there are.
+	code, _, stderr = run(t, "dlq", "purge", "--reason", "bogus")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown dead-letter reason "bogus": the reasons are max_attempts, permanent`)
+	code, _, stderr = run(t, "dlq", "list", "--reason", "bogus")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "the reasons are")
+	// --route "" names the default route (the outbox's own dead letters).
+	_, err = pool.Exec(context.Background(), `INSERT INTO `+s+`.dead_letters
+		(id, message_id, topic, key, payload, headers, created_at, attempts, reason, route, dead_at)
+		VALUES (3, gen_random_uuid(), 'orders', 'b', 'x', '{}', now(), 1, 'permanent', 'hook', '2026-03-01T00:00:00Z')`)
+	require.NoError(t, err)
+	code, out, stderr = run(t, "dlq", "purge", "--route", "", "--dry-run")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "2 dead letter")
 }

@@ -24,3 +24,10 @@ func groupIsOurs(fi fs.FileInfo) bool {
 	groups, err := os.Getgroups()
 	return err == nil && slices.Contains(groups, int(st.Gid))
 }
+
+// openNonBlocking opens path for reading without waiting for a writer
+// (a FIFO's open blocks until one comes). O_NONBLOCK changes nothing for a
+// regular file.
+func openNonBlocking(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+}

@@ -78,13 +78,13 @@ func TestConfigFileStrictness(t *testing.T) {
 	require.Contains(t, stderr, "database-url: cannot parse", "the config passed every check before the database")
 
 	// A secret file others can read: accepted, with a warning.
-	secret := filepath.Join(dir, "schema")
-	require.NoError(t, os.WriteFile(secret, []byte("from_file\n"), 0o644))
+	secret := filepath.Join(dir, "database-url")
+	require.NoError(t, os.WriteFile(secret, []byte("postgres://relay:pw@127.0.0.1:1/d\n"), 0o644))
 	require.NoError(t, os.Chmod(secret, 0o644))
-	t.Setenv("OUTBOX_SCHEMA_FILE", secret)
-	code, out, stderr := run(t, "migrate", "--print")
+	unsetenv(t, "OUTBOX_DATABASE_URL") // set, even empty, it would win over its _FILE
+	t.Setenv("OUTBOX_DATABASE_URL_FILE", secret)
+	code, _, stderr = run(t, "migrate", "--print")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, out, `"from_file"`)
 	require.Contains(t, stderr, "level=WARN")
 	require.Contains(t, stderr, secret)
 	require.Contains(t, stderr, "-rw-r--r--")

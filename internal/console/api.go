@@ -45,7 +45,8 @@ func (c *Console) failErr(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.As(err, &bad):
 		c.fail(w, r, http.StatusBadRequest, err.Error())
-	case errors.Is(err, operator.ErrEmptySelection), errors.Is(err, operator.ErrReplayRoute):
+	case errors.Is(err, operator.ErrEmptySelection), errors.Is(err, operator.ErrReplayRoute),
+		errors.Is(err, operator.ErrUnknownReason), errors.Is(err, operator.ErrConflictingRoutes):
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 	case errors.Is(err, operator.ErrNotFound):
 		c.fail(w, r, http.StatusNotFound, err.Error())
@@ -67,11 +68,13 @@ func badf(format string, args ...any) error { return badRequest{fmt.Sprintf(form
 // selector is the dead-letter selector of the API's mutations (JSON) and
 // of the list's query string.
 type selector struct {
-	IDs        []int64    `json:"ids,omitempty"`
-	Topic      string     `json:"topic,omitempty"`
-	Key        string     `json:"key,omitempty"`
-	Reason     string     `json:"reason,omitempty"`
-	Route      string     `json:"route,omitempty"`
+	IDs    []int64 `json:"ids,omitempty"`
+	Topic  string  `json:"topic,omitempty"`
+	Key    string  `json:"key,omitempty"`
+	Reason string  `json:"reason,omitempty"`
+	// Route is a pointer so that "" (the default route: the outbox's own
+	// dead letters) is told apart from no route at all.
+	Route      *string    `json:"route,omitempty"`
 	DeadAfter  *time.Time `json:"dead_after,omitempty"`
 	DeadBefore *time.Time `json:"dead_before,omitempty"`
 	OlderThan  string     `json:"older_than,omitempty"`
@@ -79,7 +82,10 @@ type selector struct {
 }
 
 func (s selector) selection() (operator.Selection, error) {
-	sel := operator.Selection{Topic: s.Topic, Key: s.Key, Reason: s.Reason, Route: s.Route, All: s.All}
+	sel := operator.Selection{Topic: s.Topic, Key: s.Key, Reason: s.Reason, All: s.All}
+	if s.Route != nil {
+		sel.Route, sel.DefaultRoute = *s.Route, *s.Route == ""
+	}
 	if len(s.IDs) > MaxIDs {
 		return sel, badf("ids: at most %d", MaxIDs)
 	}
@@ -121,7 +127,12 @@ func parseTime(name, v string) (*time.Time, error) {
 
 // selectorFromQuery reads a selector from a query string or a form.
 func selectorFromQuery(q url.Values) (selector, error) {
-	s := selector{Topic: q.Get("topic"), Key: q.Get("key"), Reason: q.Get("reason"), Route: q.Get("route"), OlderThan: q.Get("older_than")}
+	s := selector{Topic: q.Get("topic"), Key: q.Get("key"), Reason: q.Get("reason"), OlderThan: q.Get("older_than")}
+	// In a query string (and the UI's filter form, which sends every
+	// field) an empty route does not filter.
+	if r := q.Get("route"); r != "" {
+		s.Route = &r
+	}
 	for _, raw := range q["id"] {
 		for _, part := range strings.Split(raw, ",") {
 			if part = strings.TrimSpace(part); part == "" {

@@ -449,6 +449,8 @@ func TestBadSelectorsAndBodies(t *testing.T) {
 		{"/api/v1/dead-letters/purge", `{"dry_run":true}`, 400, "select dead letters"},
 		{"/api/v1/dead-letters/purge", `{"topik":"orders"}`, 400, `unknown field "topik"`},
 		{"/api/v1/dead-letters/purge", `{"ids":[0]}`, 400, "ids"},
+		{"/api/v1/dead-letters/purge", `{"reason":"bogus"}`, 400, `unknown dead-letter reason "bogus": the reasons are max_attempts, permanent`},
+		{"/api/v1/dead-letters/replay", `{"reason":"bogus","dry_run":true}`, 400, "the reasons are max_attempts, permanent"},
 		{"/api/v1/dead-letters/purge", `{"older_than":"a while"}`, 400, "older_than"},
 		{"/api/v1/dead-letters/purge", `{"dead_after":"monday"}`, 400, "body"},
 		{"/api/v1/dead-letters/purge", `{"all":true}{"all":true}`, 400, "more than one"},
@@ -468,6 +470,50 @@ func TestBadSelectorsAndBodies(t *testing.T) {
 	r := e.do("GET", "/api/v1/nothing", nil)
 	require.Equal(t, 404, r.Status)
 	require.Contains(t, r.errorMessage(t), "openapi.json")
+}
+
+// The list refuses an unknown reason too, rather than listing nothing.
+func TestListRefusesUnknownReason(t *testing.T) {
+	e := setup(t)
+	e.deadLetters(2)
+	r := e.do("GET", "/api/v1/dead-letters?reason=bogus", nil)
+	require.Equal(t, 400, r.Status, string(r.Body))
+	require.Contains(t, r.errorMessage(t), "the reasons are max_attempts, permanent")
+	r = e.do("GET", "/api/v1/dead-letters?reason=permanent", nil)
+	require.Equal(t, 200, r.Status, string(r.Body))
+}
+
+// {"route":""} names the default route (the outbox's own dead letters),
+// not an empty selector; a named route still selects its copies only.
+func TestDefaultRouteSelector(t *testing.T) {
+	e := setup(t)
+	e.deadLetters(3) // route ''
+	e.exec(`INSERT INTO {s}.dead_letters (id, message_id, topic, key, payload, headers, created_at, attempts, reason, route, dead_at)
+SELECT id, message_id, topic, key, payload, headers, created_at, attempts, reason, 'hook', dead_at FROM {s}.dead_letters`)
+	auth := bearer(adminToken)
+	var cnt struct{ Count int64 }
+	r := e.do("POST", "/api/v1/dead-letters/purge", `{"route":"","dry_run":true}`, auth...)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	r.json(t, &cnt)
+	require.Equal(t, int64(3), cnt.Count, "the default route's three, not the copies")
+	r = e.do("POST", "/api/v1/dead-letters/purge", `{"route":"hook","reason":"max_attempts","dry_run":true}`, auth...)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	r.json(t, &cnt)
+	require.Equal(t, int64(2), cnt.Count)
+	r = e.do("POST", "/api/v1/dead-letters/purge", `{"route":""}`, auth...)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	r.json(t, &cnt)
+	require.Equal(t, int64(3), cnt.Count)
+	var left []string
+	rows, err := e.pool.Query(context.Background(), "SELECT DISTINCT route FROM "+migrations.Ident(e.schema)+".dead_letters")
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		left = append(left, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"hook"}, left)
 }
 
 // Replays racing on the same dead letters publish each exactly once.

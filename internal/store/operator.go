@@ -22,9 +22,12 @@ type DeadLetterFilter struct {
 	Key    string
 	Reason string
 	// Route is a fan-out destination ("" does not filter: a dead letter of
-	// the outbox itself has the route '').
-	Route      string
-	DeadBefore time.Time
+	// the outbox itself has the route '', which DefaultRoute selects).
+	Route string
+	// DefaultRoute selects only the dead letters of the outbox itself
+	// (route ''), not those of fan-out copies. Route must then be "".
+	DefaultRoute bool
+	DeadBefore   time.Time
 	// DeadAfter selects dead letters that died at or after it.
 	DeadAfter time.Time
 	// OlderThan is measured on the database's clock.
@@ -54,11 +57,23 @@ func (f DeadLetterFilter) args() pgx.NamedArgs {
 	if f.OlderThan > 0 {
 		a["older_ms"] = f.OlderThan.Milliseconds()
 	}
-	if f.Route != "" {
+	if f.Route != "" || f.DefaultRoute {
 		a["route"] = f.Route
 	}
 	return a
 }
+
+// Dead-letter reasons: the values of dead_letters.reason.
+const (
+	// ReasonPermanent: the sink refused the message for good.
+	ReasonPermanent = "permanent"
+	// ReasonMaxAttempts: the message failed its last allowed attempt.
+	ReasonMaxAttempts = "max_attempts"
+)
+
+// DeadLetterReasons lists every reason the relay writes, for the
+// operator's selections to refuse a reason that can select nothing.
+var DeadLetterReasons = []string{ReasonMaxAttempts, ReasonPermanent}
 
 // deadLetterWhere is DeadLetterFilter's condition (its arguments: args).
 const deadLetterWhere = ` WHERE (@ids::bigint[] IS NULL OR id = ANY(@ids)) AND (@topic::text IS NULL OR topic = @topic)

@@ -3,6 +3,8 @@ package operator
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
@@ -46,10 +48,16 @@ type Selection struct {
 	Topic string  `json:"topic,omitempty"`
 	// Key selects the dead letters of one message key.
 	Key string `json:"key,omitempty"`
-	// Reason selects one dead-letter reason (max_attempts, permanent...).
+	// Reason selects one dead-letter reason: max_attempts or permanent
+	// (Reasons). Any other value is refused with ErrUnknownReason rather
+	// than selecting nothing.
 	Reason string `json:"reason,omitempty"`
 	// Route selects the dead letters of one fan-out destination.
 	Route string `json:"route,omitempty"`
+	// DefaultRoute selects the dead letters of the default route: the
+	// outbox's own messages (route ""), not their fan-out copies. It
+	// cannot be combined with Route.
+	DefaultRoute bool `json:"default_route,omitempty"`
 	// DeadBefore selects dead letters that died before this time.
 	DeadBefore time.Time `json:"dead_before,omitzero"`
 	// DeadAfter selects dead letters that died at or after this time.
@@ -71,12 +79,28 @@ type Selection struct {
 
 // Empty reports whether s selects nothing.
 func (s Selection) Empty() bool {
-	return len(s.IDs) == 0 && s.Topic == "" && s.Key == "" && s.Reason == "" && s.Route == "" &&
+	return len(s.IDs) == 0 && s.Topic == "" && s.Key == "" && s.Reason == "" && s.Route == "" && !s.DefaultRoute &&
 		s.DeadBefore.IsZero() && s.DeadAfter.IsZero() && s.OlderThan <= 0 && !s.All
 }
 
+// Reasons lists the dead-letter reasons a Selection may name.
+func Reasons() []string { return slices.Clone(store.DeadLetterReasons) }
+
+// Validate reports what in s can never select a dead letter: an unknown
+// reason (ErrUnknownReason, naming the allowed values), or DefaultRoute
+// together with a Route. List, Replay and Purge call it.
+func (s Selection) Validate() error {
+	if s.Reason != "" && !slices.Contains(store.DeadLetterReasons, s.Reason) {
+		return fmt.Errorf("%w %q: the reasons are %s", ErrUnknownReason, s.Reason, strings.Join(store.DeadLetterReasons, ", "))
+	}
+	if s.DefaultRoute && s.Route != "" {
+		return fmt.Errorf("%w: both the default route and route %q", ErrConflictingRoutes, s.Route)
+	}
+	return nil
+}
+
 func (s Selection) filter() store.DeadLetterFilter {
-	return store.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Key: s.Key, Reason: s.Reason, Route: s.Route,
+	return store.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Key: s.Key, Reason: s.Reason, Route: s.Route, DefaultRoute: s.DefaultRoute,
 		DeadBefore: s.DeadBefore, DeadAfter: s.DeadAfter, OlderThan: s.OlderThan}
 }
 
@@ -88,6 +112,9 @@ func deadLetters(rows []store.DeadLetter) []DeadLetter {
 // at most Limit, after (AfterID, AfterRoute). An empty selection lists
 // from the first dead letter.
 func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
+	if err := sel.Validate(); err != nil {
+		return nil, err
+	}
 	if sel.Limit <= 0 {
 		sel.Limit = DefaultLimit
 	}
@@ -132,6 +159,9 @@ type PurgeResult struct {
 func (a *Admin) PurgeHolds(ctx context.Context, sel Selection, dryRun bool) (PurgeResult, error) {
 	if sel.Empty() {
 		return PurgeResult{}, ErrEmptySelection
+	}
+	if err := sel.Validate(); err != nil {
+		return PurgeResult{}, err
 	}
 	if dryRun {
 		n, err := a.schema.CountDeadLetters(ctx, a.pool, sel.filter())

@@ -53,6 +53,15 @@ func (a *Admin) wake(ctx context.Context) {
 // names nothing.
 var ErrEmptySelection = errors.New("outbox: select dead letters by id, topic or age, or pass all")
 
+// ErrUnknownReason is returned by List, Replay and Purge for a
+// selection whose Reason is none of Reasons(): it could only select
+// nothing, which an operator would read as "no such dead letters".
+var ErrUnknownReason = errors.New("outbox: unknown dead-letter reason")
+
+// ErrConflictingRoutes is returned for a selection that names both the
+// default route and another route.
+var ErrConflictingRoutes = errors.New("outbox: a selection names one route")
+
 // ErrNotFound is returned by Show for an unknown id.
 var ErrNotFound = errors.New("outbox: no such dead letter")
 

@@ -127,6 +127,9 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 	if sel.Empty() {
 		return ReplayResult{}, ErrEmptySelection
 	}
+	if err := sel.Validate(); err != nil {
+		return ReplayResult{}, err
+	}
 	replay := a.schema.ReplayDeadLetters
 	if opts.DryRun {
 		replay = a.schema.PlanReplay
