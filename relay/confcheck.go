@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
@@ -77,7 +78,9 @@ type formatted interface{ FormatName() string }
 func fingerprint(cfg Config, sink sinks.Sink) (hash, summary string) {
 	rc := routeConfig{
 		Route: cfg.Route, Topics: cfg.Topics, ExcludeTopics: cfg.ExcludeTopics, Deliveries: cfg.Deliveries,
-		FanOut: cfg.FanOut, Destination: cfg.Destination, OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
+		// Redacted again, should an embedder pass a secret: the
+		// fingerprint covers the target, not its credentials.
+		FanOut: cfg.FanOut, Destination: redact.URL(cfg.Destination), OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
 	}
 	if f, ok := sinks.As[formatted](sink); ok {
 		rc.Format = f.FormatName()

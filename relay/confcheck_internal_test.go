@@ -20,6 +20,12 @@ func TestFingerprintCoversTheRouteNotTheTuning(t *testing.T) {
 	require.Regexp(t, `^1:[0-9a-f]{16}$`, hash)
 	require.Equal(t, "sink https://h/x?secret=xxxxx, topics orders.*, on-dead-letter skip", summary)
 
+	secret := base
+	secret.Destination = "https://h/x?secret=the-real-one"
+	h0, sum0 := fingerprint(secret, sink)
+	require.Equal(t, hash, h0, "the fingerprint covers the target, not its credentials")
+	require.NotContains(t, sum0, "the-real-one")
+
 	tuned := base
 	tuned.Workers, tuned.BatchSize, tuned.MaxAttempts, tuned.ID = 7, 3, 2, "other"
 	h, _ := fingerprint(tuned, memory.New())

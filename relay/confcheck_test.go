@@ -89,14 +89,16 @@ func TestRelayOfAnotherConfigurationTakesNoLane(t *testing.T) {
 }
 
 // With ConfigChangeFail (the CLI's default), Run returns an error that
-// wraps ErrConfig and names both configurations.
+// wraps ErrConfig and names both configurations. The two differ only in
+// their dead-letter policy (issue 35, finding 11: relays of one route
+// with skip and hold shared its keys without a word).
 func TestConfigChangeFailStopsRun(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	r1, _ := e.start(e.webhookConfig(), e.sink)
 	eventually(t, 10*time.Second, func() bool { return r1.OwnedLanes() == 256 }, "first relay holds %d lanes", r1.OwnedLanes())
 
-	cfg := e.stdoutConfig()
+	cfg := e.webhookConfig()
 	cfg.OnConfigChange = relay.ConfigChangeFail
 	cfg.OnDeadLetter = relay.OnDeadLetterHold
 	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), Workers: cfg.Workers})
