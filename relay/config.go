@@ -124,6 +124,20 @@ type Config struct {
 	// pending, in order, until an operator replays the dead letter (which
 	// goes first) or purges it (which releases the key). Default "skip".
 	OnDeadLetter string
+	// Destination describes where the sink delivers, for the fingerprint
+	// of the route's configuration that each relay registers and the
+	// summary operators see in status (the CLI sets the sink's URL with
+	// its secrets redacted). Never put a secret in it. Default "": the
+	// sink's Go type stands for it.
+	Destination string
+	// OnConfigChange is what the relay does while live relays of its
+	// route, registered before it, run another configuration (topics,
+	// sink and Destination, payload format, OnDeadLetter, fan-out):
+	// ConfigChangeWait takes no lane until they are gone,
+	// ConfigChangeFail makes Run return an error wrapping ErrConfig, and
+	// ConfigChangeAllow takes a share of the lanes beside them (a rolling
+	// change; see ConfigHooks). Default "wait".
+	OnConfigChange string
 	// RetryInitial is the delay after the first failure. Default 1s.
 	RetryInitial time.Duration
 	// RetryMax caps the delay between attempts. Default 10m.
@@ -264,6 +278,9 @@ func (c Config) WithDefaults() Config {
 	if c.OnDeadLetter == "" {
 		c.OnDeadLetter = OnDeadLetterSkip
 	}
+	if c.OnConfigChange == "" {
+		c.OnConfigChange = ConfigChangeWait
+	}
 	if c.RetryInitial == 0 {
 		c.RetryInitial = DefaultRetryInitial
 	}
@@ -366,6 +383,11 @@ func (c Config) Validate() error {
 	}
 	if c.OnDeadLetter != OnDeadLetterSkip && c.OnDeadLetter != OnDeadLetterHold {
 		bad("on-dead-letter", "must be skip or hold, got %q", c.OnDeadLetter)
+	}
+	switch c.OnConfigChange {
+	case ConfigChangeWait, ConfigChangeFail, ConfigChangeAllow:
+	default:
+		bad("on-config-change", "must be one of wait, fail, allow, got %q", c.OnConfigChange)
 	}
 	if c.RetryInitial < 0 || c.RetryMax < c.RetryInitial {
 		bad("retry-max", "must be at least retry-initial (%s), got %s", c.RetryInitial, c.RetryMax)

@@ -40,6 +40,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.schemaErr.Load(); err != nil {
 		return *err
 	}
+	if err := r.waitingConfig.Load(); err != nil {
+		return *err
+	}
 	if d, starved := r.starved(); starved {
 		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
 	}

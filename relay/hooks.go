@@ -94,6 +94,14 @@ func (m multiHooks) UnworkedLanes(n int) {
 	}
 }
 
+func (m multiHooks) RouteConfigs(n int) {
+	for _, h := range m {
+		if ch, ok := h.(ConfigHooks); ok {
+			ch.RouteConfigs(n)
+		}
+	}
+}
+
 func (m multiHooks) Lanes(owned int) {
 	for _, h := range m {
 		h.Lanes(owned)

@@ -34,6 +34,9 @@ type leaser struct {
 	// its route that no live relay works (zero: all worked); warned is
 	// when that was last logged.
 	unworkedSince, warned time.Time
+	// When the relay last logged that it refuses the route's lanes, that
+	// configurations coexist, or that some are unknown (see judgeOthers).
+	conflictWarned, coexistWarned, unknownWarned time.Time
 }
 
 func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
@@ -167,11 +170,27 @@ func (l *leaser) tick(ctx context.Context) error {
 	if d, starved := l.r.starved(); starved {
 		return l.giveUp(ctx, d)
 	}
+	if !l.joined {
+		// Before it registers, so that the relays of the route do not
+		// even count it in their shares: a relay that will take no lane
+		// must not make them hand lanes over.
+		others, err := l.r.leases.OtherConfigs(ctx, l.conn, l.r.confHash, l.r.cfg.LeaseTTL)
+		if err != nil {
+			return fmt.Errorf("read the route's configurations: %w", err)
+		}
+		if err := l.judgeOthers(others); err != nil {
+			l.refused(err)
+			return nil
+		}
+	}
 	s, err := l.heartbeat(ctx)
 	if err != nil {
 		// run closes the connection, which ends the transaction: no
 		// ROLLBACK round trip to wait for (a shutdown must not).
 		return err
+	}
+	if s.refused {
+		return nil
 	}
 	if l.gaveUp {
 		l.gaveUp = false
@@ -199,6 +218,9 @@ func (l *leaser) tick(ctx context.Context) error {
 type share struct {
 	owned, worked int
 	handover      []int16
+	// refused: live relays of the route registered earlier run another
+	// configuration; this relay handed its lanes back and unregistered.
+	refused bool
 }
 
 // heartbeat is a tick's transaction, in three round trips: register
@@ -235,6 +257,24 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 		return s, fmt.Errorf("heartbeat: %w", err)
 	}
 	l.joined = true
+	if err := l.judgeOthers(beat.Others); err != nil {
+		// It registered at the same moment as relays of another
+		// configuration and came second: it hands back what it took and
+		// unregisters, in the heartbeat's transaction.
+		l.r.setOwned(nil, false)
+		b := &pgx.Batch{}
+		q.QueueRelease(b, allLanes)
+		q.QueueUnregister(b)
+		q.QueueNotifyMembers(b)
+		b.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			return s, fmt.Errorf("hand lanes back to the route's relays of another configuration: %w", err)
+		}
+		l.joined = false
+		l.refused(err)
+		s.refused = true
+		return s, nil
+	}
 	l.r.setOwned(beat.Mine, false)
 	if beat.Count.Lanes < numLanes {
 		// Lane rows were deleted under the running relays: the messages
@@ -275,7 +315,20 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 // registration is what this relay's heartbeat says about it.
 func (l *leaser) registration() store.Heartbeat {
 	host, pid := processIdentity()
-	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load(), Pooled: l.r.pooled}
+	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load(), Pooled: l.r.pooled,
+		ConfigHash: l.r.confHash, ConfigSummary: l.r.confSummary}
+}
+
+// refused records that the relay holds no lane because live relays of
+// its route run another configuration (err says which); with
+// ConfigChangeFail, Run stops with err.
+func (l *leaser) refused(err error) {
+	l.owned = 0
+	l.r.ownedLane.Store(0)
+	l.r.cfg.Hooks.Lanes(0)
+	if l.r.cfg.OnConfigChange == ConfigChangeFail && l.r.abort != nil {
+		l.r.abort(err)
+	}
 }
 
 // processIdentity is how the relays table tells this process's relays

@@ -90,7 +90,16 @@ type Relay struct {
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
 	schemaErr atomic.Pointer[error]
-	stats     Stats
+	// confHash and confSummary: the route's configuration this relay
+	// registers (see fingerprint); waitingConfig is set while it takes no
+	// lane because live relays of the route run another one, and
+	// routeConfigs counts the configurations (see RouteConfigs).
+	confHash, confSummary string
+	waitingConfig         atomic.Pointer[error]
+	routeConfigs          atomic.Int64
+	// abort stops Run with a cause (ConfigChangeFail); set by Run.
+	abort context.CancelCauseFunc
+	stats Stats
 }
 
 // Stats are running totals, read with Relay.Stats.
@@ -167,6 +176,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.priority[i] = true // until the first probe says otherwise
 	}
 	r.short.Store(true) // no lanes before the first heartbeat
+	r.confHash, r.confSummary = fingerprint(cfg, sink)
 	r.src, r.leftoverSrc = newSources(schema, cfg)
 	if cfg.Route != "" {
 		r.log = r.log.With("route", cfg.Route)
@@ -198,7 +208,17 @@ func (r *Relay) Stats() StatsSnapshot {
 // DrainTimeout), hands its lanes back and returns nil. It does not close
 // the sink or the pool. It refuses a database whose server_encoding is not
 // UTF8 (an error wrapping migrations.ErrServerEncoding).
-func (r *Relay) Run(ctx context.Context) error {
+func (r *Relay) Run(ctx context.Context) (err error) {
+	// The leaser stops the relay with a cause when it must not run (see
+	// ConfigChangeFail): Run then drains as on a cancellation and returns
+	// the cause.
+	ctx, r.abort = context.WithCancelCause(ctx)
+	defer func() {
+		if cause := context.Cause(ctx); err == nil && errors.Is(cause, ErrConfig) {
+			err = cause
+		}
+		r.abort(nil)
+	}()
 	v, relayMin, err := r.schemaVersion(ctx)
 	if err != nil {
 		if ctx.Err() != nil {

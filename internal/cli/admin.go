@@ -109,6 +109,14 @@ func printStatus(out io.Writer, st operator.Status) {
 		}
 		_ = tw.Flush()
 	}
+	for _, m := range st.Mixed {
+		fmt.Fprintf(out, "WARNING: route %s: its relays run %d different configurations and share its lanes "+
+			"(relays started with --allow-config-change during a rolling change do; otherwise stop the ones in the wrong configuration):\n",
+			showRoute(m.Route), len(m.Configs))
+		for _, c := range m.Configs {
+			fmt.Fprintf(out, "  %s: %s\n", strings.Join(c.Relays, ", "), c.Config)
+		}
+	}
 	fmt.Fprintf(out, "lanes held by no live relay: %d\n", st.FreeLanes)
 	for _, l := range st.Lanes {
 		if l.Relays > 0 && l.Unworked > 0 {

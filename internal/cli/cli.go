@@ -278,6 +278,7 @@ type runOptions struct {
 	noFastFailover  bool
 	migrate         bool
 	exitWhenEmpty   bool
+	allowConfChange bool
 	id              string
 	adminAddr       string
 	adminTokenFile  string
@@ -345,6 +346,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead; only their heartbeat's age tells (relays behind PgBouncer are never judged by their connection)")
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
+	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "share a route's lanes with live relays that run another configuration of it (topics, sink, format, on-dead-letter, fan-out) during a rolling change; without it such a relay takes no lane and exits 2")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
 	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for outbox-relay replay")
 	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
@@ -404,11 +406,15 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		Archive:             o.archive,
 		ArchiveRetention:    o.archiveRetain,
 		ConnectTimeout:      o.connectTimeout,
+		OnConfigChange:      relay.ConfigChangeFail,
 		Version:             version(),
 		Logger:              g.log,
 	}
 	if o.retryJitter == 0 {
 		base.RetryJitter = -1 // an explicit 0 means no jitter
+	}
+	if o.allowConfChange {
+		base.OnConfigChange = relay.ConfigChangeAllow
 	}
 	base = base.WithDefaults()
 	if err := base.Validate(); err != nil {
@@ -429,6 +435,11 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		}
 		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
 		single = true
+	}
+	for i := range routes {
+		// The fingerprint of the route's configuration covers the sink's
+		// target, redacted (see relay.Config.Destination).
+		routes[i].cfg.Destination = routes[i].sinkName
 	}
 	for i := range routes {
 		if err := routes[i].applyFormat(o); err != nil {

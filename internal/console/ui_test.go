@@ -139,3 +139,23 @@ VALUES (1, gen_random_uuid(), 't', decode(repeat('00ff', 50000), 'hex'), '{}', n
 	require.Contains(t, string(r.Body), "… 83616 more bytes")
 	require.Less(t, len(r.Body), 120<<10)
 }
+
+// Issue 34: while relays of one route run different configurations
+// (allowed with --allow-config-change), the overview says so, with the
+// relays of each configuration; a route whose relays agree shows nothing.
+func TestOverviewShowsRoutesWhoseRelaysDisagree(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.relays (id, hostname, pid, version, backend_pid, route, config_hash, config_summary) VALUES
+		('web-1', 'h', 1, 'v', 0, 'orders', '1:aa', 'sink https://hooks.example/orders, topics *, on-dead-letter skip'),
+		('cli-1', 'h', 2, 'v', 0, 'orders', '1:bb', 'sink stdout, topics *, on-dead-letter skip'),
+		('au-1', 'h', 3, 'v', 0, 'audit', '1:cc', 'sink stdout, topics audit.*, on-dead-letter skip'),
+		('au-2', 'h', 4, 'v', 0, 'audit', '1:cc', 'sink stdout, topics audit.*, on-dead-letter skip')`)
+	r := e.do("GET", "/ui/", nil)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	home := string(r.Body)
+	require.Contains(t, home, `id="mixed-configs"`)
+	require.Contains(t, home, "its relays run 2 different configurations and share its lanes")
+	require.Contains(t, home, "web-1: sink https://hooks.example/orders, topics *, on-dead-letter skip")
+	require.Contains(t, home, "cli-1: sink stdout, topics *, on-dead-letter skip")
+	require.NotContains(t, home, "au-1", "the audit route's relays agree")
+}

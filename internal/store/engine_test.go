@@ -50,7 +50,7 @@ func TestEngineGolden(t *testing.T) {
 		"reap": l.reap, "renew": l.renew, "count_relays": l.countRelays, "worked_lanes": l.workedLanes,
 		"acquire": l.acquire, "release": l.release, "release_all": l.releaseAll, "unregister": l.unregister,
 		"notify_members": l.notifyMembers,
-		"owned":          l.owned,
+		"owned":          l.owned, "other_configs": l.otherConfigs,
 	} {
 		golden(t, "lease_"+name, sql.named)
 	}

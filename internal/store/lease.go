@@ -26,6 +26,7 @@ type Leases struct {
 	renew, countRelays                                           stmt
 	workedLanes, acquire, release, releaseAll, unregister, owned stmt
 	notifyMembers, notifyFreed                                   stmt
+	otherConfigs                                                 stmt
 }
 
 // MembersPayload is the payload of the notification a relay sends on the
@@ -53,7 +54,28 @@ type Heartbeat struct {
 	// proxy, so no backend is its own: its registration names none
 	// (backend_pid 0), and fast failover never reaps it by backend.
 	Pooled bool
+	// ConfigHash fingerprints the route's configuration as this relay
+	// runs it, and ConfigSummary says it for operators (redacted); see
+	// OtherConfigs.
+	ConfigHash, ConfigSummary string
 }
+
+// OtherConfig is a live relay of the route registered with another
+// configuration than the asking relay's.
+type OtherConfig struct {
+	ID, Version string
+	// Hash and Summary are its registration's ConfigHash and
+	// ConfigSummary: both empty for a relay of a version that does not
+	// register them.
+	Hash, Summary string
+	// Earlier: it registered before the asking relay (or the asking relay
+	// is not registered).
+	Earlier bool
+}
+
+// maxOtherConfigs bounds what OtherConfigs returns: enough to name them
+// in a log line.
+const maxOtherConfigs = 16
 
 // RelayCount is a route's registered relays as one relay sees them.
 type RelayCount struct {
@@ -100,6 +122,7 @@ func (l *Leases) QueueEnsureMissingLanes(b *pgx.Batch) {
 func (l *Leases) Heartbeat(ctx context.Context, q Querier, h Heartbeat) error {
 	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
 		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
+		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
 	})...)
 	return err
 }
@@ -135,6 +158,9 @@ type Beat struct {
 	Mine []int16
 	// Count is the route's relays and lanes, this one included.
 	Count RelayCount
+	// Others are the route's live relays registered with another
+	// configuration (see OtherConfigs).
+	Others []OtherConfig
 }
 
 // QueueBeat queues on b, in one round trip, what every heartbeat does
@@ -159,6 +185,34 @@ func (l *Leases) QueueBeat(b *pgx.Batch, h Heartbeat, ttl time.Duration, fastFai
 	b.Queue(l.countRelays.sql, l.args(l.countRelays, pgx.NamedArgs{})...).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&out.Count.Alive, &out.Count.Rank, &out.Count.Lanes)
 	})
+	b.Queue(l.otherConfigs.sql, l.otherConfigsArgs(h.ConfigHash, ttl)...).Query(func(rows pgx.Rows) error {
+		var err error
+		out.Others, err = collectOtherConfigs(rows)
+		return err
+	})
+}
+
+// OtherConfigs returns the route's relays (at most 16, the earliest
+// registered first) whose heartbeat is younger than ttl and whose
+// registration's configuration hash is not hash.
+func (l *Leases) OtherConfigs(ctx context.Context, q Querier, hash string, ttl time.Duration) ([]OtherConfig, error) {
+	rows, err := q.Query(ctx, l.otherConfigs.sql, l.otherConfigsArgs(hash, ttl)...)
+	if err != nil {
+		return nil, err
+	}
+	return collectOtherConfigs(rows)
+}
+
+func (l *Leases) otherConfigsArgs(hash string, ttl time.Duration) []any {
+	return l.args(l.otherConfigs, pgx.NamedArgs{"config_hash": hash, "ttl_ms": ttl.Milliseconds(), "max": maxOtherConfigs})
+}
+
+func collectOtherConfigs(rows pgx.Rows) ([]OtherConfig, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (OtherConfig, error) {
+		var o OtherConfig
+		err := r.Scan(&o.ID, &o.Version, &o.Hash, &o.Summary, &o.Earlier)
+		return o, err
+	})
 }
 
 // QueueWorkedLanes queues WorkedLanes on b; *n is set as b's results are
@@ -171,6 +225,7 @@ func (l *Leases) QueueWorkedLanes(b *pgx.Batch, n *int) {
 func (l *Leases) QueueHeartbeat(b *pgx.Batch, h Heartbeat) {
 	b.Queue(l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
 		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
+		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
 	})...)
 }
 
@@ -260,10 +315,11 @@ WHERE (SELECT count(*) FROM ` + lanes + ` WHERE route = @route) < 256
 ON CONFLICT DO NOTHING`)
 
 	l.heartbeat = newStmt(`
-INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
+INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start, config_hash, config_summary)
 SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
-       CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END
+       CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
+       @config_hash, @config_summary
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`)
@@ -346,4 +402,18 @@ RETURNING lane`)
 	// the payload tells the notifications apart.
 	l.notifyMembers = newStmt(`SELECT pg_notify(@channel, '` + MembersPayload + `')`)
 	l.notifyFreed = newStmt(`SELECT pg_notify(@channel, '` + FreedPayload + `')`)
+
+	// Live: a heartbeat younger than the lease TTL (a dead relay not yet
+	// reaped says nothing about the route's configuration now). Earlier
+	// orders registrations by start, then id, so that of two relays that
+	// disagree exactly one defers to the other; a relay not registered
+	// yet comes after every registered one.
+	l.otherConfigs = newStmt(`
+SELECT r.id, r.version, r.config_hash, r.config_summary,
+       (r.started_at, r.id) < (coalesce((SELECT m.started_at FROM ` + relays + ` m WHERE m.id = @relay), 'infinity'), @relay)
+FROM ` + relays + ` r
+WHERE r.route = @route AND r.id <> @relay AND r.config_hash <> @config_hash
+  AND r.heartbeat_at > now() - @ttl_ms * interval '1 millisecond'
+ORDER BY r.started_at, r.id
+LIMIT @max`)
 }

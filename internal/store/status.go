@@ -123,6 +123,10 @@ type Relay struct {
 	// Lanes is how many lanes it holds an unexpired lease on.
 	Lanes    int
 	InFlight int
+	// ConfigHash and Config are the fingerprint and the summary of the
+	// route's configuration the relay registered ('' for a relay of a
+	// version that does not register them).
+	ConfigHash, Config string
 }
 
 func (s Schema) relaysSQL() string {
@@ -130,7 +134,8 @@ func (s Schema) relaysSQL() string {
 	// lease TTL later).
 	return `
 SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
-       (SELECT count(*) FROM ` + s.Table("lanes") + ` l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight
+       (SELECT count(*) FROM ` + s.Table("lanes") + ` l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight,
+       r.config_hash, r.config_summary
 FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
 }
 
@@ -139,7 +144,7 @@ func (s Schema) Relays(ctx context.Context, q Querier) ([]Relay, error) {
 	return collect(ctx, q, s.relaysSQL(), nil, func(r pgx.CollectableRow) (Relay, error) {
 		var x Relay
 		var started, beat pgtype.Timestamptz
-		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight)
+		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight, &x.ConfigHash, &x.Config)
 		x.StartedAt, x.HeartbeatAt = finiteOrZero(started), finiteOrZero(beat)
 		return x, err
 	})

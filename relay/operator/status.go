@@ -31,6 +31,9 @@ type Status struct {
 	// FreeLanes is how many lanes, over all routes, no live relay works
 	// (LaneStatus.Unworked summed, missing lane rows included).
 	FreeLanes int `json:"free_lanes"`
+	// Mixed lists the routes whose relays run different configurations
+	// (see MixedRoute).
+	Mixed []MixedRoute `json:"mixed_configs,omitempty"`
 	// Held counts, per route with the hold policy, the keys its dead
 	// letters hold; Holds lists the oldest holds (at most MaxHolds).
 	Held  []HeldStatus `json:"held"`
@@ -123,6 +126,61 @@ type RelayStatus struct {
 	Route       string    `json:"route"`
 	Lanes       int       `json:"lanes"`
 	InFlight    int       `json:"in_flight"`
+	// ConfigHash fingerprints the route's configuration the relay runs
+	// (its topics, sink, format, dead-letter policy, fan-out), and Config
+	// says it, secrets redacted; both empty for a relay of a version that
+	// does not register them.
+	ConfigHash string `json:"config_hash"`
+	Config     string `json:"config"`
+}
+
+// MixedRoute is a route whose registered relays run different
+// configurations: allowed during a rolling change (run
+// --allow-config-change), a mistake otherwise.
+type MixedRoute struct {
+	Route   string        `json:"route"`
+	Configs []RouteConfig `json:"configs"`
+}
+
+// RouteConfig is one configuration of a route (RelayStatus.Config) and
+// the relays that run it.
+type RouteConfig struct {
+	Config string   `json:"config"`
+	Relays []string `json:"relays"`
+}
+
+// mixedRoutes finds the routes whose relays registered more than one
+// configuration (relays that registered none are left out).
+func mixedRoutes(relays []RelayStatus) []MixedRoute {
+	var all []MixedRoute
+	route := map[string]int{}
+	config := map[[2]string]int{}
+	for _, r := range relays {
+		if r.ConfigHash == "" {
+			continue
+		}
+		i, ok := route[r.Route]
+		if !ok {
+			i = len(all)
+			route[r.Route] = i
+			all = append(all, MixedRoute{Route: r.Route})
+		}
+		m := &all[i]
+		j, ok := config[[2]string{r.Route, r.ConfigHash}]
+		if !ok {
+			j = len(m.Configs)
+			config[[2]string{r.Route, r.ConfigHash}] = j
+			m.Configs = append(m.Configs, RouteConfig{Config: r.Config})
+		}
+		m.Configs[j].Relays = append(m.Configs[j].Relays, r.ID)
+	}
+	var mixed []MixedRoute
+	for _, m := range all {
+		if len(m.Configs) > 1 {
+			mixed = append(mixed, m)
+		}
+	}
+	return mixed
 }
 
 func (b *Backlog) add(o Backlog) {
@@ -182,6 +240,7 @@ func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
 		return err
 	}
 	st.Relays = convert(relays, func(r store.Relay) RelayStatus { return RelayStatus(r) })
+	st.Mixed = mixedRoutes(st.Relays)
 	lanes, err := s.LaneCoverage(ctx, tx)
 	if err != nil {
 		return err

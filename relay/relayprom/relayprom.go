@@ -41,6 +41,7 @@ type Metrics struct {
 	settleDur     prometheus.Histogram
 	lanes         *prometheus.GaugeVec
 	unworked      *prometheus.GaugeVec
+	routeConfigs  *prometheus.GaugeVec
 	wakeSource    *prometheus.GaugeVec
 	wakeFallbacks prometheus.Counter
 
@@ -123,6 +124,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Namespace: ns, Name: "unworked_lanes",
 			Help: "Lanes of the route that no live relay has worked for longer than a lease TTL, as seen at this process's last heartbeat (missing lane rows included); their messages wait. 0 normally.",
 		}, []string{"route"}),
+		routeConfigs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "route_configurations",
+			Help: "Configurations (topics, sink, format, dead-letter policy, fan-out) the live relays of the route run, as seen at this process's last heartbeat: 1 normally, more while relays of another configuration share the route (run --allow-config-change) or wait for it (see the logs).",
+		}, []string{"route"}),
 		wakeSource: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "wakeup_source",
 			Help: "1 for how this process learns of new rows (wal or poll: it is the database's watcher; follow: another process watches and notifies it; notify: the writers' trigger; -: its LISTEN connection is down), 0 for the others.",
@@ -176,7 +181,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	})
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
-		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked,
+		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
 		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors, buildInfo)
 	return m
 }
@@ -269,6 +274,9 @@ func (h *routeHooks) Wakeup(source string, fallback bool, _ error) {
 
 // UnworkedLanes implements relay.LaneHealthHooks.
 func (h *routeHooks) UnworkedLanes(n int) { h.m.unworked.WithLabelValues(h.route).Set(float64(n)) }
+
+// RouteConfigs implements relay.ConfigHooks.
+func (h *routeHooks) RouteConfigs(n int) { h.m.routeConfigs.WithLabelValues(h.route).Set(float64(n)) }
 
 // Lanes implements relay.Hooks.
 func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(float64(owned)) }

@@ -189,6 +189,10 @@ func (w *wrapped) Send(ctx context.Context, msgs []sinks.Message) error {
 
 func (w *wrapped) Close(ctx context.Context) error { return w.inner.Close(ctx) }
 
+// FormatName names the format w encodes messages in (the relay's
+// fingerprint of a route's configuration includes it).
+func (w *wrapped) FormatName() string { return w.f.Name() }
+
 // Unwrap returns the sink w decorates.
 func (w *wrapped) Unwrap() sinks.Sink { return w.inner }
 

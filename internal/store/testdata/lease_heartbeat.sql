@@ -1,7 +1,8 @@
-INSERT INTO "outbox"."relays" (id, hostname, pid, version, route, in_flight, backend_pid, backend_start)
+INSERT INTO "outbox"."relays" (id, hostname, pid, version, route, in_flight, backend_pid, backend_start, config_hash, config_summary)
 SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
-       CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END
+       CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
+       @config_hash, @config_summary
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start
