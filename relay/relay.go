@@ -336,20 +336,30 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 // its registration names no backend. A pool that prepares statements
 // there is refused: the proxy hands them to other clients' backends
 // (errors 42P05 and 26000, and batches settled twice).
+//
+// A connection that fails meanwhile (the server restarting, a terminated
+// session) is retried like the schema check, within ConnectTimeout.
 func (r *Relay) checkSessions(ctx context.Context) error {
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox: database: %w", err)
-	}
-	defer conn.Release()
-	pooled, err := store.Pooled(ctx, conn.Conn())
-	if err != nil {
-		return fmt.Errorf("outbox: database: %w", err)
+	deadline := time.Now().Add(r.cfg.ConnectTimeout)
+	bo := newReconnectBackoff()
+	var pooled bool
+	var mode pgx.QueryExecMode
+	for {
+		var err error
+		if pooled, mode, err = r.sessionKind(ctx); err == nil {
+			break
+		}
+		d := bo.NextBackOff()
+		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
+			return fmt.Errorf("outbox: database: %w", err)
+		}
+		r.log.Warn("database connection failed at start; retrying", "error", err, "retry_in", d)
+		sleep(ctx, d)
 	}
 	if !pooled {
 		return nil
 	}
-	switch conn.Conn().Config().DefaultQueryExecMode {
+	switch mode {
 	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
 	default:
 		return fmt.Errorf("%w: database-url: the connections go through a transaction-pooling proxy (PgBouncer or the like), where prepared statements reach other clients' sessions; add default_query_exec_mode=exec to the URL (relay.NewPool does so by itself)", ErrConfig)
@@ -362,6 +372,24 @@ func (r *Relay) checkSessions(ctx context.Context) error {
 	}.SQL()
 	r.log.Info("the database connections go through a transaction-pooling proxy: this relay keeps no session state (no LISTEN, no session locks or settings) and looks for new rows itself")
 	return nil
+}
+
+// sessionKind reports whether a connection of the pool goes through a
+// transaction-pooling proxy, and the query mode of the pool's
+// connections.
+func (r *Relay) sessionKind(ctx context.Context) (bool, pgx.QueryExecMode, error) {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return false, 0, err
+	}
+	defer conn.Release()
+	pooled, err := store.Pooled(ctx, conn.Conn())
+	if err != nil {
+		// The session's state is unknown: the pool opens another.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return false, 0, err
+	}
+	return pooled, conn.Conn().Config().DefaultQueryExecMode, nil
 }
 
 // findLeftover looks, for a relay that reads the outbox in a named route,
