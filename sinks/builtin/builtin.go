@@ -29,6 +29,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
+	"github.com/outbox-relay/outbox-relay/sinks/sqssink"
 	"github.com/outbox-relay/outbox-relay/sinks/stdout"
 )
 
@@ -42,4 +43,5 @@ var Registry = sinks.NewRegistry(
 	httpsink.Driver,
 	natssink.Driver,
 	redissink.Driver,
+	sqssink.Driver,
 )

@@ -44,6 +44,9 @@ var fullURLs = map[string]string{
 	"redis+cluster": "redis://relay:" + secret + "@r1:7000,r2:7001?cluster=true&max_age=24h",
 	"rediss": "rediss://relay:" + secret + "@r:6380/0?tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
 		"&tls_server_name=r&tls_insecure_skip_verify=true",
+	"sqs": "sqs://?queue_url=https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}&region=eu-west-1" +
+		"&endpoint=http://127.0.0.1:4100&protocol=query&access_key_id=AKIA&secret_access_key=" + secret +
+		"&body_encoding=base64&max_message_bytes=1048576&concurrency=4&publish_timeout=5s",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
@@ -105,6 +108,7 @@ func TestDescriptions(t *testing.T) {
 		"nats":    {"nats", "nats", "nats", "nats"},
 		"redis":   {"redis", "redis", "redis", ""},
 		"rediss":  {"redis", "redis", "redis", ""},
+		"sqs":     {"sqs", "sqs", "aws_sqs", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
 		require.True(t, ok, scheme)
@@ -114,7 +118,7 @@ func TestDescriptions(t *testing.T) {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {
