@@ -12,6 +12,10 @@
 #     nats-server and redis-server from theirs);
 #   - apt-get install of chromium and chromium-driver (the console's browser
 #     tests drive a headless Chromium) when chromium is missing;
+#   - go build of internal/throwaway/goawsd (goaws, the SQS and SNS
+#     server the SQS sink's tests start on their own ports), which
+#     downloads its modules into the module cache and compiles it into the
+#     build cache, so the tests' own build of it is quick;
 #   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
 #     when helm is missing (Debian has no helm package; the chart's tests
 #     need it; building it takes a few minutes once);
@@ -218,6 +222,16 @@ ensure_helm() {
 		die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed"
 }
 
+# ensure_goaws downloads and compiles goawsd (a module of its own, so that
+# goaws stays out of the relay's go.mod); the tests build it again from
+# the caches into the temporary directory.
+ensure_goaws() {
+	command -v go >/dev/null || die "go not found: cannot build goawsd"
+	local dir
+	dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/internal/throwaway/goawsd"
+	(cd "$dir" && run "$(command -v go)" build -o /dev/null .) || die "go build of $dir failed"
+}
+
 for s in "$@"; do
 	case "$s" in
 	postgres) ensure_postgres ;;
@@ -227,6 +241,7 @@ for s in "$@"; do
 	docker-compose) ensure_tool docker-compose docker-compose ;;
 	promtool) ensure_promtool ;;
 	helm) ensure_helm ;;
+	goaws) ensure_goaws ;;
 	chromium) ensure_chromium ;;
 	*) die "unknown service $s" ;;
 	esac
