@@ -45,11 +45,12 @@ func BenchmarkSend(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		en.in.Id = aws.String(strconv.Itoa(i % 10))
+		in := toEntry(en)
+		in.Id = aws.String(strconv.Itoa(i % 10))
 		if i%10 == 0 {
 			reqs = append(reqs, nil)
 		}
-		reqs[len(reqs)-1] = append(reqs[len(reqs)-1], en.in)
+		reqs[len(reqs)-1] = append(reqs[len(reqs)-1], in)
 	}
 	b.Run("raw-sdk", func(b *testing.B) {
 		for b.Loop() {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
@@ -20,24 +21,16 @@ const (
 	DefaultPublishTimeout  = 30 * time.Second
 )
 
-// Limits of the service that the sink checks before sending.
-const (
-	// MaxAttributes is the number of message attributes SQS takes on one
-	// message.
-	MaxAttributes = 10
-	// MaxBatchEntries is the number of entries of one SendMessageBatch.
-	MaxBatchEntries = 10
-	// LargestMessageBytes is the largest max_message_bytes: the service's
-	// own ceiling for a message and for a batch.
-	LargestMessageBytes = 1 << 20
-)
+// LargestMessageBytes is the largest max_message_bytes: the service's own
+// ceiling for a message and for a batch.
+const LargestMessageBytes = 1 << 20
 
 // Message attributes the sink sets on every message, besides one per
 // header.
 const (
-	AttrID  = "outbox-id"  // the message id (String)
-	AttrSeq = "outbox-seq" // the message's position in the outbox (Number); per key, it only grows
-	AttrKey = "outbox-key" // the outbox key (String), absent when the message has none
+	AttrID  = awsbatch.AttrID  // the message id (String)
+	AttrSeq = awsbatch.AttrSeq // the message's position in the outbox (Number); per key, it only grows
+	AttrKey = awsbatch.AttrKey // the outbox key (String), absent when the message has none
 )
 
 // Config configures the Amazon SQS sink. Zero values select the defaults

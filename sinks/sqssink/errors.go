@@ -3,7 +3,6 @@ package sqssink
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 )
 
 // permanentCodes are the SQS error codes that say a message, or its
@@ -40,18 +40,10 @@ func entryErr(queue string, f types.BatchResultErrorEntry) error {
 	return err
 }
 
-// notSentError marks a request that never reached SQS (the endpoint
-// refused the connection, or its name did not resolve): the relay counts
-// no attempt.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
-func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
-
 // requestErr classifies the failure of a whole SendMessageBatch: an API
 // error by its code (as entryErr), a failed dial as not sent, anything
 // else (a connection lost mid-request, a timeout) as retriable.
-func (s *Sink) requestErr(queue string, err error) error {
+func requestErr(queue string, err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		e := fmt.Errorf("%w: %s: %s: %s", ErrRefused, queue, api.ErrorCode(), api.ErrorMessage())
@@ -60,10 +52,5 @@ func (s *Sink) requestErr(queue string, err error) error {
 		}
 		return e
 	}
-	var oe *net.OpError
-	var dns *net.DNSError
-	if errors.As(err, &oe) && oe.Op == "dial" || errors.As(err, &dns) {
-		return &notSentError{err: fmt.Errorf("outbox: sqs: %w", err)}
-	}
-	return fmt.Errorf("outbox: sqs: %w", err)
+	return awsbatch.TransportErr("outbox: sqs", err)
 }

@@ -139,19 +139,19 @@ func (e *testEnv) receive(ctx context.Context, topic string, n int) ([]types.Mes
 }
 
 // receiveOnce receives at most n messages of the queue of topic without
-// waiting, and deletes them. On a FIFO queue it takes one message and
-// deletes it before the next: goaws v0.4.5 marks a message of a group
-// that is locked (one of its messages received and not yet deleted) as
-// received without returning it, which would hide it for the visibility
-// timeout. Its requests are not cancelled, for the same reason.
+// waiting, and deletes them. It takes one message per call and deletes it
+// before the next: goaws v0.4.5 marks a message of a FIFO group that is
+// locked (one of its messages received and not yet deleted) as received
+// without returning it, which would hide it for the visibility timeout;
+// and a few receives of 10 messages at once failed reading their answer
+// ("use of closed network connection", seen twice in about twenty runs of
+// the package, never with one message). Its requests are not cancelled:
+// a receive cut short after the server answered would hide its messages.
 func (e *testEnv) receiveOnce(topic string, n int) ([]types.Message, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url := e.srv.QueueURL(topic)
-	max := int32(min(n, 10))
-	if strings.HasSuffix(topic, ".fifo") {
-		max = 1
-	}
+	const max = 1
 	var out []types.Message
 	for len(out) < n {
 		res, err := e.admin.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
@@ -109,7 +110,7 @@ func TestStandardQueue(t *testing.T) {
 	batch[1].Key = ""
 	require.NoError(t, e.sink.Send(ctx, batch))
 	for _, m := range batch {
-		require.Nil(t, e.sink.mustEntry(t, m).in.MessageGroupId)
+		require.Nil(t, toEntry(e.sink.mustEntry(t, m)).MessageGroupId)
 	}
 	got, err := e.receive(ctx, topic, len(batch))
 	require.NoError(t, err)
@@ -141,7 +142,7 @@ func nilIfEmpty(h map[string]string) map[string]string {
 }
 
 // mustEntry builds m's entry.
-func (s *Sink) mustEntry(t *testing.T, m sinks.Message) *entry {
+func (s *Sink) mustEntry(t *testing.T, m sinks.Message) *awsbatch.Entry {
 	t.Helper()
 	e, err := s.entry(0, m)
 	require.NoError(t, err)
@@ -157,13 +158,13 @@ func TestFIFOEntry(t *testing.T) {
 		AccessKeyID: "a", SecretAccessKey: "b"}, nil)
 	require.NoError(t, err)
 	m := sinktest.Msg("orders.fifo", "order-1", 7, []byte("x"))
-	e := s.mustEntry(t, m)
-	require.Equal(t, "order-1", aws.ToString(e.in.MessageGroupId))
-	require.Equal(t, m.ID, aws.ToString(e.in.MessageDeduplicationId))
-	require.Equal(t, "https://sqs.eu-west-1.amazonaws.com/1/orders.fifo", e.queue)
+	e := toEntry(s.mustEntry(t, m))
+	require.Equal(t, "order-1", aws.ToString(e.MessageGroupId))
+	require.Equal(t, m.ID, aws.ToString(e.MessageDeduplicationId))
+	require.Equal(t, "https://sqs.eu-west-1.amazonaws.com/1/orders.fifo", s.mustEntry(t, m).Dest)
 	m.Key = ""
-	require.Equal(t, m.ID, aws.ToString(s.mustEntry(t, m).in.MessageGroupId), "keyless: its own group")
-	require.Nil(t, s.mustEntry(t, sinktest.Msg("orders", "k", 1, []byte("x"))).in.MessageGroupId, "standard queue")
+	require.Equal(t, m.ID, aws.ToString(toEntry(s.mustEntry(t, m)).MessageGroupId), "keyless: its own group")
+	require.Nil(t, toEntry(s.mustEntry(t, sinktest.Msg("orders", "k", 1, []byte("x")))).MessageGroupId, "standard queue")
 }
 
 // TestFIFODeduplication: a redelivery of a message (same id) into a FIFO
@@ -206,7 +207,7 @@ func TestRefusedBeforeSending(t *testing.T) {
 		{func(m *sinks.Message) { m.Payload = []byte("a\x00b") }, "U+0000"},
 		{func(m *sinks.Message) { m.Payload = nil }, "empty"},
 		{func(m *sinks.Message) { m.Payload = bytes.Repeat([]byte("a"), 3000) }, "above max_message_bytes"},
-		{func(m *sinks.Message) { m.Headers = many }, "SQS takes 10 message attributes"},
+		{func(m *sinks.Message) { m.Headers = many }, "a message takes 10 attributes"},
 		{func(m *sinks.Message) { m.Headers = map[string]string{"a b": "v"} }, "holds only"},
 		{func(m *sinks.Message) { m.Headers = map[string]string{"AWS.x": "v"} }, `"AWS."`},
 		{func(m *sinks.Message) { m.Headers = map[string]string{"x": ""} }, "empty attribute value"},
@@ -287,7 +288,7 @@ func TestEntryErrors(t *testing.T) {
 	for code, perm := range map[string]bool{
 		"InvalidParameterValue": true, "InvalidMessageContents": true, "MessageTooLong": true,
 		"AWS.SimpleQueueService.NonExistentQueue": true,
-		"ThrottlingException": false, "RequestThrottled": false, "InternalError": false, "ServiceUnavailable": false,
+		"ThrottlingException":                     false, "RequestThrottled": false, "InternalError": false, "ServiceUnavailable": false,
 		"KMS.ThrottlingException": false, "AccessDenied": false,
 	} {
 		err := entryErr("q", typesEntry(code))
