@@ -102,6 +102,10 @@ func (g *GoAWS) Addr() string { return "127.0.0.1:" + strconv.Itoa(g.port) }
 // QueueURL is the URL goaws gives the queue named name.
 func (g *GoAWS) QueueURL(name string) string { return g.Endpoint() + "/" + Account + "/" + name }
 
+// TopicARN is the ARN goaws gives the SNS topic named name (goaws leaves
+// the region out).
+func (g *GoAWS) TopicARN(name string) string { return "arn:aws:sns::" + Account + ":" + name }
+
 // Stop closes the listener and every connection: clients are refused
 // until Start.
 func (g *GoAWS) Stop() {

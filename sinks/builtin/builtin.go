@@ -29,6 +29,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
+	"github.com/outbox-relay/outbox-relay/sinks/snssink"
 	"github.com/outbox-relay/outbox-relay/sinks/sqssink"
 	"github.com/outbox-relay/outbox-relay/sinks/stdout"
 )
@@ -44,4 +45,5 @@ var Registry = sinks.NewRegistry(
 	natssink.Driver,
 	redissink.Driver,
 	sqssink.Driver,
+	snssink.Driver,
 )
