@@ -28,6 +28,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
+	"github.com/outbox-relay/outbox-relay/sinks/pubsubsink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
 	"github.com/outbox-relay/outbox-relay/sinks/snssink"
 	"github.com/outbox-relay/outbox-relay/sinks/sqssink"
@@ -46,4 +47,5 @@ var Registry = sinks.NewRegistry(
 	redissink.Driver,
 	sqssink.Driver,
 	snssink.Driver,
+	pubsubsink.Driver,
 )

@@ -50,6 +50,9 @@ var fullURLs = map[string]string{
 	"sns": "sns://?topic_arn=arn:aws:sns:eu-west-1:123456789012:{topic}&region=eu-west-1" +
 		"&endpoint=http://127.0.0.1:4100&access_key_id=AKIA&secret_access_key=" + secret +
 		"&body_encoding=base64&max_message_bytes=200000&concurrency=4&publish_timeout=5s",
+	"pubsub": "pubsub://my-project?topic=events.{topic}&endpoint=us-east1-pubsub.googleapis.com:443" +
+		"&credentials_file=/sa.json&publish_timeout=5s",
+	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
@@ -113,6 +116,7 @@ func TestDescriptions(t *testing.T) {
 		"rediss":  {"redis", "redis", "redis", ""},
 		"sqs":     {"sqs", "sqs", "aws_sqs", ""},
 		"sns":     {"sns", "sns", "aws_sns", ""},
+		"pubsub":  {"pubsub", "pubsub", "gcp_pubsub", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
 		require.True(t, ok, scheme)
@@ -122,7 +126,7 @@ func TestDescriptions(t *testing.T) {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "pubsub"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {
