@@ -47,7 +47,7 @@ func TestSQSOutage(t *testing.T) {
 	sinkURL := "sqs://?" + url.Values{"queue_url": {srv.QueueURL("{topic}.fifo")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "protocol": {"query"}, "access_key_id": {"test"}, "secret_access_key": {"test"},
 		"publish_timeout": {"5s"}}.Encode()
-	awsOutage(t, srv, client, sinkURL, queueURL)
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, client, queueURL) })
 }
 
 // TestSNSOutage is TestSQSOutage for the SNS sink: it publishes to a
@@ -77,14 +77,36 @@ func TestSNSOutage(t *testing.T) {
 	require.NoError(t, err)
 	sinkURL := "sns://?" + url.Values{"topic_arn": {srv.TopicARN("{topic}")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "access_key_id": {"test"}, "secret_access_key": {"test"}, "publish_timeout": {"5s"}}.Encode()
-	awsOutage(t, srv, client, sinkURL, srv.QueueURL("orders"))
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, client, srv.QueueURL("orders")) })
 }
 
-// awsOutage runs the relay binary with sinkURL while a steady writer
-// writes to topic "orders", stops srv for outageLength() and brings it
-// back, then reads queueURL: nothing lost, per-key order kept, no attempt
+// receiveAll reads (and deletes) every message of the queue, one at a
+// time (see sqssink's receiveOnce).
+func receiveAll(t *testing.T, client *sqs.Client, queueURL string) []delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []delivery
+	for {
+		res, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL),
+			MaxNumberOfMessages: 1, MessageAttributeNames: []string{"All"}})
+		require.NoError(t, err)
+		if len(res.Messages) == 0 {
+			return got
+		}
+		m := res.Messages[0]
+		got = append(got, delivery{ID: aws.ToString(m.MessageAttributes["outbox-id"].StringValue), Payload: aws.ToString(m.Body)})
+		_, err = client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(queueURL), ReceiptHandle: m.ReceiptHandle})
+		require.NoError(t, err)
+	}
+}
+
+// endpointOutage runs the relay binary with sinkURL while a steady writer
+// writes to topic "orders", takes the endpoint down (down: its port
+// refuses connections) for outageLength() and brings it back (up), then
+// reads what arrived (read): nothing lost, per-key order kept, no attempt
 // counted while the endpoint refused connections.
-func awsOutage(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, sinkURL, queueURL string) {
+func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() []delivery) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -101,7 +123,7 @@ func awsOutage(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, sinkURL, 
 		return n
 	}
 	time.Sleep(time.Second) // steady state first, as outageRun
-	srv.Stop()
+	down()
 	downAt := time.Now()
 	// The requests on the wire when the server went away count an attempt;
 	// nothing after them may.
@@ -111,7 +133,7 @@ func awsOutage(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, sinkURL, 
 	time.Sleep(outageLength() - onTheWire)
 	after := attempted()
 	backlog := count(t, pool, schema, "messages")
-	srv.Start()
+	up()
 	upAt := time.Now()
 	time.Sleep(time.Second)
 	written := w.stop()
@@ -122,19 +144,7 @@ func awsOutage(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, sinkURL, 
 	drained := time.Since(upAt)
 	require.Empty(t, deadLetters(t, pool, schema), "an outage must not dead-letter anything")
 
-	var got []delivery
-	for {
-		res, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL),
-			MaxNumberOfMessages: 1, MessageAttributeNames: []string{"All"}}) // one at a time: see sqssink's receiveOnce
-		require.NoError(t, err)
-		if len(res.Messages) == 0 {
-			break
-		}
-		m := res.Messages[0]
-		got = append(got, delivery{ID: aws.ToString(m.MessageAttributes["outbox-id"].StringValue), Payload: aws.ToString(m.Body)})
-		_, err = client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(queueURL), ReceiptHandle: m.ReceiptHandle})
-		require.NoError(t, err)
-	}
+	got := read()
 	dups := checkAllDelivered(t, written, got)
 	checkKeyOrder(t, got)
 	t.Logf("endpoint down %s (backlog %d): rows with an attempt counted %d after the first %s, %d at its end; "+
