@@ -24,6 +24,10 @@
 #       pgbouncer                      (the tests' throwaway PgBouncers in
 #                                       front of the test database)
 #       chromium chromium-driver       (the console's browser tests)
+#   - go build of internal/throwaway/goawsd (goaws, the SQS and SNS
+#     server the SQS and SNS sinks' tests start on their own ports), which
+#     downloads its modules into the module cache and compiles it into the
+#     build cache, so the tests' own build of it is quick;
 #   - go install helm.sh/helm/v3/cmd/helm@HELM_VERSION into /usr/local/bin
 #     when helm is missing, or when the helm found is a build of this
 #     script's from before it set the default Kubernetes version (Debian has
@@ -277,6 +281,16 @@ ensure_helm() {
 		die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed"
 }
 
+# ensure_goaws downloads and compiles goawsd (a module of its own, so that
+# goaws stays out of the relay's go.mod); the tests build it again from
+# the caches into the temporary directory.
+ensure_goaws() {
+	command -v go >/dev/null || die "go not found: cannot build goawsd"
+	local dir
+	dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/internal/throwaway/goawsd"
+	(cd "$dir" && run "$(command -v go)" build -o /dev/null .) || die "go build of $dir failed"
+}
+
 for s in "$@"; do
 	case "$s" in
 	postgres) ensure_postgres ;;
@@ -287,6 +301,7 @@ for s in "$@"; do
 	promtool) ensure_promtool ;;
 	pgbouncer) ensure_pgbouncer ;;
 	helm) ensure_helm ;;
+	goaws) ensure_goaws ;;
 	chromium) ensure_chromium ;;
 	*) die "unknown service $s" ;;
 	esac

@@ -28,7 +28,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
+	"github.com/outbox-relay/outbox-relay/sinks/pubsubsink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
+	"github.com/outbox-relay/outbox-relay/sinks/snssink"
+	"github.com/outbox-relay/outbox-relay/sinks/sqssink"
 	"github.com/outbox-relay/outbox-relay/sinks/stdout"
 )
 
@@ -42,4 +45,7 @@ var Registry = sinks.NewRegistry(
 	httpsink.Driver,
 	natssink.Driver,
 	redissink.Driver,
+	sqssink.Driver,
+	snssink.Driver,
+	pubsubsink.Driver,
 )

@@ -44,6 +44,15 @@ var fullURLs = map[string]string{
 	"redis+cluster": "redis://relay:" + secret + "@r1:7000,r2:7001?cluster=true&max_age=24h",
 	"rediss": "rediss://relay:" + secret + "@r:6380/0?tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
 		"&tls_server_name=r&tls_insecure_skip_verify=true",
+	"sqs": "sqs://?queue_url=https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}&region=eu-west-1" +
+		"&endpoint=http://127.0.0.1:4100&protocol=query&access_key_id=AKIA&secret_access_key=" + secret +
+		"&body_encoding=base64&max_message_bytes=1048576&concurrency=4&publish_timeout=5s",
+	"sns": "sns://?topic_arn=arn:aws:sns:eu-west-1:123456789012:{topic}&region=eu-west-1" +
+		"&endpoint=http://127.0.0.1:4100&access_key_id=AKIA&secret_access_key=" + secret +
+		"&body_encoding=base64&max_message_bytes=200000&concurrency=4&publish_timeout=5s",
+	"pubsub": "pubsub://my-project?topic=events.{topic}&endpoint=us-east1-pubsub.googleapis.com:443" +
+		"&credentials_file=/sa.json&publish_timeout=5s",
+	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
@@ -105,6 +114,9 @@ func TestDescriptions(t *testing.T) {
 		"nats":    {"nats", "nats", "nats", "nats"},
 		"redis":   {"redis", "redis", "redis", ""},
 		"rediss":  {"redis", "redis", "redis", ""},
+		"sqs":     {"sqs", "sqs", "aws_sqs", ""},
+		"sns":     {"sns", "sns", "aws_sns", ""},
+		"pubsub":  {"pubsub", "pubsub", "gcp_pubsub", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
 		require.True(t, ok, scheme)
@@ -114,7 +126,7 @@ func TestDescriptions(t *testing.T) {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "pubsub"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {

@@ -105,6 +105,15 @@ type Features struct {
 	// that the resend succeeds and is not stored a second time, instead
 	// of reading it again.
 	Dedup bool
+	// MaxPayload, when not 0, is the largest payload the backend takes
+	// (SQS: a message of 256 KiB with its attributes, base64-encoded):
+	// PayloadBytesExact sends a payload of this size instead of
+	// LargePayloadSize. Why["MaxPayload"] must say why.
+	MaxPayload int
+	// NoEmptyPayload says the backend refuses an empty payload (an SQS
+	// message body has at least one character): PayloadBytesExact leaves
+	// the empty one out. Why["NoEmptyPayload"] must say why.
+	NoEmptyPayload bool
 	// Why explains each false feature (printed in t.Skip).
 	Why map[string]string
 }
@@ -160,6 +169,14 @@ func Run(t *testing.T, h Harness) {
 	}{{"Partitions", h.Features.Partitions}, {"Poison", h.Features.Poison}, {"Transient", h.Features.Transient}, {"Restart", h.Features.Restart}} {
 		if !f.on && strings.TrimSpace(h.Features.Why[f.name]) == "" {
 			t.Fatalf("sinktest: Features.%s is false but Features.Why[%q] is empty: write down why the backend cannot support it", f.name, f.name)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		on   bool
+	}{{"MaxPayload", h.Features.MaxPayload != 0}, {"NoEmptyPayload", h.Features.NoEmptyPayload}} {
+		if f.on && strings.TrimSpace(h.Features.Why[f.name]) == "" {
+			t.Fatalf("sinktest: Features.%s is set but Features.Why[%q] is empty: write down why the backend needs it", f.name, f.name)
 		}
 	}
 
@@ -330,7 +347,11 @@ func testHeadersSurvive(t *testing.T, h Harness) {
 func testPayloadBytesExact(t *testing.T, h Harness) {
 	env, ctx := setup(t, h)
 	topic := env.Topic("payload")
-	large := make([]byte, LargePayloadSize)
+	size := LargePayloadSize
+	if h.Features.MaxPayload != 0 {
+		size = h.Features.MaxPayload
+	}
+	large := make([]byte, size)
 	_, err := rand.Read(large)
 	require.NoError(t, err)
 	small := []sinks.Message{
@@ -340,6 +361,9 @@ func testPayloadBytesExact(t *testing.T, h Harness) {
 		Msg(topic, "json", 4, []byte(`{"order": 42, "items": ["a", "b"], "note": "<&>"}`)),
 		Msg(topic, "json", 5, []byte("{\n  \"pretty\": true\n}\n")),
 		Msg(topic, "json", 6, []byte(`"just a string"`)),
+	}
+	if h.Features.NoEmptyPayload {
+		small = slices.DeleteFunc(small, func(m sinks.Message) bool { return len(m.Payload) == 0 })
 	}
 	require.NoError(t, env.Sink.Send(ctx, small), "small payloads")
 	big := Msg(topic, "large", 7, large)

@@ -1,0 +1,251 @@
+// Package snssink publishes outbox messages to Amazon SNS topics.
+//
+// Each message becomes one SNS message: the payload is its body (as text,
+// or base64), and message attributes carry the message id (outbox-id),
+// its outbox position (outbox-seq), its key (outbox-key) and one String
+// attribute per header, under the header's name (the layout of the SQS
+// sink, so that an SQS queue subscribed with raw message delivery gets
+// what the SQS sink would send). The topic ARN is a template, so each
+// outbox topic may go to its own SNS topic. On a FIFO topic (its name ends
+// in .fifo) the key is the MessageGroupId, so SNS and its FIFO queue
+// subscriptions keep each key's order, and the message id is the
+// MessageDeduplicationId, so SNS drops a redelivery within its
+// five-minute deduplication window; a keyless message is its own group.
+//
+// A Send goes out as PublishBatch requests of at most 10 entries and
+// max_message_bytes, several in flight at once, in rounds that never put
+// two messages of one key in a request (see package awsbatch): a failed
+// entry stops its key before a later message of the key is published.
+//
+// What SNS would refuse for the message itself is checked before sending
+// and dead-lettered with the reason, as in the SQS sink; a request that
+// could not connect is reported as not attempted. The sink does not retry,
+// and turns the SDK's retries off.
+package snssink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+)
+
+var (
+	// ErrRefused is wrapped by the error of a message SNS refused; the
+	// text has SNS's error code and message.
+	ErrRefused = errors.New("outbox: sns: refused")
+	// ErrInvalid is wrapped by the (permanent) error of a message the sink
+	// refused before sending, because SNS could never accept it.
+	ErrInvalid = errors.New("outbox: sns: message not accepted by SNS")
+)
+
+// Sink publishes to SNS. It implements sinks.Sink, sinks.KeySerial and
+// sinks.HealthChecker and is safe for concurrent use.
+type Sink struct {
+	cfg      Config
+	topic    sinkconf.Template
+	layout   awsbatch.Layout
+	client   *sns.Client
+	log      *slog.Logger
+	inflight sinks.Inflight
+}
+
+// New returns a sink for cfg. It validates cfg, applies the defaults and
+// reads the SDK's configuration (environment, shared files); it does not
+// connect. logger may be nil.
+func New(cfg Config, logger *slog.Logger) (*Sink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	topic, err := sinkconf.ParseTemplate(cfg.TopicARN)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: sns: topic_arn: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	client, err := newClient(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	layout := awsbatch.Layout{Service: "SNS", Invalid: ErrInvalid, Base64: cfg.BodyEncoding == "base64", MaxBytes: cfg.MaxMessageBytes}
+	return &Sink{cfg: cfg, topic: topic, layout: layout, client: client, log: logger.With("sink", "sns")}, nil
+}
+
+// newClient builds the SNS client: the SDK's default chain for the region
+// and credentials unless the config sets them, no SDK retries (the relay
+// retries, with backoff kept in the row).
+func newClient(ctx context.Context, cfg Config) (*sns.Client, error) {
+	var opts []func(*awsconfig.LoadOptions) error
+	if cfg.Region != "" {
+		opts = append(opts, awsconfig.WithRegion(cfg.Region))
+	}
+	if cfg.AccessKeyID != "" {
+		opts = append(opts, awsconfig.WithCredentialsProvider(
+			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, string(cfg.SecretAccessKey), "")))
+	}
+	opts = append(opts, awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }))
+	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: sns: loading the AWS SDK configuration: %w", err)
+	}
+	if ac.Region == "" {
+		return nil, errors.New("outbox: sns: region: not set, and none in the SDK's chain (AWS_REGION, the shared config file)")
+	}
+	return sns.NewFromConfig(ac, func(o *sns.Options) {
+		if cfg.Endpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.Endpoint)
+		}
+	}), nil
+}
+
+// KeySerial reports true: a key's messages go one request after another.
+func (s *Sink) KeySerial() bool { return true }
+
+// Healthy asks SNS for the topic's attributes when the topic ARN is not a
+// template; with a template there is no one topic to ask about, and it
+// reports nil.
+func (s *Sink) Healthy(ctx context.Context) error {
+	if strings.Contains(s.cfg.TopicARN, "{") {
+		return nil
+	}
+	if _, err := s.client.GetTopicAttributes(ctx, &sns.GetTopicAttributesInput{TopicArn: aws.String(s.cfg.TopicARN)}); err != nil {
+		return fmt.Errorf("outbox: sns: GetTopicAttributes: %w", err)
+	}
+	return nil
+}
+
+// Close refuses new Sends and waits for in-flight ones or ctx. It is
+// idempotent.
+func (s *Sink) Close(ctx context.Context) error {
+	if err := s.inflight.Close(ctx); err != nil {
+		return fmt.Errorf("outbox: sns: close: in-flight sends still running: %w", err)
+	}
+	return nil
+}
+
+// Send publishes msgs in rounds (see package awsbatch). See sinks.Sink
+// for the contract.
+func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
+	if !s.inflight.Enter() {
+		return sinks.ErrClosed
+	}
+	defer s.inflight.Leave()
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: sns: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+	return awsbatch.Plan{
+		Build:       s.entry,
+		Send:        s.publishBatch,
+		MaxBytes:    s.cfg.MaxMessageBytes,
+		Concurrency: s.cfg.Concurrency,
+	}.Run(ctx, msgs, "outbox: sns")
+}
+
+// entry builds m's batch entry, or says why SNS could never take it.
+func (s *Sink) entry(i int, m sinks.Message) (*awsbatch.Entry, error) {
+	return s.layout.Build(i, m, s.topic.Render(m.Topic, m.Key, m.Headers))
+}
+
+// publishBatch sends one PublishBatch and returns its entries' outcomes.
+func (s *Sink) publishBatch(ctx context.Context, req []*awsbatch.Entry) []error {
+	errs := make([]error, len(req))
+	in := &sns.PublishBatchInput{TopicArn: aws.String(req[0].Dest), PublishBatchRequestEntries: make([]types.PublishBatchRequestEntry, len(req))}
+	for j, e := range req {
+		in.PublishBatchRequestEntries[j] = toEntry(e)
+	}
+	out, err := s.client.PublishBatch(ctx, in)
+	if err != nil {
+		err = requestErr(req[0].Dest, err)
+		for j := range errs {
+			errs[j] = err
+		}
+		return errs
+	}
+	done := make(map[string]bool, len(req))
+	for _, ok := range out.Successful {
+		done[aws.ToString(ok.Id)] = true
+	}
+	failed := make(map[string]types.BatchResultErrorEntry, len(out.Failed))
+	for _, f := range out.Failed {
+		failed[aws.ToString(f.Id)] = f
+	}
+	for j, e := range req {
+		if f, ok := failed[e.ID()]; ok {
+			errs[j] = entryErr(e.Dest, f)
+		} else if !done[e.ID()] {
+			errs[j] = fmt.Errorf("%w: PublishBatch to %s answered nothing for entry %s", ErrRefused, e.Dest, e.ID())
+		}
+	}
+	return errs
+}
+
+// toEntry is e as an SNS batch entry.
+func toEntry(e *awsbatch.Entry) types.PublishBatchRequestEntry {
+	attrs := make(map[string]types.MessageAttributeValue, len(e.Attrs))
+	for _, a := range e.Attrs {
+		attrs[a.Name] = types.MessageAttributeValue{DataType: aws.String(a.Type), StringValue: aws.String(a.Value)}
+	}
+	in := types.PublishBatchRequestEntry{Id: aws.String(e.ID()), Message: aws.String(e.Body), MessageAttributes: attrs}
+	if e.Group != "" {
+		in.MessageGroupId, in.MessageDeduplicationId = aws.String(e.Group), aws.String(e.Dedup)
+	}
+	return in
+}
+
+// permanentCodes are the SNS error codes that say a message, or its
+// topic, can never be accepted: the message is dead-lettered at once.
+// Every other code is retried (throttling, internal errors, KMS and
+// credential trouble an operator can fix), bounded by max attempts.
+var permanentCodes = []string{
+	"InvalidParameter", "InvalidParameterValue", "ParameterValueInvalid", "ValidationException",
+	"NotFound", "AWS.SimpleNotificationService.NonExistentTopic",
+	"BatchRequestTooLong", "TooManyEntriesInBatchRequest", "BatchEntryIdsNotDistinct",
+	"InvalidBatchEntryId", "EmptyBatchRequest",
+}
+
+func permanentCode(code string) bool { return slices.Contains(permanentCodes, code) }
+
+// entryErr classifies SNS's refusal of one batch entry.
+func entryErr(topic string, f types.BatchResultErrorEntry) error {
+	code := aws.ToString(f.Code)
+	err := fmt.Errorf("%w: %s: %s: %s", ErrRefused, topic, code, aws.ToString(f.Message))
+	if permanentCode(code) {
+		return sinks.Permanent(err)
+	}
+	return err
+}
+
+// requestErr classifies the failure of a whole PublishBatch: an API error
+// by its code (as entryErr), a failed dial as not sent, anything else as
+// retriable.
+func requestErr(topic string, err error) error {
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		e := fmt.Errorf("%w: %s: %s: %s", ErrRefused, topic, api.ErrorCode(), api.ErrorMessage())
+		if permanentCode(api.ErrorCode()) {
+			return sinks.Permanent(e)
+		}
+		return e
+	}
+	return awsbatch.TransportErr("outbox: sns", err)
+}
