@@ -92,6 +92,12 @@ func printStatus(out io.Writer, st operator.Status) {
 		_ = tw.Flush()
 	}
 	fmt.Fprintln(out)
+	if len(st.Relays) == 0 {
+		// After a clean stop (a demo, a batch job) the lanes are all free
+		// by design: no alarm, only what it means.
+		fmt.Fprintln(out, "no relay running: messages wait until one starts")
+		return
+	}
 	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
 		beat := "never"

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
+	"github.com/outbox-relay/outbox-relay/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/relayotel"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
@@ -280,6 +281,7 @@ type runOptions struct {
 	adminTokenFile  string
 	adminReadToken  bool
 	consoleSample   time.Duration
+	consoleFailing  time.Duration
 	metricsInterval time.Duration
 	archive         bool
 	archiveRetain   time.Duration
@@ -353,6 +355,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
 	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
 	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
+	f.DurationVar(&o.consoleFailing, "console-failing-after", console.DefaultFailingAfter, "how long messages of a topic or route may have been failing before the console's overview shows a banner")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database (a count of the outbox: less often when a count takes more than a twentieth of it)")
 	return cmd
 }
@@ -365,6 +368,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
 		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "max-message-bytes": o.maxMessageBytes, "console-sample-interval": int64(o.consoleSample),
+		"console-failing-after": int64(o.consoleFailing),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)

@@ -124,3 +124,17 @@ func TestStatusShowsWhyMessagesRetry(t *testing.T) {
 	require.Contains(t, e.Error, "NOT_FOUND - no exchange")
 	require.Equal(t, "00000000-0000-4000-8000-000000000001", e.Example)
 }
+
+// Issue 34: with no relay registered (after a clean stop), status says
+// that no relay runs instead of counting 256 unworked lanes as an alarm.
+func TestStatusWithNoRelay(t *testing.T) {
+	_, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Contains(t, out, "no relay running: messages wait until one starts")
+	require.NotContains(t, out, "UNWORKED")
+	require.NotContains(t, out, "lanes held by no live relay")
+}
