@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -456,9 +457,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	closing := stopDeadline(ctx, parent, planned)
 	opened := make([]sinks.Sink, 0, len(routes))
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
+		cctx, cancel := closing(10 * time.Second)
 		defer cancel()
 		for _, s := range opened {
 			if err := s.Close(cctx); err != nil {
@@ -495,7 +497,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return &usageError{err}
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+		cctx, cancel := closing(5 * time.Second)
 		defer cancel()
 		_ = shutdownTracing(cctx)
 	}()
@@ -526,7 +528,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		}
 		g.log.Info("admin listener", "addr", srv.Addr())
 		defer func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+			cctx, cancel := closing(5 * time.Second)
 			defer cancel()
 			_ = srv.Close(cctx)
 		}()
@@ -556,6 +558,32 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	return nil
+}
+
+// closeGrace is how long past the drain timeout a stop may take to close
+// the sinks, the admin listener and the tracing exporter once the drain
+// used all of it: enough for a clean close, bounded whatever a sink does.
+const closeGrace = time.Second
+
+// stopDeadline returns the contexts the closes of a run get: each bounded
+// by its own limit and, once ctx ends (the signal), by the longest drain
+// timeout of the planned relays plus closeGrace from then, so that the
+// process exits within that bound whatever a sink does (a sink that cannot
+// connect, a broker that stopped reading).
+func stopDeadline(ctx, parent context.Context, planned []relay.Config) func(time.Duration) (context.Context, context.CancelFunc) {
+	var drain time.Duration
+	for _, c := range planned {
+		drain = max(drain, c.WithDefaults().DrainTimeout)
+	}
+	var stopBy atomic.Int64 // unix nanoseconds; 0 until ctx ends
+	context.AfterFunc(ctx, func() { stopBy.Store(time.Now().Add(drain + closeGrace).UnixNano()) })
+	return func(limit time.Duration) (context.Context, context.CancelFunc) {
+		deadline := time.Now().Add(limit)
+		if by := stopBy.Load(); by != 0 {
+			deadline = time.Unix(0, min(by, deadline.UnixNano()))
+		}
+		return context.WithDeadline(context.WithoutCancel(parent), deadline)
+	}
 }
 
 // connBudget returns the process's connection cap (--max-conns, or by

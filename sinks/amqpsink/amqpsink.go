@@ -375,8 +375,6 @@ func (s *Sink) CheckStart(ctx context.Context) error {
 	}
 }
 
-// Close stops new Sends, waits for in-flight Sends or ctx, then closes the
-// connection. It is idempotent.
 // KeySerial reports that a batch goes out in confirm rounds, one round per
 // message of its busiest key (sinks.KeySerial).
 func (s *Sink) KeySerial() bool { return true }
@@ -390,6 +388,9 @@ func (s *Sink) KeySerial() bool { return true }
 // faster with 32 (README, Performance), so they keep the default.
 func (s *Sink) BatchLanes() int { return 32 }
 
+// Close stops new Sends, waits for in-flight Sends or ctx, then closes the
+// connection, returning when it is closed or when ctx ends. It is
+// idempotent.
 func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
@@ -403,8 +404,20 @@ func (s *Sink) Close(ctx context.Context) error {
 		err = fmt.Errorf("outbox: amqp: close: in-flight sends still running: %w", err)
 	}
 	s.killOnce.Do(func() { close(s.kill) })
-	<-s.runDone
-	s.bg.Wait()
+	// The connection loop may be in a dial (up to dial_timeout against a
+	// host that does not answer) or in the close handshake: a stop does
+	// not wait for either past ctx. The loop ends by itself after them.
+	done := make(chan struct{})
+	go func() {
+		<-s.runDone
+		s.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = errors.Join(err, fmt.Errorf("outbox: amqp: close: the connection is still dialling or closing: %w", ctx.Err()))
+	}
 	return err
 }
 
