@@ -86,7 +86,7 @@ type Relay struct {
 	// level without a line per message.
 	failRetried, failDead, failHeld atomic.Int64
 	failWarned                      atomic.Int64
-	draining   atomic.Bool
+	draining                        atomic.Bool
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
 	schemaErr atomic.Pointer[error]
