@@ -37,7 +37,9 @@ func TestReadyzSaysTheExchangeIsMissing(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	logs := &syncWriter{}
 	exited := make(chan int, 1)
-	go func() { exited <- cli.MainContext(ctx, []string{"run", "--sink", sinkURL, "--admin-addr", addr}, io.Discard, logs) }()
+	go func() {
+		exited <- cli.MainContext(ctx, []string{"run", "--sink", sinkURL, "--admin-addr", addr}, io.Discard, logs)
+	}()
 	defer func() {
 		stop()
 		require.Equal(t, 0, <-exited, logs.String())
