@@ -378,7 +378,11 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 	}
 	errs, banners := c.retryErrors(st.Status)
 	if grew, over := c.cfg.Samples.deadGrowth(); grew > 0 {
-		banners = append(banners, fmt.Sprintf("%d new dead letters in the last %s: see the dead letters page.", grew, age(over)))
+		noun := "dead letters"
+		if grew == 1 {
+			noun = "dead letter"
+		}
+		banners = append(banners, fmt.Sprintf("%d new %s in the last %s: see the dead letters page.", grew, noun, age(over)))
 	}
 	spanText := ""
 	if span > 0 {

@@ -170,7 +170,7 @@ func TestOverviewSaysWhatIsWrong(t *testing.T) {
 	html := console.RenderForTest(t, c, "/ui/")
 	require.Regexp(t, `(?s)id="banner".*Messages of topic billing have been failing for 7m\d\ds: HTTP 503: maintenance`, html)
 	require.NotContains(t, html, "Messages of topic orders have been failing", "a minute is under the threshold")
-	require.Regexp(t, `(?s)id="banner".*1 new dead letters in the last`, html)
+	require.Regexp(t, `(?s)id="banner".*1 new dead letter in the last`, html)
 	require.Regexp(t, `(?s)<table id="retry-errors">.*<tr class="alert"><td class="nowrap">billing</td>.*00000000-0000-4000-8000-000000000100.*HTTP 503: maintenance.*<tr><td class="nowrap">orders</td>.*HTTP 429: slow down`, html)
 	require.Regexp(t, `<tr data-topic="orders">.*<td class="alert">1</td><td class="spark-cell">`, html, "a single dead letter is highlighted")
 	require.Contains(t, html, "peak 2", "a history of two samples has a peak")
