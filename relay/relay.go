@@ -84,9 +84,9 @@ type Relay struct {
 	// failures since the last "deliveries failing" warning, and when it was
 	// logged (unix nanos): a sink outage shows in the logs at the default
 	// level without a line per message.
-	failures   atomic.Int64
-	failWarned atomic.Int64
-	draining   atomic.Bool
+	failRetried, failDead, failHeld atomic.Int64
+	failWarned                      atomic.Int64
+	draining                        atomic.Bool
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
 	schemaErr atomic.Pointer[error]

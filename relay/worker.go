@@ -423,8 +423,8 @@ func (r *Relay) publish(hard context.Context, pc *pgx.Conn, src *source, batch [
 		r.cfg.Hooks.Batch(*ev)
 		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
-	if failed := len(s.retries.IDs) + len(s.dead.IDs); failed > 0 {
-		r.warnFailing(failed, ev.SendErr)
+	if len(s.retries.IDs)+len(s.dead.IDs) > 0 {
+		r.warnFailing(len(s.retries.IDs), len(s.dead.IDs), ev.Untouched, ev.SendErr)
 	}
 	r.stats.Delivered.Add(int64(len(s.delivered)))
 	r.stats.Retried.Add(int64(len(s.retries.IDs)))
@@ -519,21 +519,42 @@ func (r *Relay) commit(hard context.Context, pc *pgx.Conn, src *source, s settle
 }
 
 // warnFailing logs at most one warning per interval about failing
-// deliveries, with the count since the previous one and a sample error.
-func (r *Relay) warnFailing(n int, sample error) {
+// deliveries: how many messages failed since the previous one (retried
+// and dead-lettered), how many were held back behind a failed message of
+// their key without being tried, and one of the errors.
+func (r *Relay) warnFailing(retried, dead, held int, sample error) {
 	const every = 30 * time.Second
-	total := r.failures.Add(int64(n))
+	nr, nd, nh := r.failRetried.Add(int64(retried)), r.failDead.Add(int64(dead)), r.failHeld.Add(int64(held))
 	now := time.Now().UnixNano()
 	last := r.failWarned.Load()
 	if now-last < int64(every) || !r.failWarned.CompareAndSwap(last, now) {
 		return
 	}
-	r.failures.Add(-total)
-	if last == 0 {
-		r.log.Warn("deliveries failing", "failed", total, "error", sample)
-		return
+	r.failRetried.Add(-nr)
+	r.failDead.Add(-nd)
+	r.failHeld.Add(-nh)
+	args := []any{"failed", nr + nd, "retried", nr, "dead_lettered", nd, "held_back", nh, "error", firstFailure(sample)}
+	if last != 0 {
+		args = append(args, "since", time.Duration(now-last).Round(time.Second).String())
 	}
-	r.log.Warn("deliveries failing", "failed", total, "since", time.Duration(now-last).Round(time.Second).String(), "error", sample)
+	r.log.Warn("deliveries failing", args...)
+}
+
+// firstFailure is the error of the first message a sink tried and failed
+// in a batch error (whose own text counts the held-back messages among
+// the failed ones: "4 of 17 messages failed" for 1 failure and 3 held
+// back), or err itself.
+func firstFailure(err error) error {
+	var be *sinks.BatchError
+	if !errors.As(err, &be) {
+		return err
+	}
+	for _, e := range be.Errs {
+		if e != nil && !errors.Is(e, sinks.ErrNotAttempted) {
+			return e
+		}
+	}
+	return err
 }
 
 // decodeHeaders decodes a jsonb headers value; "{}" (the common case)

@@ -59,6 +59,7 @@ func printStatus(out io.Writer, st operator.Status) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\n", t.Topic, t.Pending, t.Retrying, t.OldestAge.Round(time.Millisecond), t.DeadLetters)
 	}
 	_ = tw.Flush()
+	printRetryErrors(out, st)
 	if len(st.DeadByReason) > 0 {
 		fmt.Fprintln(out)
 		fmt.Fprintln(tw, "DEAD TOPIC\tREASON\tCOUNT")
@@ -92,6 +93,12 @@ func printStatus(out io.Writer, st operator.Status) {
 		_ = tw.Flush()
 	}
 	fmt.Fprintln(out)
+	if len(st.Relays) == 0 {
+		// After a clean stop (a demo, a batch job) the lanes are all free
+		// by design: no alarm, only what it means.
+		fmt.Fprintln(out, "no relay running: messages wait until one starts")
+		return
+	}
 	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
 	for _, r := range st.Relays {
 		beat := "never"
@@ -127,6 +134,37 @@ func printStatus(out io.Writer, st operator.Status) {
 				showRoute(l.Route), l.Unworked, l.Missing)
 		}
 	}
+}
+
+// printRetryErrors says why messages retry: the last error per topic and
+// route, with the earliest and latest first failure of the messages that
+// carry it.
+func printRetryErrors(out io.Writer, st operator.Status) {
+	if len(st.RetryErrors) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RETRYING TOPIC\tROUTE\tCOUNT\tFIRST SEEN\tLAST SEEN\tEXAMPLE MESSAGE ID\tLAST ERROR")
+	sampled := false
+	for _, e := range st.RetryErrors {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", e.Topic, showRoute(e.Route), e.Count,
+			ageSince(st.Now, e.FirstSeen), ageSince(st.Now, e.LastSeen), e.ExampleID, oneLine(e.Error, 120))
+		sampled = sampled || e.Sampled
+	}
+	_ = tw.Flush()
+	if sampled {
+		fmt.Fprintf(out, "(counted over the %d failing messages due soonest per table: more are failing)\n", operator.RetryErrorScan)
+	}
+}
+
+// ageSince is how long ago t was on the database's clock ("-" for the
+// zero time).
+func ageSince(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return max(now.Sub(t), 0).Round(time.Second).String() + " ago"
 }
 
 // showRoute quotes a route name ("" is the route of a relay without

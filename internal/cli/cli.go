@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
+	"github.com/outbox-relay/outbox-relay/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/relayotel"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
@@ -284,6 +286,7 @@ type runOptions struct {
 	adminTokenFile  string
 	adminReadToken  bool
 	consoleSample   time.Duration
+	consoleFailing  time.Duration
 	metricsInterval time.Duration
 	archive         bool
 	archiveRetain   time.Duration
@@ -358,6 +361,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
 	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
 	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
+	f.DurationVar(&o.consoleFailing, "console-failing-after", console.DefaultFailingAfter, "how long messages of a topic or route may have been failing before the console's overview shows a banner")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database (a count of the outbox: less often when a count takes more than a twentieth of it)")
 	return cmd
 }
@@ -370,6 +374,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
 		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
 		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "max-message-bytes": o.maxMessageBytes, "console-sample-interval": int64(o.consoleSample),
+		"console-failing-after": int64(o.consoleFailing),
 	} {
 		if v <= 0 {
 			return usagef("outbox: %s: must be positive", name)
@@ -466,9 +471,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	closing := stopDeadline(ctx, parent, planned)
 	opened := make([]sinks.Sink, 0, len(routes))
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
+		cctx, cancel := closing(10 * time.Second)
 		defer cancel()
 		for _, s := range opened {
 			if err := s.Close(cctx); err != nil {
@@ -505,7 +511,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return &usageError{err}
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+		cctx, cancel := closing(5 * time.Second)
 		defer cancel()
 		_ = shutdownTracing(cctx)
 	}()
@@ -536,7 +542,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		}
 		g.log.Info("admin listener", "addr", srv.Addr())
 		defer func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+			cctx, cancel := closing(5 * time.Second)
 			defer cancel()
 			_ = srv.Close(cctx)
 		}()
@@ -566,6 +572,32 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	return nil
+}
+
+// closeGrace is how long past the drain timeout a stop may take to close
+// the sinks, the admin listener and the tracing exporter once the drain
+// used all of it: enough for a clean close, bounded whatever a sink does.
+const closeGrace = time.Second
+
+// stopDeadline returns the contexts the closes of a run get: each bounded
+// by its own limit and, once ctx ends (the signal), by the longest drain
+// timeout of the planned relays plus closeGrace from then, so that the
+// process exits within that bound whatever a sink does (a sink that cannot
+// connect, a broker that stopped reading).
+func stopDeadline(ctx, parent context.Context, planned []relay.Config) func(time.Duration) (context.Context, context.CancelFunc) {
+	var drain time.Duration
+	for _, c := range planned {
+		drain = max(drain, c.WithDefaults().DrainTimeout)
+	}
+	var stopBy atomic.Int64 // unix nanoseconds; 0 until ctx ends
+	context.AfterFunc(ctx, func() { stopBy.Store(time.Now().Add(drain + closeGrace).UnixNano()) })
+	return func(limit time.Duration) (context.Context, context.CancelFunc) {
+		deadline := time.Now().Add(limit)
+		if by := stopBy.Load(); by != 0 {
+			deadline = time.Unix(0, min(by, deadline.UnixNano()))
+		}
+		return context.WithDeadline(context.WithoutCancel(parent), deadline)
+	}
 }
 
 // connBudget returns the process's connection cap (--max-conns, or by

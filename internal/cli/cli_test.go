@@ -89,8 +89,14 @@ func TestConfigFileRejectsUnknownKeys(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("schema: x\nbatch-sise: 10\n"), 0o600))
 	code, _, stderr := run(t, "migrate", "--print", "--config", cfg)
 	require.Equal(t, 2, code)
-	require.Contains(t, stderr, `unknown option "batch-sise"`)
+	require.Contains(t, stderr, `unknown option "batch-sise" (did you mean "batch-size"?)`)
 	require.Contains(t, stderr, "line 2")
+
+	// Issue 34: a top-level typo gets a suggestion too.
+	require.NoError(t, os.WriteFile(cfg, []byte("worker: 4\n"), 0o600))
+	code, _, stderr = run(t, "migrate", "--print", "--config", cfg)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown option "worker" (did you mean "workers"?)`, stderr)
 
 	require.NoError(t, os.WriteFile(cfg, []byte("- a\n- b\n"), 0o600))
 	code, _, stderr = run(t, "migrate", "--print", "--config", cfg)

@@ -214,7 +214,7 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 			continue
 		}
 		if !known[key] {
-			return nil, usagef("outbox: config %s line %d: unknown option %q (options are the long flag names; see --help)", path, k.Line, k.Value)
+			return nil, usagef("outbox: config %s line %d: unknown option %q%s (options are the long flag names; see --help)", path, k.Line, k.Value, nearestOption(known, key))
 		}
 		switch v.Kind {
 		case yaml.ScalarNode:
@@ -426,6 +426,27 @@ func knownKeys(fields map[string]reflect.Type, key string) string {
 		out = fmt.Sprintf(" (did you mean %q?)", best) + out
 	}
 	return out
+}
+
+// nearestOption suggests the option or sink section nearest to key (a
+// likely typo: "worker" for "workers"), or says nothing.
+func nearestOption(known map[string]bool, key string) string {
+	best, bestD := "", 3
+	consider := func(name string) {
+		if d := editDistance(name, key); d < bestD || (d == bestD && name < best) {
+			best, bestD = name, d
+		}
+	}
+	for name := range known {
+		consider(name)
+	}
+	for _, name := range sinkSections {
+		consider(name)
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
 // editDistance is the Levenshtein distance of a and b (keys are short).

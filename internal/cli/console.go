@@ -70,6 +70,7 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 		ProtectReads: o.adminReadToken,
 		Routes:       shown,
 		Samples:      sampler,
+		FailingAfter: o.consoleFailing,
 		Relay:        console.Identity{ID: base.ID, Version: version()},
 		Logger:       g.log,
 	})

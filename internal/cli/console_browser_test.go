@@ -101,6 +101,16 @@ func (b *tab) text(sel string) string {
 	return s
 }
 
+// eval returns the value of a JavaScript expression on the page.
+func eval[T any](b *tab, expr string) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	require.NoError(b.t, err, expr)
+	return v
+}
+
 // screenshot saves the page as docs/console/name.png when
 // CONSOLE_SCREENSHOTS=1 (the README shows them; CI does not rewrite them).
 func (b *tab) screenshot(name string) {
@@ -185,6 +195,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
 retry-initial: 200ms
 retry-max: 1s
+console-failing-after: 1s
 routes:
   - name: orders
     topics: ["orders.*"]
@@ -251,6 +262,31 @@ routes:
 	}, 60*time.Second, 300*time.Millisecond)
 	require.True(t, drawn, "sparklines of the sampled backlog and lag; last look: %s", last.Load())
 	require.Regexp(t, `billing\.invoiced\s+10\s`, b.text(`#topics`), "the backlog of the route whose webhook is down")
+	// Issue 34: the overview says why they retry (the webhook's answer),
+	// and, once they have been failing for longer than
+	// console-failing-after, says so in a banner; the dead letter's
+	// count of 1 is highlighted.
+	// The page is read again until the first failures are settled and
+	// have lasted a second.
+	banner := func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		if chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`#retry-errors`))) != nil {
+			return false
+		}
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("banner") || {}).innerText || ""`))
+		return err == nil && strings.Contains(s, "Messages of topic billing.invoiced") && strings.Contains(s, "maintenance")
+	}
+	require.True(t, assert.Eventually(t, banner, 30*time.Second, 500*time.Millisecond), "a banner over the billing route failing for more than 1s; topics: %s", b.text(`#topics`))
+	why := b.text(`#retry-errors`)
+	require.Regexp(t, `billing\.invoiced\s+\(outbox\)\s+\d+\s`, why, "the retrying messages of the billing topic (messages of the outbox, not fan-out copies)")
+	require.Contains(t, why, "503", "the webhook's status")
+	require.Contains(t, why, "maintenance", "the webhook's answer")
+	alerts := eval[[]string](b, `Array.from(document.querySelectorAll('tr[data-topic="orders.placed"] td.alert')).map(td => td.innerText)`)
+	require.Contains(t, alerts, "1", "the single dead letter of orders.placed is highlighted")
+	// Fluid width: the content spans the window, not a fixed column.
+	fill := eval[float64](b, `document.querySelector("main").getBoundingClientRect().width / window.innerWidth`)
+	require.Greater(t, fill, 0.9, "main spans the window")
 	require.Contains(t, b.text(`#answered-by`), fmt.Sprintf("pid %d", os.Getpid()), "the page says which relay answered")
 	// The default route, which no relay runs beside the routes table,
 	// is not counted as unworked.
@@ -288,6 +324,14 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 		chromedp.Submit(css(`#filter`)),
 		chromedp.WaitVisible(css(`#dead-letters a[href^="/ui/dead-letters/"]`)))
 	text := b.text(`#dead-letters`)
+	// Short cells (id, route, topic, key, reason, time) stay on one line.
+	wrapped := eval[[]string](b, `Array.from(document.querySelectorAll("#dead-letters td.nowrap")).filter(td => {
+		const r = document.createRange(); r.selectNodeContents(td);
+		return new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top))).size > 1;
+	}).map(td => td.innerText)`)
+	require.Empty(t, wrapped, "wrapped short cells")
+	placeholder := eval[string](b, `document.querySelector('#filter input[name="dead_after"]').placeholder`)
+	require.NotRegexp(t, `\d`, placeholder, "the date filter's placeholder shows a form, not a date")
 	require.Contains(t, text, "permanent")
 	require.Contains(t, text, "total is required", "the webhook's reason")
 	b.screenshot("dead-letters")

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,4 +81,60 @@ VALUES (9, gen_random_uuid(), 'orders', 'other', 'x', '{}', now(), 1, 'permanent
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.messages`).Scan(&left))
 	require.Equal(t, 2, left, "4 and 5 are left to deliver")
+}
+
+// Issue 34: status says why messages retry (the last error per topic and
+// route, with a count, first and last seen and an example message id), in
+// text and in JSON.
+func TestStatusShowsWhyMessagesRetry(t *testing.T) {
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	ctx := context.Background()
+	s := migrations.Ident(schema)
+	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (id, message_id, topic, key, payload, available_at, attempts, last_error, first_failed_at) VALUES
+    (1, '00000000-0000-4000-8000-000000000001', 'orders', 'a', 'x', now() + interval '1 minute', 3,
+     'amqp: publish: Exception (404) Reason: "NOT_FOUND - no exchange ''orders'' in vhost ''/''"', now() - interval '10 minutes'),
+    (2, '00000000-0000-4000-8000-000000000002', 'orders', 'b', 'x', now() + interval '1 minute', 1,
+     'amqp: publish: Exception (404) Reason: "NOT_FOUND - no exchange ''orders'' in vhost ''/''"', now() - interval '2 minutes')`)
+	require.NoError(t, err)
+
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Contains(t, out, "pending 2 (retrying 2)")
+	// Ten and two minutes, and the seconds the command took to start.
+	require.Regexp(t, `RETRYING TOPIC\s+ROUTE\s+COUNT\s+FIRST SEEN\s+LAST SEEN\s+EXAMPLE MESSAGE ID\s+LAST ERROR\n`+
+		`orders\s+""\s+2\s+10m\d+s ago\s+2m\d+s ago\s+00000000-0000-4000-8000-000000000001\s+amqp: publish: .*NOT_FOUND - no exchange 'orders'`, out)
+
+	code, out, stderr = run(t, "status", "--json")
+	require.Equal(t, 0, code, stderr)
+	var st struct {
+		RetryErrors []struct {
+			Topic, Route, Error string
+			Count               int64
+			Example             string `json:"example_message_id"`
+		} `json:"retry_errors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+	require.Len(t, st.RetryErrors, 1, out)
+	e := st.RetryErrors[0]
+	require.Equal(t, "orders", e.Topic)
+	require.Equal(t, int64(2), e.Count)
+	require.Contains(t, e.Error, "NOT_FOUND - no exchange")
+	require.Equal(t, "00000000-0000-4000-8000-000000000001", e.Example)
+}
+
+// Issue 34: with no relay registered (after a clean stop), status says
+// that no relay runs instead of counting 256 unworked lanes as an alarm.
+func TestStatusWithNoRelay(t *testing.T) {
+	_, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Contains(t, out, "no relay running: messages wait until one starts")
+	require.NotContains(t, out, "UNWORKED")
+	require.NotContains(t, out, "lanes held by no live relay")
 }

@@ -207,6 +207,8 @@ func TestStatus(t *testing.T) {
 	e := setup(t)
 	e.exec(`INSERT INTO {s}.messages (topic, key, payload, created_at) VALUES
     ('orders', 'a', 'x', now() - interval '5 minutes'), ('orders', 'b', 'y', now()), ('billing', NULL, 'z', now())`)
+	e.exec(`UPDATE {s}.messages SET attempts = 2, available_at = now() + interval '1 minute', last_error = 'HTTP 503: maintenance',
+    first_failed_at = now() - interval '3 minutes' WHERE topic = 'billing'`)
 	e.deadLetters(3)
 	r := e.do("GET", "/api/v1/status", nil)
 	require.Equal(t, 200, r.Status, string(r.Body))
@@ -222,9 +224,22 @@ func TestStatus(t *testing.T) {
 			Reason string
 			Count  int64
 		} `json:"dead_letters_by_reason"`
-		Routes []console.Route
+		Routes      []console.Route
+		RetryErrors []struct {
+			Topic, Route, Error string
+			Count               int64
+			FirstSeen           time.Time `json:"first_seen_at"`
+			Example             string    `json:"example_message_id"`
+		} `json:"retry_errors"`
 	}
 	r.json(t, &st)
+	// Issue 34: why messages retry.
+	require.Len(t, st.RetryErrors, 1)
+	require.Equal(t, "billing", st.RetryErrors[0].Topic)
+	require.Equal(t, "HTTP 503: maintenance", st.RetryErrors[0].Error)
+	require.EqualValues(t, 1, st.RetryErrors[0].Count)
+	require.NotEmpty(t, st.RetryErrors[0].Example)
+	require.False(t, st.RetryErrors[0].FirstSeen.IsZero())
 	require.Equal(t, "test-relay", st.AnsweredBy.ID)
 	require.NotZero(t, st.AnsweredBy.PID)
 	require.EqualValues(t, 3, st.Pending)

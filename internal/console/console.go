@@ -39,6 +39,9 @@ type Config struct {
 	// Samples holds the backlog history behind the overview's sparklines.
 	// Default nil: no charts.
 	Samples *Sampler
+	// FailingAfter is how long messages of a topic or route may have been
+	// failing before the overview shows a banner. Default 5 minutes.
+	FailingAfter time.Duration
 	// Relay says which process answers, on every page and in the status.
 	// Default: this host's name and pid.
 	Relay Identity
@@ -67,6 +70,9 @@ type Route struct {
 	// none of them secret.
 	Settings map[string]string `json:"settings,omitempty"`
 }
+
+// DefaultFailingAfter is Config.FailingAfter's default.
+const DefaultFailingAfter = 5 * time.Minute
 
 // Limits of what a request may ask.
 const (
@@ -100,6 +106,7 @@ func New(cfg Config) (*Console, error) {
 		cfg.Relay.Hostname, _ = os.Hostname()
 	}
 	cfg.Relay.PID = cmp.Or(cfg.Relay.PID, os.Getpid())
+	cfg.FailingAfter = cmp.Or(cfg.FailingAfter, DefaultFailingAfter)
 	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), mux: http.NewServeMux()}
 	c.cop = http.NewCrossOriginProtection()
 	c.cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

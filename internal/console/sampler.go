@@ -29,6 +29,8 @@ type Sampler struct {
 type sample struct {
 	at     time.Time
 	topics map[string]point
+	// dead is the number of dead letters over every topic.
+	dead int64
 }
 
 // point is one topic's backlog at one sample.
@@ -80,6 +82,7 @@ func (s *Sampler) Sample(ctx context.Context) {
 	smp := sample{at: time.Now(), topics: make(map[string]point, len(topics))}
 	for _, t := range topics {
 		smp.topics[t.Topic] = point{Pending: t.Pending, OldestAge: t.OldestAge}
+		smp.dead += t.DeadLetters
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -119,4 +122,21 @@ func (s *Sampler) series() (map[string][]point, time.Duration) {
 		span = ordered[n-1].at.Sub(ordered[0].at)
 	}
 	return out, span
+}
+
+// deadGrowth is how many dead letters the newest sample has beyond the
+// oldest one in the history, and the time between them (0 with fewer
+// than two samples).
+func (s *Sampler) deadGrowth() (int64, time.Duration) {
+	if s == nil {
+		return 0, 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.samples)
+	if n < 2 {
+		return 0, 0
+	}
+	oldest, newest := s.samples[s.next%n], s.samples[(s.next+n-1)%n]
+	return newest.dead - oldest.dead, newest.at.Sub(oldest.at)
 }

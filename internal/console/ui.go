@@ -39,6 +39,7 @@ var funcs = template.FuncMap{
 	"age":       age,
 	"sparkline": sparkline,
 	"cell":      cell,
+	"alert":     alert,
 	"title":     func(s string) string { return strings.ReplaceAll(strings.TrimSuffix(s, "_ns"), "_", " ") },
 	"route":     func(s string) string { return cmpOr(s, "(default)") },
 	"deref": func(s *string) string {
@@ -208,6 +209,17 @@ func cell(c column) string {
 	}
 }
 
+// alertColumns are the columns whose non-zero counts need an operator:
+// retrying messages and dead letters (a single dead letter is a message
+// the relay gave up on).
+var alertColumns = []string{"retrying", "dead_letters", "count"}
+
+// alert reports whether a generic table's cell is highlighted.
+func alert(c column) bool {
+	v, ok := c.Value.(float64)
+	return ok && v > 0 && slices.Contains(alertColumns, c.Name)
+}
+
 // age shows a duration the way an operator reads it: 0s, 850ms, 42s,
 // 3m12s, 5h03m, 2d4h.
 func age(d time.Duration) string {
@@ -260,6 +272,71 @@ type topicRow struct {
 	Peak     int64
 	LagSpark template.HTML
 	PeakLag  string
+	// Drawn is true once the history has two samples (a peak to show).
+	Drawn bool
+}
+
+// retryErrorRow is a row of the overview's "why messages retry".
+type retryErrorRow struct {
+	operator.RetryError
+	FirstSeen, LastSeen, Next string
+	// Long is true when these messages have been failing for longer than
+	// Config.FailingAfter.
+	Long bool
+}
+
+// ago is how long before now t was, for a table cell.
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return age(since(now, t)) + " ago"
+}
+
+// retryErrors lays out the status's retry errors and says which failed
+// for too long: one banner line per topic and route (the longest failing
+// of its errors).
+func (c *Console) retryErrors(st operator.Status) ([]retryErrorRow, []string) {
+	rows := make([]retryErrorRow, len(st.RetryErrors))
+	var banners []string
+	seen := map[[2]string]bool{}
+	for i, e := range st.RetryErrors {
+		next := "due"
+		if e.NextAttempt.After(st.Now) {
+			next = "in " + age(e.NextAttempt.Sub(st.Now))
+		}
+		failing := since(st.Now, e.FirstSeen)
+		rows[i] = retryErrorRow{RetryError: e, FirstSeen: ago(st.Now, e.FirstSeen), LastSeen: ago(st.Now, e.LastSeen), Next: next,
+			Long: failing > c.cfg.FailingAfter}
+		k := [2]string{e.Topic, e.Route}
+		if rows[i].Long && !seen[k] {
+			seen[k] = true
+			where := "topic " + e.Topic
+			if e.Route != "" {
+				where += " (route " + e.Route + ")"
+			}
+			banners = append(banners, fmt.Sprintf("Messages of %s have been failing for %s: %s", where, age(failing), oneLine(e.Error, 200)))
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b retryErrorRow) int {
+		if a.Long != b.Long { // the long failures first
+			if a.Long {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	return rows, banners
+}
+
+// oneLine folds s onto one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		s = string(r[:n-1]) + "…"
+	}
+	return s
 }
 
 func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
@@ -281,7 +358,8 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 		if c.cfg.Samples != nil {
 			tr.Spark = sparkline(pending)
 			tr.LagSpark = spark(lag, "oldest pending age", func(v int64, _ int) string { return age(time.Duration(v)) })
-			if len(pending) > 0 {
+			if len(pending) > 1 {
+				tr.Drawn = true
 				tr.Peak = slices.Max(pending)
 				tr.PeakLag = age(time.Duration(slices.Max(lag)))
 			}
@@ -298,6 +376,18 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 			unworked += l.Unworked
 		}
 	}
+	errs, banners := c.retryErrors(st.Status)
+	if grew, over := c.cfg.Samples.deadGrowth(); grew > 0 {
+		noun := "dead letters"
+		if grew == 1 {
+			noun = "dead letter"
+		}
+		banners = append(banners, fmt.Sprintf("%d new %s in the last %s: see the dead letters page.", grew, noun, age(over)))
+	}
+	spanText := ""
+	if span > 0 {
+		spanText = age(span)
+	}
 	c.render(w, r, http.StatusOK, "overview", "Overview", struct {
 		Status   statusView
 		Totals   table
@@ -307,7 +397,9 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 		Span     string
 		Dead     table
 		Unworked int
-	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, age(span), toTable(st.DeadByReason), unworked})
+		Errors   []retryErrorRow
+		Banners  []string
+	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, spanText, toTable(st.DeadByReason), unworked, errs, banners})
 }
 
 // filterForm is the dead-letter filter as the form shows it.

@@ -159,3 +159,39 @@ func TestOverviewShowsRoutesWhoseRelaysDisagree(t *testing.T) {
 	require.Contains(t, home, "cli-1: sink stdout, topics *, on-dead-letter skip")
 	require.NotContains(t, home, "au-1", "the audit route's relays agree")
 }
+
+// Issue 34: the overview says why messages retry, puts a banner over a
+// topic failing for longer than FailingAfter and over new dead letters,
+// highlights a single dead letter, says plainly that no relay runs, and
+// shows no peak before it has a history.
+func TestOverviewSaysWhatIsWrong(t *testing.T) {
+	e := setup(t)
+	admin, err := operator.New(e.pool, e.schema)
+	require.NoError(t, err)
+	s := console.NewSampler(admin, time.Minute, slog.Default())
+	c, err := console.New(console.Config{Admin: admin, Samples: s, FailingAfter: 5 * time.Minute})
+	require.NoError(t, err)
+	e.exec(`INSERT INTO {s}.messages (topic, key, payload) VALUES ('orders', 'a', 'x')`)
+
+	calm := console.RenderForTest(t, c, "/ui/")
+	require.Contains(t, calm, "No relay running: messages wait until one starts")
+	require.Contains(t, calm, "No message is retrying.")
+	require.NotContains(t, calm, `id="banner"`)
+	require.Contains(t, calm, "pending, last hour")
+	require.NotContains(t, calm, "peak", "no peak before there is a history")
+
+	s.Sample(context.Background())
+	e.exec(`INSERT INTO {s}.messages (id, message_id, topic, key, payload, available_at, attempts, last_error, first_failed_at) VALUES
+  (100, '00000000-0000-4000-8000-000000000100', 'billing', 'b', 'x', now() + interval '1 minute', 4, 'HTTP 503: maintenance', now() - interval '7 minutes'),
+  (101, '00000000-0000-4000-8000-000000000101', 'orders', 'c', 'x', now() + interval '1 minute', 1, 'HTTP 429: slow down', now() - interval '1 minute')`)
+	e.deadLetters(1)
+	s.Sample(context.Background())
+
+	html := console.RenderForTest(t, c, "/ui/")
+	require.Regexp(t, `(?s)id="banner".*Messages of topic billing have been failing for 7m\d\ds: HTTP 503: maintenance`, html)
+	require.NotContains(t, html, "Messages of topic orders have been failing", "a minute is under the threshold")
+	require.Regexp(t, `(?s)id="banner".*1 new dead letter in the last`, html)
+	require.Regexp(t, `(?s)<table id="retry-errors">.*<tr class="alert"><td class="nowrap">billing</td>.*00000000-0000-4000-8000-000000000100.*HTTP 503: maintenance.*<tr><td class="nowrap">orders</td>.*HTTP 429: slow down`, html)
+	require.Regexp(t, `<tr data-topic="orders">.*<td class="alert">1</td><td class="spark-cell">`, html, "a single dead letter is highlighted")
+	require.Contains(t, html, "peak 2", "a history of two samples has a peak")
+}

@@ -185,3 +185,71 @@ SELECT route, relays, worked, 256 - worked, 256 - present FROM cov ORDER BY 1`
 func (s Schema) LaneCoverage(ctx context.Context, q Querier) ([]LaneCoverage, error) {
 	return collect(ctx, q, s.laneCoverageSQL(), nil, pgx.RowToStructByPos[LaneCoverage])
 }
+
+// RetryError is one error that messages still retrying failed with last:
+// their topic, their fan-out route ("" for the outbox's own rows, which
+// belong to whichever route takes their topic), the error text, and how
+// many of the sampled rows carry it.
+type RetryError struct {
+	Topic string
+	Route string
+	Error string
+	Count int64
+	// FirstSeen is the earliest first failure of these messages;
+	// LastSeen the latest first failure (the rows keep when a message
+	// first failed, not when it last did).
+	FirstSeen time.Time
+	LastSeen  time.Time
+	// NextAttempt is the earliest next attempt among them.
+	NextAttempt time.Time
+	// ExampleID is the message id of the oldest of them.
+	ExampleID string
+	// Sampled is true when a table held more failing rows than the scan
+	// reads: the counts are of the rows due soonest.
+	Sampled bool
+}
+
+// failingRows are the rows of table (alias a) that failed and are still
+// pending, due soonest first, at most @scan of them. Through the partial
+// index on available_at IS NOT NULL (migration 012), the statement reads
+// only failing and delayed rows, however large the outbox is.
+func (s Schema) failingRows(table, a, route string) string {
+	return `(SELECT ` + route + ` AS route, ` + a + `.topic, ` + a + `.id, ` + a + `.message_id, ` + a + `.last_error, ` +
+		a + `.first_failed_at, ` + a + `.available_at
+      FROM ` + s.Table(table) + ` ` + a + `
+      WHERE ` + Failed(a) + `
+      ORDER BY ` + a + `.available_at LIMIT @scan)`
+}
+
+func (s Schema) retryErrorsSQL() string {
+	return `
+WITH f AS (
+    SELECT 'm' AS src, * FROM ` + s.failingRows("messages", "m", "''") + ` x
+    UNION ALL
+    SELECT 'c', * FROM ` + s.failingRows("deliveries", "c", "c.route") + ` y
+), sampled AS (
+    SELECT src, count(*) >= @scan AS full FROM f GROUP BY src
+)
+SELECT f.topic, f.route, coalesce(f.last_error, ''), count(*),
+       min(f.first_failed_at), max(f.first_failed_at),
+       min(f.available_at), ((array_agg(f.message_id ORDER BY f.id))[1])::text,
+       bool_or(sampled.full)
+FROM f JOIN sampled ON sampled.src = f.src
+GROUP BY f.topic, f.route, coalesce(f.last_error, '')
+ORDER BY count(*) DESC, f.topic, f.route, 3
+LIMIT @limit`
+}
+
+// RetryErrors returns, per topic, route and error text, the messages
+// that are retrying: the most common errors first, at most limit of them,
+// counted over at most scan failing rows of each table (the ones due
+// soonest).
+func (s Schema) RetryErrors(ctx context.Context, q Querier, scan, limit int) ([]RetryError, error) {
+	return collect(ctx, q, s.retryErrorsSQL(), pgx.NamedArgs{"scan": scan, "limit": limit}, func(r pgx.CollectableRow) (RetryError, error) {
+		var e RetryError
+		var first, last, next pgtype.Timestamptz
+		err := r.Scan(&e.Topic, &e.Route, &e.Error, &e.Count, &first, &last, &next, &e.ExampleID, &e.Sampled)
+		e.FirstSeen, e.LastSeen, e.NextAttempt = finiteOrZero(first), finiteOrZero(last), finiteOrZero(next)
+		return e, err
+	})
+}

@@ -38,6 +38,41 @@ type Status struct {
 	// letters hold; Holds lists the oldest holds (at most MaxHolds).
 	Held  []HeldStatus `json:"held"`
 	Holds []Hold       `json:"holds"`
+	// RetryErrors says why messages retry: the last error of the retrying
+	// messages per topic and route, the most common first (at most
+	// MaxRetryErrors, counted over at most RetryErrorScan failing rows of
+	// the outbox and as many of the fan-out copies).
+	RetryErrors []RetryError `json:"retry_errors"`
+}
+
+// MaxRetryErrors is how many errors Status lists; RetryErrorScan how
+// many failing rows of each table it reads to find them (the ones due
+// soonest), which bounds its cost on a large outbox.
+const (
+	MaxRetryErrors = 20
+	RetryErrorScan = 10000
+)
+
+// RetryError is the last error of some retrying messages of one topic and
+// route (route "" for the outbox's own rows; a fan-out route's name for
+// its copies).
+type RetryError struct {
+	Topic string `json:"topic"`
+	Route string `json:"route"`
+	Error string `json:"error"`
+	// Count is how many retrying messages failed last with it.
+	Count int64 `json:"count"`
+	// FirstSeen is the earliest first failure of these messages, LastSeen
+	// the latest (a message keeps when it first failed).
+	FirstSeen time.Time `json:"first_seen_at"`
+	LastSeen  time.Time `json:"last_seen_at"`
+	// NextAttempt is the earliest next attempt among them.
+	NextAttempt time.Time `json:"next_attempt_at"`
+	// ExampleID is the message id (what consumers see) of the oldest.
+	ExampleID string `json:"example_message_id"`
+	// Sampled is true when more messages were failing than the scan
+	// reads: Count is then a lower bound.
+	Sampled bool `json:"sampled"`
 }
 
 // MaxHolds is how many holds Status lists.
@@ -259,6 +294,11 @@ func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
 		return err
 	}
 	st.Holds = convert(holds, func(h store.Hold) Hold { return Hold(h) })
+	errs, err := s.RetryErrors(ctx, tx, RetryErrorScan, MaxRetryErrors)
+	if err != nil {
+		return err
+	}
+	st.RetryErrors = convert(errs, func(e store.RetryError) RetryError { return RetryError(e) })
 	return nil
 }
 

@@ -57,7 +57,15 @@ var (
 	// ACCESS_REFUSED). The sink keeps trying, quietly: Healthy reports it,
 	// and CheckStart fails with it at start-up.
 	ErrAccessRefused = errors.New("outbox: amqp: the broker refuses the credentials or the virtual host")
+	// ErrExchangeMissing is reported by Healthy while the sink's exchange
+	// does not exist: the broker is reachable, but nothing can be
+	// delivered (every publish would fail with NOT_FOUND).
+	ErrExchangeMissing = errors.New("outbox: amqp: the exchange does not exist")
 )
+
+// exchangeRecheck is how often Healthy checks again an exchange found
+// missing (a readiness probe every second costs a channel a second).
+const exchangeRecheck = time.Second
 
 // stuckGrace is how long a publish may stay stuck in a socket write after
 // the Send's context ended before the sink closes the connection to free
@@ -83,6 +91,12 @@ type Sink struct {
 	stopOnce sync.Once
 	killOnce sync.Once
 	bg       sync.WaitGroup // background channel closes
+
+	// exchangeErr is the verdict of the last check of the exchange on the
+	// current connection (nil: it exists or is not checked), at
+	// exchangeAt. Guarded by mu.
+	exchangeErr error
+	exchangeAt  time.Time
 
 	mu      sync.Mutex
 	closed  bool
@@ -253,6 +267,7 @@ func (s *Sink) run() {
 		close(s.ready)
 		s.mu.Unlock()
 		s.log.Info("amqp connected", "url", s.addr)
+		s.checkExchange(c)
 
 		var reason error
 	connected:
@@ -324,13 +339,68 @@ func (s *Sink) dial() (*amqp.Connection, error) {
 	return c, nil
 }
 
-// Healthy reports whether the sink is connected and not blocked by the
-// broker's flow control.
+// checkExchange checks, with declare_exchange=none (passive checks at
+// every connect), that the exchange exists, and records the verdict for
+// Healthy: a missing exchange makes the relay not ready, with the reason,
+// instead of retrying every message into the dead letters behind a ready
+// probe. The check is a passive declare on a channel of its own; it never
+// creates or changes topology. An error other than NOT_FOUND (a channel
+// that could not open) says nothing about the exchange: no verdict.
+func (s *Sink) checkExchange(c *amqp.Connection) {
+	if s.cfg.DeclareExchange != DeclareNone || s.exchange == "" {
+		return
+	}
+	var missing error
+	ch, err := c.Channel()
+	if err == nil {
+		err = ch.ExchangeDeclarePassive(s.exchange, "topic", true, false, false, false, nil)
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			missing = fmt.Errorf("%w: %q (%s); create it, or point the sink at an existing one", ErrExchangeMissing, s.exchange, ae.Reason)
+		} else if err == nil {
+			_ = ch.Close()
+		}
+	}
+	s.mu.Lock()
+	was := s.exchangeErr
+	s.exchangeErr, s.exchangeAt = missing, time.Now()
+	s.mu.Unlock()
+	switch {
+	case missing != nil && was == nil:
+		s.log.Error("amqp: the exchange does not exist: nothing can be delivered; the relay reports not ready until it exists", "err", missing)
+	case missing == nil && was != nil:
+		s.log.Info("amqp: the exchange exists now")
+	}
+}
+
+// exchangeGone records that a publish found no exchange (deleted since
+// the connection's check): Healthy reports it, and checks again a second
+// later.
+func (s *Sink) exchangeGone(e *amqp.Error) {
+	if s.cfg.DeclareExchange != DeclareNone || s.exchange == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exchangeErr == nil {
+		s.exchangeErr = fmt.Errorf("%w: %q (%s); create it, or point the sink at an existing one", ErrExchangeMissing, s.exchange, e.Reason)
+		s.exchangeAt = time.Now()
+		s.log.Error("amqp: the exchange does not exist: nothing can be delivered; the relay reports not ready until it exists", "err", s.exchangeErr)
+	}
+}
+
+// Healthy reports whether the sink is connected, not blocked by the
+// broker's flow control, and (declare_exchange=none) its exchange exists.
 func (s *Sink) Healthy(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("outbox: amqp: %w", err)
 	}
 	s.mu.Lock()
+	if cs := s.conn; cs != nil && s.exchangeErr != nil && time.Since(s.exchangeAt) >= exchangeRecheck && !cs.c.IsClosed() {
+		s.mu.Unlock()
+		s.checkExchange(cs.c)
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
@@ -341,6 +411,8 @@ func (s *Sink) Healthy(ctx context.Context) error {
 		return fmt.Errorf("%w: connection closing", ErrNotConnected)
 	case s.blocked != "":
 		return fmt.Errorf("%w: %s", ErrBlocked, s.blocked)
+	case s.exchangeErr != nil:
+		return s.exchangeErr
 	}
 	return nil
 }
@@ -375,8 +447,6 @@ func (s *Sink) CheckStart(ctx context.Context) error {
 	}
 }
 
-// Close stops new Sends, waits for in-flight Sends or ctx, then closes the
-// connection. It is idempotent.
 // KeySerial reports that a batch goes out in confirm rounds, one round per
 // message of its busiest key (sinks.KeySerial).
 func (s *Sink) KeySerial() bool { return true }
@@ -390,6 +460,9 @@ func (s *Sink) KeySerial() bool { return true }
 // faster with 32 (README, Performance), so they keep the default.
 func (s *Sink) BatchLanes() int { return 32 }
 
+// Close stops new Sends, waits for in-flight Sends or ctx, then closes the
+// connection, returning when it is closed or when ctx ends. It is
+// idempotent.
 func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
@@ -403,8 +476,20 @@ func (s *Sink) Close(ctx context.Context) error {
 		err = fmt.Errorf("outbox: amqp: close: in-flight sends still running: %w", err)
 	}
 	s.killOnce.Do(func() { close(s.kill) })
-	<-s.runDone
-	s.bg.Wait()
+	// The connection loop may be in a dial (up to dial_timeout against a
+	// host that does not answer) or in the close handshake: a stop does
+	// not wait for either past ctx. The loop ends by itself after them.
+	done := make(chan struct{})
+	go func() {
+		<-s.runDone
+		s.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = errors.Join(err, fmt.Errorf("outbox: amqp: close: the connection is still dialling or closing: %w", ctx.Err()))
+	}
 	return err
 }
 
@@ -823,6 +908,9 @@ func (b *batch) unstick() {
 // broker's close reason.
 func (b *batch) channelErr(err error) error {
 	if b.pc.dead() && b.pc.closeErr != nil {
+		if b.pc.closeErr.Code == amqp.NotFound {
+			b.s.exchangeGone(b.pc.closeErr)
+		}
 		return fmt.Errorf("channel closed: %w", b.pc.closeErr)
 	}
 	if b.pc.cs.c.IsClosed() {

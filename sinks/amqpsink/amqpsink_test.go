@@ -222,9 +222,35 @@ func TestMissingExchangeIsRetriable(t *testing.T) {
 	// The first message of each key was tried, the rest were held back.
 	require.ErrorIs(t, sinks.Outcome(err, 3, len(batch)), sinks.ErrNotAttempted)
 	require.ErrorContains(t, sinks.Outcome(err, 0, len(batch)), "NOT_FOUND")
+	// The exchange deleted under a connected sink makes it unhealthy
+	// (declare_exchange=none, the default), and healthy again once the
+	// exchange is back (checked again a second later).
+	require.ErrorIs(t, e.sink.Healthy(context.Background()), ErrExchangeMissing)
 	restore()
 	require.NoError(t, e.sink.Send(context.Background(), batch))
 	require.Len(t, e.mustRead(len(batch)), len(batch))
+	require.Eventually(t, func() bool { return e.sink.Healthy(context.Background()) == nil }, 10*time.Second, 50*time.Millisecond,
+		"healthy once the exchange exists again")
+}
+
+// Issue 34: with the default declare_exchange (none), a sink whose
+// exchange does not exist is unhealthy, saying so, from its first
+// connection: the broker is reachable but nothing can be delivered.
+func TestMissingExchangeIsUnhealthyByDefault(t *testing.T) {
+	t.Parallel()
+	if c, err := amqp.Dial(testURL()); err != nil {
+		unavailable(t, "RabbitMQ not reachable at TEST_AMQP_URL: %v", err)
+	} else {
+		_ = c.Close()
+	}
+	name := randName("missing")
+	s, err := New(Config{URL: testURL(), Exchange: name, PublishTimeout: time.Second, ReconnectInitial: 50 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close(context.Background())) }()
+	require.Eventually(t, func() bool { return errors.Is(s.Healthy(context.Background()), ErrExchangeMissing) }, 10*time.Second, 20*time.Millisecond)
+	err = s.Healthy(context.Background())
+	require.ErrorContains(t, err, name)
+	require.ErrorContains(t, err, "NOT_FOUND")
 }
 
 func TestRecoversAfterBrokerClosesConnection(t *testing.T) {

@@ -219,8 +219,9 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// Redacted returns c as a --sink URL that is safe to log, followed by its
-// routes: secrets show as "xxxxx" and URLs are reduced to scheme and host,
+// Redacted returns c as its default URL and settings (name=value, wherever
+// they were set), safe to log, followed by its routes: secrets show as
+// "xxxxx" and URLs are reduced to scheme and host,
 // because webhook URLs often carry a token in their path, query or
 // userinfo.
 func (c Config) Redacted() string {
@@ -230,8 +231,11 @@ func (c Config) Redacted() string {
 	} else {
 		b.WriteString("(no default url)")
 	}
+	// The settings follow the URL as settings, not as its query string:
+	// they may come from the config file (secrets belong there), and
+	// "…?secret=xxxxx" would say the secret sits in the URL.
 	if q := params.Query(&c).Encode(); q != "" {
-		b.WriteString("?" + q)
+		b.WriteString(" " + strings.ReplaceAll(q, "&", " "))
 	}
 	for i, r := range c.Routes {
 		fmt.Fprintf(&b, " routes[%d]=%q->%s", i, redact.URL(r.Topic), redactURL(r.URL))

@@ -691,6 +691,10 @@ func TestSecretsNeverLeak(t *testing.T) {
 			require.NotContains(t, s, secret)
 		}
 		require.Contains(t, s, "https://hooks.example.com/…")
+		// Issue 34: secrets show as settings, not as the URL's query (they
+		// may come from the config file).
+		require.Contains(t, s, "https://hooks.example.com/… secret=xxxxx secret=xxxxx")
+		require.NotContains(t, s, "?secret")
 	}
 
 	bad := cfg
