@@ -119,11 +119,14 @@ func (w *Waker) TryWatch(ctx context.Context, q Querier, s Schema) (bool, error)
 // is not the one whose process id the connection was given at start-up
 // (a proxy makes one up). Such a session keeps no state of its own:
 // LISTEN, advisory locks, prepared statements and settings stay on a
-// backend that other clients then use. Run in the simple protocol, so
-// that the check itself prepares nothing there.
+// backend that other clients then use. Run in pgx's exec mode (an
+// unnamed statement in one round trip), so that the check itself
+// prepares nothing there; not in the simple protocol, which pgx refuses
+// on a session whose client_encoding is not UTF8 (a SQL_ASCII database,
+// which the relay then refuses with a clear error).
 func Pooled(ctx context.Context, c *pgx.Conn) (bool, error) {
 	var pid int64
-	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeExec).Scan(&pid); err != nil {
 		return false, err
 	}
 	return uint32(pid) != c.PgConn().PID(), nil
