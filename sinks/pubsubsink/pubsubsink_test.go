@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -126,7 +127,9 @@ func delivered(m *pstest.Message) sinktest.Delivered {
 		switch k {
 		case AttrID:
 			d.ID = v
-		case AttrKey, AttrSeq:
+		case AttrSeq:
+			d.Seq, _ = strconv.ParseInt(v, 10, 64)
+		case AttrKey:
 		default:
 			d.Headers[k] = v
 		}

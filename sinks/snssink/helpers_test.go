@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,7 @@ func delivered(topic string, m types.Message, b64 bool) sinktest.Delivered {
 		case AttrKey:
 			d.Key = s
 		case AttrSeq:
+			d.Seq, _ = strconv.ParseInt(s, 10, 64)
 		default:
 			d.Headers[k] = s
 		}

@@ -188,6 +188,7 @@ func delivered(topic string, m types.Message, b64 bool) sinktest.Delivered {
 		case AttrKey:
 			d.Key = s
 		case AttrSeq:
+			d.Seq, _ = strconv.ParseInt(s, 10, 64)
 		default:
 			d.Headers[k] = s
 		}
