@@ -228,7 +228,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 	// Before the version: a schema that migrate refuses to create here
 	// would otherwise be reported as missing.
-	if err := migrations.CheckEncoding(ctx, r.pool); err != nil {
+	if err := r.atStart(ctx, func() error { return migrations.CheckEncoding(ctx, r.pool) }, migrations.ErrServerEncoding); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -336,25 +336,15 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 // its registration names no backend. A pool that prepares statements
 // there is refused: the proxy hands them to other clients' backends
 // (errors 42P05 and 26000, and batches settled twice).
-//
-// A connection that fails meanwhile (the server restarting, a terminated
-// session) is retried like the schema check, within ConnectTimeout.
 func (r *Relay) checkSessions(ctx context.Context) error {
-	deadline := time.Now().Add(r.cfg.ConnectTimeout)
-	bo := newReconnectBackoff()
 	var pooled bool
 	var mode pgx.QueryExecMode
-	for {
-		var err error
-		if pooled, mode, err = r.sessionKind(ctx); err == nil {
-			break
-		}
-		d := bo.NextBackOff()
-		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
-			return fmt.Errorf("outbox: database: %w", err)
-		}
-		r.log.Warn("database connection failed at start; retrying", "error", err, "retry_in", d)
-		sleep(ctx, d)
+	err := r.atStart(ctx, func() (err error) {
+		pooled, mode, err = r.sessionKind(ctx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: database: %w", err)
 	}
 	if !pooled {
 		return nil
@@ -372,6 +362,32 @@ func (r *Relay) checkSessions(ctx context.Context) error {
 	}.SQL()
 	r.log.Info("the database connections go through a transaction-pooling proxy: this relay keeps no session state (no LISTEN, no session locks or settings) and looks for new rows itself")
 	return nil
+}
+
+// atStart runs check, a start-up check of the database, again while it
+// fails for a reason that may pass (a connection lost, a session
+// terminated, the server restarting), for up to ConnectTimeout, like the
+// schema check; an error wrapping one of final returns at once.
+func (r *Relay) atStart(ctx context.Context, check func() error, final ...error) error {
+	deadline := time.Now().Add(r.cfg.ConnectTimeout)
+	bo := newReconnectBackoff()
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		for _, f := range final {
+			if errors.Is(err, f) {
+				return err
+			}
+		}
+		d := bo.NextBackOff()
+		if ctx.Err() != nil || time.Now().Add(d).After(deadline) {
+			return err
+		}
+		r.log.Warn("database check at start failed; retrying", "error", err, "retry_in", d)
+		sleep(ctx, d)
+	}
 }
 
 // sessionKind reports whether a connection of the pool goes through a
