@@ -277,8 +277,9 @@ func msgSize(a string) string {
 // (@max_message): the claim returns it without payload and headers, and
 // the relay dead-letters it, so that a row no sink could take, written by
 // a writer that checks nothing (plain SQL, outbox.enqueue), never has to
-// fit in the relay's memory.
-func oversize(a string) string { return msgSize(a) + " > @max_message" }
+// fit in the relay's memory. a is a claimed row, whose msg_size the
+// claim's lateral computed once.
+func oversize(a string) string { return a + ".msg_size > @max_message" }
 
 // readSize is what the claim reads of the payload in row alias a: nothing
 // of an oversize message.
@@ -322,7 +323,7 @@ CROSS JOIN LATERAL (
     FOR KEY SHARE
 ) k
 CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
+    SELECT m.*, m.ctid AS row_ctid, ` + msgSize("m") + ` AS msg_size FROM ` + src + ` m
     WHERE ` + e.ofRoute("m") + `m.lane = o.lane
       AND ` + Ready("m") + `
       AND ` + topicFilter("m") + `
@@ -346,7 +347,7 @@ LIMIT @limit`)
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
        CASE WHEN ` + oversize("m") + ` THEN '\x'::bytea ELSE m.payload END AS payload,
        CASE WHEN ` + oversize("m") + ` THEN '{}'::jsonb ELSE m.headers END AS headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, ` + msgSize("m") + ` AS msg_size`
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, m.msg_size`
 	// What byteCut orders and weighs the rows by: pos and lane (the claim
 	// order, with id), size (what the claim reads of the payload).
 	weighed := rows + `, o.pos, ` + readSize("m") + ` AS size`
@@ -394,7 +395,7 @@ WITH pl AS MATERIALIZED (
     FOR KEY SHARE OF l
 ), pm AS MATERIALIZED (` + rows + `, -pl.prio AS pos, ` + readSize("m") + ` AS size
     FROM pl CROSS JOIN LATERAL (
-        SELECT m.*, m.ctid AS row_ctid FROM ` + src + ` m
+        SELECT m.*, m.ctid AS row_ctid, ` + msgSize("m") + ` AS msg_size FROM ` + src + ` m
         WHERE ` + e.ofRoute("m") + `m.lane = pl.lane
           AND ` + Ready("m") + `
           AND ` + topicFilter("m") + `

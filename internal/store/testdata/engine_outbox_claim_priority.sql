@@ -12,11 +12,11 @@ WITH pl AS MATERIALIZED (
     FOR KEY SHARE OF l
 ), pm AS MATERIALIZED (
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
-       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
-       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size, -pl.prio AS pos, CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
+       CASE WHEN m.msg_size > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
+       CASE WHEN m.msg_size > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, m.msg_size, -pl.prio AS pos, CASE WHEN m.msg_size > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
     FROM pl CROSS JOIN LATERAL (
-        SELECT m.*, m.ctid AS row_ctid FROM "outbox"."messages" m
+        SELECT m.*, m.ctid AS row_ctid, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size FROM "outbox"."messages" m
         WHERE m.lane = pl.lane
           AND (m.available_at IS NULL OR m.available_at <= now())
           AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))
@@ -42,9 +42,9 @@ FROM (
 SELECT * FROM pm
 UNION ALL
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key,
-       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
-       CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
-       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size, o.pos, CASE WHEN (octet_length(m.payload)::bigint + pg_column_size(m.headers)) > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
+       CASE WHEN m.msg_size > @max_message THEN '\x'::bytea ELSE m.payload END AS payload,
+       CASE WHEN m.msg_size > @max_message THEN '{}'::jsonb ELSE m.headers END AS headers,
+       m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane, m.msg_size, o.pos, CASE WHEN m.msg_size > @max_message THEN 0 ELSE octet_length(m.payload) END AS size
 FROM (
     SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM unnest(@lanes::int2[]) l(lane)
     WHERE l.lane % @workers = @worker AND NOT (l.lane = ANY(@handover::int2[]))
@@ -59,7 +59,7 @@ CROSS JOIN LATERAL (
     FOR KEY SHARE
 ) k
 CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid FROM "outbox"."messages" m
+    SELECT m.*, m.ctid AS row_ctid, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size FROM "outbox"."messages" m
     WHERE m.lane = o.lane
       AND (m.available_at IS NULL OR m.available_at <= now())
       AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))

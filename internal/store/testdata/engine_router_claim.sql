@@ -14,7 +14,7 @@ CROSS JOIN LATERAL (
     FOR KEY SHARE
 ) k
 CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid FROM "outbox"."messages" m
+    SELECT m.*, m.ctid AS row_ctid, (octet_length(m.payload)::bigint + pg_column_size(m.headers)) AS msg_size FROM "outbox"."messages" m
     WHERE m.lane = o.lane
       AND (m.available_at IS NULL OR m.available_at <= now())
       AND (@topics::text[] IS NULL OR m.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT m.topic LIKE ANY(@exclude))
