@@ -8,9 +8,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// settleApart settles a batch whose settle statements the database refused
+// apart settles a batch whose settle statements the database refused
 // as a whole (refusedRow). Without it, one row the database cannot store
 // failed the settle of every batch it was in: the batch's delivered
 // messages were published again each cycle and nothing left the outbox.
@@ -23,7 +24,7 @@ import (
 // that cannot be archived is removed without its archive copy. A row that
 // cannot even be dead-lettered stays in the outbox, is logged, and comes
 // back (alone) in a later batch. It returns what was settled.
-func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, src *source, s settlement) (settlement, error) {
+func (st *settler) apart(ctx context.Context, pc *pgx.Conn, src *source, s settlement) (settlement, error) {
 	if _, err := pc.Exec(ctx, "ROLLBACK"); err != nil {
 		return settlement{}, err
 	}
@@ -36,7 +37,8 @@ func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, src *source, s se
 	if err != nil {
 		return settlement{}, err
 	}
-	a := &apart{r: r, ctx: ctx, pc: pc, src: src, tids: tids}
+	a := &apart{st: st, ctx: ctx, pc: pc, src: src, tids: tids}
+	a.out.untouched = s.untouched
 	for _, phase := range []func(settlement) error{a.delivered, a.retries, a.deadLetters} {
 		if err := phase(s); err != nil {
 			return settlement{}, err
@@ -48,10 +50,10 @@ func (r *Relay) settleApart(ctx context.Context, pc *pgx.Conn, src *source, s se
 	return a.out, nil
 }
 
-// apart is one settleApart: the rows still this worker's (tids, by id)
+// apart is one settler.apart: the rows still this worker's (tids, by id)
 // and what has been settled of them (out).
 type apart struct {
-	r    *Relay
+	st   *settler
 	ctx  context.Context
 	pc   *pgx.Conn
 	src  *source
@@ -126,34 +128,63 @@ func (a *apart) present(ids []int64) []int {
 	return out
 }
 
-// delivered removes (or archives) s's delivered rows. One that cannot be
-// archived is removed without its archive copy; one that cannot even be
-// removed stays, and will be delivered again.
+// delivered removes (or archives, or for the router copies to their
+// routes and removes) s's delivered rows. One that cannot be archived is
+// removed without its archive copy; one the router cannot copy is
+// dead-lettered saying why; one that cannot even be removed stays, and
+// will be delivered again.
 func (a *apart) delivered(s settlement) error {
 	dl := a.present(s.delivered)
-	archive := a.r.cfg.Archive
+	router := a.src.router()
+	var routes map[int64][]string
+	if router {
+		routes = make(map[int64][]string, len(dl))
+		for k, id := range s.copies.IDs {
+			routes[id] = append(routes[id], s.copies.Routes[k])
+		}
+	}
 	return a.each(len(dl), func(b *pgx.Batch, is ...int) {
 		ids, ts := make([]int64, len(is)), make([]pgtype.TID, len(is))
+		var c store.CopyParams
 		for j, i := range is {
-			ids[j], ts[j] = s.delivered[dl[i]], a.tids[s.delivered[dl[i]]]
+			id := s.delivered[dl[i]]
+			ids[j], ts[j] = id, a.tids[id]
+			for _, rt := range routes[id] {
+				c.IDs, c.Routes = append(c.IDs, id), append(c.Routes, rt)
+			}
 		}
-		if archive {
+		switch {
+		case router:
+			c.CTIDs = ts
+			a.src.QueueCopy(b, c)
+			a.src.QueueDelete(b, ts)
+		case a.st.archive:
 			a.src.QueueArchive(b, ids)
-		} else {
+		default:
 			a.src.QueueDelete(b, ts)
 		}
 	}, func(i int) {
-		a.out.delivered = append(a.out.delivered, s.delivered[dl[i]])
+		a.out.deliver(claimed{msg: sinks.Message{Seq: s.delivered[dl[i]]}, ctid: a.tids[s.delivered[dl[i]]]})
+		if router {
+			id := s.delivered[dl[i]]
+			for _, rt := range routes[id] {
+				a.out.copies.IDs, a.out.copies.Routes = append(a.out.copies.IDs, id), append(a.out.copies.Routes, rt)
+			}
+		}
 	}, func(i int, refused error) error {
 		id := s.delivered[dl[i]]
-		if !archive {
-			a.r.log.Error("delivered message cannot be removed from the outbox; it will be delivered again", "id", id, "error", refused)
+		switch {
+		case router:
+			a.st.log.Error("message cannot be copied to its routes; dead-lettering it", "id", id, "error", refused)
+			return a.deadLetter(id, ReasonPermanent, errText(fmt.Errorf("cannot be copied to its routes: %v", refused)))
+		case !a.st.archive:
+			a.st.log.Error("delivered message cannot be removed from the outbox; it will be delivered again", "id", id, "error", refused)
 			return nil
 		}
-		a.r.log.Error("delivered message cannot be archived; removing it from the outbox without its archive copy", "id", id, "error", refused)
+		a.st.log.Error("delivered message cannot be archived; removing it from the outbox without its archive copy", "id", id, "error", refused)
 		refused, err := a.try(func(b *pgx.Batch) { a.src.QueueDelete(b, []pgtype.TID{a.tids[id]}) })
 		if err == nil && refused == nil {
-			a.out.delivered = append(a.out.delivered, id)
+			a.out.deliver(claimed{msg: sinks.Message{Seq: id}, ctid: a.tids[id]})
 		}
 		return err
 	})
@@ -165,7 +196,7 @@ func (a *apart) retries(s settlement) error {
 	rt := s.retries
 	return settleRows(a, rt.IDs, rt, addRetry, a.src.QueueRetry, &a.out.retries, func(k int, refused error) error {
 		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, rt.Errors[k]))
-		a.r.log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
+		a.st.log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
 		return a.deadLetter(rt.IDs[k], ReasonPermanent, text)
 	})
 }
@@ -215,8 +246,8 @@ func (a *apart) deadLetter(id int64, reason, text string) error {
 // outbox: its next attempt waits RetryMax, so it is neither lost nor sent
 // again at every cycle.
 func (a *apart) park(id int64, text string, refused error) error {
-	wait := a.r.cfg.RetryMax
-	a.r.log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
+	wait := a.st.park
+	a.st.log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
 		"id", id, "retry_in", wait, "error", refused)
 	text = errText(fmt.Errorf("cannot be dead-lettered (%v) after: %s", refused, text))
 	p := store.Retries{IDs: []int64{id}, DelayMillis: []int64{wait.Milliseconds()}, Errors: []string{text}}

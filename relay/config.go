@@ -147,6 +147,11 @@ type Config struct {
 	// RetryJitter randomizes each delay by ± this fraction. Default 0.2;
 	// negative disables jitter.
 	RetryJitter float64
+	// RetryPolicy, when set, decides every retry in place of MaxAttempts
+	// and the Retry fields above (which then only bound the wait of a
+	// message whose dead letter the database refused: RetryMax). Default
+	// nil: ExponentialRetry built from those fields.
+	RetryPolicy RetryPolicy
 	// LeaseTTL is how long a relay owns its lanes without renewing them: the
 	// longest a dead relay's lanes wait before another relay takes them
 	// (sooner when the dead relay's connection is seen closed, see

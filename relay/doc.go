@@ -24,7 +24,8 @@
 //   - Relay.Live and Relay.Ready (Set too) answer liveness and readiness
 //     probes; Relay.Stats counts the relay's work.
 //   - Config documents every setting with its default; Config.Validate
-//     names the field at fault.
+//     names the field at fault. Config.RetryPolicy replaces the default
+//     retry schedule (ExponentialRetry) with one of your own.
 //
 // The schema must be migrated first (package migrations, or
 // `outbox-relay migrate`). Metrics and tracing plug in through Config.Hooks
@@ -37,6 +38,7 @@
 // with a stable message id; messages of one key go in write order and never
 // concurrently, across any number of relay processes; a failed delivery is
 // retried with backoff stored in its row and holds back only its own key;
-// after Config.MaxAttempts, or a permanent error, it moves to the
+// after Config.MaxAttempts (or when the RetryPolicy gives up), or a
+// permanent error, it moves to the
 // dead-letter table. docs/guarantees.md names the test behind each promise.
 package relay

@@ -81,12 +81,10 @@ type Relay struct {
 	// the leaser can release them at its next heartbeat.
 	handover atomic.Pointer[[]int16]
 	inFlight atomic.Int64 // claimed messages not yet settled
-	// failures since the last "deliveries failing" warning, and when it was
-	// logged (unix nanos): a sink outage shows in the logs at the default
-	// level without a line per message.
-	failRetried, failDead, failHeld atomic.Int64
-	failWarned                      atomic.Int64
-	draining                        atomic.Bool
+	// rules decide each batch's settlement; settler carries it out.
+	rules    rules
+	settler  *settler
+	draining atomic.Bool
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
 	schemaErr atomic.Pointer[error]
@@ -99,11 +97,11 @@ type Relay struct {
 	routeConfigs          atomic.Int64
 	// abort stops Run with a cause (ConfigChangeFail); set by Run.
 	abort context.CancelCauseFunc
-	stats Stats
+	stats totals
 }
 
-// Stats are running totals, read with Relay.Stats.
-type Stats struct {
+// totals are the relay's running totals, read with Relay.Stats.
+type totals struct {
 	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures atomic.Int64
 	// Claims counts claim transactions, empty ones included.
 	Claims atomic.Int64
@@ -112,7 +110,7 @@ type Stats struct {
 	LaneClaims atomic.Int64
 }
 
-// StatsSnapshot is a copy of Stats.
+// StatsSnapshot is a copy of a relay's running totals (Relay.Stats).
 type StatsSnapshot struct {
 	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures int64
 	// Claims counts claim transactions, empty ones included: Claims per
@@ -163,7 +161,9 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		connWait:  make([]atomic.Int64, cfg.Workers),
 		priority:  make([]bool, cfg.Workers),
 		laneLimit: cfg.BatchSize,
+		rules:     rules{retry: cfg.retryPolicy(), hold: cfg.OnDeadLetter == OnDeadLetterHold},
 	}
+	r.settler = &settler{log: r.log, hooks: cfg.Hooks, stats: &r.stats, archive: cfg.Archive, park: cfg.RetryMax}
 	if sinks.IsKeySerial(sink) {
 		lanes := keySerialLanes
 		if b, ok := sinks.As[sinks.BatchLanes](sink); ok && b.BatchLanes() > 0 {
@@ -219,65 +219,15 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}
 		r.abort(nil)
 	}()
-	v, relayMin, err := r.schemaVersion(ctx)
+	v, err := r.preflight(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started: nothing to drain
 		}
 		return err
 	}
-	// Before the version: a schema that migrate refuses to create here
-	// would otherwise be reported as missing.
-	if err := r.atStart(ctx, func() error { return migrations.CheckEncoding(ctx, r.pool) }, migrations.ErrServerEncoding); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	if err := r.runsOn(v, relayMin); err != nil {
-		return err
-	}
-	if v > migrations.Latest() {
-		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
-	}
-	if err := r.checkSessions(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {
-		// Under a payload format too: the check is the sink's underneath.
-		cctx, cancel := context.WithTimeout(ctx, r.cfg.ConnectTimeout)
-		err := sc.CheckStart(cctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("outbox: sink: %w", err)
-		}
-	}
-
-	// hard is cancelled DrainTimeout after ctx: in-flight work then rolls
-	// back instead of holding the shutdown.
-	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelHard()
-	drainStarted := make(chan struct{})
-	stopDrainTimer := context.AfterFunc(ctx, func() {
-		defer close(drainStarted)
-		r.draining.Store(true)
-		r.log.Info("draining: no new claims", "drain_timeout", r.cfg.DrainTimeout)
-		time.AfterFunc(r.cfg.DrainTimeout, cancelHard)
-	})
-	defer func() {
-		// AfterFunc runs its function in a goroutine of its own: once it
-		// has started, Run waits for it, so that nothing of this relay
-		// logs after Run returned (a caller may close the log then).
-		if !stopDrainTimer() {
-			<-drainStarted
-		}
-	}()
+	hard, stopDrain := r.drainOnCancel(ctx)
+	defer stopDrain()
 
 	if err := r.findLeftover(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -327,6 +277,64 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
 	return nil
+}
+
+// preflight checks, before the relay starts, that it may run here: the
+// server's encoding, the schema's version, the kind of sessions the pool
+// gives, and the sink's own start check. It returns the schema's version.
+func (r *Relay) preflight(ctx context.Context) (int, error) {
+	v, relayMin, err := r.schemaVersion(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// Before the version: a schema that migrate refuses to create here
+	// would otherwise be reported as missing.
+	if err := r.atStart(ctx, func() error { return migrations.CheckEncoding(ctx, r.pool) }, migrations.ErrServerEncoding); err != nil {
+		return 0, err
+	}
+	if err := r.runsOn(v, relayMin); err != nil {
+		return 0, err
+	}
+	if v > migrations.Latest() {
+		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
+	}
+	if err := r.checkSessions(ctx); err != nil {
+		return 0, err
+	}
+	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {
+		// Under a payload format too: the check is the sink's underneath.
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.ConnectTimeout)
+		err := sc.CheckStart(cctx)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("outbox: sink: %w", err)
+		}
+	}
+	return v, nil
+}
+
+// drainOnCancel returns the context of the relay's in-flight work (hard):
+// once ctx ends, the relay drains, and hard ends DrainTimeout later, so
+// that in-flight work rolls back instead of holding the shutdown. stop
+// ends hard and waits for the drain's announcement, so that nothing of
+// this relay logs after Run returned (a caller may close the log then).
+func (r *Relay) drainOnCancel(ctx context.Context) (hard context.Context, stop func()) {
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	drainStarted := make(chan struct{})
+	stopDrainTimer := context.AfterFunc(ctx, func() {
+		defer close(drainStarted)
+		r.draining.Store(true)
+		r.log.Info("draining: no new claims", "drain_timeout", r.cfg.DrainTimeout)
+		time.AfterFunc(r.cfg.DrainTimeout, cancelHard)
+	})
+	return hard, func() {
+		// AfterFunc runs its function in a goroutine of its own: once it
+		// has started, wait for it.
+		if !stopDrainTimer() {
+			<-drainStarted
+		}
+		cancelHard()
+	}
 }
 
 // checkSessions finds out whether the pool's sessions go through a

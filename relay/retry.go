@@ -4,17 +4,44 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// retryDelay is the wait before the next attempt of a message that has now
-// failed `failures` times. The state lives in the row (attempts); backoff
-// only computes the delay, so it is rebuilt here for each message.
-func (r *Relay) retryDelay(failures int) time.Duration {
+// A RetryPolicy decides, for a message whose delivery has just failed with
+// an error the sink did not call permanent, whether it gets another
+// attempt and when. The count of attempts lives in the message's row, so
+// a policy keeps no state; every worker calls it, concurrently.
+type RetryPolicy interface {
+	// Retry is asked after the message's failures-th failed attempt (1
+	// after the first) with the sink's error for it. It returns the wait
+	// before the next attempt, or ok false to dead-letter the message with
+	// the reason ReasonMaxAttempts.
+	Retry(failures int, err error) (wait time.Duration, ok bool)
+}
+
+// ExponentialRetry is the default RetryPolicy: a message gets MaxAttempts
+// attempts in all, the wait after the n-th failure being Initial ×
+// Multiplier^(n-1), capped at Max and randomized by ± Jitter (a fraction;
+// 0 or negative: none). A sink's Retry-After (sinks.RetryAfter) longer
+// than that wait replaces it, up to Max.
+type ExponentialRetry struct {
+	Initial, Max time.Duration
+	Multiplier   float64
+	Jitter       float64
+	MaxAttempts  int
+}
+
+// Retry implements RetryPolicy.
+func (p ExponentialRetry) Retry(failures int, err error) (time.Duration, bool) {
+	if failures >= p.MaxAttempts {
+		return 0, false
+	}
 	b := &backoff.ExponentialBackOff{
-		InitialInterval:     r.cfg.RetryInitial,
-		RandomizationFactor: max(r.cfg.RetryJitter, 0), // negative: disabled
-		Multiplier:          r.cfg.RetryMultiplier,
-		MaxInterval:         r.cfg.RetryMax,
+		InitialInterval:     p.Initial,
+		RandomizationFactor: max(p.Jitter, 0),
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.Max,
 		MaxElapsedTime:      0,
 		Stop:                backoff.Stop,
 		Clock:               backoff.SystemClock,
@@ -24,7 +51,20 @@ func (r *Relay) retryDelay(failures int) time.Duration {
 	for i := 0; i < failures && i < 64; i++ {
 		d = b.NextBackOff()
 	}
-	return d
+	if ra, ok := sinks.RetryAfter(err); ok && ra > d {
+		d = min(ra, p.Max)
+	}
+	return d, true
+}
+
+// retryPolicy is c's RetryPolicy: its own, or ExponentialRetry from its
+// Retry fields.
+func (c Config) retryPolicy() RetryPolicy {
+	if c.RetryPolicy != nil {
+		return c.RetryPolicy
+	}
+	return ExponentialRetry{Initial: c.RetryInitial, Max: c.RetryMax, Multiplier: c.RetryMultiplier,
+		Jitter: c.RetryJitter, MaxAttempts: c.MaxAttempts}
 }
 
 // newReconnectBackoff paces reconnects to the database and the sink after

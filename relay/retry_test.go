@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -11,12 +12,12 @@ import (
 // 0.2 default the second, so every route of a routes table jittered.
 func TestNoJitterSurvivesDefaultsTwice(t *testing.T) {
 	cfg := Config{RetryJitter: -1, RetryInitial: time.Second, RetryMultiplier: 2, RetryMax: time.Minute}
-	r := &Relay{cfg: cfg.WithDefaults().WithDefaults()}
+	p := cfg.WithDefaults().WithDefaults().retryPolicy()
 	for range 50 {
-		if d := r.retryDelay(1); d != time.Second {
+		if d, _ := p.Retry(1, errors.New("refused")); d != time.Second {
 			t.Fatalf("first retry delay %s with jitter disabled, want exactly 1s", d)
 		}
-		if d := r.retryDelay(3); d != 4*time.Second {
+		if d, _ := p.Retry(3, errors.New("refused")); d != 4*time.Second {
 			t.Fatalf("third retry delay %s with jitter disabled, want exactly 4s", d)
 		}
 	}

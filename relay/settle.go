@@ -1,7 +1,12 @@
 package relay
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -11,15 +16,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// settlement is what a batch's settle decided: the delivered rows go
-// (deleted, or archived), the retries wait in their rows, the dead letters
-// move to the dead-letter table.
-type settlement struct {
-	delivered     []int64
-	deliveredTIDs []pgtype.TID
-	retries       store.Retries
-	dead          store.DeadLetters
-}
+// Settlement: what happens to a claimed batch once the sink has answered
+// (or, for the fan-out router, once its destinations are known). It has
+// two halves. The decision (decide, route) is pure: a batch and an answer
+// in, a settlement out. The settler carries a settlement out in the
+// claim's transaction and ends it: one round trip of statements and
+// COMMIT, row by row when the database refuses them as a whole (apart.go).
+// Every batch, published or fanned out, goes through the same settler and
+// is reported to Hooks.Batch.
 
 // Dead-letter reasons (the operator's selections accept these only).
 const (
@@ -27,89 +31,208 @@ const (
 	ReasonMaxAttempts = store.ReasonMaxAttempts
 )
 
-// settle decides what happens to each message of a batch given the sink's
-// answer. Walking in batch order, the first failure of a key decides that
-// key: later messages of the key stay untouched (no attempt counted), held
-// back by the failed one.
-func (r *Relay) settle(batch []claimed, sendErr error, ev *BatchEvent) settlement {
+// settlement is what the decision made of a batch: the delivered rows go
+// (deleted, or archived; the router copies them to their routes first),
+// the retries wait in their rows, the dead letters move to the dead-letter
+// table, and the untouched rows stay as they are.
+type settlement struct {
+	delivered     []int64
+	deliveredTIDs []pgtype.TID
+	// copies: the fan-out router's copies of the delivered rows (IDs and
+	// Routes; CTIDs are deliveredTIDs).
+	copies    store.CopyParams
+	retries   store.Retries
+	dead      store.DeadLetters
+	untouched int
+	// notes are the messages the log hears about: retried, dead-lettered
+	// and delivered out of order, in batch order.
+	notes []note
+}
+
+// note is one message of a batch that was not simply delivered.
+type note struct {
+	at     int // its index in the batch
+	err    error
+	wait   time.Duration // retried: until the next attempt
+	reason string        // dead-lettered: ReasonPermanent or ReasonMaxAttempts
+	// outOfOrder: the sink delivered it after an earlier message of its
+	// key failed; holds: its dead letter holds its key (OnDeadLetterHold).
+	outOfOrder, holds bool
+}
+
+// rules are what the decision depends on besides the batch and the answer.
+type rules struct {
+	retry RetryPolicy
+	// hold: a dead letter holds the later messages of its key
+	// (OnDeadLetterHold).
+	hold bool
+}
+
+// decide decides what happens to each message of a published batch given
+// the sink's answer (sinks.Outcome of sendErr for each). Walking in batch
+// order, the first failure of a key decides that key: its later messages
+// stay untouched (no attempt counted), held back by the failed one. A
+// permanent error dead-letters its message; any other error asks the
+// retry policy, which schedules a retry or gives up (a dead letter for
+// max attempts). A dead letter lets the key go on, unless the rules hold
+// it. A later message of a held key that the sink delivered anyway (it
+// broke the ordering contract) counts as delivered, never twice.
+func decide(batch []claimed, sendErr error, rl rules) settlement {
 	var s settlement
-	held := map[string]bool{}
+	var held map[string]bool
+	hold := func(key string) {
+		if key == "" {
+			return
+		}
+		if held == nil {
+			held = map[string]bool{}
+		}
+		held[key] = true
+	}
 	for i, c := range batch {
-		m := c.msg
+		m := &c.msg
 		err := sinks.Outcome(sendErr, i, len(batch))
 		if m.Key != "" && held[m.Key] {
 			if err == nil {
-				// The sink broke the ordering contract and delivered a later
-				// message of a failed key. It was delivered: do not deliver
-				// it twice, but say so loudly.
-				r.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
-					"message_id", m.ID, "topic", m.Topic)
-				s.delivered = append(s.delivered, m.Seq)
-				s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
-				ev.DeliveredMessages = append(ev.DeliveredMessages, m)
+				s.deliver(c)
+				s.notes = append(s.notes, note{at: i, outOfOrder: true})
 			} else {
-				ev.Untouched++
+				s.untouched++
 			}
 			continue
 		}
 		switch {
 		case err == nil:
-			s.delivered = append(s.delivered, m.Seq)
-			s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
-			ev.DeliveredMessages = append(ev.DeliveredMessages, m)
+			s.deliver(c)
 		case errors.Is(err, sinks.ErrNotAttempted):
-			// Not tried (an earlier failure of the same key, which we
-			// have handled above, or a sink that stopped early): leave it.
-			ev.Untouched++
-			if m.Key != "" {
-				held[m.Key] = true
+			// Not tried (the sink stopped early): leave it, and the
+			// later messages of its key with it.
+			s.untouched++
+			hold(m.Key)
+		case sinks.IsPermanent(err):
+			s.deadLetter(i, m.Seq, ReasonPermanent, err, rl.hold && m.Key != "")
+			if rl.hold {
+				hold(m.Key)
 			}
-		case sinks.IsPermanent(err) || c.attempts+1 >= r.cfg.MaxAttempts:
-			reason := ReasonMaxAttempts
-			if sinks.IsPermanent(err) {
-				reason = ReasonPermanent
-			}
-			s.dead.IDs = append(s.dead.IDs, m.Seq)
-			s.dead.Reasons = append(s.dead.Reasons, reason)
-			s.dead.Errors = append(s.dead.Errors, errText(err))
-			ev.DeadReasons = append(ev.DeadReasons, reason)
-			if r.cfg.OnDeadLetter == OnDeadLetterHold && m.Key != "" {
-				// The key waits for an operator: its dead letter stays
-				// parked (store.Parked). A later message of it that the
-				// sink delivered anyway breaks the order (logged above).
-				held[m.Key] = true
-				r.log.Warn("message dead-lettered; its key is held until the dead letter is replayed or purged",
-					"message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
+		default:
+			wait, ok := rl.retry.Retry(c.attempts+1, err)
+			if !ok {
+				s.deadLetter(i, m.Seq, ReasonMaxAttempts, err, rl.hold && m.Key != "")
+				if rl.hold {
+					hold(m.Key)
+				}
 				continue
 			}
-			r.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", reason, "error", err)
-			// The key moves on: later messages of it may go in this same
-			// batch, which the sink has already tried in order.
-		default:
-			delay := r.retryDelay(c.attempts + 1)
-			if ra, ok := sinks.RetryAfter(err); ok && ra > delay {
-				delay = min(ra, r.cfg.RetryMax)
-			}
 			s.retries.IDs = append(s.retries.IDs, m.Seq)
-			s.retries.DelayMillis = append(s.retries.DelayMillis, delay.Milliseconds())
+			s.retries.DelayMillis = append(s.retries.DelayMillis, wait.Milliseconds())
 			s.retries.Errors = append(s.retries.Errors, errText(err))
-			if m.Key != "" {
-				held[m.Key] = true
-			}
-			r.log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", delay, "error", err)
+			s.notes = append(s.notes, note{at: i, err: err, wait: wait})
+			hold(m.Key)
 		}
 	}
-	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs)
 	return s
 }
 
-// queue adds s's statements to b: delete (or archive) the delivered rows,
-// schedule the retries, move the dead letters.
-func (r *Relay) queue(b *pgx.Batch, src *source, s settlement) {
+// route is the fan-out router's decision: each message is copied to
+// every destination whose topics match and leaves the outbox; a message
+// no destination takes (the routes changed under it) is dead-lettered.
+func route(batch []claimed, dests []Destination) settlement {
+	var s settlement
+	for i, c := range batch {
+		n := len(s.copies.IDs)
+		for _, d := range dests {
+			if d.matches(c.msg.Topic) {
+				s.copies.IDs = append(s.copies.IDs, c.msg.Seq)
+				s.copies.Routes = append(s.copies.Routes, d.Route)
+			}
+		}
+		if len(s.copies.IDs) == n {
+			s.deadLetter(i, c.msg.Seq, ReasonPermanent, fmt.Errorf("no route matches topic %q", c.msg.Topic), false)
+			continue
+		}
+		s.deliver(c)
+	}
+	return s
+}
+
+func (s *settlement) deliver(c claimed) {
+	s.delivered = append(s.delivered, c.msg.Seq)
+	s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
+}
+
+func (s *settlement) deadLetter(at int, id int64, reason string, err error, holds bool) {
+	s.dead.IDs = append(s.dead.IDs, id)
+	s.dead.Reasons = append(s.dead.Reasons, reason)
+	s.dead.Errors = append(s.dead.Errors, errText(err))
+	s.notes = append(s.notes, note{at: at, err: err, reason: reason, holds: holds})
+}
+
+// record sets ev's counts from s.
+func (s *settlement) record(ev *BatchEvent) {
+	ev.Delivered, ev.Retried, ev.DeadLettered, ev.Untouched = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.untouched
+	ev.DeadReasons = s.dead.Reasons
+}
+
+// settler carries settlements out and ends their transactions. It is
+// shared by the workers of a relay.
+type settler struct {
+	log     *slog.Logger
+	hooks   Hooks
+	stats   *totals
+	archive bool
+	// park is how long a row whose dead letter the database refused waits
+	// before its next attempt (see apart.park).
+	park    time.Duration
+	failing failingLog
+}
+
+// settle carries s out in the claim's transaction on pc, commits it, and
+// reports the batch: to the log, the relay's totals and Hooks.Batch (ev,
+// which holds what the claim and the send recorded). A nil error means
+// the transaction committed.
+func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch []claimed, s settlement, ev *BatchEvent) error {
+	st.logNotes(batch, s)
+	start := time.Now()
+	b := &pgx.Batch{}
+	st.queue(b, src, s)
+	b.Queue("COMMIT")
+	err := pc.SendBatch(ctx, b).Close()
+	if refusedRow(err) {
+		st.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
+		s, err = st.apart(ctx, pc, src, s)
+	}
+	s.record(ev)
+	ev.SettleDuration = time.Since(start)
+	ev.Committed = err == nil
+	st.stats.Batches.Add(1)
+	defer st.hooks.Batch(*ev)
+	if err != nil {
+		st.stats.CommitFailures.Add(1)
+		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+	}
+	if len(s.retries.IDs)+len(s.dead.IDs) > 0 {
+		st.failing.add(st.log, len(s.retries.IDs), len(s.dead.IDs), s.untouched, ev.SendErr)
+	}
+	st.stats.Delivered.Add(int64(len(s.delivered)))
+	st.stats.Retried.Add(int64(len(s.retries.IDs)))
+	st.stats.DeadLettered.Add(int64(len(s.dead.IDs)))
+	return nil
+}
+
+// queue adds s's statements to b: copy (the router) and delete, or
+// archive, the delivered rows, schedule the retries, move the dead
+// letters.
+func (st *settler) queue(b *pgx.Batch, src *source, s settlement) {
 	if len(s.delivered) > 0 {
-		if r.cfg.Archive {
+		switch {
+		case src.router():
+			c := s.copies
+			c.CTIDs = s.deliveredTIDs
+			src.QueueCopy(b, c)
+			src.QueueDelete(b, s.deliveredTIDs)
+		case st.archive:
 			src.QueueArchive(b, s.delivered)
-		} else {
+		default:
 			src.QueueDelete(b, s.deliveredTIDs)
 		}
 	}
@@ -119,6 +242,72 @@ func (r *Relay) queue(b *pgx.Batch, src *source, s settlement) {
 	if len(s.dead.IDs) > 0 {
 		src.QueueDeadLetter(b, s.dead)
 	}
+}
+
+// logNotes logs what s says about the messages of batch that were not
+// simply delivered.
+func (st *settler) logNotes(batch []claimed, s settlement) {
+	for _, n := range s.notes {
+		m := &batch[n.at].msg
+		switch {
+		case n.outOfOrder:
+			st.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
+				"message_id", m.ID, "topic", m.Topic)
+		case n.reason != "" && n.holds:
+			st.log.Warn("message dead-lettered; its key is held until the dead letter is replayed or purged",
+				"message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", n.reason, "error", n.err)
+		case n.reason != "":
+			st.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", n.reason, "error", n.err)
+		default:
+			st.log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", n.wait, "error", n.err)
+		}
+	}
+}
+
+// failingLog logs at most one warning per interval about failing
+// deliveries, so that a sink outage shows in the logs at the default
+// level without a line per message: how many messages failed since the
+// previous one (retried and dead-lettered), how many were held back
+// behind a failed message of their key without being tried, and one of
+// the errors.
+type failingLog struct {
+	retried, dead, held atomic.Int64
+	warned              atomic.Int64 // unix nanos
+}
+
+func (f *failingLog) add(log *slog.Logger, retried, dead, held int, sample error) {
+	const every = 30 * time.Second
+	nr, nd, nh := f.retried.Add(int64(retried)), f.dead.Add(int64(dead)), f.held.Add(int64(held))
+	now := time.Now().UnixNano()
+	last := f.warned.Load()
+	if now-last < int64(every) || !f.warned.CompareAndSwap(last, now) {
+		return
+	}
+	f.retried.Add(-nr)
+	f.dead.Add(-nd)
+	f.held.Add(-nh)
+	args := []any{"failed", nr + nd, "retried", nr, "dead_lettered", nd, "held_back", nh, "error", firstFailure(sample)}
+	if last != 0 {
+		args = append(args, "since", time.Duration(now-last).Round(time.Second).String())
+	}
+	log.Warn("deliveries failing", args...)
+}
+
+// firstFailure is the error of the first message a sink tried and failed
+// in a batch error (whose own text counts the held-back messages among
+// the failed ones: "4 of 17 messages failed" for 1 failure and 3 held
+// back), or err itself.
+func firstFailure(err error) error {
+	var be *sinks.BatchError
+	if !errors.As(err, &be) {
+		return err
+	}
+	for _, e := range be.Errs {
+		if e != nil && !errors.Is(e, sinks.ErrNotAttempted) {
+			return e
+		}
+	}
+	return err
 }
 
 // refusedRow reports whether err is the database refusing a statement
@@ -140,4 +329,14 @@ func refusedRow(err error) bool {
 		return true
 	}
 	return false
+}
+
+// errText bounds what is stored of an error.
+func errText(err error) string {
+	const max = 2000
+	s := err.Error()
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,181 +17,244 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// work is one worker's loop: it claims a batch, hands it to a goroutine
-// that publishes and settles it (see flight), and claims the next one
-// from its other lanes while up to Config.Pipeline batches are in flight.
-func (r *Relay) work(ctx, hard context.Context, worker int) {
-	log := r.log.With("worker", worker)
-	bo := newReconnectBackoff()
-	rotation := worker
-	var flying []*flight
-	done := make(chan *flight, r.cfg.Pipeline)
-	defer func() {
-		// A drain lets the batches in flight finish (they run on hard).
-		for range flying {
-			<-done
-		}
-	}()
-	backOff := func(err error) {
-		d := bo.NextBackOff()
-		if errors.Is(err, errNothingAttempted) {
-			// The sink could not reach its backend (it wrote nothing):
-			// the next claim is the probe, and a backend that is back
-			// should not wait the database's reconnect pace.
-			d = min(d, time.Second)
-		}
-		log.Warn("batch failed; retrying", "error", err, "retry_in", d)
-		if ch, ok := r.cfg.Hooks.(CycleErrorHooks); ok {
-			ch.CycleError(err)
-		}
-		sleep(ctx, d)
-	}
-	// claimNow: claim as soon as the pipeline allows. besideEmpty: a claim
-	// beside batches in flight found nothing, and nothing woke the worker
-	// since: the next claim waits for them (one hot key would otherwise
-	// cost an empty claim per batch). overlap: the sink took a good part
-	// of the last batch's time (see sinkBound).
-	claimNow, besideEmpty, overlap := true, false, false
+// worker is one worker's loop and its state: it claims a batch, hands it
+// to a goroutine that publishes and settles it (see flight), and claims
+// the next one from its other lanes while up to Config.Pipeline batches
+// are in flight. Only its own goroutine touches it.
+type worker struct {
+	r         *Relay
+	ctx, hard context.Context
+	id        int
+	log       *slog.Logger
+	bo        *backoff.ExponentialBackOff
+	// rotation is the lane the next claim starts at (see nextRotation).
+	rotation int
+	flying   []*flight
+	done     chan *flight
+	// claimNow: claim as soon as the pipeline allows. besideEmpty: a
+	// claim beside batches in flight found nothing, and nothing woke the
+	// worker since: the next claim waits for them (one hot key would
+	// otherwise cost an empty claim per batch). overlap: the sink took a
+	// good part of the last batch's time (see sinkBound).
+	claimNow, besideEmpty, overlap bool
 	// full: the next claim visits every lane of the worker, not only the
 	// lanes wake-ups named (see pending): at the start, after the safety
 	// poll or an error, after a claim of every lane that may have left
 	// rows behind or passed over lanes in flight, and when a wake-up
 	// named no lanes; and at least every fullEvery (lastFull: the last
 	// such claim).
-	full := true
-	var lastFull time.Time
+	full     bool
+	lastFull time.Time
+}
+
+// next is what a worker's loop does after a claim.
+type next int
+
+const (
+	claimAgain next = iota // claim again, without waiting
+	waitNext               // wait for a batch to end or a wake-up
+	stop                   // the relay is stopping
+)
+
+// work runs worker id's loop until ctx ends, then lets the batches in
+// flight finish (they run on hard).
+func (r *Relay) work(ctx, hard context.Context, id int) {
+	w := &worker{r: r, ctx: ctx, hard: hard, id: id, log: r.log.With("worker", id), bo: newReconnectBackoff(),
+		rotation: id, done: make(chan *flight, r.cfg.Pipeline), claimNow: true, full: true}
+	defer func() {
+		for range w.flying {
+			<-w.done
+		}
+	}()
 	for ctx.Err() == nil {
-		r.lastLoop[worker].Store(time.Now().UnixNano())
-		if r.schemaErr.Load() != nil && len(flying) == 0 {
+		r.lastLoop[id].Store(time.Now().UnixNano())
+		if r.schemaErr.Load() != nil && len(w.flying) == 0 {
 			// Claim nothing on a schema this relay does not know.
 			sleep(ctx, r.cfg.PollInterval)
 			continue
 		}
-		if claimNow && r.schemaErr.Load() == nil && (len(flying) == 0 || overlap && !besideEmpty && r.mayClaim(flying)) {
-			claimNow = false
-			busy := busyLanes(flying)
-			woken, all := r.pend[worker].take(busy)
-			var only []int16 // nil: every lane
-			if !full && !all && !r.priority[worker] && time.Since(lastFull) < fullEvery {
-				only = woken.list()
-			}
-			full = false
-			if only == nil {
-				lastFull = time.Now()
-			}
-			if only != nil && len(only) == 0 {
-				// What woke the worker was taken by a claim since, or is
-				// in a batch in flight (pending until it ends).
+		if w.claimNow && r.schemaErr.Load() == nil && (len(w.flying) == 0 || w.overlap && !w.besideEmpty && w.roomBeside()) {
+			switch w.claim() {
+			case stop:
+				return
+			case claimAgain:
 				continue
 			}
-			beside := len(flying) > 0
-			f, err := r.begin(ctx, hard, worker, rotation, busy, only)
-			rotation = nextRotation(rotation, r.cfg.Workers, f)
-			if only == nil {
-				for _, o := range flying {
-					o.passed = true // this claim skipped its lanes
-				}
-			}
-			switch {
-			case err != nil:
-				if ctx.Err() != nil {
-					return
-				}
-				r.handoverMayGoOn()
-				backOff(err)
-				claimNow, full = true, true
-				continue
-			case f != nil:
-				flying = append(flying, f)
-				go func() {
-					f.err = r.finish(hard, f)
-					done <- f
-				}()
-				if f.more {
-					if only != nil {
-						// What it left is in the lanes it visited.
-						r.pend[worker].add(woken)
-					} else {
-						full = true
-					}
-				}
-				claimNow = f.more
-				continue
-			}
-			// An empty claim.
-			besideEmpty = beside
-			bo.Reset()
-			r.handoverMayGoOn()
-			if len(flying) == 0 && r.leftover.Load() {
-				// Nobody makes copies for this route any more: once none
-				// are left, none will appear.
-				if left, err := r.leftoverSrc.CopiesLeft(ctx, r.pool); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
-					log.Info("earlier fan-out copies all delivered; reading the outbox")
-					r.wakeAll() // the other workers may be idle until their next poll
-					claimNow, full = true, true
-					continue
-				}
-			}
 		}
-		// Wait for a batch to end, or for a wake-up. What was not in the
-		// worker's lanes when its last claim visited them all is newer,
-		// and the watcher wakes the worker for it, as for a retry that
-		// comes due (a claim straight away would find nothing at low
-		// rates: one empty transaction per message).
-		var poll, sinkSlow <-chan time.Time
-		var t *time.Timer
-		switch {
-		case len(flying) == 0:
-			t = time.NewTimer(r.cfg.PollInterval)
-			poll = t.C
-		case claimNow && !overlap && !besideEmpty && len(flying) < r.cfg.Pipeline:
-			// The last batch's sink took little of its time, but this
-			// one's may not: once it has been with the sink for as long
-			// as its claim took, claim beside it (a slow receiver, a
-			// sink's outage: the other lanes need not wait for it).
-			f := flying[len(flying)-1]
-			t = time.NewTimer(time.Until(f.claimed.Add(f.ev.ClaimDuration)))
-			sinkSlow = t.C
-		}
-		var ended *flight
-		select {
-		case <-ctx.Done():
-		case ended = <-done:
-		case <-r.wake[worker]:
-			claimNow, besideEmpty = true, false
-		case <-poll:
-			claimNow, besideEmpty, full = true, false, true
-		case <-sinkSlow:
-			overlap = true
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if f := ended; f != nil {
-			flying = slices.DeleteFunc(flying, func(o *flight) bool { return o == f })
-			r.handoverMayGoOn()
-			if f.err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				backOff(f.err)
-				claimNow, full = true, true
-				continue
-			}
-			bo.Reset()
-			overlap = f.sinkBound()
-			// Claim again when the batch's claim may have left some
-			// behind, a later claim of every lane passed over its lanes,
-			// or a wake-up named them while it held them.
-			full = full || f.passed
-			claimNow = claimNow || f.more || f.passed || r.pend[worker].waiting(busyLanes(flying))
+		if !w.wait() {
+			return
 		}
 	}
 }
 
-// mayClaim reports whether the worker may claim another batch beside
+// claim claims a batch (from the lanes wake-ups named, or all of the
+// worker's) and sends it on its way.
+func (w *worker) claim() next {
+	r := w.r
+	w.claimNow = false
+	busy := busyLanes(w.flying)
+	woken, all := r.pend[w.id].take(busy)
+	var only []int16 // nil: every lane
+	if !w.full && !all && !r.priority[w.id] && time.Since(w.lastFull) < fullEvery {
+		only = woken.list()
+	}
+	w.full = false
+	if only == nil {
+		w.lastFull = time.Now()
+	}
+	if only != nil && len(only) == 0 {
+		// What woke the worker was taken by a claim since, or is in a
+		// batch in flight (pending until it ends).
+		return claimAgain
+	}
+	beside := len(w.flying) > 0
+	f, err := r.begin(w.ctx, w.hard, w.id, w.rotation, busy, only)
+	w.rotation = nextRotation(w.rotation, r.cfg.Workers, f)
+	if only == nil {
+		for _, o := range w.flying {
+			o.passed = true // this claim skipped its lanes
+		}
+	}
+	switch {
+	case err != nil:
+		if w.ctx.Err() != nil {
+			return stop
+		}
+		r.handoverMayGoOn()
+		w.backOff(err)
+		w.claimNow, w.full = true, true
+		return claimAgain
+	case f != nil:
+		w.fly(f)
+		if f.more {
+			if only != nil {
+				// What it left is in the lanes it visited.
+				r.pend[w.id].add(woken)
+			} else {
+				w.full = true
+			}
+		}
+		w.claimNow = f.more
+		return claimAgain
+	}
+	return w.claimedNothing(beside)
+}
+
+// fly sends f to be published and settled beside the worker's loop.
+func (w *worker) fly(f *flight) {
+	w.flying = append(w.flying, f)
+	go func() {
+		f.err = w.r.finish(w.hard, f)
+		w.done <- f
+	}()
+}
+
+// claimedNothing follows an empty claim (beside: made beside batches in
+// flight).
+func (w *worker) claimedNothing(beside bool) next {
+	r := w.r
+	w.besideEmpty = beside
+	w.bo.Reset()
+	r.handoverMayGoOn()
+	if len(w.flying) == 0 && r.leftover.Load() {
+		// Nobody makes copies for this route any more: once none are
+		// left, none will appear.
+		if left, err := r.leftoverSrc.CopiesLeft(w.ctx, r.pool); err == nil && !left && r.leftover.CompareAndSwap(true, false) {
+			w.log.Info("earlier fan-out copies all delivered; reading the outbox")
+			r.wakeAll() // the other workers may be idle until their next poll
+			w.claimNow, w.full = true, true
+			return claimAgain
+		}
+	}
+	return waitNext
+}
+
+// wait waits for a batch to end, or for a wake-up. What was not in the
+// worker's lanes when its last claim visited them all is newer, and the
+// watcher wakes the worker for it, as for a retry that comes due (a claim
+// straight away would find nothing at low rates: one empty transaction
+// per message). It returns false when the relay is stopping.
+func (w *worker) wait() bool {
+	r := w.r
+	var poll, sinkSlow <-chan time.Time
+	var t *time.Timer
+	switch {
+	case len(w.flying) == 0:
+		t = time.NewTimer(r.cfg.PollInterval)
+		poll = t.C
+	case w.claimNow && !w.overlap && !w.besideEmpty && len(w.flying) < r.cfg.Pipeline:
+		// The last batch's sink took little of its time, but this one's
+		// may not: once it has been with the sink for as long as its claim
+		// took, claim beside it (a slow receiver, a sink's outage: the
+		// other lanes need not wait for it).
+		f := w.flying[len(w.flying)-1]
+		t = time.NewTimer(time.Until(f.claimed.Add(f.ev.ClaimDuration)))
+		sinkSlow = t.C
+	}
+	var ended *flight
+	select {
+	case <-w.ctx.Done():
+	case ended = <-w.done:
+	case <-r.wake[w.id]:
+		w.claimNow, w.besideEmpty = true, false
+	case <-poll:
+		w.claimNow, w.besideEmpty, w.full = true, false, true
+	case <-sinkSlow:
+		w.overlap = true
+	}
+	if t != nil {
+		t.Stop()
+	}
+	if ended == nil {
+		return true
+	}
+	return w.landed(ended)
+}
+
+// landed follows the end of batch f. It returns false when the relay is
+// stopping.
+func (w *worker) landed(f *flight) bool {
+	r := w.r
+	w.flying = slices.DeleteFunc(w.flying, func(o *flight) bool { return o == f })
+	r.handoverMayGoOn()
+	if f.err != nil {
+		if w.ctx.Err() != nil {
+			return false
+		}
+		w.backOff(f.err)
+		w.claimNow, w.full = true, true
+		return true
+	}
+	w.bo.Reset()
+	w.overlap = f.sinkBound()
+	// Claim again when the batch's claim may have left some behind, a
+	// later claim of every lane passed over its lanes, or a wake-up named
+	// them while it held them.
+	w.full = w.full || f.passed
+	w.claimNow = w.claimNow || f.more || f.passed || r.pend[w.id].waiting(busyLanes(w.flying))
+	return true
+}
+
+// backOff waits after a failed cycle.
+func (w *worker) backOff(err error) {
+	d := w.bo.NextBackOff()
+	if errors.Is(err, errNothingAttempted) {
+		// The sink could not reach its backend (it wrote nothing): the
+		// next claim is the probe, and a backend that is back should not
+		// wait the database's reconnect pace.
+		d = min(d, time.Second)
+	}
+	w.log.Warn("batch failed; retrying", "error", err, "retry_in", d)
+	if ch, ok := w.r.cfg.Hooks.(CycleErrorHooks); ok {
+		ch.CycleError(err)
+	}
+	sleep(w.ctx, d)
+}
+
+// roomBeside reports whether the worker may claim another batch beside
 // those in flight (at least one).
-func (r *Relay) mayClaim(flying []*flight) bool {
+func (w *worker) roomBeside() bool {
+	r, flying := w.r, w.flying
 	if len(flying) >= r.cfg.Pipeline {
 		return false
 	}
@@ -339,15 +404,21 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, busy lane
 		ev: BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil
 }
 
-// finish publishes f's batch (or copies it to the fan-out destinations)
-// and settles it in its transaction, committing it; it then releases the
-// connection. A nil error means the transaction committed.
+// finish publishes f's batch (or, for the fan-out router, routes it to
+// its destinations), settles it in its transaction and commits it; it
+// then releases the connection. A nil error means the transaction
+// committed.
 func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 	defer func() { release(hard, f.conn, err) }()
+	r.inFlight.Add(int64(len(f.batch)))
+	defer r.inFlight.Add(-int64(len(f.batch)))
+	var s settlement
 	if f.src.router() {
-		return r.fanOut(hard, f.conn.Conn(), f.src, f.batch)
+		s = route(f.batch, r.cfg.FanOut)
+	} else if s, err = r.publish(hard, f.batch, &f.ev); err != nil {
+		return err
 	}
-	return r.publish(hard, f.conn.Conn(), f.src, f.batch, &f.ev)
+	return r.settler.settle(hard, f.conn.Conn(), f.src, f.batch, s, &f.ev)
 }
 
 // release ends a batch's use of conn: it rolls back a transaction err
@@ -396,41 +467,24 @@ func rollback(hard context.Context, pc *pgx.Conn) {
 	}
 }
 
-// publish hands a claimed batch to the sink and settles the outcome in
-// the claim's transaction, committing it; ev holds what the claim knows,
-// and publish records the rest in it. A nil error means the transaction
-// committed.
-func (r *Relay) publish(hard context.Context, pc *pgx.Conn, src *source, batch []claimed, ev *BatchEvent) error {
-	r.inFlight.Add(int64(len(batch)))
-	defer r.inFlight.Add(-int64(len(batch)))
+// publish hands a claimed batch to the sink and decides, from its
+// answer, the batch's settlement; ev holds what the claim knows, and
+// publish records the send in it.
+func (r *Relay) publish(hard context.Context, batch []claimed, ev *BatchEvent) (settlement, error) {
 	r.send(hard, batch, ev)
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
-		return fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
-	s := r.settle(batch, ev.SendErr, ev)
-	if ev.Untouched == len(batch) {
+	s := decide(batch, ev.SendErr, r.rules)
+	if s.untouched == len(batch) {
 		// The sink tried nothing and reported no failure (it broke off, or
 		// breaks the contract): claiming the same batch again at once would
 		// spin. Release it and let the worker back off.
-		return fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), ev.SendErr)
+		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), ev.SendErr)
 	}
-	s, err := r.commit(hard, pc, src, s, ev)
-	r.stats.Batches.Add(1)
-	if err != nil {
-		r.stats.CommitFailures.Add(1)
-		r.cfg.Hooks.Batch(*ev)
-		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
-	}
-	if len(s.retries.IDs)+len(s.dead.IDs) > 0 {
-		r.warnFailing(len(s.retries.IDs), len(s.dead.IDs), ev.Untouched, ev.SendErr)
-	}
-	r.stats.Delivered.Add(int64(len(s.delivered)))
-	r.stats.Retried.Add(int64(len(s.retries.IDs)))
-	r.stats.DeadLettered.Add(int64(len(s.dead.IDs)))
-	r.cfg.Hooks.Batch(*ev)
-	return nil
+	return s, nil
 }
 
 // send hands batch to the sink within PublishTimeout and records the
@@ -499,64 +553,6 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.
 // dead-lettered without being read.
 var ErrMessageTooLarge = errors.New("outbox: message too large for the relay")
 
-// commit queues s's statements and COMMIT in one round trip; when the
-// database refuses them as a whole, the batch is settled row by row
-// (settleApart). It returns what was settled, and records it in ev.
-func (r *Relay) commit(hard context.Context, pc *pgx.Conn, src *source, s settlement, ev *BatchEvent) (settlement, error) {
-	start := time.Now()
-	b := &pgx.Batch{}
-	r.queue(b, src, s)
-	b.Queue("COMMIT")
-	err := pc.SendBatch(hard, b).Close()
-	if refusedRow(err) {
-		r.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(ev.Messages), "error", err)
-		s, err = r.settleApart(hard, pc, src, s)
-		ev.Delivered, ev.Retried, ev.DeadLettered, ev.DeadReasons = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.dead.Reasons
-	}
-	ev.SettleDuration = time.Since(start)
-	ev.Committed = err == nil
-	return s, err
-}
-
-// warnFailing logs at most one warning per interval about failing
-// deliveries: how many messages failed since the previous one (retried
-// and dead-lettered), how many were held back behind a failed message of
-// their key without being tried, and one of the errors.
-func (r *Relay) warnFailing(retried, dead, held int, sample error) {
-	const every = 30 * time.Second
-	nr, nd, nh := r.failRetried.Add(int64(retried)), r.failDead.Add(int64(dead)), r.failHeld.Add(int64(held))
-	now := time.Now().UnixNano()
-	last := r.failWarned.Load()
-	if now-last < int64(every) || !r.failWarned.CompareAndSwap(last, now) {
-		return
-	}
-	r.failRetried.Add(-nr)
-	r.failDead.Add(-nd)
-	r.failHeld.Add(-nh)
-	args := []any{"failed", nr + nd, "retried", nr, "dead_lettered", nd, "held_back", nh, "error", firstFailure(sample)}
-	if last != 0 {
-		args = append(args, "since", time.Duration(now-last).Round(time.Second).String())
-	}
-	r.log.Warn("deliveries failing", args...)
-}
-
-// firstFailure is the error of the first message a sink tried and failed
-// in a batch error (whose own text counts the held-back messages among
-// the failed ones: "4 of 17 messages failed" for 1 failure and 3 held
-// back), or err itself.
-func firstFailure(err error) error {
-	var be *sinks.BatchError
-	if !errors.As(err, &be) {
-		return err
-	}
-	for _, e := range be.Errs {
-		if e != nil && !errors.Is(e, sinks.ErrNotAttempted) {
-			return e
-		}
-	}
-	return err
-}
-
 // decodeHeaders decodes a jsonb headers value; "{}" (the common case)
 // costs nothing.
 func decodeHeaders(raw []byte) (map[string]string, error) {
@@ -568,16 +564,6 @@ func decodeHeaders(raw []byte) (map[string]string, error) {
 		return nil, err
 	}
 	return h, nil
-}
-
-// errText bounds what is stored of an error.
-func errText(err error) string {
-	const max = 2000
-	s := err.Error()
-	if len(s) > max {
-		s = s[:max] + "…"
-	}
-	return s
 }
 
 func sleep(ctx context.Context, d time.Duration) {
