@@ -366,7 +366,9 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	return cmd
 }
 
-func (g *globals) run(parent context.Context, o runOptions) error {
+// check reports the first flag of o whose value is a mistake on the
+// command line (zero means "default" in relay.Config).
+func (o runOptions) check() error {
 	// Zero means "default" in relay.Config; on the command line it is a
 	// mistake.
 	for name, v := range map[string]int64{
@@ -386,6 +388,12 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.maxConns < 0 {
 		return usagef("outbox: max-conns: must not be negative (0: what the configuration needs, plus one)")
 	}
+	return nil
+}
+
+// relayConfig is the relay configuration the flags of o give, with its
+// defaults, validated.
+func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 	base := relay.Config{
 		ID:                  o.id,
 		Schema:              g.schema,
@@ -423,39 +431,22 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}
 	base = base.WithDefaults()
 	if err := base.Validate(); err != nil {
-		return &usageError{err}
+		return relay.Config{}, &usageError{err}
 	}
-	routes, err := parseRoutes(g, base)
+	return base, nil
+}
+
+func (g *globals) run(parent context.Context, o runOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	base, err := o.relayConfig(g)
 	if err != nil {
 		return err
 	}
-	single := false // --sink: one relay, no relay.Set
-	switch {
-	case routes != nil && o.sink != "":
-		return usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
-	case routes == nil:
-		open, name, err := parseSink(o.sink, g)
-		if err != nil {
-			return err
-		}
-		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
-		single = true
-	}
-	for i := range routes {
-		// The fingerprint of the route's configuration covers the sink's
-		// target, redacted (see relay.Config.Destination).
-		routes[i].cfg.Destination = routes[i].sinkName
-	}
-	for i := range routes {
-		if err := routes[i].applyFormat(o); err != nil {
-			return err
-		}
-	}
-	planned := []relay.Config{base}
-	if !single {
-		if planned, err = setConfig(routes, nil, base, nil).Plan(); err != nil {
-			return &usageError{err}
-		}
+	routes, planned, single, err := planRoutes(g, o, base)
+	if err != nil {
+		return err
 	}
 	maxConns, workers, err := connBudget(planned, o.maxConns)
 	if err != nil {
@@ -472,22 +463,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	closing := stopDeadline(ctx, parent, planned)
-	opened := make([]sinks.Sink, 0, len(routes))
-	defer func() {
-		cctx, cancel := closing(10 * time.Second)
-		defer cancel()
-		for _, s := range opened {
-			if err := s.Close(cctx); err != nil {
-				g.log.Warn("closing sink", "error", err)
-			}
-		}
-	}()
-	for _, rt := range routes {
-		s, err := rt.open()
-		if err != nil {
-			return fmt.Errorf("outbox: sink %s: %w", rt.sinkName, err)
-		}
-		opened = append(opened, s)
+	opened, closeSinks, err := g.openSinks(routes, closing)
+	defer closeSinks()
+	if err != nil {
+		return err
 	}
 
 	pool, err := relay.NewPool(parent, relay.PoolConfig{
@@ -528,33 +507,12 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}
 	if o.adminAddr != "" {
-		con, sampler, err := newConsole(g, pool, base, o, tokens, routes, planned)
+		stopAdmin, err := g.serveAdmin(parent, o, adminParts{pool: pool, base: base, tokens: tokens, routes: routes,
+			planned: planned, reg: reg, relays: relays, metrics: metrics}, closing)
+		defer stopAdmin()
 		if err != nil {
 			return err
 		}
-		sampleCtx, stopSampling := context.WithCancel(parent)
-		sampled := make(chan struct{})
-		go func() { defer close(sampled); sampler.Run(sampleCtx) }()
-		defer func() { stopSampling(); <-sampled }()
-		srv, err := adminhttp.Start(o.adminAddr, reg, relays, g.log, con)
-		if err != nil {
-			return &usageError{err}
-		}
-		g.log.Info("admin listener", "addr", srv.Addr())
-		defer func() {
-			cctx, cancel := closing(5 * time.Second)
-			defer cancel()
-			_ = srv.Close(cctx)
-		}()
-		// The backlog gauges count the outbox (0.85 s of database time
-		// on a 1M backlog here): only when someone can scrape them.
-		watchCtx, stopWatch := context.WithCancel(parent)
-		watchDone := make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			metrics.WatchOutbox(watchCtx, pool, g.schema, o.metricsInterval, g.log)
-		}()
-		defer func() { stopWatch(); <-watchDone }()
 	}
 	// Each relay says "relay running" once it has reached the database and
 	// checked the schema; nothing here has connected yet.
@@ -572,6 +530,118 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	return nil
+}
+
+// planRoutes reads the routes (the config file's table, or --sink for a
+// single relay: single) and plans each route's relay configuration.
+func planRoutes(g *globals, o runOptions, base relay.Config) (routes []route, planned []relay.Config, single bool, err error) {
+	routes, err = parseRoutes(g, base)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	switch {
+	case routes != nil && o.sink != "":
+		return nil, nil, false, usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
+	case routes == nil:
+		open, name, err := parseSink(o.sink, g)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
+		single = true
+	}
+	for i := range routes {
+		// The fingerprint of the route's configuration covers the sink's
+		// target, redacted (see relay.Config.Destination).
+		routes[i].cfg.Destination = routes[i].sinkName
+	}
+	for i := range routes {
+		if err := routes[i].applyFormat(o); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	planned = []relay.Config{base}
+	if !single {
+		if planned, err = setConfig(routes, nil, base, nil).Plan(); err != nil {
+			return nil, nil, false, &usageError{err}
+		}
+	}
+	return routes, planned, single, nil
+}
+
+// openSinks opens the sink of each route; closeAll closes those opened
+// (it is also the one to call when openSinks fails).
+func (g *globals) openSinks(routes []route, closing func(time.Duration) (context.Context, context.CancelFunc)) (opened []sinks.Sink, closeAll func(), err error) {
+	opened = make([]sinks.Sink, 0, len(routes))
+	closeAll = func() {
+		cctx, cancel := closing(10 * time.Second)
+		defer cancel()
+		for _, s := range opened {
+			if err := s.Close(cctx); err != nil {
+				g.log.Warn("closing sink", "error", err)
+			}
+		}
+	}
+	for _, rt := range routes {
+		s, err := rt.open()
+		if err != nil {
+			return opened, closeAll, fmt.Errorf("outbox: sink %s: %w", rt.sinkName, err)
+		}
+		opened = append(opened, s)
+	}
+	return opened, closeAll, nil
+}
+
+// adminParts are what the admin listener serves.
+type adminParts struct {
+	pool    *pgxpool.Pool
+	base    relay.Config
+	tokens  *console.Tokens
+	routes  []route
+	planned []relay.Config
+	reg     *prometheus.Registry
+	relays  runner
+	metrics *relayprom.Metrics
+}
+
+// serveAdmin starts the admin listener (metrics, health, the console),
+// the console's sampler and the backlog gauges' watch. stop ends them, in
+// the reverse order; it is also the one to call when serveAdmin fails.
+func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts, closing func(time.Duration) (context.Context, context.CancelFunc)) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
+	if err != nil {
+		return stop, err
+	}
+	sampleCtx, stopSampling := context.WithCancel(parent)
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); sampler.Run(sampleCtx) }()
+	stops = append(stops, func() { stopSampling(); <-sampled })
+	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con)
+	if err != nil {
+		return stop, &usageError{err}
+	}
+	g.log.Info("admin listener", "addr", srv.Addr())
+	stops = append(stops, func() {
+		cctx, cancel := closing(5 * time.Second)
+		defer cancel()
+		_ = srv.Close(cctx)
+	})
+	// The backlog gauges count the outbox (0.85 s of database time
+	// on a 1M backlog here): only when someone can scrape them.
+	watchCtx, stopWatch := context.WithCancel(parent)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		p.metrics.WatchOutbox(watchCtx, p.pool, g.schema, o.metricsInterval, g.log)
+	}()
+	stops = append(stops, func() { stopWatch(); <-watchDone })
+	return stop, nil
 }
 
 // closeGrace is how long past the drain timeout a stop may take to close

@@ -309,6 +309,13 @@ func (l *Leases) lanes(ctx context.Context, q Querier, st stmt, a pgx.NamedArgs)
 }
 
 func (l *Leases) render(s Schema) {
+	l.renderMembers(s)
+	l.renderLanes(s)
+}
+
+// renderMembers renders the statements about the route's relays: their
+// registration, their heartbeat, who is dead, and their configurations.
+func (l *Leases) renderMembers(s Schema) {
 	lanes, relays := s.Table("lanes"), s.Table("relays")
 	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g
 WHERE (SELECT count(*) FROM ` + lanes + ` WHERE route = @route) < 256
@@ -358,6 +365,26 @@ DELETE FROM ` + relays + ` WHERE id IN (
             WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))
     FOR UPDATE SKIP LOCKED)`)
 
+	// Live: a heartbeat younger than the lease TTL (a dead relay not yet
+	// reaped says nothing about the route's configuration now). Earlier
+	// orders registrations by start, then id, so that of two relays that
+	// disagree exactly one defers to the other; a relay not registered
+	// yet comes after every registered one.
+	l.otherConfigs = newStmt(`
+SELECT r.id, r.version, r.config_hash, r.config_summary,
+       (r.started_at, r.id) < (coalesce((SELECT m.started_at FROM ` + relays + ` m WHERE m.id = @relay), 'infinity'), @relay)
+FROM ` + relays + ` r
+WHERE r.route = @route AND r.id <> @relay AND r.config_hash <> @config_hash
+  AND r.heartbeat_at > now() - @ttl_ms * interval '1 millisecond'
+ORDER BY r.started_at, r.id
+LIMIT @max`)
+	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
+}
+
+// renderLanes renders the statements about the route's lanes: their
+// leases, their handover, and the notifications that tell the others.
+func (l *Leases) renderLanes(s Schema) {
+	lanes, relays := s.Table("lanes"), s.Table("relays")
 	l.renew = newStmt(`UPDATE ` + lanes + ` SET lease_until = now() + @ttl_ms * interval '1 millisecond' WHERE route = @route AND owner = @relay RETURNING lane`)
 
 	l.countRelays = newStmt(`SELECT count(*), count(*) FILTER (WHERE id < @relay),
@@ -396,24 +423,9 @@ WHERE lane IN (
 RETURNING lane`)
 
 	l.releaseAll = newStmt(`UPDATE ` + lanes + ` SET owner = NULL, lease_until = NULL WHERE route = @route AND owner = @relay`)
-	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
 	l.owned = newStmt(`SELECT lane FROM ` + lanes + ` WHERE route = @route AND owner = @relay`)
 	// The channel is the writers' (the relays LISTEN on one connection);
 	// the payload tells the notifications apart.
 	l.notifyMembers = newStmt(`SELECT pg_notify(@channel, '` + MembersPayload + `')`)
 	l.notifyFreed = newStmt(`SELECT pg_notify(@channel, '` + FreedPayload + `')`)
-
-	// Live: a heartbeat younger than the lease TTL (a dead relay not yet
-	// reaped says nothing about the route's configuration now). Earlier
-	// orders registrations by start, then id, so that of two relays that
-	// disagree exactly one defers to the other; a relay not registered
-	// yet comes after every registered one.
-	l.otherConfigs = newStmt(`
-SELECT r.id, r.version, r.config_hash, r.config_summary,
-       (r.started_at, r.id) < (coalesce((SELECT m.started_at FROM ` + relays + ` m WHERE m.id = @relay), 'infinity'), @relay)
-FROM ` + relays + ` r
-WHERE r.route = @route AND r.id <> @relay AND r.config_hash <> @config_hash
-  AND r.heartbeat_at > now() - @ttl_ms * interval '1 millisecond'
-ORDER BY r.started_at, r.id
-LIMIT @max`)
 }

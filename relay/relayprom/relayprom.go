@@ -63,112 +63,75 @@ type Metrics struct {
 func New(reg prometheus.Registerer, version string) *Metrics {
 	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
 	m := &Metrics{
-		published: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "messages_published_total",
-			Help: "Messages the sink accepted.",
-		}, []string{"route", "sink"}),
-		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "publish_errors_total",
-			Help: "Failed delivery attempts, by kind: retriable, permanent or timeout.",
-		}, []string{"route", "sink", "reason"}),
-		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "messages_dead_lettered_total",
-			Help: "Messages moved to the dead-letter table, by reason: permanent or max_attempts.",
-		}, []string{"route", "sink", "reason"}),
-		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "retries_scheduled_total",
-			Help: "Failed deliveries scheduled for another attempt.",
-		}, []string{"route", "sink"}),
-		untouched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "messages_held_back_total",
-			Help: "Messages not attempted because an earlier message of their key failed in the same batch.",
-		}, []string{"route", "sink"}),
-		commitFails: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "settle_failures_total",
-			Help: "Batches whose outcome could not be committed; their delivered messages will be delivered again.",
-		}, []string{"route", "sink"}),
-		cycleErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "cycle_errors_total",
-			Help: "Claim-publish-settle cycles that failed on the database side (unreachable, read-only, connection lost); the worker backs off.",
-		}, []string{"route"}),
-		publishDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "publish_duration_seconds",
-			Help:    "Time the sink took to accept or reject a batch.",
-			Buckets: latencyBuckets,
-		}, []string{"route", "sink"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "delivery_latency_seconds",
-			Help:    "From the writing transaction's start to the sink's acceptance, on the database clock.",
-			Buckets: latencyBuckets,
-		}, []string{"route", "sink"}),
-		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "batch_size_messages",
-			Help:    "Messages per claimed batch.",
-			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000},
-		}, []string{"route", "sink"}),
-		claimDur: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "claim_duration_seconds",
-			Help:    "Time to claim a batch (connection, transaction start, claim query).",
-			Buckets: latencyBuckets,
-		}),
-		settleDur: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "settle_duration_seconds",
-			Help:    "Time to record a batch's outcome and commit.",
-			Buckets: latencyBuckets,
-		}),
-		lanes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "lanes_owned",
-			Help: "Lanes (of 256 per route) this process currently owns.",
-		}, []string{"route"}),
-		unworked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "unworked_lanes",
-			Help: "Lanes of the route that no live relay has worked for longer than a lease TTL, as seen at this process's last heartbeat (missing lane rows included); their messages wait. 0 normally.",
-		}, []string{"route"}),
-		routeConfigs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "route_configurations",
-			Help: "Configurations (topics, sink, format, dead-letter policy, fan-out) the live relays of the route run, as seen at this process's last heartbeat: 1 normally, more while relays of another configuration share the route (run --allow-config-change) or wait for it (see the logs).",
-		}, []string{"route"}),
-		wakeSource: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "wakeup_source",
-			Help: "1 for how this process learns of new rows (wal or poll: it is the database's watcher; follow: another process watches and notifies it; notify: the writers' trigger; -: its LISTEN connection is down), 0 for the others.",
-		}, []string{"source"}),
-		wakeFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "wakeup_wal_fallbacks_total",
-			Help: "Times the watcher wanted to follow the WAL and polled instead (the stream broke, or logical replication is not allowed: see the logs).",
-		}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "pending_messages",
-			Help: "Messages in the outbox and fan-out copies not yet delivered (all relays), as of the last periodic check.",
-		}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "oldest_pending_age_seconds",
-			Help: "Age of the oldest message in the outbox or fan-out copy not yet delivered: the main lag signal. 0 when empty.",
-		}),
-		retrying: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "retrying_messages",
-			Help: "Messages in the outbox and fan-out copies that failed at least once and are neither delivered nor dead, whether or not their next attempt is due.",
-		}),
-		delayed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "delayed_messages",
-			Help: "Messages in the outbox and fan-out copies written with a delivery time still to come.",
-		}),
-		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "dead_letters",
-			Help: "Messages in the dead-letter table.",
-		}),
-		heldKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "held_keys",
-			Help: "Keys a route with on-dead-letter hold keeps waiting behind a dead letter until it is replayed or purged (all relays). The series of a route goes when it holds nothing.",
-		}, []string{"route"}),
-		oldestHold: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "oldest_hold_age_seconds",
-			Help: "How long the route's oldest held key has waited for an operator.",
-		}, []string{"route"}),
+		published: newCounterVec("messages_published_total",
+			"Messages the sink accepted.",
+			"route", "sink"),
+		publishErrors: newCounterVec("publish_errors_total",
+			"Failed delivery attempts, by kind: retriable, permanent or timeout.",
+			"route", "sink", "reason"),
+		deadLettered: newCounterVec("messages_dead_lettered_total",
+			"Messages moved to the dead-letter table, by reason: permanent or max_attempts.",
+			"route", "sink", "reason"),
+		retried: newCounterVec("retries_scheduled_total",
+			"Failed deliveries scheduled for another attempt.",
+			"route", "sink"),
+		untouched: newCounterVec("messages_held_back_total",
+			"Messages not attempted because an earlier message of their key failed in the same batch.",
+			"route", "sink"),
+		commitFails: newCounterVec("settle_failures_total",
+			"Batches whose outcome could not be committed; their delivered messages will be delivered again.",
+			"route", "sink"),
+		cycleErrors: newCounterVec("cycle_errors_total",
+			"Claim-publish-settle cycles that failed on the database side (unreachable, read-only, connection lost); the worker backs off.",
+			"route"),
+		publishDur: newHistogramVec("publish_duration_seconds",
+			"Time the sink took to accept or reject a batch.",
+			latencyBuckets, "route", "sink"),
+		latency: newHistogramVec("delivery_latency_seconds",
+			"From the writing transaction's start to the sink's acceptance, on the database clock.",
+			latencyBuckets, "route", "sink"),
+		batchSize: newHistogramVec("batch_size_messages",
+			"Messages per claimed batch.",
+			[]float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}, "route", "sink"),
+		claimDur: newHistogram("claim_duration_seconds",
+			"Time to claim a batch (connection, transaction start, claim query).",
+			latencyBuckets),
+		settleDur: newHistogram("settle_duration_seconds",
+			"Time to record a batch's outcome and commit.",
+			latencyBuckets),
+		lanes: newGaugeVec("lanes_owned",
+			"Lanes (of 256 per route) this process currently owns.",
+			"route"),
+		unworked: newGaugeVec("unworked_lanes",
+			"Lanes of the route that no live relay has worked for longer than a lease TTL, as seen at this process's last heartbeat (missing lane rows included); their messages wait. 0 normally.",
+			"route"),
+		routeConfigs: newGaugeVec("route_configurations",
+			"Configurations (topics, sink, format, dead-letter policy, fan-out) the live relays of the route run, as seen at this process's last heartbeat: 1 normally, more while relays of another configuration share the route (run --allow-config-change) or wait for it (see the logs).",
+			"route"),
+		wakeSource: newGaugeVec("wakeup_source",
+			"1 for how this process learns of new rows (wal or poll: it is the database's watcher; follow: another process watches and notifies it; notify: the writers' trigger; -: its LISTEN connection is down), 0 for the others.",
+			"source"),
+		wakeFallbacks: newCounter("wakeup_wal_fallbacks_total",
+			"Times the watcher wanted to follow the WAL and polled instead (the stream broke, or logical replication is not allowed: see the logs)."),
+		pending: newGauge("pending_messages",
+			"Messages in the outbox and fan-out copies not yet delivered (all relays), as of the last periodic check."),
+		oldestAge: newGauge("oldest_pending_age_seconds",
+			"Age of the oldest message in the outbox or fan-out copy not yet delivered: the main lag signal. 0 when empty."),
+		retrying: newGauge("retrying_messages",
+			"Messages in the outbox and fan-out copies that failed at least once and are neither delivered nor dead, whether or not their next attempt is due."),
+		delayed: newGauge("delayed_messages",
+			"Messages in the outbox and fan-out copies written with a delivery time still to come."),
+		deadLetters: newGauge("dead_letters",
+			"Messages in the dead-letter table."),
+		heldKeys: newGaugeVec("held_keys",
+			"Keys a route with on-dead-letter hold keeps waiting behind a dead letter until it is replayed or purged (all relays). The series of a route goes when it holds nothing.",
+			"route"),
+		oldestHold: newGaugeVec("oldest_hold_age_seconds",
+			"How long the route's oldest held key has waited for an operator.",
+			"route"),
 		heldRoutes: map[string]bool{},
-		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "outbox_check_errors_total",
-			Help: "Failed periodic outbox checks (the backlog gauges keep their last value).",
-		}),
+		scrapeErrors: newCounter("outbox_check_errors_total",
+			"Failed periodic outbox checks (the backlog gauges keep their last value)."),
 	}
 	goVersion := "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -409,4 +372,30 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(s.AcquireCount()))
 	ch <- prometheus.MustNewConstMetric(c.waited, prometheus.CounterValue, float64(s.EmptyAcquireCount()))
 	ch <- prometheus.MustNewConstMetric(c.waitDur, prometheus.CounterValue, s.AcquireDuration().Seconds())
+}
+
+// The constructors of the metrics, in the relay's namespace.
+
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
+}
+
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+}
+
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help})
+}
+
+func newGaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, labels)
+}
+
+func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets})
+}
+
+func newHistogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, labels)
 }
