@@ -28,68 +28,38 @@ func withBatches(next http.Handler) http.Handler {
 		}
 		switch r.Form.Get("Action") {
 		case "SendMessageBatch":
+			sendMessageBatch(next, w, r)
 		case "PublishBatch":
 			publishBatch(next, w, r)
-			return
 		default:
 			next.ServeHTTP(w, r)
-			return
 		}
-		const prefix = "SendMessageBatchRequestEntry."
-		entries := map[int]url.Values{}
-		for k, v := range r.Form {
-			rest, ok := strings.CutPrefix(k, prefix)
-			if !ok {
-				continue
-			}
-			n, field, ok := strings.Cut(rest, ".")
-			i, err := strconv.Atoi(n)
-			if !ok || err != nil {
-				continue
-			}
-			if entries[i] == nil {
-				entries[i] = url.Values{}
-			}
-			entries[i][field] = v
-		}
-		if len(entries) == 0 || len(entries) > 10 {
-			next.ServeHTTP(w, r) // goaws' own answer: empty or too many entries
-			return
-		}
-		order := make([]int, 0, len(entries))
-		for i := range entries {
-			order = append(order, i)
-		}
-		sort.Ints(order)
-		var res app.SendMessageBatchResult
-		for _, i := range order {
-			e := entries[i]
-			id := e.Get("Id")
-			e.Del("Id")
-			e.Set("Action", "SendMessage")
-			e.Set("QueueUrl", r.Form.Get("QueueUrl"))
-			e.Set("Version", r.Form.Get("Version"))
-			req := httptest.NewRequest(http.MethodPost, r.URL.String(), strings.NewReader(e.Encode()))
-			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-			rec := httptest.NewRecorder()
-			next.ServeHTTP(rec, req)
-			if rec.Code != http.StatusOK {
-				var er app.ErrorResponse
-				_ = xml.Unmarshal(rec.Body.Bytes(), &er)
-				res.Error = append(res.Error, app.BatchResultErrorEntry{Id: id, Code: er.Result.Code,
-					Message: er.Result.Message, SenderFault: rec.Code < 500})
-				continue
-			}
-			var ok app.SendMessageResponse
-			_ = xml.Unmarshal(rec.Body.Bytes(), &ok)
-			res.Entry = append(res.Entry, app.SendMessageBatchResultEntry{Id: id, MessageId: ok.Result.MessageId,
-				MD5OfMessageBody: ok.Result.MD5OfMessageBody, MD5OfMessageAttributes: ok.Result.MD5OfMessageAttributes,
-				SequenceNumber: ok.Result.SequenceNumber})
-		}
-		w.Header().Set("Content-Type", "application/xml")
-		_ = xml.NewEncoder(w).Encode(app.SendMessageBatchResponse{Xmlns: "http://queue.amazonaws.com/doc/2012-11-05/",
-			Result: res, Metadata: app.ResponseMetadata{RequestId: "00000000-0000-0000-0000-000000000000"}})
 	})
+}
+
+// sendMessageBatch answers SendMessageBatch with one SendMessage an entry.
+func sendMessageBatch(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	entries := batchEntries(r.Form, "SendMessageBatchRequestEntry.")
+	if len(entries) == 0 || len(entries) > 10 {
+		next.ServeHTTP(w, r) // goaws' own answer: empty or too many entries
+		return
+	}
+	var res app.SendMessageBatchResult
+	for _, a := range runEach(next, r, entries, "SendMessage", "QueueUrl") {
+		if a.failed != nil {
+			res.Error = append(res.Error, app.BatchResultErrorEntry{Id: a.id, Code: a.failed.Result.Code,
+				Message: a.failed.Result.Message, SenderFault: a.sender})
+			continue
+		}
+		var ok app.SendMessageResponse
+		_ = xml.Unmarshal(a.body, &ok)
+		res.Entry = append(res.Entry, app.SendMessageBatchResultEntry{Id: a.id, MessageId: ok.Result.MessageId,
+			MD5OfMessageBody: ok.Result.MD5OfMessageBody, MD5OfMessageAttributes: ok.Result.MD5OfMessageAttributes,
+			SequenceNumber: ok.Result.SequenceNumber})
+	}
+	w.Header().Set("Content-Type", "application/xml")
+	_ = xml.NewEncoder(w).Encode(app.SendMessageBatchResponse{Xmlns: "http://queue.amazonaws.com/doc/2012-11-05/",
+		Result: res, Metadata: app.ResponseMetadata{RequestId: "00000000-0000-0000-0000-000000000000"}})
 }
 
 // publishBatchResponse is SNS's answer to PublishBatch.
@@ -120,23 +90,7 @@ type publishBatchFail struct {
 // checked and delivered to the topic's subscriptions as a Publish is, and
 // an entry goaws refuses becomes a failed entry with goaws' error code.
 func publishBatch(next http.Handler, w http.ResponseWriter, r *http.Request) {
-	const prefix = "PublishBatchRequestEntries.member."
-	entries := map[int]url.Values{}
-	for k, v := range r.Form {
-		rest, ok := strings.CutPrefix(k, prefix)
-		if !ok {
-			continue
-		}
-		n, field, ok := strings.Cut(rest, ".")
-		i, err := strconv.Atoi(n)
-		if !ok || err != nil {
-			continue
-		}
-		if entries[i] == nil {
-			entries[i] = url.Values{}
-		}
-		entries[i][field] = v
-	}
+	entries := batchEntries(r.Form, "PublishBatchRequestEntries.member.")
 	var res publishBatchResponse
 	res.Xmlns = "http://sns.amazonaws.com/doc/2010-03-31/"
 	if len(entries) == 0 || len(entries) > 10 {
@@ -148,34 +102,82 @@ func publishBatch(next http.Handler, w http.ResponseWriter, r *http.Request) {
 		_ = xml.NewEncoder(w).Encode(app.ErrorResponse{Result: app.ErrorResult{Type: "Sender", Code: code, Message: code}})
 		return
 	}
-	order := make([]int, 0, len(entries))
-	for i := range entries {
+	for _, a := range runEach(next, r, entries, "Publish", "TopicArn") {
+		if a.failed != nil {
+			res.Result.Failed = append(res.Result.Failed, publishBatchFail{ID: a.id, Code: a.failed.Result.Code,
+				Message: a.failed.Result.Message, SenderFault: a.sender})
+			continue
+		}
+		var ok app.PublishResponse
+		_ = xml.Unmarshal(a.body, &ok)
+		res.Result.Successful = append(res.Result.Successful, publishBatchOK{ID: a.id, MessageID: ok.Result.MessageId})
+	}
+	res.Metadata.RequestId = "00000000-0000-0000-0000-000000000000"
+	w.Header().Set("Content-Type", "application/xml")
+	_ = xml.NewEncoder(w).Encode(res)
+}
+
+// batchEntries are the entries of a batch request, in entry order: the
+// form's fields prefix.N.Field, as url.Values of Field per N.
+func batchEntries(form url.Values, prefix string) []url.Values {
+	byN := map[int]url.Values{}
+	for k, v := range form {
+		rest, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		n, field, ok := strings.Cut(rest, ".")
+		i, err := strconv.Atoi(n)
+		if !ok || err != nil {
+			continue
+		}
+		if byN[i] == nil {
+			byN[i] = url.Values{}
+		}
+		byN[i][field] = v
+	}
+	order := make([]int, 0, len(byN))
+	for i := range byN {
 		order = append(order, i)
 	}
 	sort.Ints(order)
-	for _, i := range order {
-		e := entries[i]
+	entries := make([]url.Values, len(order))
+	for k, i := range order {
+		entries[k] = byN[i]
+	}
+	return entries
+}
+
+// answer is goaws' answer to one entry of a batch: its body, or the
+// error it refused the entry with (sender: a client error).
+type answer struct {
+	id     string
+	body   []byte
+	failed *app.ErrorResponse
+	sender bool
+}
+
+// runEach runs action (with the batch request's target field) once per
+// entry, in order, through goaws' own handler.
+func runEach(next http.Handler, r *http.Request, entries []url.Values, action, target string) []answer {
+	out := make([]answer, 0, len(entries))
+	for _, e := range entries {
 		id := e.Get("Id")
 		e.Del("Id")
-		e.Set("Action", "Publish")
-		e.Set("TopicArn", r.Form.Get("TopicArn"))
+		e.Set("Action", action)
+		e.Set(target, r.Form.Get(target))
 		e.Set("Version", r.Form.Get("Version"))
 		req := httptest.NewRequest(http.MethodPost, r.URL.String(), strings.NewReader(e.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		rec := httptest.NewRecorder()
 		next.ServeHTTP(rec, req)
+		a := answer{id: id, body: rec.Body.Bytes()}
 		if rec.Code != http.StatusOK {
-			var er app.ErrorResponse
-			_ = xml.Unmarshal(rec.Body.Bytes(), &er)
-			res.Result.Failed = append(res.Result.Failed, publishBatchFail{ID: id, Code: er.Result.Code,
-				Message: er.Result.Message, SenderFault: rec.Code < 500})
-			continue
+			a.failed = &app.ErrorResponse{}
+			_ = xml.Unmarshal(a.body, a.failed)
+			a.sender = rec.Code < 500
 		}
-		var ok app.PublishResponse
-		_ = xml.Unmarshal(rec.Body.Bytes(), &ok)
-		res.Result.Successful = append(res.Result.Successful, publishBatchOK{ID: id, MessageID: ok.Result.MessageId})
+		out = append(out, a)
 	}
-	res.Metadata.RequestId = "00000000-0000-0000-0000-000000000000"
-	w.Header().Set("Content-Type", "application/xml")
-	_ = xml.NewEncoder(w).Encode(res)
+	return out
 }
