@@ -70,6 +70,7 @@ func (l *leaser) run(ctx context.Context) {
 				break
 			}
 			l.r.log.Warn("lane lease heartbeat failed", "error", err)
+			l.r.cfg.sig.emit(sigLeaseLost, 0)
 			l.closeConn(ctx)
 			// It may have been reaped meanwhile: it registers, and says
 			// so, again.
@@ -78,6 +79,7 @@ func (l *leaser) run(ctx context.Context) {
 			continue
 		}
 		l.r.leaseOK.Store(time.Now().UnixNano())
+		l.r.cfg.sig.emit(sigLeaseHeld, l.owned)
 		last := time.Now()
 		bo.Reset()
 		if !l.wait(ctx, t.C, last) {
@@ -143,9 +145,18 @@ func (r *Relay) MembersChanged() {
 // rebalances when relays came or went, and only one below its share
 // when lanes were handed back (freed).
 func (r *Relay) membersNotified(freed bool) {
-	if !freed || r.short.Load() {
+	ask := !freed || r.short.Load()
+	if ask {
 		r.MembersChanged()
 	}
+	v := 0
+	if freed {
+		v |= heardFreed
+	}
+	if ask {
+		v |= heardAsked
+	}
+	r.cfg.sig.emit(sigMembersHeard, v)
 }
 
 func (l *leaser) closeConn(ctx context.Context) {
@@ -205,10 +216,17 @@ func (l *leaser) tick(ctx context.Context) error {
 			l.r.wakeAll()
 		}
 	}
+	changed := s.owned != l.owned
 	l.owned = s.owned
 	l.r.handover.Store(&s.handover)
 	l.r.ownedLane.Store(int64(s.owned))
 	l.r.cfg.Hooks.Lanes(s.owned)
+	if changed {
+		l.r.cfg.sig.emit(sigRebalanced, s.owned)
+	}
+	if s.owned == s.target && len(s.handover) == 0 {
+		l.r.cfg.sig.emit(sigBalanced, s.owned)
+	}
 	return nil
 }
 
@@ -217,6 +235,7 @@ func (l *leaser) tick(ctx context.Context) error {
 // of the route a live relay works.
 type share struct {
 	owned, worked int
+	target        int // the fair share
 	handover      []int16
 	// refused: live relays of the route registered earlier run another
 	// configuration; this relay handed its lanes back and unregistered.
@@ -290,6 +309,7 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 	}
 	var err error
 	target := fairShare(beat.Count)
+	s.target = target
 	if s.owned, s.handover, err = l.rebalance(ctx, conn, beat.Mine, target); err != nil {
 		return s, err
 	}

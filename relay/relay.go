@@ -149,6 +149,9 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	if signalsForTests && cfg.sig == nil {
+		cfg.sig = newSignals()
+	}
 	r := &Relay{
 		cfg:       cfg,
 		pool:      pool,
@@ -299,6 +302,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
 	lease := newLeaser(r)
 	leaseDone := spawn(func() { lease.run(ctx) })
+	r.cfg.sig.emit(sigStarted, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
 	listenDone := spawn(func() {
@@ -326,6 +330,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	lease.releaseAll(relCtx)
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
+	r.cfg.sig.emit(sigStopped, 0)
 	return nil
 }
 
