@@ -48,7 +48,7 @@ func (r *Relay) AwaitSignal(t testing.TB, d time.Duration, sig Signal, after int
 	defer cancel()
 	v, err := r.cfg.sig.await(ctx, sig, after, match)
 	if err != nil {
-		t.Fatalf("relay %s: no signal %d after the first %d within %s (%d so far)", r.cfg.ID, sig, after, d, r.cfg.sig.count(sig))
+		t.Fatalf("relay %s: no %q signal after the first %d within %s (%d so far)", r.cfg.ID, sig, after, d, r.cfg.sig.count(sig))
 	}
 	return v
 }

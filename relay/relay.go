@@ -42,7 +42,8 @@ type Relay struct {
 	// lease keeps the relay's share of the lanes, and owns the lane
 	// state (see leaser).
 	lease *leaser
-	// handover is the leaser's, for the workers (see handoverLanes).
+	// handover is lease.handover, read by the workers (handoverLanes in
+	// worker.go; it goes once they ask the leaser).
 	handover *atomic.Pointer[[]int16]
 
 	wake []chan struct{}

@@ -127,7 +127,7 @@ func awaitNextOfAny(t testing.TB, sig relay.Signal, rs ...*relay.Relay) {
 			}
 		}
 		return false
-	}, "signal %d from any of %d relays", sig, len(rs))
+	}, "a %q signal from any of %d relays", sig, len(rs))
 }
 
 // balanced waits until each of rs has had a heartbeat that left it at an

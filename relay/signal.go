@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,16 @@ const (
 
 	numSignals
 )
+
+var signalNames = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
+	"elected", "following", "WAL", "polling", "watcher idle"}
+
+func (s signal) String() string {
+	if s < numSignals {
+		return signalNames[s]
+	}
+	return "signal " + strconv.Itoa(int(s))
+}
 
 // The bits of sigMembersHeard's value.
 const (
