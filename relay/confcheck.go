@@ -142,7 +142,7 @@ func (rc routeConfig) summary() string {
 
 // ConfigSummary returns the summary of the route's configuration this
 // relay registers (what status shows for it).
-func (r *Relay) ConfigSummary() string { return r.confSummary }
+func (r *Relay) ConfigSummary() string { return r.lease.confSummary }
 
 // comparable reports whether h is a fingerprint this relay can compare
 // its own with: one of a relay of a version that registers fingerprints
@@ -202,11 +202,11 @@ const confWarnEvery = time.Minute
 
 // conflictError is the error of a relay that takes no lane of its route
 // because live relays run another configuration there.
-func (r *Relay) conflictError(blocking []store.OtherConfig) error {
+func (l *leaser) conflictError(blocking []store.OtherConfig) error {
 	return fmt.Errorf("%w: route %q: live relays of the route run another configuration; this relay takes none of their lanes. "+
 		"This relay: %s. Running: %s. Stop them first, give this relay their configuration, "+
 		"or allow both to deliver during a rolling change (--allow-config-change; Config.OnConfigChange %q)",
-		ErrConfig, r.cfg.Route, r.confSummary, describeOthers(blocking), ConfigChangeAllow)
+		ErrConfig, l.route, l.confSummary, describeOthers(blocking), ConfigChangeAllow)
 }
 
 // judgeOthers applies the relay's policy to the other configurations of
@@ -214,12 +214,11 @@ func (r *Relay) conflictError(blocking []store.OtherConfig) error {
 // them to the hooks and the log, and returns an error (wrapping
 // ErrConfig) when the relay must take no lane.
 func (l *leaser) judgeOthers(others []store.OtherConfig) error {
-	r := l.r
 	v := judge(others)
-	if h, ok := r.cfg.Hooks.(ConfigHooks); ok {
+	if h, ok := l.hooks.(ConfigHooks); ok {
 		h.RouteConfigs(v.configs)
 	}
-	r.routeConfigs.Store(int64(v.configs))
+	l.routeConfigs.Store(int64(v.configs))
 	now := time.Now()
 	if v.unknown > 0 && now.Sub(l.unknownWarned) >= confWarnEvery {
 		var unknown []store.OtherConfig
@@ -228,20 +227,20 @@ func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 				unknown = append(unknown, o)
 			}
 		}
-		r.log.Warn("live relays of the route registered no configuration this relay can compare (an older version): their routes are not known to agree",
-			"this", r.confSummary, "others", describeOthers(unknown))
+		l.log.Warn("live relays of the route registered no configuration this relay can compare (an older version): their routes are not known to agree",
+			"this", l.confSummary, "others", describeOthers(unknown))
 		l.unknownWarned = now
 	}
-	if len(v.blocking) > 0 && r.cfg.OnConfigChange != ConfigChangeAllow {
-		err := r.conflictError(v.blocking)
+	if len(v.blocking) > 0 && l.onConfigChange != ConfigChangeAllow {
+		err := l.conflictError(v.blocking)
 		if now.Sub(l.conflictWarned) >= confWarnEvery {
-			r.log.Error("refusing the route's lanes", "error", err)
+			l.log.Error("refusing the route's lanes", "error", err)
 			l.conflictWarned = now
 		}
-		r.waitingConfig.Store(&err)
+		l.waitingConfig.Store(&err)
 		return err
 	}
-	r.waitingConfig.Store(nil)
+	l.waitingConfig.Store(nil)
 	if v.configs > 1 && now.Sub(l.coexistWarned) >= confWarnEvery {
 		var known []store.OtherConfig
 		for _, o := range others {
@@ -249,8 +248,8 @@ func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 				known = append(known, o)
 			}
 		}
-		r.log.Warn("relays of the route run different configurations and share its lanes (allowed for a rolling change)",
-			"configurations", v.configs, "this", r.confSummary, "others", describeOthers(known))
+		l.log.Warn("relays of the route run different configurations and share its lanes (allowed for a rolling change)",
+			"configurations", v.configs, "this", l.confSummary, "others", describeOthers(known))
 		l.coexistWarned = now
 	}
 	if v.configs == 1 {
@@ -262,4 +261,4 @@ func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 // RouteConfigs returns how many configurations the live relays of this
 // relay's route ran at its last heartbeat (see ConfigHooks); 0 before the
 // first.
-func (r *Relay) RouteConfigs() int { return int(r.routeConfigs.Load()) }
+func (r *Relay) RouteConfigs() int { return int(r.lease.routeConfigs.Load()) }

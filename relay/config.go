@@ -186,6 +186,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks observe the relay (metrics). Default none.
 	Hooks Hooks
+
+	// sig receives the components' test signals (see signal.go): nil
+	// outside the package's tests.
+	sig *signals
 }
 
 // Destination is one route a fan-out router copies messages to: those

@@ -43,12 +43,18 @@ func countConns(t *testing.T, pool *pgxpool.Pool, appName string) *connCounter {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		// A sampler: it looks every few milliseconds by design.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
 		for ctx.Err() == nil {
 			var n int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n); err == nil {
 				c.peak.Store(max(c.peak.Load(), n))
 			}
-			time.Sleep(5 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
 		}
 	}()
 	c.stop = func() { cancel(); <-done }

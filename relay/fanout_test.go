@@ -67,7 +67,7 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 		return nil
 	})
 	e.start(router, nil)
-	e.start(kcfg, ksink)
+	rk, _ := e.start(kcfg, ksink)
 	e.start(hcfg, hsink)
 	e.start(direct, usink)
 
@@ -120,7 +120,7 @@ func TestFanOutDeliversToEachDestinationIndependently(t *testing.T) {
 	require.Equal(t, []int64{dead[0].ID}, replayed.IDs(operator.Replayed))
 	require.NoError(t, hsink.WaitFor(waitCtx(t, 10*time.Second), 301))
 	require.Equal(t, "poison", string(hsink.Delivered()[300].Payload))
-	time.Sleep(300 * time.Millisecond)
+	claimedAgain(t, rk, 4)
 	require.Equal(t, 301, ksink.Len(), "kafka did not get the replayed message again")
 }
 
@@ -199,7 +199,7 @@ func TestFanOutArchiveReplayToOneDestination(t *testing.T) {
 	hsink2, ksink2 := memory.New(), memory.New()
 	kcfg.Archive, hcfg.Archive = false, false
 	e.start(router, nil)
-	e.start(kcfg, ksink2)
+	rk, _ := e.start(kcfg, ksink2)
 	e.start(hcfg, hsink2)
 	require.NoError(t, hsink2.WaitFor(waitCtx(t, 10*time.Second), 20))
 	checkOrder(t, hsink2.Delivered())
@@ -209,7 +209,7 @@ func TestFanOutArchiveReplayToOneDestination(t *testing.T) {
 		require.Equal(t, fmt.Sprint(i), string(m.Payload), "new ids in the original order")
 		require.Equal(t, hsink.Delivered()[indexOfSeq(hsink.Delivered(), fmt.Sprint(i))].ID, m.ID, "keeps the message id")
 	}
-	time.Sleep(200 * time.Millisecond)
+	claimedAgain(t, rk, 4)
 	require.Zero(t, ksink2.Len(), "the other destination gets nothing")
 }
 

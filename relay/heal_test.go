@@ -175,9 +175,15 @@ func TestLanesNobodyWorksAreReported(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// The stuck relay's heartbeat, as a live relay's comes.
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
 		for ctx.Err() == nil {
 			_, _ = fake.Exec(ctx, "UPDATE "+e.table("relays")+" SET heartbeat_at = now() WHERE id = 'stuck'")
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
 		}
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })

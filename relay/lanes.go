@@ -65,33 +65,33 @@ func parseLanes(p string) (laneSet, bool) {
 // (Lanes it gains may hold a backlog no wake-up will name: the leaser
 // wakes every worker, to visit all of its lanes, once the heartbeat that
 // took them has committed.)
-func (r *Relay) setOwned(lanes []int16, add bool) {
+func (l *leaser) setOwned(lanes []int16, add bool) {
 	s := laneSetOf(lanes)
 	for i := range s {
 		if add {
-			r.ownedSet[i].Or(s[i])
+			l.ownedSet[i].Or(s[i])
 		} else {
-			r.ownedSet[i].Store(s[i])
+			l.ownedSet[i].Store(s[i])
 		}
 	}
-	r.ownedKnown.Store(true)
+	l.ownedKnown.Store(true)
 }
 
 // dropOwned forgets lanes this relay has released, so that claims stop
 // visiting them before the next heartbeat.
-func (r *Relay) dropOwned(lanes []int16) {
+func (l *leaser) dropOwned(lanes []int16) {
 	s := laneSetOf(lanes)
 	for i := range s {
-		r.ownedSet[i].And(^s[i])
+		l.ownedSet[i].And(^s[i])
 	}
 }
 
-// owned returns the lanes this relay holds, as setOwned and dropOwned
+// lanes returns the lanes this relay holds, as setOwned and dropOwned
 // left them.
-func (r *Relay) owned() laneSet {
+func (l *leaser) lanes() laneSet {
 	var s laneSet
 	for i := range s {
-		s[i] = r.ownedSet[i].Load()
+		s[i] = l.ownedSet[i].Load()
 	}
 	return s
 }
@@ -111,14 +111,16 @@ func laneSetOf(lanes []int16) laneSet {
 // heartbeat, for a claim to visit; nil until a heartbeat has told (the
 // claim then visits every lane of the worker, and its lease check skips
 // those of other relays).
-func (r *Relay) ownedOf(worker int) []int16 {
-	if !r.ownedKnown.Load() {
+func (r *Relay) ownedOf(worker int) []int16 { return r.lease.ownedOf(worker) }
+
+func (l *leaser) ownedOf(worker int) []int16 {
+	if !l.ownedKnown.Load() {
 		return nil
 	}
-	owned, out := r.owned(), []int16{}
-	for l := worker; l < numLanes; l += r.cfg.Workers {
-		if owned.has(l) {
-			out = append(out, int16(l))
+	owned, out := l.lanes(), []int16{}
+	for lane := worker; lane < numLanes; lane += l.workers {
+		if owned.has(lane) {
+			out = append(out, int16(lane))
 		}
 	}
 	return out
@@ -128,7 +130,7 @@ func (r *Relay) ownedOf(worker int) []int16 {
 // to each (see pending); all of them while this relay does not know its
 // lanes yet.
 func (r *Relay) wakeLanes(lanes laneSet) {
-	owned := r.owned()
+	owned := r.lease.lanes()
 	var mine laneSet
 	for i := range mine {
 		mine[i] = owned[i] & lanes[i]

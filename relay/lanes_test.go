@@ -131,7 +131,7 @@ func TestNextRotation(t *testing.T) {
 // none), or, until a heartbeat has told it, every lane of the worker
 // (nil).
 func TestOwnedOf(t *testing.T) {
-	r := &Relay{cfg: Config{Workers: 3}}
+	r := newLeaser(leaserConfig{workers: 3})
 	if got := r.ownedOf(1); got != nil {
 		t.Fatalf("no lanes known: %v, want nil", got)
 	}

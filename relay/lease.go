@@ -3,9 +3,11 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,12 +19,49 @@ import (
 // numLanes is how many lanes a route has.
 const numLanes = store.NumLanes
 
-// leaser keeps this relay registered and owning its fair share of lanes.
-// It holds one connection for its whole life: the server-side identity of
-// that connection (pid, start time) is how other relays tell that this one
+// leaser keeps this relay registered and owning its fair share of lanes,
+// and owns the lane state the rest of the relay reads: the lanes it holds
+// and hands over, whether it is below its share, the health of its lease
+// and what it knows of the route's configurations. It holds one
+// connection for its whole life: the server-side identity of that
+// connection (pid, start time) is how other relays tell that this one
 // died without waiting for the lease to expire.
 type leaser struct {
-	r     *Relay
+	leaserConfig
+
+	// The lane state, read by the workers, the wake-up and the relay's
+	// accessors while run writes it.
+	//
+	// ownedSet: the lanes held at the last heartbeat (a laneSet), so
+	// that a wake-up about some lanes wakes only the workers that claim
+	// them; ownedKnown: a heartbeat has set it; ownedLanes: how many.
+	ownedSet   [numLanes / 64]atomic.Uint64
+	ownedKnown atomic.Bool
+	ownedLanes atomic.Int64
+	// handover holds lanes this relay is giving up: workers skip them so
+	// that the next heartbeat can release them.
+	handover atomic.Pointer[[]int16]
+	// short: the last heartbeat left this relay below its fair share
+	// (true until the first): a notification that lanes were handed back
+	// is for it (see membersNotified).
+	short atomic.Bool
+	// rebalance asks for a heartbeat now (see membersChanged).
+	rebalance chan struct{}
+	// leaseOK: when the heartbeat last succeeded (unix nanos); unworked:
+	// see noteUnworked.
+	leaseOK, unworked atomic.Int64
+	// waitingConfig is set while this relay takes no lane because live
+	// relays of the route run another configuration; routeConfigs counts
+	// the configurations (see judgeOthers).
+	waitingConfig atomic.Pointer[error]
+	routeConfigs  atomic.Int64
+
+	// What run is given: the sessions go through a transaction-pooling
+	// proxy; abort stops the relay with a cause (ConfigChangeFail).
+	pooled bool
+	abort  context.CancelCauseFunc
+
+	// run's own state.
 	held  *pgxpool.Conn // conn's pool handle (see dropConn)
 	conn  *pgx.Conn
 	owned int
@@ -39,7 +78,40 @@ type leaser struct {
 	conflictWarned, coexistWarned, unknownWarned time.Time
 }
 
-func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
+// leaserConfig is what a leaser works with: the relay's pool and lease
+// statements, the settings of its configuration that concern the lanes,
+// and the relay's workers, seen through three functions.
+type leaserConfig struct {
+	pool  *pgxpool.Pool
+	q     *store.Leases
+	log   *slog.Logger
+	hooks Hooks
+	sig   *signals
+
+	route               string
+	workers             int
+	leaseTTL, beatEvery time.Duration
+	fastFailover        bool
+	version             string
+	onConfigChange      string
+	// confHash and confSummary: the route's configuration this relay
+	// registers (see fingerprint).
+	confHash, confSummary string
+
+	// starved reports whether a worker has waited for a connection for
+	// longer than the lease TTL, and for how long; inFlight counts the
+	// claimed messages not yet settled; wakeAll makes every worker visit
+	// all of its lanes.
+	starved  func() (time.Duration, bool)
+	inFlight func() int64
+	wakeAll  func()
+}
+
+func newLeaser(c leaserConfig) *leaser {
+	l := &leaser{leaserConfig: c, rebalance: make(chan struct{}, 1)}
+	l.short.Store(true) // no lanes before the first heartbeat
+	return l
+}
 
 // rebalanceGap is the least time between two heartbeats that a
 // membership notification (or a lane handover) brings forward: a burst of
@@ -55,11 +127,15 @@ const shortGap = 10 * time.Millisecond
 // be handed over, should no worker say that its batch ended.
 const handoverRetry = 100 * time.Millisecond
 
-func (l *leaser) run(ctx context.Context) {
+// run keeps the lease until ctx ends, then hands back the lanes no claim
+// is using (see leaveEarly). pooled: the relay's sessions go through a
+// transaction-pooling proxy; abort stops the relay with a cause.
+func (l *leaser) run(ctx context.Context, pooled bool, abort context.CancelCauseFunc) {
+	l.pooled, l.abort = pooled, abort
 	// Ready allows the first heartbeat a lease TTL.
-	l.r.leaseOK.Store(time.Now().UnixNano())
+	l.leaseOK.Store(time.Now().UnixNano())
 	bo := newReconnectBackoff()
-	t := time.NewTicker(l.r.cfg.Heartbeat)
+	t := time.NewTicker(l.beatEvery)
 	defer t.Stop()
 	for {
 		if err := l.tick(ctx); err != nil {
@@ -69,7 +145,8 @@ func (l *leaser) run(ctx context.Context) {
 				l.closeConn(ctx)
 				break
 			}
-			l.r.log.Warn("lane lease heartbeat failed", "error", err)
+			l.log.Warn("lane lease heartbeat failed", "error", err)
+			l.sig.emit(sigLeaseLost, 0)
 			l.closeConn(ctx)
 			// It may have been reaped meanwhile: it registers, and says
 			// so, again.
@@ -77,7 +154,8 @@ func (l *leaser) run(ctx context.Context) {
 			sleep(ctx, bo.NextBackOff())
 			continue
 		}
-		l.r.leaseOK.Store(time.Now().UnixNano())
+		l.leaseOK.Store(time.Now().UnixNano())
+		l.sig.emit(sigLeaseHeld, l.owned)
 		last := time.Now()
 		bo.Reset()
 		if !l.wait(ctx, t.C, last) {
@@ -88,7 +166,7 @@ func (l *leaser) run(ctx context.Context) {
 }
 
 // wait waits for the next heartbeat: the ticker's, or an earlier one when
-// relays joined or left (MembersChanged) or lanes wait to be handed over.
+// relays joined or left (membersChanged) or lanes wait to be handed over.
 // It returns false when ctx ended.
 func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time) bool {
 	var retry <-chan time.Time
@@ -102,9 +180,9 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 		return false
 	case <-tick:
 	case <-retry:
-	case <-l.r.rebalance:
+	case <-l.rebalance:
 		gap := rebalanceGap
-		if l.r.short.Load() {
+		if l.short.Load() {
 			// Below its share, it takes lanes as they are handed back
 			// (only such a relay answers those notifications).
 			gap = shortGap
@@ -113,7 +191,7 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 			sleep(ctx, d)
 		}
 		select { // notifications that came meanwhile are served too
-		case <-l.r.rebalance:
+		case <-l.rebalance:
 		default:
 		}
 	}
@@ -122,19 +200,16 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 
 // handingOver returns the lanes this relay is handing over.
 func (l *leaser) handingOver() []int16 {
-	if h := l.r.handover.Load(); h != nil {
+	if h := l.handover.Load(); h != nil {
 		return *h
 	}
 	return nil
 }
 
-// MembersChanged tells the relay that relays of its schema joined, left or
-// handed lanes back: it recomputes its share of the lanes now (within
-// ~50ms) rather than at its next heartbeat. The relay's own LISTEN calls
-// it; a caller running a shared Listen passes it there (see Listen).
-func (r *Relay) MembersChanged() {
+// membersChanged asks for a heartbeat now (see Relay.MembersChanged).
+func (l *leaser) membersChanged() {
 	select {
-	case r.rebalance <- struct{}{}:
+	case l.rebalance <- struct{}{}:
 	default:
 	}
 }
@@ -142,11 +217,29 @@ func (r *Relay) MembersChanged() {
 // membersNotified handles a membership notification: every relay
 // rebalances when relays came or went, and only one below its share
 // when lanes were handed back (freed).
-func (r *Relay) membersNotified(freed bool) {
-	if !freed || r.short.Load() {
-		r.MembersChanged()
+func (l *leaser) membersNotified(freed bool) {
+	ask := !freed || l.short.Load()
+	if ask {
+		l.membersChanged()
 	}
+	v := 0
+	if freed {
+		v |= heardFreed
+	}
+	if ask {
+		v |= heardAsked
+	}
+	l.sig.emit(sigMembersHeard, v)
 }
+
+// MembersChanged tells the relay that relays of its schema joined, left or
+// handed lanes back: it recomputes its share of the lanes now (within
+// ~50ms) rather than at its next heartbeat. The relay's own LISTEN calls
+// it; a caller running a shared Listen passes it there (see Listen).
+func (r *Relay) MembersChanged() { r.lease.membersChanged() }
+
+// membersNotified passes a membership notification to the leaser.
+func (r *Relay) membersNotified(freed bool) { r.lease.membersNotified(freed) }
 
 func (l *leaser) closeConn(ctx context.Context) {
 	if l.held != nil {
@@ -157,24 +250,33 @@ func (l *leaser) closeConn(ctx context.Context) {
 	}
 }
 
+// connect takes the leaser's connection from the pool, unless it has one.
+func (l *leaser) connect(ctx context.Context) error {
+	if l.conn != nil {
+		return nil
+	}
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	l.held, l.conn = pc, pc.Conn()
+	return nil
+}
+
 // tick registers the heartbeat, reaps dead relays, renews this relay's
 // lanes and moves it towards its fair share.
 func (l *leaser) tick(ctx context.Context) error {
-	if l.conn == nil {
-		pc, err := l.r.pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		l.held, l.conn = pc, pc.Conn()
+	if err := l.connect(ctx); err != nil {
+		return err
 	}
-	if d, starved := l.r.starved(); starved {
+	if d, starved := l.starved(); starved {
 		return l.giveUp(ctx, d)
 	}
 	if !l.joined {
 		// Before it registers, so that the relays of the route do not
 		// even count it in their shares: a relay that will take no lane
 		// must not make them hand lanes over.
-		others, err := l.r.leases.OtherConfigs(ctx, l.conn, l.r.confHash, l.r.cfg.LeaseTTL)
+		others, err := l.q.OtherConfigs(ctx, l.conn, l.confHash, l.leaseTTL)
 		if err != nil {
 			return fmt.Errorf("read the route's configurations: %w", err)
 		}
@@ -194,29 +296,42 @@ func (l *leaser) tick(ctx context.Context) error {
 	}
 	if l.gaveUp {
 		l.gaveUp = false
-		l.r.log.Info("workers have database connections again; taking a share of the lanes")
+		l.log.Info("workers have database connections again; taking a share of the lanes")
 	}
 	l.noteUnworked(numLanes - s.worked)
-	if s.owned != l.owned {
-		l.r.log.Info("lanes rebalanced", "owned", s.owned, "was", l.owned)
-		if s.owned > l.owned {
-			// The lanes it took may hold a backlog that no wake-up named:
-			// every worker visits all of its lanes (see pending).
-			l.r.wakeAll()
-		}
-	}
-	l.owned = s.owned
-	l.r.handover.Store(&s.handover)
-	l.r.ownedLane.Store(int64(s.owned))
-	l.r.cfg.Hooks.Lanes(s.owned)
+	l.took(s)
 	return nil
 }
 
-// share is what a heartbeat leaves this relay with: the lanes it owns,
-// those it is handing over (a claim was using them), and how many lanes
-// of the route a live relay works.
+// took records the share a heartbeat left this relay with.
+func (l *leaser) took(s share) {
+	changed := s.owned != l.owned
+	if changed {
+		l.log.Info("lanes rebalanced", "owned", s.owned, "was", l.owned)
+		if s.owned > l.owned {
+			// The lanes it took may hold a backlog that no wake-up named:
+			// every worker visits all of its lanes (see pending).
+			l.wakeAll()
+		}
+	}
+	l.owned = s.owned
+	l.handover.Store(&s.handover)
+	l.ownedLanes.Store(int64(s.owned))
+	l.hooks.Lanes(s.owned)
+	if changed {
+		l.sig.emit(sigRebalanced, s.owned)
+	}
+	if s.owned == s.target && len(s.handover) == 0 {
+		l.sig.emit(sigBalanced, s.owned)
+	}
+}
+
+// share is what a heartbeat leaves this relay with: the lanes it owns (of
+// target, its fair share), those it is handing over (a claim was using
+// them), and how many lanes of the route a live relay works.
 type share struct {
 	owned, worked int
+	target        int
 	handover      []int16
 	// refused: live relays of the route registered earlier run another
 	// configuration; this relay handed its lanes back and unregistered.
@@ -225,11 +340,37 @@ type share struct {
 
 // heartbeat is a tick's transaction, in three round trips: register
 // this relay, reap dead ones, renew this relay's leases and count the
-// relays; then take or hand over lanes towards its fair share; then count
-// the worked lanes, tell the others if lanes were freed, and commit.
+// relays (beat); then take or hand over lanes towards its fair share
+// (rebalance); then count the worked lanes, tell the others if lanes
+// were freed, and commit (endBeat).
 func (l *leaser) heartbeat(ctx context.Context) (share, error) {
-	cfg, q, conn := l.r.cfg, l.r.leases, l.conn
 	var s share
+	beat, err := l.beat(ctx)
+	if err != nil {
+		return s, err
+	}
+	if err := l.judgeOthers(beat.Others); err != nil {
+		// It registered at the same moment as relays of another
+		// configuration and came second.
+		return share{refused: true}, l.withdraw(ctx, err)
+	}
+	l.setOwned(beat.Mine, false)
+	if err := l.ensureLanes(ctx, beat.Count); err != nil {
+		return s, err
+	}
+	s.target = fairShare(beat.Count)
+	if s.owned, s.handover, err = l.rebalanceTo(ctx, l.conn, beat.Mine, s.target); err != nil {
+		return s, err
+	}
+	l.short.Store(s.owned < s.target)
+	return s, l.endBeat(ctx, beat, &s)
+}
+
+// beat is the heartbeat's first round trip: it registers this relay and
+// tells the others (when it has not yet), then begins the heartbeat's
+// transaction, renews the leases, reaps dead relays and counts the live
+// ones.
+func (l *leaser) beat(ctx context.Context) (store.Beat, error) {
 	var beat store.Beat
 	b := &pgx.Batch{}
 	joining := !l.joined
@@ -242,81 +383,87 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 		// first round trip: on a busy database each round trip of a
 		// starting relay waited tens of milliseconds for it.
 		b.Queue(store.Begin)
-		q.QueueEnsureMissingLanes(b)
-		q.QueueHeartbeat(b, l.registration())
-		q.QueueNotifyMembers(b)
+		l.q.QueueEnsureMissingLanes(b)
+		l.q.QueueHeartbeat(b, l.registration())
+		l.q.QueueNotifyMembers(b)
 		b.Queue("COMMIT")
 	}
 	b.Queue(store.Begin)
-	q.QueueBeat(b, l.registration(), cfg.LeaseTTL, !cfg.DisableFastFailover, &beat)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	l.q.QueueBeat(b, l.registration(), l.leaseTTL, l.fastFailover, &beat)
+	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
 		// run closes the connection, which ends the transaction.
 		if joining {
-			return s, fmt.Errorf("register, heartbeat: %w", err)
+			return beat, fmt.Errorf("register, heartbeat: %w", err)
 		}
-		return s, fmt.Errorf("heartbeat: %w", err)
+		return beat, fmt.Errorf("heartbeat: %w", err)
 	}
 	l.joined = true
-	if err := l.judgeOthers(beat.Others); err != nil {
-		// It registered at the same moment as relays of another
-		// configuration and came second: it hands back what it took and
-		// unregisters, in the heartbeat's transaction.
-		l.r.setOwned(nil, false)
-		b := &pgx.Batch{}
-		q.QueueRelease(b, allLanes)
-		q.QueueUnregister(b)
-		q.QueueNotifyMembers(b)
-		b.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			return s, fmt.Errorf("hand lanes back to the route's relays of another configuration: %w", err)
-		}
-		l.joined = false
-		l.refused(err)
-		s.refused = true
-		return s, nil
+	return beat, nil
+}
+
+// withdraw hands back, in the heartbeat's transaction, what this relay
+// took, and unregisters: live relays of the route run another
+// configuration (err says which).
+func (l *leaser) withdraw(ctx context.Context, refusal error) error {
+	l.setOwned(nil, false)
+	b := &pgx.Batch{}
+	l.q.QueueRelease(b, allLanes)
+	l.q.QueueUnregister(b)
+	l.q.QueueNotifyMembers(b)
+	b.Queue("COMMIT")
+	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("hand lanes back to the route's relays of another configuration: %w", err)
 	}
-	l.r.setOwned(beat.Mine, false)
-	if beat.Count.Lanes < numLanes {
-		// Lane rows were deleted under the running relays: the messages
-		// of those lanes would wait forever. The insert is idempotent;
-		// the count above keeps it off the usual heartbeat.
-		n, err := q.EnsureLanes(ctx, conn)
-		if err != nil {
-			return s, fmt.Errorf("recreate lanes of route %q: %w", cfg.Route, err)
-		}
-		if n > 0 {
-			l.r.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
-		}
+	l.joined = false
+	l.refused(refusal)
+	return nil
+}
+
+// ensureLanes creates the route's lane rows again when the heartbeat
+// counted fewer than numLanes: lane rows were deleted under the running
+// relays, and the messages of those lanes would wait forever. The insert
+// is idempotent; the count keeps it off the usual heartbeat.
+func (l *leaser) ensureLanes(ctx context.Context, c store.RelayCount) error {
+	if c.Lanes >= numLanes {
+		return nil
 	}
-	var err error
-	target := fairShare(beat.Count)
-	if s.owned, s.handover, err = l.rebalance(ctx, conn, beat.Mine, target); err != nil {
-		return s, err
+	n, err := l.q.EnsureLanes(ctx, l.conn)
+	if err != nil {
+		return fmt.Errorf("recreate lanes of route %q: %w", l.route, err)
 	}
-	l.r.short.Store(s.owned < target)
-	b = &pgx.Batch{}
-	q.QueueWorkedLanes(b, &s.worked)
+	if n > 0 {
+		l.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
+	}
+	return nil
+}
+
+// endBeat is the heartbeat's last round trip: it counts the lanes a live
+// relay works, tells the other relays when every share changed (a dead
+// relay was reaped) or lanes were handed back, and commits.
+func (l *leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
+	b := &pgx.Batch{}
+	l.q.QueueWorkedLanes(b, &s.worked)
 	switch {
 	case beat.Reaped > 0:
 		// A dead relay's lanes are free, and every share changed: the
 		// others rebalance now rather than at their next heartbeat.
-		q.QueueNotifyMembers(b)
+		l.q.QueueNotifyMembers(b)
 	case s.owned < len(beat.Mine):
 		// Lanes handed back: the relays below their share take them now.
-		q.QueueNotifyFreed(b)
+		l.q.QueueNotifyFreed(b)
 	}
 	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return s, fmt.Errorf("count worked lanes, commit: %w", err)
+	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("count worked lanes, commit: %w", err)
 	}
-	return s, nil
+	return nil
 }
 
 // registration is what this relay's heartbeat says about it.
 func (l *leaser) registration() store.Heartbeat {
 	host, pid := processIdentity()
-	return store.Heartbeat{Hostname: host, PID: pid, Version: l.r.cfg.Version, InFlight: l.r.inFlight.Load(), Pooled: l.r.pooled,
-		ConfigHash: l.r.confHash, ConfigSummary: l.r.confSummary}
+	return store.Heartbeat{Hostname: host, PID: pid, Version: l.version, InFlight: l.inFlight(), Pooled: l.pooled,
+		ConfigHash: l.confHash, ConfigSummary: l.confSummary}
 }
 
 // refused records that the relay holds no lane because live relays of
@@ -324,10 +471,10 @@ func (l *leaser) registration() store.Heartbeat {
 // ConfigChangeFail, Run stops with err.
 func (l *leaser) refused(err error) {
 	l.owned = 0
-	l.r.ownedLane.Store(0)
-	l.r.cfg.Hooks.Lanes(0)
-	if l.r.cfg.OnConfigChange == ConfigChangeFail && l.r.abort != nil {
-		l.r.abort(err)
+	l.ownedLanes.Store(0)
+	l.hooks.Lanes(0)
+	if l.onConfigChange == ConfigChangeFail && l.abort != nil {
+		l.abort(err)
 	}
 }
 
@@ -349,30 +496,30 @@ func fairShare(c store.RelayCount) int {
 	return target
 }
 
-// rebalance acquires lanes, or hands over the highest of mine, until this
-// relay owns target lanes. It returns how many it owns and the lanes it is
-// still handing over.
-func (l *leaser) rebalance(ctx context.Context, tx store.Querier, mine []int16, target int) (int, []int16, error) {
-	q, owned := l.r.leases, len(mine)
+// rebalanceTo acquires lanes, or hands over the highest of mine, until
+// this relay owns target lanes. It returns how many it owns and the lanes
+// it is still handing over.
+func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16, target int) (int, []int16, error) {
+	owned := len(mine)
 	switch {
 	case owned < target:
-		got, err := q.Acquire(ctx, tx, l.r.cfg.LeaseTTL, target-owned)
+		got, err := l.q.Acquire(ctx, tx, l.leaseTTL, target-owned)
 		if err != nil {
 			return 0, nil, fmt.Errorf("acquire: %w", err)
 		}
-		l.r.setOwned(got, true)
+		l.setOwned(got, true)
 		return owned + len(got), nil, nil
 	case owned > target:
 		// Hand over the highest lanes. Those a claim is using right now
 		// are skipped here; the workers stop claiming from them (see
-		// Relay.handover) so that the next heartbeat can release them.
+		// leaser.handover) so that the next heartbeat can release them.
 		sort.Slice(mine, func(i, j int) bool { return mine[i] > mine[j] })
 		giving := mine[:owned-target]
-		gone, err := q.Release(ctx, tx, giving)
+		gone, err := l.q.Release(ctx, tx, giving)
 		if err != nil {
 			return 0, nil, fmt.Errorf("release: %w", err)
 		}
-		l.r.dropOwned(gone)
+		l.dropOwned(gone)
 		return owned - len(gone), without(giving, gone), nil
 	}
 	return owned, nil, nil
@@ -391,21 +538,21 @@ func (l *leaser) noteUnworked(n int) {
 	switch {
 	case n <= 0:
 		if !l.warned.IsZero() {
-			l.r.log.Info("every lane of the route is worked again")
+			l.log.Info("every lane of the route is worked again")
 		}
 		l.unworkedSince, l.warned = time.Time{}, time.Time{}
 	case l.unworkedSince.IsZero():
 		l.unworkedSince = now
-	case now.Sub(l.unworkedSince) > l.r.cfg.LeaseTTL:
+	case now.Sub(l.unworkedSince) > l.leaseTTL:
 		stuck = n
 		if now.Sub(l.warned) >= time.Minute {
-			l.r.log.Warn("lanes of the route have been worked by no live relay for longer than the lease TTL; their messages wait",
+			l.log.Warn("lanes of the route have been worked by no live relay for longer than the lease TTL; their messages wait",
 				"unworked_lanes", n, "since", now.Sub(l.unworkedSince).Round(time.Second).String())
 			l.warned = now
 		}
 	}
-	l.r.unworked.Store(int64(stuck))
-	if h, ok := l.r.cfg.Hooks.(LaneHealthHooks); ok {
+	l.unworked.Store(int64(stuck))
+	if h, ok := l.hooks.(LaneHealthHooks); ok {
 		h.UnworkedLanes(stuck)
 	}
 }
@@ -413,18 +560,18 @@ func (l *leaser) noteUnworked(n int) {
 // UnworkedLanes returns how many lanes of the relay's route no live relay
 // has worked for longer than a lease TTL, as of its last heartbeat (0
 // when every lane is worked, or only briefly was not).
-func (r *Relay) UnworkedLanes() int { return int(r.unworked.Load()) }
+func (r *Relay) UnworkedLanes() int { return int(r.lease.unworked.Load()) }
 
-// leaseHealthy reports an error when the lease heartbeat has not succeeded
+// healthy reports an error when the lease heartbeat has not succeeded
 // for longer than a lease TTL: this relay's lanes have expired, and it
 // works nothing.
-func (r *Relay) leaseHealthy() error {
-	last := r.leaseOK.Load()
+func (l *leaser) healthy() error {
+	last := l.leaseOK.Load()
 	if last == 0 {
 		return nil // Run has not started the leaser yet
 	}
-	if age := time.Since(time.Unix(0, last)); age > r.cfg.LeaseTTL {
-		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), r.cfg.LeaseTTL)
+	if age := time.Since(time.Unix(0, last)); age > l.leaseTTL {
+		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), l.leaseTTL)
 	}
 	return nil
 }
@@ -444,13 +591,13 @@ func (l *leaser) leaveEarly(ctx context.Context) {
 	// takes those of this relay that no claim is using.
 	b := &pgx.Batch{}
 	b.Queue(store.Begin)
-	l.r.leases.QueueUnregister(b)
-	l.r.leases.QueueRelease(b, allLanes)
-	l.r.leases.QueueNotifyMembers(b)
+	l.q.QueueUnregister(b)
+	l.q.QueueRelease(b, allLanes)
+	l.q.QueueNotifyMembers(b)
 	b.Queue("COMMIT")
 	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
 		l.closeConn(ctx) // ends the transaction; releaseAll reconnects
-		l.r.log.Warn("could not hand lanes over at the start of the drain; they go when it ends", "error", err)
+		l.log.Warn("could not hand lanes over at the start of the drain; they go when it ends", "error", err)
 	}
 }
 
@@ -472,15 +619,11 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		// A heartbeat cancelled by the shutdown closed it.
 		l.closeConn(ctx)
 	}
-	if l.conn == nil {
-		pc, err := l.r.pool.Acquire(ctx)
-		if err != nil {
-			l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
-			return
-		}
-		l.held, l.conn = pc, pc.Conn()
+	if err := l.connect(ctx); err != nil {
+		l.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
+		return
 	}
-	q := l.r.leases
+	q := l.q
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
 		if err := q.ReleaseAll(ctx, tx); err != nil {
 			return fmt.Errorf("release lanes: %w", err)
@@ -491,9 +634,9 @@ func (l *leaser) releaseAll(ctx context.Context) {
 		return q.NotifyMembers(ctx, tx)
 	})
 	if err != nil {
-		l.r.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
+		l.log.Warn("could not release lanes; they expire after the lease TTL", "error", err)
 	}
-	l.r.ownedLane.Store(0)
+	l.ownedLanes.Store(0)
 }
 
 // giveUp is the heartbeat of a relay whose workers have had no database
@@ -506,7 +649,7 @@ func (l *leaser) releaseAll(ctx context.Context) {
 // relay registers and takes its share again at the first heartbeat after
 // every worker has a connection.
 func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
-	q := l.r.leases
+	q := l.q
 	var left []int16
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
 		mine, err := q.Owned(ctx, tx)
@@ -532,13 +675,13 @@ func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
 	l.joined = false // it registers (and says so) again when it can
 	if !l.gaveUp {
 		l.gaveUp = true
-		l.r.log.Warn("workers cannot get a database connection; handing lanes to other relays",
+		l.log.Warn("workers cannot get a database connection; handing lanes to other relays",
 			"waited", d.Round(time.Millisecond), "lanes", l.owned)
 	}
 	l.owned = len(left)
-	l.r.handover.Store(&left)
-	l.r.ownedLane.Store(int64(len(left)))
-	l.r.cfg.Hooks.Lanes(len(left))
+	l.handover.Store(&left)
+	l.ownedLanes.Store(int64(len(left)))
+	l.hooks.Lanes(len(left))
 	return nil
 }
 

@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"maps"
 	"testing"
 	"time"
 
@@ -132,24 +131,20 @@ func TestFreedLanesWakeOnlyRelaysBelowTheirShare(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return at
 	}
-	// Balanced: the last heartbeats are done once nobody beats for a while.
-	before := beats()
-	for {
-		time.Sleep(300 * time.Millisecond)
-		now := beats()
-		if maps.Equal(now, before) {
-			break
-		}
-		before = now
-	}
 	notify := func(payload string) {
 		_, err := e.pool.Exec(ctx, "SELECT pg_notify($1, $2)", ident.Channel(e.schema), payload)
 		require.NoError(t, err)
 	}
+	// Each relay hears the notification (or one the balancing sent) and,
+	// at its share, asks for no heartbeat.
+	marks := []int{r1.SignalCount(relay.SigMembersHeard), r2.SignalCount(relay.SigMembersHeard)}
 	notify(store.FreedPayload)
-	time.Sleep(500 * time.Millisecond)
-	require.Equal(t, before, beats(), "relays at their share ran a heartbeat for freed lanes")
+	for i, r := range []*relay.Relay{r1, r2} {
+		v := r.AwaitSignal(t, signalBound, relay.SigMembersHeard, marks[i], func(v int) bool { return v&relay.HeardFreed != 0 })
+		require.Zero(t, v&relay.HeardAsked, "relay %s at its share asked for a heartbeat for freed lanes", r.ID())
+	}
 
+	before := beats()
 	notify(store.MembersPayload)
 	eventually(t, 5*time.Second, func() bool {
 		now := beats()
@@ -175,11 +170,19 @@ func TestNoLaneDoubleWorkedDuringChurn(t *testing.T) {
 	}
 	steady, _ := e.start(cfg, e.sink)
 	for round := range 4 {
-		_, stop := e.start(cfg, e.sink)
-		_, stop2 := e.start(cfg, e.sink)
-		time.Sleep(time.Duration(150+50*round) * time.Millisecond)
+		a, stop := e.start(cfg, e.sink)
+		b, stop2 := e.start(cfg, e.sink)
+		// Stop one as soon as it took lanes (in later rounds, once the
+		// other took some too), the other once it ran a heartbeat since:
+		// lanes change hands while batches are in flight.
+		tookLanes := func(v int) bool { return v > 0 }
+		a.AwaitSignal(t, signalBound, relay.SigRebalanced, 0, tookLanes)
+		if round%2 == 1 {
+			b.AwaitSignal(t, signalBound, relay.SigRebalanced, 0, tookLanes)
+		}
+		mark := b.SignalCount(relay.SigLeaseHeld)
 		stop()
-		time.Sleep(50 * time.Millisecond)
+		b.AwaitSignal(t, signalBound, relay.SigLeaseHeld, mark, nil)
 		stop2()
 	}
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 60*time.Second), n))

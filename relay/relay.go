@@ -39,25 +39,17 @@ type Relay struct {
 	// so that they are not stranded and each key stays in order.
 	leftover    atomic.Bool
 	leftoverSrc *source
-	leases      *store.Leases
+	// lease keeps the relay's share of the lanes, and owns the lane
+	// state (see leaser).
+	lease *leaser
+	// handover is lease.handover, read by the workers (handoverLanes in
+	// worker.go; it goes once they ask the leaser).
+	handover *atomic.Pointer[[]int16]
 
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
 	// pending).
-	pend []pending
-	// ownedSet: the lanes this relay held at its last heartbeat (a
-	// laneSet), so that a wake-up about some lanes wakes only the workers
-	// that claim them.
-	ownedSet [4]atomic.Uint64
-	// ownedKnown: a heartbeat has set ownedSet.
-	ownedKnown atomic.Bool
-	// rebalance asks the leaser to recompute this relay's share now (see
-	// MembersChanged).
-	rebalance chan struct{}
-	// short: this relay's last heartbeat left it below its fair share
-	// (true until its first): a notification that lanes were handed back
-	// is for it (see membersNotified).
-	short    atomic.Bool
+	pend     []pending
 	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
 	connWait []atomic.Int64 // see starved
 	// laneLimit is the most messages a claim takes from one lane: the
@@ -72,14 +64,7 @@ type Relay struct {
 	claimSettings string
 	// priority[w]: worker w's last claim saw priority messages in its
 	// lanes (only worker w touches it).
-	priority  []bool
-	ownedLane atomic.Int64
-	// leaseOK: when the lease heartbeat last succeeded (unix nanos);
-	// unworked: see UnworkedLanes.
-	leaseOK, unworked atomic.Int64
-	// handover holds lanes this relay is giving up: workers skip them so
-	// the leaser can release them at its next heartbeat.
-	handover atomic.Pointer[[]int16]
+	priority []bool
 	inFlight atomic.Int64 // claimed messages not yet settled
 	// rules decide each batch's settlement; settler carries it out.
 	rules    rules
@@ -88,13 +73,6 @@ type Relay struct {
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
 	schemaErr atomic.Pointer[error]
-	// confHash and confSummary: the route's configuration this relay
-	// registers (see fingerprint); waitingConfig is set while it takes no
-	// lane because live relays of the route run another one, and
-	// routeConfigs counts the configurations (see RouteConfigs).
-	confHash, confSummary string
-	waitingConfig         atomic.Pointer[error]
-	routeConfigs          atomic.Int64
 	// abort stops Run with a cause (ConfigChangeFail); set by Run.
 	abort context.CancelCauseFunc
 	stats totals
@@ -147,16 +125,17 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	if signalsForTests && cfg.sig == nil {
+		cfg.sig = newSignals()
+	}
 	r := &Relay{
 		cfg:       cfg,
 		pool:      pool,
 		sink:      sink,
 		schema:    schema,
-		leases:    store.NewLeases(schema, cfg.ID, cfg.Route),
 		log:       cfg.Logger.With("relay_id", cfg.ID),
 		wake:      make([]chan struct{}, cfg.Workers),
 		pend:      make([]pending, cfg.Workers),
-		rebalance: make(chan struct{}, 1),
 		lastLoop:  make([]atomic.Int64, cfg.Workers),
 		connWait:  make([]atomic.Int64, cfg.Workers),
 		priority:  make([]bool, cfg.Workers),
@@ -175,20 +154,33 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.wake[i] = make(chan struct{}, 1)
 		r.priority[i] = true // until the first probe says otherwise
 	}
-	r.short.Store(true) // no lanes before the first heartbeat
-	r.confHash, r.confSummary = fingerprint(cfg, sink)
 	r.src, r.leftoverSrc = newSources(schema, cfg)
 	if cfg.Route != "" {
 		r.log = r.log.With("route", cfg.Route)
 	}
+	r.lease = r.newLeaser(fingerprint(cfg, sink))
+	r.handover = &r.lease.handover
 	return r, nil
+}
+
+// newLeaser returns the relay's leaser, registering the configuration
+// hash and summary.
+func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
+	cfg := r.cfg
+	return newLeaser(leaserConfig{
+		pool: r.pool, q: store.NewLeases(r.schema, cfg.ID, cfg.Route), log: r.log, hooks: cfg.Hooks, sig: cfg.sig,
+		route: cfg.Route, workers: cfg.Workers, leaseTTL: cfg.LeaseTTL, beatEvery: cfg.Heartbeat,
+		fastFailover: !cfg.DisableFastFailover, version: cfg.Version, onConfigChange: cfg.OnConfigChange,
+		confHash: confHash, confSummary: confSummary,
+		starved: r.starved, inFlight: r.inFlight.Load, wakeAll: r.wakeAll,
+	})
 }
 
 // ID returns the relay's id.
 func (r *Relay) ID() string { return r.cfg.ID }
 
 // OwnedLanes returns how many lanes this relay holds right now.
-func (r *Relay) OwnedLanes() int { return int(r.ownedLane.Load()) }
+func (r *Relay) OwnedLanes() int { return int(r.lease.ownedLanes.Load()) }
 
 // Draining reports whether Run's context has been cancelled.
 func (r *Relay) Draining() bool { return r.draining.Load() }
@@ -247,8 +239,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		defer func() { <-archiveDone }()
 	}
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
-	lease := newLeaser(r)
-	leaseDone := spawn(func() { lease.run(ctx) })
+	leaseDone := spawn(func() { r.lease.run(ctx, r.pooled, r.abort) })
+	r.cfg.sig.emit(sigStarted, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
 	listenDone := spawn(func() {
@@ -273,9 +265,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	// Hand the lanes to the other relays now rather than after LeaseTTL.
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	lease.releaseAll(relCtx)
+	r.lease.releaseAll(relCtx)
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
+	r.cfg.sig.emit(sigStopped, 0)
 	return nil
 }
 

@@ -96,9 +96,57 @@ func (e *env) count(table string) int {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, cond func() bool, format string, args ...any) {
+func eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
 	testenv.Eventually(t, d, 10*time.Millisecond, func() (bool, string) { return cond(), fmt.Sprintf(format, args...) })
+}
+
+// signalBound is how long a test waits for a relay's signal: generous
+// for a loaded machine.
+const signalBound = 20 * time.Second
+
+// awaitNext waits for r's next announcement of sig from now on, and
+// returns its value.
+func awaitNext(t testing.TB, r *relay.Relay, sig relay.Signal) int {
+	t.Helper()
+	return r.AwaitSignal(t, signalBound, sig, r.SignalCount(sig), nil)
+}
+
+// awaitNextOfAny waits for the next announcement of sig from now on by
+// any of rs.
+func awaitNextOfAny(t testing.TB, sig relay.Signal, rs ...*relay.Relay) {
+	t.Helper()
+	marks := make([]int, len(rs))
+	for i, r := range rs {
+		marks[i] = r.SignalCount(sig)
+	}
+	eventually(t, signalBound, func() bool {
+		for i, r := range rs {
+			if r.SignalCount(sig) > marks[i] {
+				return true
+			}
+		}
+		return false
+	}, "a %q signal from any of %d relays", sig, len(rs))
+}
+
+// balanced waits until each of rs has had a heartbeat that left it at an
+// equal share of the lanes, handing nothing over.
+func balanced(t testing.TB, rs ...*relay.Relay) {
+	t.Helper()
+	share := func(v int) bool { return v == 256/len(rs) }
+	for _, r := range rs {
+		r.AwaitSignal(t, signalBound, relay.SigBalanced, 0, share)
+	}
+}
+
+// claimedAgain waits until r's workers have claimed at least n more times
+// from now on (empty claims too): what a claim would take, it has had
+// the chance to.
+func claimedAgain(t testing.TB, r *relay.Relay, n int64) {
+	t.Helper()
+	from := r.Stats().Claims
+	eventually(t, signalBound, func() bool { return r.Stats().Claims >= from+n }, "%d more claims", n)
 }
 
 func waitCtx(t *testing.T, d time.Duration) context.Context {
@@ -382,7 +430,7 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 	r, _ := e.start(cfg, e.sink)
 	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 256 }, "lanes not acquired")
 	// Let the workers go idle, waiting on the hour-long poll.
-	time.Sleep(300 * time.Millisecond)
+	awaitNext(t, r, relay.SigWatcherIdle)
 	start := time.Now()
 	e.write(msg("t", "k", "wake"))
 	require.NoError(t, e.sink.WaitFor(waitCtx(t, 10*time.Second), 1))
@@ -528,7 +576,7 @@ func TestDelayedMessageHoldsBackItsKeyOnly(t *testing.T) {
 	// Several claims later, key a still waits for its time.
 	for range 5 {
 		r.Wake()
-		time.Sleep(cfg.PollInterval)
+		claimedAgain(t, r, int64(cfg.Workers))
 	}
 	require.Equal(t, 1, e.sink.Len(), "not delivered before its time")
 	_, err = e.pool.Exec(ctx, "UPDATE "+e.table("messages")+" SET available_at = now() WHERE available_at IS NOT NULL")
@@ -663,10 +711,10 @@ func TestRoutePatternsAreLiteralExceptGlobs(t *testing.T) {
 	sink := memory.New()
 	cfg := e.config()
 	cfg.Route, cfg.Topics = "literal", []string{"a_c", "100%"}
-	e.start(cfg, sink)
+	r, _ := e.start(cfg, sink)
 	e.write(msg("abc", "", "no"), msg("1000", "", "no"), msg("a_c", "", "yes"), msg("100%", "", "yes"))
 	require.NoError(t, sink.WaitFor(waitCtx(t, 10*time.Second), 2))
-	time.Sleep(200 * time.Millisecond) // give a wrong match the chance to show
+	claimedAgain(t, r, 2*int64(cfg.Workers)) // give a wrong match the chance to show
 	for _, m := range sink.Delivered() {
 		require.Equal(t, "yes", string(m.Payload), "topic %q", m.Topic)
 	}
@@ -717,9 +765,16 @@ func TestSinkThatAttemptsNothingDoesNotSpin(t *testing.T) {
 	e := setup(t)
 	e.write(msg("t", "k", "1"))
 	sink := &notAttempting{}
-	e.start(e.config(), sink)
-	time.Sleep(time.Second)
-	require.Less(t, sink.calls.Load(), int64(20), "the worker backs off instead of re-claiming at once")
+	hooks := &cycleErrs{}
+	cfg := e.config()
+	cfg.Hooks = hooks
+	e.start(cfg, sink)
+	eventually(t, signalBound, func() bool { return hooks.n.Load() >= 3 }, "back-offs after batches the sink did not attempt")
+	// Each call is followed by a back-off, not by another claim at once
+	// (a worker's batch may be with the sink, its back-off not yet
+	// reported).
+	calls := sink.calls.Load()
+	require.LessOrEqual(t, calls, hooks.n.Load()+int64(cfg.Workers), "the worker backs off instead of re-claiming at once")
 	require.Equal(t, 1, e.count("messages"), "nothing lost, nothing counted")
 }
 
@@ -821,12 +876,12 @@ func TestSharedListenerWakesEveryRelay(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		relay.ListenConfig(ctx, e.pool, relay.Config{Schema: e.schema, Logger: testLogger(t)}, func() { ra.Wake(); rb.Wake() }, func() { ra.MembersChanged(); rb.MembersChanged() })
+		relay.ListenConfig(ctx, e.pool, ra.ListenerConfig(relay.Config{Schema: e.schema, Logger: testLogger(t)}), func() { ra.Wake(); rb.Wake() }, func() { ra.MembersChanged(); rb.MembersChanged() })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	// Let both relays take their lanes and go idle, then write.
 	eventually(t, 10*time.Second, func() bool { return ra.OwnedLanes() == 256 && rb.OwnedLanes() == 256 }, "lanes")
-	time.Sleep(300 * time.Millisecond)
+	awaitNext(t, ra, relay.SigWatcherIdle) // the shared listener's watcher
 	e.write(msg("a.x", "k", "to a"), msg("b.x", "k", "to b"))
 	require.NoError(t, a.WaitFor(waitCtx(t, 5*time.Second), 1))
 	require.NoError(t, b.WaitFor(waitCtx(t, 5*time.Second), 1))

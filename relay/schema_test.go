@@ -62,8 +62,9 @@ func TestRelayStopsClaimingWhenTheSchemaOutgrowsIt(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return r.Ready(context.Background()) != nil }, "relay still ready")
 	require.ErrorContains(t, r.Ready(context.Background()), "upgrade the relay")
 	e.write(msg("t", "k", "during"))
-	// Several heartbeats and polls: nothing is claimed.
-	time.Sleep(5 * e.config().Heartbeat)
+	// Several heartbeats (and polls, one every heartbeat's fourth):
+	// nothing is claimed.
+	r.AwaitSignal(t, signalBound, relay.SigLeaseHeld, r.SignalCount(relay.SigLeaseHeld)+4, nil)
 	require.Len(t, e.sink.Delivered(), 1)
 	require.Equal(t, 1, e.count("messages"))
 

@@ -232,12 +232,22 @@ type waker struct {
 	walMu      sync.Mutex
 	walIDs     []int64 // the ids of those rows (see walReportIDs)
 	cancelWait atomic.Pointer[context.CancelFunc]
+
+	// wokeAt is when the LISTEN loop last woke this process's workers
+	// (see watch.idle).
+	wokeAt time.Time
+}
+
+// wakeUp wakes this process's workers of lanes (an empty set: all lanes).
+func (k *waker) wakeUp(lanes laneSet) {
+	k.wokeAt = k.now()
+	k.wake(lanes)
 }
 
 // wakeAndTell wakes this process's workers of lanes at once and the other
 // relays' with the next NOTIFY (an empty set: all lanes).
 func (k *waker) wakeAndTell(lanes laneSet) {
-	k.wake(lanes)
+	k.wakeUp(lanes)
 	k.addPending(lanes)
 }
 
@@ -293,10 +303,19 @@ func (k *waker) setSource(source string, fallback bool, err error) {
 		return
 	}
 	k.source = source
+	switch source {
+	case "wal":
+		k.cfg.sig.emit(sigWAL, 0)
+	case "poll":
+		k.cfg.sig.emit(sigPolling, 0)
+	}
 	if wh, ok := k.cfg.Hooks.(WakeupHooks); ok {
 		wh.Wakeup(source, fallback, err)
 	}
 }
+
+// now is the waker's clock: time.Now, unless a test moved it ahead.
+func (k *waker) now() time.Time { return k.cfg.sig.now() }
 
 // session runs one LISTEN session until it fails or ctx ends.
 func (k *waker) session(ctx context.Context, connected func()) error {
@@ -320,7 +339,7 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		// and due rows itself, for its own workers only.
 		k.pooled = true
 		connected()
-		k.wake(laneSet{})
+		k.wakeUp(laneSet{})
 		k.members(false)
 		return k.loop(ctx, pc, false, true)
 	}
@@ -331,8 +350,8 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		return err
 	}
 	connected()
-	k.wake(laneSet{}) // anything written while we were not listening
-	k.members(false)  // and relays that came or went meanwhile
+	k.wakeUp(laneSet{}) // anything written while we were not listening
+	k.members(false)    // and relays that came or went meanwhile
 
 	mode := k.cfg.Wakeup
 	if mode == WakeupNotify {

@@ -73,10 +73,12 @@ func waitSource(t *testing.T, h *wakeHooks, want string) {
 	eventually(t, wakeBound, func() bool { s, _ := h.get(); return s == want }, "wake-up source %q", want)
 }
 
-// deliveredWithin writes one message and waits for the sink to hold n.
-func (e *env) deliveredWithin(sink *memory.Sink, n int, key string) {
+// deliveredWithin waits for r's watcher to go idle (it backed off, and the
+// workers it woke are done), writes one message and waits for the sink to
+// hold n.
+func (e *env) deliveredWithin(r *relay.Relay, sink *memory.Sink, n int, key string) {
 	e.t.Helper()
-	time.Sleep(300 * time.Millisecond) // let the relay go idle (and the watcher back off)
+	awaitNext(e.t, r, relay.SigWatcherIdle)
 	e.write(msg("wake", key, "x"))
 	eventually(e.t, wakeBound, func() bool { return sink.Len() >= n }, "message %d delivered to an idle relay", n)
 }
@@ -88,10 +90,10 @@ func TestWakeupPollIdleRelayWakes(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			h := &wakeHooks{}
-			e.start(idleConfig(e, mode, h), e.sink)
+			r, _ := e.start(idleConfig(e, mode, h), e.sink)
 			eventually(t, wakeBound, func() bool { s, _ := h.get(); return s == "poll" || s == "wal" }, "a watcher")
 			for i := 1; i <= 3; i++ {
-				e.deliveredWithin(e.sink, i, "k")
+				e.deliveredWithin(r, e.sink, i, "k")
 			}
 		})
 	}
@@ -107,14 +109,14 @@ func TestOneClaimPerWakeAtLowRates(t *testing.T) {
 	h := &wakeHooks{}
 	r, _ := e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
 	waitSource(t, h, "poll")
-	e.deliveredWithin(e.sink, 1, "k0") // past the start-up's wake-ups
-	time.Sleep(300 * time.Millisecond)
+	e.deliveredWithin(r, e.sink, 1, "k0") // past the start-up's wake-ups
+	awaitNext(t, r, relay.SigWatcherIdle)
 	before := r.Stats()
 	const n = 8
 	for i := 2; i <= n+1; i++ {
-		e.deliveredWithin(e.sink, i, fmt.Sprint("k", i))
+		e.deliveredWithin(r, e.sink, i, fmt.Sprint("k", i))
 	}
-	time.Sleep(300 * time.Millisecond)
+	awaitNext(t, r, relay.SigWatcherIdle)
 	after := r.Stats()
 	claims := after.Claims - before.Claims
 	require.LessOrEqual(t, claims, int64(n+2), "claim transactions for %d messages written one at a time", n)
@@ -130,12 +132,12 @@ func TestWakeupWatcherHandsOver(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ha, hb := &wakeHooks{}, &wakeHooks{}
-	_, stopA := e.start(idleConfig(e, relay.WakeupPoll, ha), e.sink)
+	ra, stopA := e.start(idleConfig(e, relay.WakeupPoll, ha), e.sink)
 	waitSource(t, ha, "poll")
-	e.start(idleConfig(e, relay.WakeupPoll, hb), e.sink)
+	rb, _ := e.start(idleConfig(e, relay.WakeupPoll, hb), e.sink)
 	waitSource(t, hb, "follow")
 	// B's lanes are woken by A's NOTIFY: write to many keys so both own some.
-	time.Sleep(time.Second) // lanes balanced between A and B
+	balanced(t, ra, rb)
 	for i := range 8 {
 		e.write(msg("wake", string(rune('a'+i)), "x"))
 	}
@@ -143,20 +145,20 @@ func TestWakeupWatcherHandsOver(t *testing.T) {
 
 	stopA() // the watcher goes: its session, and the lock with it
 	waitSource(t, hb, "poll")
-	e.deliveredWithin(e.sink, 9, "k")
+	e.deliveredWithin(rb, e.sink, 9, "k")
 }
 
 func TestWakeupNotifyEnablesTrigger(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	h := &wakeHooks{}
-	e.start(idleConfig(e, relay.WakeupNotify, h), e.sink)
+	r, _ := e.start(idleConfig(e, relay.WakeupNotify, h), e.sink)
 	waitSource(t, h, "notify")
 	var on bool
 	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT tgenabled <> 'D' FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = 'messages_notify'`,
 		e.table("messages")).Scan(&on))
 	require.True(t, on, "notify mode enables the writers' trigger")
-	e.deliveredWithin(e.sink, 1, "k")
+	e.deliveredWithin(r, e.sink, 1, "k")
 }
 
 func TestMigrationDisablesNotifyTrigger(t *testing.T) {
@@ -201,7 +203,7 @@ func TestWakeupWAL(t *testing.T) {
 	h := &wakeHooks{}
 	cfg := idleConfig(e, relay.WakeupWAL, h)
 	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
-	stop := startOn(t, srv.URL(), cfg, e.sink)
+	r, stop := startOn(t, srv.URL(), cfg, e.sink)
 	waitSource(t, h, "wal")
 	slots := func() int {
 		var n int
@@ -213,7 +215,7 @@ func TestWakeupWAL(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT temporary FROM pg_replication_slots`).Scan(&temporary))
 	require.True(t, temporary, "the slot is temporary")
 	for i := 1; i <= 3; i++ {
-		e.deliveredWithin(e.sink, i, "k")
+		e.deliveredWithin(r, e.sink, i, "k")
 	}
 
 	// Break the stream: the watcher polls (and says so), then follows the
@@ -221,9 +223,9 @@ func TestWakeupWAL(t *testing.T) {
 	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay-wal'`)
 	require.NoError(t, err)
 	eventually(t, wakeBound, func() bool { _, f := h.get(); return f >= 1 }, "a fallback reported")
-	e.deliveredWithin(e.sink, 4, "k")
+	e.deliveredWithin(r, e.sink, 4, "k")
 	waitSource(t, h, "wal")
-	e.deliveredWithin(e.sink, 5, "k")
+	e.deliveredWithin(r, e.sink, 5, "k")
 
 	// A writer's transaction that took its id before a later row was
 	// seen, and committed after the looks stopped looking for that id: the
@@ -232,8 +234,8 @@ func TestWakeupWAL(t *testing.T) {
 	require.NoError(t, err)
 	defer early.Rollback(ctx) //nolint:errcheck
 	require.NoError(t, w.Write(ctx, early, msg("wake", "early", "taken first, committed 1.5 s later")))
-	e.deliveredWithin(e.sink, 6, "k")
-	time.Sleep(1500 * time.Millisecond) // past the watcher's gap window (1 s)
+	e.deliveredWithin(r, e.sink, 6, "k")
+	r.AdvanceWatchClock(1500 * time.Millisecond) // past the watcher's gap window (1 s)
 	require.NoError(t, early.Commit(ctx))
 	eventually(t, wakeBound, func() bool { return e.sink.Len() == 7 }, "the row of a transaction committed 1.5 s after a later id was seen")
 
@@ -268,11 +270,11 @@ func TestWakeupWALPublicationWithoutTheTable(t *testing.T) {
 	require.NoError(t, err)
 	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
 	h := &wakeHooks{}
-	stop := startOn(t, srv.URL(), idleConfig(e, relay.WakeupWAL, h), e.sink)
+	r, stop := startOn(t, srv.URL(), idleConfig(e, relay.WakeupWAL, h), e.sink)
 	eventually(t, wakeBound, func() bool { _, f := h.get(); return f >= 1 }, "a fallback reported")
 	require.ErrorContains(t, h.lastErr(), "does not publish")
 	waitSource(t, h, "poll")
-	e.deliveredWithin(e.sink, 1, "k")
+	e.deliveredWithin(r, e.sink, 1, "k")
 	stop()
 
 	_, err = migrations.Apply(ctx, pool, schema)
@@ -281,7 +283,7 @@ func TestWakeupWALPublicationWithoutTheTable(t *testing.T) {
 }
 
 // startOn runs a relay on the server at url until the test ends or stop.
-func startOn(t *testing.T, url string, cfg relay.Config, sink sinks.Sink) (stop func()) {
+func startOn(t *testing.T, url string, cfg relay.Config, sink sinks.Sink) (_ *relay.Relay, stop func()) {
 	t.Helper()
 	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: url, Workers: cfg.Workers})
 	require.NoError(t, err)
@@ -299,7 +301,7 @@ func startOn(t *testing.T, url string, cfg relay.Config, sink sinks.Sink) (stop 
 		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return r, stop
 }
 
 // The watcher wakes the workers for what its look for new ids cannot see,
@@ -311,9 +313,9 @@ func TestWakeupOutOfOrderCommit(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	h := &wakeHooks{}
-	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	r, _ := e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
 	waitSource(t, h, "poll")
-	e.deliveredWithin(e.sink, 1, "k0")
+	e.deliveredWithin(r, e.sink, 1, "k0")
 
 	ctx := context.Background()
 	early, err := e.pool.Begin(ctx)
@@ -322,7 +324,7 @@ func TestWakeupOutOfOrderCommit(t *testing.T) {
 	require.NoError(t, e.w.Write(ctx, early, msg("wake", "early", "taken first, committed last")))
 	e.write(msg("wake", "late", "taken last, committed first"))
 	eventually(t, wakeBound, func() bool { return e.sink.Len() == 2 }, "the later id delivered")
-	time.Sleep(100 * time.Millisecond) // the worker is idle again
+	awaitNext(t, r, relay.SigWatcherIdle) // the worker is idle again
 	require.NoError(t, early.Commit(ctx))
 	eventually(t, wakeBound, func() bool { return e.sink.Len() == 3 }, "the earlier id, committed after the watcher saw the later one, delivered")
 }
@@ -346,9 +348,9 @@ func TestWakeupRowsThatComeDue(t *testing.T) {
 				}
 				return nil
 			})
-			e.start(cfg, e.sink)
+			r, _ := e.start(cfg, e.sink)
 			waitSource(t, h, map[string]string{relay.WakeupPoll: "poll", relay.WakeupNotify: "notify"}[mode])
-			e.deliveredWithin(e.sink, 1, "k0")
+			e.deliveredWithin(r, e.sink, 1, "k0")
 
 			start := time.Now()
 			e.write(msg("wake", "retried", "fails once"))
@@ -378,15 +380,15 @@ func TestWakeupFanOutCopies(t *testing.T) {
 		c.Wakeup = relay.WakeupPoll
 	}
 	ksink, hsink := memory.New(), memory.New()
-	e.start(kcfg, ksink)
-	e.start(hcfg, hsink)
+	rk, _ := e.start(kcfg, ksink)
+	rh, _ := e.start(hcfg, hsink)
 	// The destinations are woken by the new rows and find no copies; the
 	// router starts after that, so only its copies' commit can wake them.
-	time.Sleep(300 * time.Millisecond)
+	awaitNextOfAny(t, relay.SigWatcherIdle, rk, rh)
 	for i := range 3 {
 		e.write(msg("orders.created", fmt.Sprint("o", i), "x"))
 	}
-	time.Sleep(300 * time.Millisecond)
+	awaitNextOfAny(t, relay.SigWatcherIdle, rk, rh)
 	require.Zero(t, ksink.Len()+hsink.Len())
 	e.start(router, nil)
 	eventually(t, wakeBound, func() bool { return ksink.Len() == 3 && hsink.Len() == 3 }, "copies delivered to both destinations")
@@ -405,9 +407,12 @@ func TestWakeupNewWatcherWakesForRowsWrittenUnwatched(t *testing.T) {
 	const watcherLock = 0x6f757477 // internal/store's watcherLockKey
 	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, watcherLock, e.schema).Scan(new(any)))
 	h := &wakeHooks{}
-	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	r, _ := e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
 	waitSource(t, h, "follow")
-	time.Sleep(300 * time.Millisecond) // the relay idle
+	// The relay idle: it took its lanes (and woke its workers for them),
+	// and its LISTEN session tried the watcher's lock once more since.
+	r.AwaitSignal(t, wakeBound, relay.SigBalanced, 0, nil)
+	awaitNext(t, r, relay.SigFollowing)
 	e.write(msg("wake", "unwatched", "written while nobody watched"))
 	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, watcherLock, e.schema)
 	require.NoError(t, err)
@@ -424,7 +429,7 @@ func TestWakeupLoneWatcherSendsNothing(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	h := &wakeHooks{}
-	e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
+	r, _ := e.start(idleConfig(e, relay.WakeupPoll, h), e.sink)
 	waitSource(t, h, "poll")
 
 	ctx := context.Background()
@@ -453,7 +458,7 @@ func TestWakeupLoneWatcherSendsNothing(t *testing.T) {
 
 	wakeUps(500 * time.Millisecond) // the start-up's
 	for i := 1; i <= 3; i++ {
-		e.deliveredWithin(e.sink, i, fmt.Sprint("alone", i))
+		e.deliveredWithin(r, e.sink, i, fmt.Sprint("alone", i))
 	}
 	require.Zero(t, wakeUps(300*time.Millisecond), "wake-ups sent by a relay that is alone")
 
@@ -466,16 +471,16 @@ func TestWakeupLoneWatcherSendsNothing(t *testing.T) {
 	}()
 	eventually(t, wakeBound, func() bool { return woken.Load() > 0 }, "the listener's own wake-up at its start")
 	before := woken.Load()
-	e.deliveredWithin(e.sink, 4, "joined")
+	e.deliveredWithin(r, e.sink, 4, "joined")
 	eventually(t, wakeBound, func() bool { return woken.Load() > before }, "the listener woken by the watcher for a new row")
 	require.NotZero(t, wakeUps(300*time.Millisecond), "wake-ups once a listener joined")
 
 	stopListener()
 	<-done
-	time.Sleep(1500 * time.Millisecond) // past the watcher's next check
+	r.AdvanceWatchClock(1500 * time.Millisecond) // past the watcher's next check of the listeners
 	wakeUps(300 * time.Millisecond)
-	e.deliveredWithin(e.sink, 5, "alone again")
-	e.deliveredWithin(e.sink, 6, "alone again")
+	e.deliveredWithin(r, e.sink, 5, "alone again")
+	e.deliveredWithin(r, e.sink, 6, "alone again")
 	require.Zero(t, wakeUps(300*time.Millisecond), "wake-ups once the listener has gone")
 
 	// A relay of another process that does not join the listeners (an
@@ -487,6 +492,6 @@ func TestWakeupLoneWatcherSendsNothing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, "SELECT pg_notify($1, 'members')", ident.Channel(e.schema))
 	require.NoError(t, err)
-	e.deliveredWithin(e.sink, 7, "older")
+	e.deliveredWithin(r, e.sink, 7, "older")
 	require.NotZero(t, wakeUps(300*time.Millisecond), "wake-ups once a relay of another process registered")
 }

@@ -51,29 +51,49 @@ const walStatusEvery = 5 * time.Second
 // inserted rows, until ctx ends or the stream fails. started is called
 // once the stream runs: what commits from then on is in it.
 func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
-	// pgoutput only complains of a missing publication at the first
-	// change it decodes: ask first.
-	// A publication that exists and publishes nothing of this outbox (a
-	// dropped schema leaves it behind) starts a stream that never carries
-	// a row: the workers would wait for their safety poll.
-	var logical, published, covers bool
-	var version int
-	if err := k.pool.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
-               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'messages'),
-       current_setting('server_version_num')::int`,
-		migrations.Publication(k.s.Name()), k.s.Name()).Scan(&logical, &published, &covers, &version); err != nil {
-		return fmt.Errorf("outbox: WAL: %w", err)
+	version, err := k.walAllowed(ctx)
+	if err != nil {
+		return err
+	}
+	conn, pos, err := k.startReplication(ctx, version)
+	if conn != nil {
+		defer conn.Close(context.WithoutCancel(ctx))
+	}
+	if err != nil {
+		return err
+	}
+	started()
+	st := &walStream{conn: conn, pos: pos, committed: committed, streamed: map[uint32]*walTxn{}, idCol: map[uint32]int{}}
+	return st.run(ctx)
+}
+
+// walAllowed checks, before any replication connection, that the server
+// lets this relay follow the outbox's inserts, and returns its
+// server_version_num. A publication that exists and publishes nothing of
+// this outbox (a dropped schema leaves it behind) would start a stream
+// that never carries a row: the workers would wait for their safety poll.
+func (k *waker) walAllowed(ctx context.Context) (int, error) {
+	st, err := k.w.WALState(ctx, k.pool, migrations.Publication(k.s.Name()))
+	if err != nil {
+		return 0, fmt.Errorf("outbox: WAL: %w", err)
 	}
 	pubName := ident.Quote(migrations.Publication(k.s.Name()))
 	switch {
-	case !logical:
-		return &walRefusedError{"wal_level is not logical"}
-	case !published:
-		return &walRefusedError{fmt.Sprintf("publication %s does not exist (outbox-relay migrate creates it where wal_level = logical)", pubName)}
-	case !covers:
-		return &walRefusedError{fmt.Sprintf("publication %s does not publish the inserts into %s (outbox-relay migrate adds them)", pubName, k.s.Table("messages"))}
+	case !st.Logical:
+		return 0, &walRefusedError{"wal_level is not logical"}
+	case !st.Published:
+		return 0, &walRefusedError{fmt.Sprintf("publication %s does not exist (outbox-relay migrate creates it where wal_level = logical)", pubName)}
+	case !st.Covers:
+		return 0, &walRefusedError{fmt.Sprintf("publication %s does not publish the inserts into %s (outbox-relay migrate adds them)", pubName, k.s.Table("messages"))}
 	}
+	return st.ServerVersion, nil
+}
+
+// startReplication opens a replication connection, creates a temporary
+// slot on it and starts streaming the publication from the slot's
+// consistent point, which it returns. The connection, when not nil, is
+// the caller's to close, error or not.
+func (k *waker) startReplication(ctx context.Context, version int) (*pgconn.PgConn, pglogrepl.LSN, error) {
 	cc := k.pool.Config().ConnConfig.Config.Copy()
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["application_name"] = "outbox-relay-wal"
@@ -81,20 +101,19 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 	cc.RuntimeParams["statement_timeout"] = "0"
 	conn, err := pgconn.ConnectConfig(ctx, cc)
 	if err != nil {
-		return fmt.Errorf("outbox: WAL: connect: %w", err)
+		return nil, 0, fmt.Errorf("outbox: WAL: connect: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	slot := "outbox_relay_" + hex.EncodeToString(rnd[:])
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {
-		return fmt.Errorf("outbox: WAL: create temporary slot: %w", err)
+		return conn, 0, fmt.Errorf("outbox: WAL: create temporary slot: %w", err)
 	}
 	pos, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
-		return fmt.Errorf("outbox: WAL: %w", err)
+		return conn, 0, fmt.Errorf("outbox: WAL: %w", err)
 	}
 	pub := ident.Quote(migrations.Publication(k.s.Name()))
 	args := []string{"proto_version '1'", "publication_names '" + escapeLiteral(pub) + "'"}
@@ -103,33 +122,48 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 	}
 	err = pglogrepl.StartReplication(ctx, conn, slot, pos, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
-		return fmt.Errorf("outbox: WAL: start replication (publication %s): %w", pub, err)
+		return conn, 0, fmt.Errorf("outbox: WAL: start replication (publication %s): %w", pub, err)
 	}
 	k.log.Debug("following the WAL", "slot", slot, "publication", pub)
-	started()
-	var txn walTxn // the transaction being sent whole, at its commit
+	return conn, pos, nil
+}
+
+// walStream is a running replication stream and what it said so far.
+type walStream struct {
+	conn       *pgconn.PgConn
+	pos        pglogrepl.LSN // read up to here (confirmed to the server)
+	nextStatus time.Time     // when to confirm pos next
+	committed  func(ids []int64)
+
+	txn walTxn // the transaction being sent whole, at its commit
 	// Transactions streamed while in progress (PostgreSQL 14+), by
 	// top-level xid: their segments may interleave, and only their
 	// Stream Commit says they committed.
-	streamed := map[uint32]*walTxn{}
-	inStream, streamXid := false, uint32(0)
-	idCol := map[uint32]int{} // the position of id in each relation's tuples
-	nextStatus := time.Now().Add(walStatusEvery)
+	streamed  map[uint32]*walTxn
+	inStream  bool
+	streamXid uint32
+	idCol     map[uint32]int // the position of id in each relation's tuples
+}
+
+// run reads the stream until ctx ends or it fails, confirming what it
+// read every walStatusEvery (or when the server asks).
+func (st *walStream) run(ctx context.Context) error {
+	st.nextStatus = time.Now().Add(walStatusEvery)
 	for {
-		if time.Now().After(nextStatus) {
-			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+		if time.Now().After(st.nextStatus) {
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, st.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: st.pos}); err != nil {
 				return fmt.Errorf("outbox: WAL: status update: %w", err)
 			}
-			nextStatus = time.Now().Add(walStatusEvery)
+			st.nextStatus = time.Now().Add(walStatusEvery)
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
-		msg, err := conn.ReceiveMessage(rctx)
+		rctx, cancel := context.WithDeadline(ctx, st.nextStatus)
+		msg, err := st.conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) && !conn.IsClosed() {
+			if pgconn.Timeout(err) && !st.conn.IsClosed() {
 				continue
 			}
 			return fmt.Errorf("outbox: WAL: %w", err)
@@ -138,93 +172,111 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("outbox: WAL: %w", pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyData:
-			if len(m.Data) == 0 {
-				continue
-			}
-			switch m.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("outbox: WAL: %w", err)
-				}
-				pos = max(pos, ka.ServerWALEnd)
-				if ka.ReplyRequested {
-					nextStatus = time.Time{}
-				}
-			case pglogrepl.XLogDataByteID:
-				x, err := pglogrepl.ParseXLogData(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("outbox: WAL: %w", err)
-				}
-				pos = max(pos, x.WALStart+pglogrepl.LSN(len(x.WALData)))
-				if len(x.WALData) == 0 {
-					continue
-				}
-				// pgoutput sends a small transaction once committed:
-				// Begin, Relation, Insert..., Commit. A large one, with
-				// streaming, comes in segments while it runs (Stream
-				// Start, its changes, Stream Stop; again and again) and
-				// ends with Stream Commit or Stream Abort. Only the
-				// message type matters, and the ids of a few inserts.
-				switch pglogrepl.MessageType(x.WALData[0]) {
-				case pglogrepl.MessageTypeRelation:
-					if m, err := pglogrepl.ParseV2(x.WALData, inStream); err == nil {
-						if rm, ok := m.(*pglogrepl.RelationMessageV2); ok {
-							idCol[rm.RelationID] = slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == "id" })
-						}
-					}
-				case pglogrepl.MessageTypeInsert:
-					t := &txn
-					if inStream {
-						if t = streamed[streamXid]; t == nil {
-							t = &walTxn{}
-							streamed[streamXid] = t
-						}
-					}
-					t.inserted = true
-					if len(t.ids) < walReportIDs {
-						if id, ok := insertedID(x.WALData, inStream, idCol); ok {
-							t.ids = append(t.ids, id)
-						}
-					}
-				case pglogrepl.MessageTypeCommit:
-					if txn.inserted {
-						committed(txn.ids)
-					}
-					txn = walTxn{}
-				case pglogrepl.MessageTypeStreamStart:
-					m, err := pglogrepl.ParseV2(x.WALData, false)
-					if err != nil {
-						return fmt.Errorf("outbox: WAL: %w", err)
-					}
-					inStream, streamXid = true, m.(*pglogrepl.StreamStartMessageV2).Xid
-				case pglogrepl.MessageTypeStreamStop:
-					inStream = false
-				case pglogrepl.MessageTypeStreamCommit:
-					m, err := pglogrepl.ParseV2(x.WALData, false)
-					if err != nil {
-						return fmt.Errorf("outbox: WAL: %w", err)
-					}
-					xid := m.(*pglogrepl.StreamCommitMessageV2).Xid
-					if t := streamed[xid]; t != nil && t.inserted {
-						committed(t.ids)
-					}
-					delete(streamed, xid)
-				case pglogrepl.MessageTypeStreamAbort:
-					m, err := pglogrepl.ParseV2(x.WALData, false)
-					if err != nil {
-						return fmt.Errorf("outbox: WAL: %w", err)
-					}
-					// A subtransaction's abort leaves the transaction
-					// going: what it inserted may be gone, and waking
-					// for it costs a look only.
-					if a := m.(*pglogrepl.StreamAbortMessageV2); a.Xid == a.SubXid {
-						delete(streamed, a.Xid)
-					}
-				}
+			if err := st.copyData(m.Data); err != nil {
+				return fmt.Errorf("outbox: WAL: %w", err)
 			}
 		case *pgproto3.CopyDone:
 			return errors.New("outbox: WAL: the server ended the stream")
+		}
+	}
+}
+
+// copyData reads one message of the replication protocol: a keepalive,
+// or WAL data.
+func (st *walStream) copyData(data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return err
+		}
+		st.pos = max(st.pos, ka.ServerWALEnd)
+		if ka.ReplyRequested {
+			st.nextStatus = time.Time{}
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return err
+		}
+		st.pos = max(st.pos, x.WALStart+pglogrepl.LSN(len(x.WALData)))
+		if len(x.WALData) > 0 {
+			return st.pgoutput(x.WALData)
+		}
+	}
+	return nil
+}
+
+// pgoutput reads one message of the output plugin. pgoutput sends a
+// small transaction once committed: Begin, Relation, Insert..., Commit.
+// A large one, with streaming, comes in segments while it runs (Stream
+// Start, its changes, Stream Stop; again and again) and ends with Stream
+// Commit or Stream Abort. Only the message type matters, and the ids of a
+// few inserts.
+func (st *walStream) pgoutput(data []byte) error {
+	switch pglogrepl.MessageType(data[0]) {
+	case pglogrepl.MessageTypeRelation:
+		if m, err := pglogrepl.ParseV2(data, st.inStream); err == nil {
+			if rm, ok := m.(*pglogrepl.RelationMessageV2); ok {
+				st.idCol[rm.RelationID] = slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == "id" })
+			}
+		}
+	case pglogrepl.MessageTypeInsert:
+		st.inserted(data)
+	case pglogrepl.MessageTypeCommit:
+		if st.txn.inserted {
+			st.committed(st.txn.ids)
+		}
+		st.txn = walTxn{}
+	case pglogrepl.MessageTypeStreamStart:
+		m, err := pglogrepl.ParseV2(data, false)
+		if err != nil {
+			return err
+		}
+		st.inStream, st.streamXid = true, m.(*pglogrepl.StreamStartMessageV2).Xid
+	case pglogrepl.MessageTypeStreamStop:
+		st.inStream = false
+	case pglogrepl.MessageTypeStreamCommit:
+		m, err := pglogrepl.ParseV2(data, false)
+		if err != nil {
+			return err
+		}
+		xid := m.(*pglogrepl.StreamCommitMessageV2).Xid
+		if t := st.streamed[xid]; t != nil && t.inserted {
+			st.committed(t.ids)
+		}
+		delete(st.streamed, xid)
+	case pglogrepl.MessageTypeStreamAbort:
+		m, err := pglogrepl.ParseV2(data, false)
+		if err != nil {
+			return err
+		}
+		// A subtransaction's abort leaves the transaction going: what it
+		// inserted may be gone, and waking for it costs a look only.
+		if a := m.(*pglogrepl.StreamAbortMessageV2); a.Xid == a.SubXid {
+			delete(st.streamed, a.Xid)
+		}
+	}
+	return nil
+}
+
+// inserted records an insert into the transaction it belongs to (the one
+// being streamed, if any).
+func (st *walStream) inserted(data []byte) {
+	t := &st.txn
+	if st.inStream {
+		if t = st.streamed[st.streamXid]; t == nil {
+			t = &walTxn{}
+			st.streamed[st.streamXid] = t
+		}
+	}
+	t.inserted = true
+	if len(t.ids) < walReportIDs {
+		if id, ok := insertedID(data, st.inStream, st.idCol); ok {
+			t.ids = append(t.ids, id)
 		}
 	}
 }

@@ -41,13 +41,13 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 	h := &wakeHooks{}
 	cfg := idleConfig(e, relay.WakeupWAL, h)
 	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
-	startOn(t, srv.URL(), cfg, e.sink)
+	r, _ := startOn(t, srv.URL(), cfg, e.sink)
 	waitSource(t, h, "wal")
 	var slot string
 	eventually(t, wakeBound, func() bool {
 		return pool.QueryRow(ctx, "SELECT slot_name FROM pg_replication_slots WHERE temporary").Scan(&slot) == nil
 	}, "the relay's slot")
-	e.deliveredWithin(e.sink, 1, "k")
+	e.deliveredWithin(r, e.sink, 1, "k")
 
 	// An unrelated transaction of 200k rows (about 20 MB decoded), with an
 	// outbox message written while it runs: the relay is woken for the

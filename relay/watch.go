@@ -82,7 +82,7 @@ func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	w := newWatch(k, pc, wal, rows)
 	defer func() { w.stopWAL() }()
 	for {
-		now := time.Now()
+		now := k.now()
 		if err := w.step(ctx, now); err != nil {
 			return err
 		}
@@ -137,9 +137,11 @@ func (w *watch) elect(ctx context.Context, now time.Time) error {
 		if w.rows {
 			k.setSource("follow", false, nil)
 		}
+		k.cfg.sig.emit(sigFollowing, 0)
 		return nil
 	}
 	w.watching = true
+	k.cfg.sig.emit(sigElected, 0)
 	switch {
 	case k.pooled:
 		k.log.Info("connected through a transaction-pooling proxy: this process looks for new rows and rows that come due itself, without LISTEN or the watcher's lock")
@@ -168,7 +170,7 @@ func (w *watch) startWAL(ctx context.Context) {
 	walCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	k.walDone.Store(nil)
-	w.walStarted = time.Now()
+	w.walStarted = k.now()
 	go func() {
 		defer close(done)
 		err := k.followWAL(walCtx, func(ids []int64) {
@@ -193,7 +195,7 @@ func (w *watch) startWAL(ctx context.Context) {
 	// Keep polling until the stream has started: rows committed before
 	// the slot's consistent point are not in the stream.
 	if !w.polling {
-		w.polling, w.seen, w.interval, w.nextPoll = true, -1, watchFast, time.Now()
+		w.polling, w.seen, w.interval, w.nextPoll = true, -1, watchFast, k.now()
 	}
 }
 
@@ -250,7 +252,7 @@ func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
 	w.streaming = false
 	w.stopWAL()
 	w.stopWAL = func() {}
-	if time.Since(w.walStarted) > time.Minute {
+	if now.Sub(w.walStarted) > time.Minute {
 		w.walRetry = walRetryMin // it ran for a while: a break, not a refusal
 	}
 	if walRefused(err) {
@@ -383,7 +385,7 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 		k.wakeAndTell(laneSet{})
 	}
 	if (id > w.seen && w.seen >= 0) || filled {
-		k.wake(lanes)
+		k.wakeUp(lanes)
 		if err := w.tell(ctx, now, payloadOf(lanes)); err != nil {
 			return err
 		}
@@ -406,11 +408,11 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 	found := id > w.seen || filled
 	w.seen = id
 	w.lastLook = now
-	w.nextPoll = time.Now().Add(w.interval)
+	w.nextPoll = k.now().Add(w.interval)
 	if reported && !found {
 		// The reported rows are not visible yet (or were claimed already):
 		// look again soon, once.
-		w.nextPoll = time.Now().Add(walRecheck)
+		w.nextPoll = k.now().Add(walRecheck)
 	}
 	if w.streaming && now.Sub(w.walRowsAt) >= watchLinger && now.Sub(w.lastRows) >= watchLinger {
 		w.polling = false // until the stream reports rows again
@@ -440,9 +442,14 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	if k.isPending() {
 		deadline = w.lastNotify.Add(notifyGap)
 	}
-	wctx, cancel := context.WithDeadline(ctx, deadline)
+	if w.idle(now) {
+		k.cfg.sig.emit(sigWatcherIdle, 0)
+	}
+	// A timeout rather than the deadline itself: the deadline is on the
+	// waker's clock (see waker.now).
+	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(k.now()))
 	k.cancelWait.Store(&cancel)
-	if (k.isPending() && time.Since(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil {
+	if (k.isPending() && k.now().Sub(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil {
 		cancel() // kicked before the wait could be interrupted
 	}
 	n, err := w.pc.WaitForNotification(wctx)
@@ -463,6 +470,13 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	return n, nil
 }
 
+// idle reports whether the watcher has gone quiet: it has woken nobody
+// for watchLinger (its looks for new rows, if it makes any, are backing
+// off), and no NOTIFY waits.
+func (w *watch) idle(now time.Time) bool {
+	return w.watching && !w.k.isPending() && now.Sub(w.k.wokeAt) >= watchLinger
+}
+
 // heard acts on a notification from another session.
 func (w *watch) heard(n *pgconn.Notification) {
 	k := w.k
@@ -470,7 +484,7 @@ func (w *watch) heard(n *pgconn.Notification) {
 	case n.Payload == store.ListenerPayload:
 		// A listener started: it hears the wake-ups from now on (for at
 		// least othersEvery; then the check says).
-		w.alone, w.othersAt = false, time.Now().Add(othersEvery)
+		w.alone, w.othersAt = false, w.k.now().Add(othersEvery)
 	case n.Payload == store.FreedPayload:
 		// Lanes were handed back: the relays below their share take them
 		// (the set of relays is the same).
@@ -490,8 +504,8 @@ func (w *watch) heard(n *pgconn.Notification) {
 			}
 		}
 	case n.Payload == "":
-		k.wake(laneSet{})
+		k.wakeUp(laneSet{})
 	case ok:
-		k.wake(lanes)
+		k.wakeUp(lanes)
 	}
 }

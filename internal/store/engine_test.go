@@ -858,3 +858,22 @@ func TestNoSeqScanCompilesNothing(t *testing.T) {
 		t.Fatalf("the statement was compiled: %s", analyzed)
 	}
 }
+
+// WALState reads the catalog: on a server whose wal_level is not logical
+// (the shared test server), a publication that does not exist.
+func TestWALStateOfAMissingPublication(t *testing.T) {
+	t.Parallel()
+	pool, s := migrated(t)
+	ctx := context.Background()
+	var level string
+	if err := pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	st, err := NewWaker(s).WALState(ctx, pool, "no_such_publication_"+s.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Logical != (level == "logical") || st.Published || st.Covers || st.ServerVersion < 100000 {
+		t.Fatalf("WALState = %+v with wal_level %s and no publication", st, level)
+	}
+}

@@ -62,4 +62,5 @@ func TestWakerGolden(t *testing.T) {
 	golden(t, "wake_enable_trigger", w.trigger)
 	golden(t, "wake_join", w.join.named)
 	golden(t, "wake_others", w.others.named)
+	golden(t, "wake_wal_state", w.walState.named)
 }

@@ -35,8 +35,10 @@ const ListenerPayload = "listener"
 // Waker holds the wake-up statements for one schema.
 type Waker struct {
 	channel, trigger string
+	schema           string // the schema's name
 	table            string // the outbox, quoted
 	tryLock, newest  stmt
+	walState         stmt
 	newRows, due     stmt
 	notify           stmt
 	triggerState     stmt
@@ -47,6 +49,7 @@ type Waker struct {
 func NewWaker(s Schema) *Waker {
 	return &Waker{
 		table:   s.Table("messages"),
+		schema:  s.name,
 		channel: ident.Channel(s.name),
 		trigger: "ALTER TABLE " + s.Table("messages") + " ENABLE TRIGGER messages_notify",
 		// Session level: the lock is the watcher's for as long as its
@@ -102,7 +105,36 @@ SELECT now(), (extract(epoch FROM now()) * 1000000)::bigint,
        OR EXISTS (SELECT 1 FROM ` + s.Table("relays") + ` r WHERE r.hostname <> @hostname OR r.pid <> @pid)`),
 		triggerState: newStmt(`SELECT t.tgenabled <> 'D' FROM pg_trigger t
 WHERE t.tgrelid = to_regclass(@table) AND t.tgname = 'messages_notify'`),
+		// What following the WAL needs: the catalog, not the stream (pgoutput
+		// only complains of a missing publication at the first change it
+		// decodes).
+		walState: newStmt(`SELECT current_setting('wal_level') = 'logical', EXISTS (SELECT 1 FROM pg_publication WHERE pubname = @publication),
+       EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
+               WHERE p.pubname = @publication AND p.pubinsert AND t.schemaname = @schema AND t.tablename = 'messages'),
+       current_setting('server_version_num')::int`),
 	}
+}
+
+// WALState is what the server says about following the outbox's inserts
+// through logical replication.
+type WALState struct {
+	// Logical: wal_level is logical.
+	Logical bool
+	// Published: the publication exists; Covers: it publishes the
+	// inserts into the schema's outbox (a publication left behind by a
+	// dropped schema publishes nothing of a new one).
+	Published, Covers bool
+	// ServerVersion is server_version_num.
+	ServerVersion int
+}
+
+// WALState reads what following the WAL through publication needs of
+// the server.
+func (w *Waker) WALState(ctx context.Context, q Querier, publication string) (WALState, error) {
+	var st WALState
+	err := q.QueryRow(ctx, w.walState.sql, w.walState.args(pgx.NamedArgs{"publication": publication, "schema": w.schema})...).
+		Scan(&st.Logical, &st.Published, &st.Covers, &st.ServerVersion)
+	return st, err
 }
 
 // TryWatch takes the schema's watcher lock for q's session, if no other

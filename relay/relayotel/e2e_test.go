@@ -9,6 +9,7 @@ package relayotel_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/outbox/outboxotel"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -123,11 +125,9 @@ func runRelay(t *testing.T, schema string, sink sinks.Sink, hooks relay.Hooks) {
 // the writer's trace.
 func relaySpan(t *testing.T, rec *tracetest.SpanRecorder, w written, system, dest string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for len(rec.Ended()) == 0 {
-		require.False(t, time.Now().After(deadline), "no relay span within 20s")
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
+		return len(rec.Ended()) > 0, "no relay span"
+	})
 	spans := rec.Ended()
 	require.Len(t, spans, 1, "one span: the untraced message gets none")
 	s := spans[0]
@@ -223,17 +223,11 @@ func TestE2EHTTP(t *testing.T) {
 	rec, hooks := newRecorder(t, "webhook")
 	runRelay(t, schema, sink, hooks)
 
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
 		mu.Lock()
-		n := len(got)
-		mu.Unlock()
-		if n == 2 {
-			break
-		}
-		require.False(t, time.Now().After(deadline), "received %d of 2 requests", n)
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(got) == 2, fmt.Sprintf("received %d of 2 requests", len(got))
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, wantTraceparent(w), got[w.tracedID].Get("traceparent"))
