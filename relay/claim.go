@@ -44,9 +44,9 @@ func (s *source) router() bool { return s.Source() == store.Router }
 func newSources(schema store.Schema, cfg Config) (main, leftover *source) {
 	kind := store.Outbox
 	switch {
-	case len(cfg.FanOut) > 0:
+	case len(cfg.fanOut) > 0:
 		kind = store.Router
-	case cfg.Deliveries:
+	case cfg.deliveries:
 		kind = store.Copies
 	}
 	main = &source{Engine: store.NewEngine(schema, kind, cfg.Route, cfg.OnDeadLetter == OnDeadLetterHold),

@@ -58,15 +58,15 @@ const fingerprintVersion = "1"
 // sizes, retries, timeouts) is left out: relays may differ in it and still
 // deliver every message the same way.
 type routeConfig struct {
-	Route         string        `json:"route"`
-	Topics        []string      `json:"topics"`
-	ExcludeTopics []string      `json:"exclude_topics"`
-	Deliveries    bool          `json:"deliveries"`
-	FanOut        []Destination `json:"fan_out"`
-	Sink          string        `json:"sink"`
-	Destination   string        `json:"destination"`
-	Format        string        `json:"format"`
-	OnDeadLetter  string        `json:"on_dead_letter"`
+	Route         string       `json:"route"`
+	Topics        []string     `json:"topics"`
+	ExcludeTopics []string     `json:"exclude_topics"`
+	Deliveries    bool         `json:"deliveries"`
+	FanOut        []fanOutDest `json:"fan_out"`
+	Sink          string       `json:"sink"`
+	Destination   string       `json:"destination"`
+	Format        string       `json:"format"`
+	OnDeadLetter  string       `json:"on_dead_letter"`
 }
 
 // formatted is implemented by a sink that encodes messages in a payload
@@ -77,10 +77,10 @@ type formatted interface{ FormatName() string }
 // configuration of a relay of cfg on sink.
 func fingerprint(cfg Config, sink sinks.Sink) (hash, summary string) {
 	rc := routeConfig{
-		Route: cfg.Route, Topics: cfg.Topics, ExcludeTopics: cfg.ExcludeTopics, Deliveries: cfg.Deliveries,
+		Route: cfg.Route, Topics: cfg.Topics, ExcludeTopics: cfg.ExcludeTopics, Deliveries: cfg.deliveries,
 		// Redacted again, should an embedder pass a secret: the
 		// fingerprint covers the target, not its credentials.
-		FanOut: cfg.FanOut, Destination: redact.URL(cfg.Destination), OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
+		FanOut: cfg.fanOut, Destination: redact.URL(cfg.Destination), OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
 	}
 	if f, ok := sinks.As[formatted](sink); ok {
 		rc.Format = f.FormatName()

@@ -40,7 +40,7 @@ func TestFingerprintCoversTheRouteNotTheTuning(t *testing.T) {
 		"on-dead-letter": func(c *Config) sinks.Sink { c.OnDeadLetter = OnDeadLetterHold; return sink },
 		"route":          func(c *Config) sinks.Sink { c.Route = "orders2"; return sink },
 		"fan-out": func(c *Config) sinks.Sink {
-			c.FanOut = []Destination{{Route: "audit", Topics: []string{"*"}}}
+			c.fanOut = []fanOutDest{{Route: "audit", Topics: []string{"*"}}}
 			return sink
 		},
 		"format": func(c *Config) sinks.Sink { return format.Wrap(sink, ce) },

@@ -29,23 +29,6 @@ type Config struct {
 	// ExcludeTopics are patterns taken by earlier routes (first match
 	// wins). Default none.
 	ExcludeTopics []string
-	// Deliveries makes this relay take the fan-out copies made for Route
-	// (the deliveries table) instead of messages from the outbox. A route
-	// that shares topics with a fan-out route runs this way, with a
-	// router (FanOut) feeding it; a Set decides which (RouterFeeds).
-	// Default false.
-	Deliveries bool
-	// FanOut makes this relay the fan-out router instead of a publisher:
-	// each message its Topics match is copied, in the transaction that
-	// removes it from the outbox, to every destination whose patterns match
-	// its topic, for relays with Deliveries set to publish. It needs no
-	// sink. Default none.
-	FanOut []Destination
-	// SharedListener: the caller runs Listen for this relay (and others
-	// in the same process) and it calls Wake, instead of each relay
-	// holding a LISTEN connection of its own. A Set does this for its
-	// relays. Default false.
-	SharedListener bool
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int
@@ -187,22 +170,39 @@ type Config struct {
 	// Hooks observe the relay (metrics). Default none.
 	Hooks Hooks
 
+	// What a Set decides for the relays it runs (see SetConfig.Plan):
+	// deliveries makes this relay take the fan-out copies made for Route
+	// (the deliveries table) instead of messages from the outbox; fanOut
+	// makes it the fan-out router, which copies each message its Topics
+	// match, in the transaction that removes it from the outbox, to every
+	// destination whose patterns match its topic; sharedListener: the Set
+	// runs one listener that wakes all its relays, instead of each relay
+	// holding a LISTEN connection of its own.
+	deliveries     bool
+	fanOut         []fanOutDest
+	sharedListener bool
 	// sig receives the components' test signals (see signal.go): nil
 	// outside the package's tests.
 	sig *signals
 }
 
-// Destination is one route a fan-out router copies messages to: those
+// Router reports whether c is the configuration of a Set's fan-out
+// router, which copies messages to the routes that take them instead of
+// publishing them (it has no sink).
+func (c Config) Router() bool { return len(c.fanOut) > 0 }
+
+// fanOutDest is one route a fan-out router copies messages to: those
 // whose topic matches one of Topics and none of ExcludeTopics (patterns,
-// as in Config.Topics).
-type Destination struct {
+// as in Config.Topics). Its fields are exported for the route's
+// fingerprint (see fingerprint).
+type fanOutDest struct {
 	Route         string
 	Topics        []string
 	ExcludeTopics []string
 }
 
 // matches reports whether a message of topic goes to d.
-func (d Destination) matches(t string) bool {
+func (d fanOutDest) matches(t string) bool {
 	return !topic.MatchAny(d.ExcludeTopics, t) && topic.MatchAny(d.Topics, t)
 }
 
@@ -347,13 +347,13 @@ func (c Config) Validate() error {
 			break
 		}
 	}
-	if (c.Deliveries || len(c.FanOut) > 0) && c.Route == "" {
+	if (c.deliveries || len(c.fanOut) > 0) && c.Route == "" {
 		bad("route", "a fan-out router or destination needs a route name")
 	}
-	if c.Deliveries && len(c.FanOut) > 0 {
+	if c.deliveries && len(c.fanOut) > 0 {
 		bad("fan-out", "a relay is either a fan-out router or a destination, not both")
 	}
-	for i, d := range c.FanOut {
+	for i, d := range c.fanOut {
 		if d.Route == "" || len(d.Topics) == 0 {
 			bad(fmt.Sprintf("fan-out[%d]", i), "needs a route and at least one topic pattern")
 		}

@@ -123,7 +123,7 @@ func TestNewRefusesAPoolTooSmall(t *testing.T) {
 	cfg := relay.Config{Workers: 3}
 	require.Equal(t, 5, relay.Conns(cfg), "3 workers, lease, LISTEN")
 	shared := cfg
-	shared.SharedListener = true
+	shared = relay.WithSharedListener(shared)
 	require.Equal(t, 2*4+1, relay.Conns(shared, shared), "two relays sharing one LISTEN")
 
 	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: pgtest.URL(), MaxConns: 4})

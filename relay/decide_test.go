@@ -152,7 +152,7 @@ func checkParallel(t *testing.T, s settlement) {
 // TestRoute: the router copies each message to every destination whose
 // topics match, and dead-letters one no destination takes.
 func TestRoute(t *testing.T) {
-	dests := []Destination{
+	dests := []fanOutDest{
 		{Route: "billing", Topics: []string{"orders.*"}},
 		{Route: "audit", Topics: []string{"*"}, ExcludeTopics: []string{"orders.draft"}},
 	}

@@ -94,59 +94,6 @@ func runRoutes(sc relay.SetConfig) {
 	}
 }
 
-// The pieces a Set assembles, wired by hand: a router copies "orders.*"
-// to two destination relays, each with its own sink, retries and dead
-// letters, all woken by one shared Listen. Prefer NewSet, which also
-// decides which routes the router must feed and dead-letters unrouted
-// topics; this remains for programs that run the relays themselves.
-func Example_fanOutByHand() {
-	ctx := context.Background()
-	routerCfg := relay.Config{
-		Route:  relay.RouterRoute,
-		Topics: []string{"orders.*"},
-		FanOut: []relay.Destination{
-			{Route: "kafka", Topics: []string{"orders.*"}},
-			{Route: "crm", Topics: []string{"orders.placed"}},
-		},
-		SharedListener: true,
-	}
-	kafkaCfg := relay.Config{Route: "kafka", Deliveries: true, SharedListener: true}
-	crmCfg := relay.Config{Route: "crm", Deliveries: true, SharedListener: true}
-	pool, err := relay.NewPool(ctx, relay.PoolConfig{URL: "postgres://app@db/app",
-		MaxConns: relay.Conns(routerCfg, kafkaCfg, crmCfg) + relay.PipelineConns(routerCfg, kafkaCfg, crmCfg) + 1})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	kafka, webhook := openSinks()
-	router, err := relay.New(pool, nil, routerCfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	toKafka, err := relay.New(pool, kafka, kafkaCfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	toCRM, err := relay.New(pool, webhook, crmCfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	all := []*relay.Relay{router, toKafka, toCRM}
-	go relay.ListenConfig(ctx, pool, relay.Config{Schema: "outbox"}, func() {
-		for _, r := range all {
-			r.Wake()
-		}
-	}, func() {
-		for _, r := range all {
-			r.MembersChanged()
-		}
-	})
-	for _, r := range all {
-		go func() { _ = r.Run(ctx) }()
-	}
-	<-ctx.Done()
-}
-
 // openSinks stands for the application's own sink set-up (kafkasink.New,
 // httpsink.New, ...).
 func openSinks() (kafka, webhook sinks.Sink) { return memory.New(), memory.New() }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The package's tests (package relay_test) wait on the components' test
@@ -62,4 +64,36 @@ func (r *Relay) AdvanceWatchClock(d time.Duration) { r.cfg.sig.skew.Add(int64(d)
 func (r *Relay) ListenerConfig(cfg Config) Config {
 	cfg.sig = r.cfg.sig
 	return cfg
+}
+
+// What only a Set sets, for tests that wire relays by hand.
+
+// Destination is one route a fan-out router copies messages to.
+type Destination = fanOutDest
+
+// WithFanOut makes cfg a fan-out router to dests.
+func WithFanOut(cfg Config, dests ...Destination) Config { cfg.fanOut = dests; return cfg }
+
+// WithDeliveries makes cfg take the fan-out copies made for its route.
+func WithDeliveries(cfg Config) Config { cfg.deliveries = true; return cfg }
+
+// WithSharedListener makes cfg rely on a ListenConfig run beside it.
+func WithSharedListener(cfg Config) Config { cfg.sharedListener = true; return cfg }
+
+// SharedListener and Deliveries report what a Set decided for cfg.
+func SharedListener(cfg Config) bool { return cfg.sharedListener }
+func Deliveries(cfg Config) bool     { return cfg.deliveries }
+
+// FanOutOf returns the destinations of a fan-out router's cfg.
+func FanOutOf(cfg Config) []Destination { return cfg.fanOut }
+
+// ListenConfig runs the wake-up of cfg.Schema for relays configured
+// WithSharedListener, calling wake when there may be new rows and members
+// (unless nil) when relays came, went or handed lanes back.
+func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
+	var notified func(bool)
+	if members != nil {
+		notified = func(bool) { members() }
+	}
+	listen(ctx, pool, cfg, func(laneSet) { wake() }, notified)
 }

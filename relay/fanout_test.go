@@ -24,13 +24,12 @@ func (e *env) fanOutConfigs() (router, kafka, hook relay.Config) {
 	router = e.config()
 	router.Route = "~fanout"
 	router.Topics = []string{"orders.*"}
-	router.FanOut = []relay.Destination{
-		{Route: "kafka", Topics: []string{"orders.*"}},
-		{Route: "hook", Topics: []string{"orders.*"}},
-	}
-	kafka, hook = e.config(), e.config()
-	kafka.Route, kafka.Deliveries = "kafka", true
-	hook.Route, hook.Deliveries = "hook", true
+	router = relay.WithFanOut(router,
+		relay.Destination{Route: "kafka", Topics: []string{"orders.*"}},
+		relay.Destination{Route: "hook", Topics: []string{"orders.*"}},
+	)
+	kafka, hook = relay.WithDeliveries(e.config()), relay.WithDeliveries(e.config())
+	kafka.Route, hook.Route = "kafka", "hook"
 	return router, kafka, hook
 }
 
@@ -128,7 +127,7 @@ func TestFanOutCopiesAtomicallyAndKeepsDelays(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	router, kcfg, hcfg := e.fanOutConfigs()
-	router.FanOut = append(router.FanOut, relay.Destination{Route: "audit", Topics: []string{"orders.paid"}})
+	router = relay.WithFanOut(router, append(relay.FanOutOf(router), relay.Destination{Route: "audit", Topics: []string{"orders.paid"}})...)
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -139,8 +138,8 @@ func TestFanOutCopiesAtomicallyAndKeepsDelays(t *testing.T) {
 	))
 	require.NoError(t, tx.Commit(ctx))
 	ksink, hsink, asink := memory.New(), memory.New(), memory.New()
-	acfg := e.config()
-	acfg.Route, acfg.Deliveries = "audit", true
+	acfg := relay.WithDeliveries(e.config())
+	acfg.Route = "audit"
 	e.start(router, nil)
 	e.start(kcfg, ksink)
 	e.start(hcfg, hsink)

@@ -167,7 +167,7 @@ func (k *sessionKind) get(ctx context.Context, cc *pgx.ConnConfig) (*sessionKind
 // these configurations on one pool holds when every worker is busy: one
 // per worker and one lane lease per relay, a LISTEN connection per relay
 // that runs its own, and one shared LISTEN connection when relays have
-// SharedListener set (the caller runs Listen). It is the least
+// a Set's shared listener (the Set runs it). It is the least
 // PoolConfig.MaxConns that lets every worker work; with exactly that many,
 // health checks and metrics wait for a worker's connection between
 // batches, so give one more.
@@ -179,7 +179,7 @@ func Conns(cfgs ...Config) int {
 			w = DefaultWorkers
 		}
 		n += w + 1
-		if c.SharedListener {
+		if c.sharedListener {
 			shared = true
 		} else {
 			n++

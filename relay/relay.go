@@ -42,9 +42,6 @@ type Relay struct {
 	// lease keeps the relay's share of the lanes, and owns the lane
 	// state (see leaser).
 	lease *leaser
-	// handover is lease.handover, read by the workers (handoverLanes in
-	// worker.go; it goes once they ask the leaser).
-	handover *atomic.Pointer[[]int16]
 
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
@@ -101,7 +98,7 @@ type StatsSnapshot struct {
 
 // New returns a relay that reads the outbox through pool and publishes to
 // sink. The pool needs at least a connection per worker, one for the lane
-// lease and, unless SharedListener, one for LISTEN (Conns counts them for
+// lease and, unless it runs in a Set, one for LISTEN (Conns counts them for
 // a whole process); use NewPool to get one with the session settings the
 // relay wants.
 func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
@@ -109,13 +106,13 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || (sink == nil && len(cfg.FanOut) == 0) {
+	if pool == nil || (sink == nil && len(cfg.fanOut) == 0) {
 		return nil, errors.New("outbox: relay: pool and sink are required")
 	}
 	// What this relay holds itself (a shared LISTEN is the caller's: see
 	// Conns for a whole process).
 	need, what := cfg.Workers+2, "one each, the lane lease and LISTEN"
-	if cfg.SharedListener {
+	if cfg.sharedListener {
 		need, what = cfg.Workers+1, "one each and the lane lease"
 	}
 	if max := int(pool.Config().MaxConns); max < need {
@@ -159,7 +156,6 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.log = r.log.With("route", cfg.Route)
 	}
 	r.lease = r.newLeaser(fingerprint(cfg, sink))
-	r.handover = &r.lease.handover
 	return r, nil
 }
 
@@ -244,7 +240,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
 	listenDone := spawn(func() {
-		if !r.cfg.SharedListener {
+		if !r.cfg.sharedListener {
 			cfg := r.cfg
 			cfg.Logger = r.log
 			listen(ctx, r.pool, cfg, r.wakeSet, r.membersNotified)
@@ -413,7 +409,7 @@ func (r *Relay) sessionKind(ctx context.Context) (bool, pgx.QueryExecMode, error
 // for fan-out copies made for that route under an earlier configuration:
 // they are delivered first (see Relay.leftover).
 func (r *Relay) findLeftover(ctx context.Context) error {
-	if r.cfg.Deliveries || len(r.cfg.FanOut) > 0 || r.cfg.Route == "" {
+	if r.cfg.deliveries || len(r.cfg.fanOut) > 0 || r.cfg.Route == "" {
 		return nil
 	}
 	left, err := r.leftoverSrc.CopiesLeft(ctx, r.pool)

@@ -868,8 +868,9 @@ func TestSharedListenerWakesEveryRelay(t *testing.T) {
 	e := setup(t)
 	a, b := memory.New(), memory.New()
 	cfgA, cfgB := e.config(), e.config()
-	cfgA.Route, cfgA.Topics, cfgA.SharedListener, cfgA.PollInterval = "a", []string{"a.*"}, true, time.Hour
-	cfgB.Route, cfgB.Topics, cfgB.SharedListener, cfgB.PollInterval = "b", []string{"b.*"}, true, time.Hour
+	cfgA.Route, cfgA.Topics, cfgA.PollInterval = "a", []string{"a.*"}, time.Hour
+	cfgB.Route, cfgB.Topics, cfgB.PollInterval = "b", []string{"b.*"}, time.Hour
+	cfgA, cfgB = relay.WithSharedListener(cfgA), relay.WithSharedListener(cfgB)
 	ra, _ := e.start(cfgA, a)
 	rb, _ := e.start(cfgB, b)
 	ctx, cancel := context.WithCancel(context.Background())

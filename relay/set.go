@@ -48,7 +48,7 @@ type Route struct {
 	// configuration: its zero fields take the package defaults, not
 	// SetConfig.Config's (copy that and change what differs). The Set
 	// sets its ID (SetConfig.Config.ID + "/" + Name), Schema, Route,
-	// Topics, ExcludeTopics, Deliveries, FanOut and SharedListener.
+	// Topics and ExcludeTopics, and how it is fed and woken.
 	// Default nil: SetConfig.Config.
 	Config *Config
 }
@@ -155,7 +155,7 @@ func (c SetConfig) Plan() ([]Config, error) {
 	}
 	for i := range out {
 		// One Listen (Set.Run) wakes them all; alone, a relay listens itself.
-		out[i].SharedListener = len(out) > 1
+		out[i].sharedListener = len(out) > 1
 		if c.Hooks != nil {
 			if h := c.Hooks(out[i].Route); h != nil {
 				out[i].Hooks = h
@@ -199,7 +199,7 @@ func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[st
 		cfg = rt.Config.WithDefaults()
 	}
 	cfg.Schema, cfg.Route, cfg.Topics = base.Schema, rt.Name, rt.Topics
-	cfg.ExcludeTopics, cfg.Deliveries, cfg.FanOut = nil, false, nil
+	cfg.ExcludeTopics, cfg.deliveries, cfg.fanOut = nil, false, nil
 	if !rt.FanOut {
 		cfg.ExcludeTopics = append([]string(nil), earlier...)
 	}
@@ -222,15 +222,15 @@ func (c SetConfig) router(base Config, cfgs []Config) (Config, bool) {
 			continue
 		}
 		rc := &cfgs[i]
-		rcfg.FanOut = append(rcfg.FanOut, Destination{Route: rc.Route, Topics: rc.Topics, ExcludeTopics: rc.ExcludeTopics})
+		rcfg.fanOut = append(rcfg.fanOut, fanOutDest{Route: rc.Route, Topics: rc.Topics, ExcludeTopics: rc.ExcludeTopics})
 		rcfg.Topics = append(rcfg.Topics, rc.Topics...)
-		rc.Deliveries, rc.Topics, rc.ExcludeTopics = true, nil, nil
+		rc.deliveries, rc.Topics, rc.ExcludeTopics = true, nil, nil
 	}
-	return rcfg, len(rcfg.FanOut) > 0
+	return rcfg, len(rcfg.fanOut) > 0
 }
 
 // RouterFeeds reports, route by route, whether the route takes its
-// messages from the fan-out router's copies (Config.Deliveries) rather
+// messages from the fan-out router's copies  rather
 // than from the outbox: fan-out routes that can share a topic with
 // another route, ordinary routes that can share one with a fan-out route,
 // and, spreading, ordinary routes that can share one with those, so that

@@ -31,14 +31,14 @@ func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 	for _, c := range cfgs {
 		byRoute[c.Route] = c
 		require.Equal(t, "r/"+c.Route, c.ID)
-		require.True(t, c.SharedListener, "one LISTEN for all")
+		require.True(t, relay.SharedListener(c), "one LISTEN for all")
 	}
 	require.Len(t, cfgs, 7, "the routes, the router and the unrouted route")
 	// audit overlaps orders (orders.created) and users (users.created);
 	// payments shares orders.paid with orders, so it is fed too.
 	fed := map[string]bool{}
 	for _, rt := range sc.Routes {
-		fed[rt.Name] = byRoute[rt.Name].Deliveries
+		fed[rt.Name] = relay.Deliveries(byRoute[rt.Name])
 	}
 	require.Equal(t, map[string]bool{"orders": true, "payments": true, "users": true, "audit": true, "lonely": false}, fed)
 	require.Equal(t, []bool{true, true, true, true, false}, relay.RouterFeeds(sc.Routes))
@@ -48,7 +48,7 @@ func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 
 	dest := func(tp string) []string {
 		var out []string
-		for _, d := range router.FanOut {
+		for _, d := range relay.FanOutOf(router) {
 			if topic.MatchAny(d.Topics, tp) && !topic.MatchAny(d.ExcludeTopics, tp) {
 				out = append(out, d.Route)
 			}
@@ -71,14 +71,14 @@ func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 	cfgs, err = sc.Plan()
 	require.NoError(t, err)
 	require.Len(t, cfgs, 4, "no fan-out route, no router")
-	require.False(t, cfgs[0].Deliveries)
+	require.False(t, relay.Deliveries(cfgs[0]))
 	require.Equal(t, []string{"orders.*"}, cfgs[1].ExcludeTopics, "the first match wins")
 
 	sc.Routes = []relay.Route{{Name: "all", Topics: []string{"*"}}}
 	cfgs, err = sc.Plan()
 	require.NoError(t, err)
 	require.Len(t, cfgs, 1, `a route takes "*": nothing is unrouted`)
-	require.False(t, cfgs[0].SharedListener, "alone, the relay listens itself")
+	require.False(t, relay.SharedListener(cfgs[0]), "alone, the relay listens itself")
 	require.Equal(t, 2+1+1, sc.Conns())
 }
 

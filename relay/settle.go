@@ -136,7 +136,7 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 // route is the fan-out router's decision: each message is copied to
 // every destination whose topics match and leaves the outbox; a message
 // no destination takes (the routes changed under it) is dead-lettered.
-func route(batch []claimed, dests []Destination) settlement {
+func route(batch []claimed, dests []fanOutDest) settlement {
 	var s settlement
 	for i, c := range batch {
 		n := len(s.copies.IDs)
@@ -173,6 +173,25 @@ func (s *settlement) record(ev *BatchEvent) {
 	ev.DeadReasons = s.dead.Reasons
 }
 
+// deliveredOf returns the messages of msgs (a published batch's, in batch
+// order) that s delivered.
+func (s *settlement) deliveredOf(msgs []sinks.Message) []sinks.Message {
+	if len(s.delivered) == len(msgs) || len(s.delivered) == 0 {
+		return msgs[:len(s.delivered)]
+	}
+	ids := make(map[int64]bool, len(s.delivered))
+	for _, id := range s.delivered {
+		ids[id] = true
+	}
+	out := make([]sinks.Message, 0, len(s.delivered))
+	for _, m := range msgs {
+		if ids[m.Seq] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // settler carries settlements out and ends their transactions. It is
 // shared by the workers of a relay.
 type settler struct {
@@ -202,6 +221,7 @@ func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch 
 		s, err = st.apart(ctx, pc, src, s)
 	}
 	s.record(ev)
+	ev.DeliveredMessages = s.deliveredOf(ev.Messages)
 	ev.SettleDuration = time.Since(start)
 	ev.Committed = err == nil
 	st.stats.Batches.Add(1)

@@ -59,36 +59,13 @@ func (m multiHooks) Wakeup(source string, fallback bool, err error) {
 	}
 }
 
-// Listen wakes (calls wake) on every notification of new rows in schema's
-// outbox, in the default wake-up mode ("auto"), until ctx ends. See
-// ListenConfig, which also passes on membership changes.
+// Listen calls wake whenever there may be new rows in schema's outbox,
+// in the default wake-up mode ("auto"), until ctx ends: for a program
+// that waits on the outbox itself. It holds one connection of pool.
+// Notifications are an optimization, never a guarantee: a lost
+// connection costs only latency.
 func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
-	ListenConfig(ctx, pool, Config{Schema: schema, Logger: log}, wake, nil)
-}
-
-// ListenConfig runs the wake-up of cfg.Schema for one process, as
-// cfg.Wakeup says, calling wake when there may be new rows, until ctx
-// ends. A relay runs it itself unless Config.SharedListener is set: a
-// process running several relays (one per route) saves a connection per
-// relay by running one ListenConfig that wakes them all, as a Set does.
-// It holds one connection of pool (LISTEN) and, while this process
-// follows the WAL, a replication connection of its own.
-//
-// members (unless nil) is called when relays joined, left or handed lanes
-// back (a notification from a relay's lease session, payload
-// store.MembersPayload or store.FreedPayload), and after every
-// reconnection: a process running its relays with a shared listener
-// calls Relay.MembersChanged of each, so that they rebalance at once
-// instead of at their next heartbeat. (A Set's own listener passes freed
-// lanes only to its relays below their share.)
-// Notifications are an optimization: workers poll and leases rebalance at
-// every heartbeat anyway, so a lost connection costs only latency.
-func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
-	var notified func(bool)
-	if members != nil {
-		notified = func(bool) { members() }
-	}
-	listen(ctx, pool, cfg, func(laneSet) { wake() }, notified)
+	listen(ctx, pool, Config{Schema: schema, Logger: log}, func(laneSet) { wake() }, nil)
 }
 
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
@@ -100,8 +77,12 @@ func (r *Relay) wakeSet(lanes laneSet) {
 	r.wakeLanes(lanes)
 }
 
-// listen is ListenConfig, with wake-ups about some lanes (an empty set:
-// any lane).
+// listen runs the wake-up of cfg.Schema for one process, as cfg.Wakeup
+// says, calling wake with the lanes that may have new rows (an empty set:
+// any lane), until ctx ends. A relay runs it itself unless it is in a Set,
+// which runs one for all its relays. It holds one connection of pool
+// (LISTEN) and, while this process follows the WAL, a replication
+// connection of its own.
 //
 // members is called with freed false when relays came or went, and true
 // when lanes were handed back (store.FreedPayload).

@@ -414,7 +414,7 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 	defer r.inFlight.Add(-int64(len(f.batch)))
 	var s settlement
 	if f.src.router() {
-		s = route(f.batch, r.cfg.FanOut)
+		s = route(f.batch, r.cfg.fanOut)
 	} else if s, err = r.publish(hard, f.batch, &f.ev); err != nil {
 		return err
 	}
@@ -448,8 +448,8 @@ func (r *Relay) handoverMayGoOn() {
 
 // handoverLanes are the lanes the leaser is giving up: not to be claimed.
 func (r *Relay) handoverLanes() []int16 {
-	if h := r.handover.Load(); h != nil && *h != nil {
-		return *h
+	if h := r.lease.handingOver(); h != nil {
+		return h
 	}
 	return []int16{}
 }

@@ -48,7 +48,7 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 	var shown []console.Route
 	for _, cfg := range planned {
 		rt := describe(routes, cfg.Route)
-		cr := console.Route{Name: cfg.Route, Topics: cfg.Topics, FanOut: len(cfg.FanOut) > 0, Sink: rt.sinkName,
+		cr := console.Route{Name: cfg.Route, Topics: cfg.Topics, FanOut: cfg.Router(), Sink: rt.sinkName,
 			Format: cmp.Or(rt.format, o.format),
 			Settings: map[string]string{
 				"workers":      strconv.Itoa(cfg.Workers),

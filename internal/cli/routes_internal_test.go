@@ -37,7 +37,13 @@ func TestConnBudget(t *testing.T) {
 
 	// Routes (relay.SetConfig.Plan shares the LISTEN): per route its
 	// workers and lease, one shared LISTEN.
-	three := []relay.Config{{Workers: 2, SharedListener: true}, {Workers: 1, SharedListener: true}, {Workers: 1, SharedListener: true}}
+	three, err := relay.SetConfig{Routes: []relay.Route{
+		{Name: "a", Topics: []string{"a.*"}, Config: &relay.Config{Workers: 2}},
+		{Name: "b", Topics: []string{"b.*"}, Config: &relay.Config{Workers: 1}},
+		{Name: "c", Topics: []string{"*"}, Config: &relay.Config{Workers: 1}},
+	}}.Plan()
+	require.NoError(t, err)
+	require.Len(t, three, 3, "a route takes every topic: no unrouted route")
 	max, workers, err = connBudget(three, 0)
 	require.NoError(t, err)
 	require.Equal(t, 3+2+2+1+1+4, max, "and a second batch per worker")

@@ -117,6 +117,7 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 	defer srv.Close(ctx)
 
 	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel() // a failed assertion stops the relay, so that rpool.Close returns
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 
