@@ -17,6 +17,7 @@ func TestImportsOnlyPgx(t *testing.T) {
 	allowed := []string{
 		"github.com/outbox-relay/outbox-relay/inbox",
 		"github.com/outbox-relay/outbox-relay/internal/ident",
+		"github.com/outbox-relay/outbox-relay/internal/sqlmigrate",
 		"github.com/jackc/",
 		"golang.org/x/text/",
 	}

@@ -8,22 +8,19 @@
 package migrations
 
 import (
-	"bytes"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
-	"text/template"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/internal/sqlmigrate"
 )
 
 //go:embed *.up.sql
@@ -64,41 +61,13 @@ func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 
 // Load renders every migration for schema, in version order.
 func Load(schema string) ([]Migration, error) {
-	if err := ValidateSchema(schema); err != nil {
-		return nil, err
-	}
-	names, err := fs.Glob(files, "*.up.sql")
+	ms, err := set.Load(schema)
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	data := struct{ Schema, Channel string }{Ident(schema), Literal(Channel(schema))}
-	var out []Migration
-	for _, name := range names {
-		num, rest, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("outbox: migration file %q: name must start with a number", name)
-		}
-		raw, err := files.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(raw))
-		if err != nil {
-			return nil, fmt.Errorf("outbox: migration %s: %w", name, err)
-		}
-		var buf bytes.Buffer
-		if err := tmpl.Execute(&buf, data); err != nil {
-			return nil, fmt.Errorf("outbox: migration %s: %w", name, err)
-		}
-		m := Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: buf.String(), RelayMin: v}
-		if sub := relayMinLine.FindStringSubmatch(m.SQL); sub != nil {
-			if m.RelayMin, err = strconv.Atoi(sub[1]); err != nil || m.RelayMin > v {
-				return nil, fmt.Errorf("outbox: migration %s: relay-min must be a version up to %d", name, v)
-			}
-		}
-		out = append(out, m)
+	out := make([]Migration, len(ms))
+	for i, m := range ms {
+		out[i] = Migration{Version: m.Version, Name: m.Name, SQL: m.SQL, RelayMin: m.Extra}
 	}
 	return out, nil
 }
@@ -112,46 +81,56 @@ func Latest() int {
 	return ms[len(ms)-1].Version
 }
 
-func versionTableDDL(schema string) string {
-	return "CREATE SCHEMA IF NOT EXISTS " + Ident(schema) + ";\n" +
-		"CREATE TABLE IF NOT EXISTS " + Ident(schema) + ".schema_migrations (\n" +
-		"    version    integer     PRIMARY KEY,\n" +
-		"    name       text        NOT NULL,\n" +
-		"    applied_at timestamptz NOT NULL DEFAULT now()\n" +
-		");\n" +
-		// Added with version 8; NULL for migrations recorded before.
-		"ALTER TABLE " + Ident(schema) + ".schema_migrations ADD COLUMN IF NOT EXISTS relay_min integer;\n"
+// set is the outbox's migrations. The lock key namespaces the migration
+// advisory lock (two-int form: this constant and a hash of the schema
+// name).
+var set = &sqlmigrate.Set{
+	Files:    files,
+	Glob:     "*.up.sql",
+	Validate: ValidateSchema,
+	Data: func(schema string) any {
+		return struct{ Schema, Channel string }{Ident(schema), Literal(Channel(schema))}
+	},
+	Table: "schema_migrations",
+	// Added with version 8; NULL for migrations recorded before.
+	Extra:   &sqlmigrate.Column{Name: "relay_min", Value: relayMin},
+	LockKey: 0x6f757462, // "outb"
+	Prefix:  "outbox",
+	Header: func(schema string) string {
+		return "-- outbox-relay schema for " + Ident(schema) + "; apply in one transaction.\n"
+	},
+	Footer: publicationComment,
+	Before: func(ctx context.Context, tx pgx.Tx, _ string) error { return CheckEncoding(ctx, tx) },
+	After:  ensurePublication,
 }
 
-func recordSQL(schema string, m Migration) string {
-	return fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, relay_min) VALUES (%d, %s, %d);\n",
-		Ident(schema), m.Version, Literal(m.Name), m.RelayMin)
+// relayMin reads m's RelayMin from its "-- relay-min: N" line; without
+// one it is m's own version.
+func relayMin(m sqlmigrate.Migration) (int, error) {
+	sub := relayMinLine.FindStringSubmatch(m.SQL)
+	if sub == nil {
+		return m.Version, nil
+	}
+	v, err := strconv.Atoi(sub[1])
+	if err != nil || v > m.Version {
+		return 0, fmt.Errorf("relay-min must be a version up to %d", m.Version)
+	}
+	return v, nil
+}
+
+// publicationComment ends the script: the publication that Apply creates
+// where it can, for the reader to create by hand.
+func publicationComment(schema string) string {
+	return "\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
+		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
+		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id) WITH (publish = 'insert');\n" +
+		"-- (the column list, PostgreSQL 15+, keeps payloads out of the stream; before 15, leave \"(id)\" out)\n"
 }
 
 // Script returns every migration for schema as one plain SQL script, with
 // the version bookkeeping, for teams that apply migrations with their own
 // tool. It is what Apply runs, minus the lock.
-func Script(schema string) (string, error) {
-	ms, err := Load(schema)
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	b.WriteString("-- outbox-relay schema for " + Ident(schema) + "; apply in one transaction.\n")
-	b.WriteString("BEGIN;\n")
-	b.WriteString(versionTableDDL(schema))
-	for _, m := range ms {
-		fmt.Fprintf(&b, "\n-- %03d_%s\n", m.Version, m.Name)
-		b.WriteString(m.SQL)
-		b.WriteString(recordSQL(schema, m))
-	}
-	b.WriteString("\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
-		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
-		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id) WITH (publish = 'insert');\n" +
-		"-- (the column list, PostgreSQL 15+, keeps payloads out of the stream; before 15, leave \"(id)\" out)\n")
-	b.WriteString("COMMIT;\n")
-	return b.String(), nil
-}
+func Script(schema string) (string, error) { return set.Script(schema) }
 
 // Conn is what Apply needs: a *pgx.Conn, a *pgxpool.Pool or a
 // *pgxpool.Conn.
@@ -159,66 +138,13 @@ type Conn interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// lockKey namespaces the migration advisory lock (two-int form: this
-// constant and a hash of the schema name).
-const lockKey = 0x6f757462 // "outb"
-
 // Apply brings schema up to the latest version and returns the versions it
 // applied (none when already current). It runs in one transaction under an
 // advisory lock, so concurrent callers are safe: the second waits, then
 // finds nothing to do. It refuses a database whose server_encoding is not
 // UTF8 (ErrServerEncoding).
 func Apply(ctx context.Context, db Conn, schema string) ([]int, error) {
-	ms, err := Load(schema)
-	if err != nil {
-		return nil, err
-	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrate: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	if err := CheckEncoding(ctx, tx); err != nil {
-		return nil, err
-	}
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", lockKey, schema); err != nil {
-		return nil, fmt.Errorf("outbox: migrate: lock: %w", err)
-	}
-	if _, err := tx.Exec(ctx, versionTableDDL(schema)); err != nil {
-		return nil, fmt.Errorf("outbox: migrate: version table: %w", err)
-	}
-	done := map[int]bool{}
-	rows, err := tx.Query(ctx, "SELECT version FROM "+Ident(schema)+".schema_migrations")
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrate: %w", err)
-	}
-	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrate: %w", err)
-	}
-	for _, v := range vs {
-		done[int(v)] = true
-	}
-	var applied []int
-	for _, m := range ms {
-		if done[m.Version] {
-			continue
-		}
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			return nil, fmt.Errorf("outbox: migrate: %03d_%s: %w", m.Version, m.Name, err)
-		}
-		if _, err := tx.Exec(ctx, recordSQL(schema, m)); err != nil {
-			return nil, fmt.Errorf("outbox: migrate: record %d: %w", m.Version, err)
-		}
-		applied = append(applied, m.Version)
-	}
-	if err := ensurePublication(ctx, tx, schema); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("outbox: migrate: commit: %w", err)
-	}
-	return applied, nil
+	return set.Apply(ctx, db, schema)
 }
 
 // Current returns the highest applied version of schema, 0 when the schema
