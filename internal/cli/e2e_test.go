@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -198,10 +200,7 @@ func TestRunHTTPEndToEnd(t *testing.T) {
 
 func TestRunAMQPEndToEnd(t *testing.T) {
 	pool, schema, w := e2e(t)
-	amqpURL := os.Getenv("TEST_AMQP_URL")
-	if amqpURL == "" {
-		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	amqpURL := testkit.AMQPURL()
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		pgtest.Unavailable(t, "rabbitmq at %s: %v", amqpURL, err)
@@ -309,19 +308,20 @@ routes:
 
 	// Bring billing back once every order has left the outbox.
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
+		defer close(up)
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		testkit.Poll(pctx, 20*time.Millisecond, func() bool {
 			var n int
-			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE topic LIKE 'orders.%'").Scan(&n)
-			if n == 0 {
-				mu.Lock()
-				ordersDoneBeforeBillingUp = len(billing) == 0
-				mu.Unlock()
-				break
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE topic LIKE 'orders.%'").Scan(&n)
+			if n != 0 {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		close(up)
+			mu.Lock()
+			ordersDoneBeforeBillingUp = len(billing) == 0
+			mu.Unlock()
+			return true
+		})
 	}()
 	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
@@ -492,23 +492,24 @@ routes:
 
 	// Kafka gets every order while the webhook still refuses key c3.
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			var n int
-			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".deliveries WHERE route = 'orders'").Scan(&n)
-			if n == 0 {
-				var m int
-				_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&m)
-				if m == 0 {
-					mu.Lock()
-					kafkaDoneFirst = true
-					mu.Unlock()
-					break
-				}
+		defer close(down)
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		testkit.Poll(pctx, 20*time.Millisecond, func() bool {
+			var n, m int
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".deliveries WHERE route = 'orders'").Scan(&n)
+			if n != 0 {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		close(down)
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&m)
+			if m != 0 {
+				return false
+			}
+			mu.Lock()
+			kafkaDoneFirst = true
+			mu.Unlock()
+			return true
+		})
 	}()
 	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
@@ -559,10 +560,7 @@ routes:
 // and delivers nothing meanwhile.
 func TestRunAMQPRefusedCredentialsExits(t *testing.T) {
 	pool, schema, w := e2e(t)
-	raw := os.Getenv("TEST_AMQP_URL")
-	if raw == "" {
-		raw = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	raw := testkit.AMQPURL()
 	conn, err := amqp.Dial(raw)
 	if err != nil {
 		pgtest.Unavailable(t, "rabbitmq at %s: %v", raw, err)

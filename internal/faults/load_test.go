@@ -177,7 +177,7 @@ func TestBacklogDrainMemoryFlat(t *testing.T) {
 	var hwm int64
 	for {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		default:
 			// VmHWM, not the exited child's rusage: ru_maxrss also counts
 			// the test process's memory that the child shared between
