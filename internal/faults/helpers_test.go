@@ -551,6 +551,17 @@ func (p *relayProc) memory() (rss, hwm int64, err error) { return p.Memory() }
 func (p *relayProc) cpuTime() (time.Duration, error) { return p.CPUTime() }
 
 // metric sums every series of the named metric on the relay's /metrics.
+// publishedMore waits until the relay published n messages more than now
+// (its outbox_relay_messages_published_total): it delivers.
+func (p *relayProc) publishedMore(n float64) {
+	p.t.Helper()
+	mark, _ := p.metric("outbox_relay_messages_published_total")
+	eventually(p.t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		v, err := p.metric("outbox_relay_messages_published_total")
+		return err == nil && v >= mark+n, fmt.Sprintf("published %v of %v more (%v)\n%s", v-mark, n, err, p.logs.tail(5))
+	})
+}
+
 func (p *relayProc) metric(name string) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -648,6 +659,36 @@ func startSteadyWriter(t testing.TB, pool *pgxpool.Pool, schema string, headers 
 	t.Cleanup(func() { w.stop() })
 	return w
 }
+
+// count is how many messages the writer committed so far.
+func (w *steadyWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.written)
+}
+
+// writeMore waits until the writer committed n messages more than now:
+// time measured in the applications' writes, so that an outage leaves the
+// same backlog on a fast machine and a loaded one. sample, when not nil,
+// runs at every check.
+func (w *steadyWriter) writeMore(t testing.TB, n int, sample func()) {
+	t.Helper()
+	mark := w.count()
+	// The writer commits 20 messages every 50ms or so; a loaded machine
+	// may take several times as long, but not forever.
+	timeout := time.Duration(n)*time.Second/steadyRate*6 + 30*time.Second
+	eventually(t, timeout, 50*time.Millisecond, func() (bool, string) {
+		if sample != nil {
+			sample()
+		}
+		got := w.count() - mark
+		return got >= n, fmt.Sprintf("the writer committed %d of %d more messages", got, n)
+	})
+}
+
+// steadyRate is the steady writer's pace, in messages a second, when the
+// machine keeps up: 20 every 50ms.
+const steadyRate = 400
 
 // stop stops the writer, waits for its last commit, and returns the
 // payloads of every message it committed.

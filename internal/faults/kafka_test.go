@@ -174,8 +174,6 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	cfg := relay.Config{Workers: 2, BatchSize: 200, MaxAttempts: 1000}
 	cs := newCountingSink(k.sink(t, func(c *kafkasink.Config) { c.DialTimeout = time.Second }))
 	p := runInproc(t, pgtest.URL(), schema, cs, cfg)
-	outage := outageLength()
-
 	w := startSteadyWriter(t, pool, schema, nil)
 
 	eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) {
@@ -183,7 +181,8 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	})
 	k.stopBroker()
 	downAt := time.Now()
-	time.Sleep(outage)
+	w.writeMore(t, outageWrites(), nil)
+	outage := time.Since(downAt)
 	backlog := count(t, pool, schema, "messages")
 	// How long the rows would still wait, by their stored retry times, if
 	// the broker came back now.
@@ -194,7 +193,10 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	k.startBroker(t)
 	upAt := time.Now()
 	delivered := len(k.deliveries())
-	time.Sleep(time.Second)
+	// The writer goes on until the broker takes deliveries again.
+	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		return len(k.deliveries()) > delivered, "no delivery since the broker came back"
+	})
 	want := w.stop()
 
 	var resumed, emptied, drained time.Duration
