@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -28,7 +30,7 @@ func TestAMQPOutage(t *testing.T) {
 	defer cancel()
 	conn, err := amqp.Dial(broker.URL())
 	require.NoError(t, err)
-	name := "faults-outage-" + randHex(4)
+	name := testkit.RandName("faults-outage-")
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.ExchangeDeclare(name, "direct", true, false, false, false, nil))

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,12 +31,6 @@ import (
 )
 
 // ---- small utilities -------------------------------------------------------
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // eventually polls cond every interval until it reports true, failing the
 // test with cond's last explanation after timeout.

@@ -20,7 +20,7 @@ import (
 // the test ends.
 func testRole(t testing.TB, pool *pgxpool.Pool, prefix string) string {
 	t.Helper()
-	role := prefix + "_" + randHex(4)
+	role := prefix + testkit.RandName("_")
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, "CREATE ROLE "+migrations.Ident(role)+" LOGIN")
 	require.NoError(t, err)

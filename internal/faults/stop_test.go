@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
@@ -30,7 +32,7 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 	t.Helper()
 	pool, schema := pgtest.Schema(t)
 	bulkInsert(t, pool, schema, "orders", 200)
-	app := "faults_stop_" + randHex(4)
+	app := testkit.RandName("faults_stop_")
 	p := startRelay(t, dbURL(t, "", "application_name", app), schema, "--sink", closedAMQP(t),
 		"--drain-timeout", drain.String(), "--publish-timeout", "60s", "--log-format", "json")
 	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {

@@ -32,7 +32,7 @@ func TestBackendsTerminatedMidBatch(t *testing.T) {
 	)
 	want := commit(t, pool, schema, messages("orders", keyNames("k", 50), 0, n, nil))
 
-	appName := "faults_term_" + randHex(4)
+	appName := testkit.RandName("faults_term_")
 	sink := memory.New()
 	// Most of a worker's time is spent inside its claim transaction,
 	// waiting for the sink: that is where the kills should land.
