@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,20 +161,20 @@ func TestConsoleInBrowser(t *testing.T) {
 	var mu sync.Mutex
 	var delivered []string
 	refuse := true // the orders webhook refuses the poison message
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		body := r.Body
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
 		case r.URL.Path == "/billing":
-			http.Error(rw, "maintenance", http.StatusServiceUnavailable)
+			return http.StatusServiceUnavailable, "maintenance"
 		case strings.Contains(string(body), "poison") && refuse:
-			http.Error(rw, "schema validation failed: total is required", http.StatusUnprocessableEntity)
+			return http.StatusUnprocessableEntity, "schema validation failed: total is required"
 		default:
 			delivered = append(delivered, string(body))
 		}
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 	got := func(s string) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -203,7 +202,7 @@ routes:
     topics: ["billing.*"]
     sink: %[1]s/billing
     max-attempts: 1000
-`, srv.URL)), 0o600))
+`, srv.Base())), 0o600))
 	addr := freeAddr(t)
 	runCtx, stop := context.WithCancel(context.Background())
 	logs := &syncWriter{}
@@ -365,7 +364,7 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 	b.do(chromedp.Navigate(base+"/ui/routes"), chromedp.WaitVisible(css(`#routes`)))
 	text = b.text(`#routes`)
 	require.Contains(t, text, "billing.*")
-	require.Contains(t, text, srv.URL+"/…", "the sink, redacted")
+	require.Contains(t, text, srv.Base()+"/…", "the sink, redacted")
 	b.screenshot("routes")
 	require.Contains(t, logs.String(), `console audit`, "the replay is in the audit log")
 }

@@ -66,7 +66,11 @@ func NewTestReceiver(tb testing.TB, handle Handler) *Receiver {
 }
 
 // URL is the receiver's webhook URL (path /hook).
-func (rc *Receiver) URL() string { return "http://" + rc.Addr() + "/hook" }
+func (rc *Receiver) URL() string { return rc.Base() + "/hook" }
+
+// Base is the receiver's URL without a path ("http://host:port"): the
+// receiver answers on every path.
+func (rc *Receiver) Base() string { return "http://" + rc.Addr() }
 
 // Addr is the receiver's host:port.
 func (rc *Receiver) Addr() string {
