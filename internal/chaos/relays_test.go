@@ -362,10 +362,14 @@ func (c *cluster) rollingRestart(slot string) (string, time.Duration, error) {
 // process like SIGKILL, which the chaos covers with its kills. The relay's
 // first log line says it is past that point (testkit.Relay.Spoke). A stop
 // waits until then, so that exit 0 is what it checks.
+// A relay silent for 30s is stopped anyway: the stop's checks report it.
 func (p *proc) waitSignalable() {
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
 	select {
 	case <-p.Spoke():
 	case <-p.Done():
+	case <-t.C:
 	}
 }
 
