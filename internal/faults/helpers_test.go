@@ -390,11 +390,13 @@ func (p *inproc) stop(t testing.TB) {
 }
 
 // countingSink wraps a real sink and records, per message id, when each
-// attempt was made (a message reported ErrNotAttempted was not attempted).
+// attempt was made (a message reported ErrNotAttempted was not attempted),
+// and when each failed Send returned.
 type countingSink struct {
-	inner sinks.Sink
-	mu    sync.Mutex
-	tries map[string][]time.Time
+	inner  sinks.Sink
+	mu     sync.Mutex
+	tries  map[string][]time.Time
+	failed []time.Time
 }
 
 func newCountingSink(inner sinks.Sink) *countingSink {
@@ -406,6 +408,9 @@ func (c *countingSink) Send(ctx context.Context, msgs []sinks.Message) error {
 	err := c.inner.Send(ctx, msgs)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		c.failed = append(c.failed, time.Now())
+	}
 	for i, m := range msgs {
 		if oe := sinks.Outcome(err, i, len(msgs)); errors.Is(oe, sinks.ErrNotAttempted) {
 			continue
@@ -416,6 +421,19 @@ func (c *countingSink) Send(ctx context.Context, msgs []sinks.Message) error {
 }
 
 func (c *countingSink) Close(ctx context.Context) error { return c.inner.Close(ctx) }
+
+// firstFailure is when the first Send that failed after t returned; zero
+// if none did.
+func (c *countingSink) firstFailure(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, at := range c.failed {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
 
 // attempts returns a copy of the attempt times per message id.
 func (c *countingSink) attempts() map[string][]time.Time {

@@ -219,13 +219,16 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	checkKeyOrder(t, got)
 	require.Empty(t, deadLetters(t, pool, schema), "an outage must not dead-letter anything")
 	// Attempts counted while the broker was down, past the moment it went
-	// away (when the requests on the wire failed).
-	const onTheWire = 2 * time.Second
+	// away: when the requests on the wire failed, that is when the first
+	// Send after it returned an error.
+	failedAt := cs.firstFailure(downAt)
+	require.False(t, failedAt.IsZero(), "no Send failed while the broker was down")
+	onTheWire := failedAt.Sub(downAt).Round(time.Millisecond)
 	during, worst := 0, 0
 	for _, ts := range cs.attempts() {
 		worst = max(worst, len(ts))
 		for _, at := range ts {
-			if at.After(downAt.Add(onTheWire)) && at.Before(upAt) {
+			if at.After(failedAt) && at.Before(upAt) {
 				during++
 			}
 		}

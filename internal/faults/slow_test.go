@@ -125,8 +125,9 @@ SELECT 'slow', 'k' || (g % 100), convert_to(rpad(g::text, $1, 'x'), 'UTF8') FROM
 	p := startRelay(t, pgtest.URL(), schema, "--sink", rc.url(), "--publish-timeout", "4s", "--retry-initial", "200ms", "--retry-max", "1s")
 	var peakRSS, peakHeap int64
 	// Memory is sampled while the relay works against the slow receiver:
-	// until it has had ten slow answers (several rounds of in-flight
-	// batches), however long that takes on this machine.
+	// until it has had 40 slow answers (about four rounds of the requests
+	// the relay keeps in flight, some 10s), however long that takes on
+	// this machine.
 	start := time.Now()
 	eventually(t, 120*time.Second, 100*time.Millisecond, func() (bool, string) {
 		rss, _, err := p.memory()
@@ -135,7 +136,7 @@ SELECT 'slow', 'k' || (g % 100), convert_to(rpad(g::text, $1, 'x'), 'UTF8') FROM
 		if h, err := p.metric("go_memstats_heap_inuse_bytes"); err == nil {
 			peakHeap = max(peakHeap, int64(h))
 		}
-		return slowAnswers.Load() >= 10, fmt.Sprintf("%d slow answers", slowAnswers.Load())
+		return slowAnswers.Load() >= 40, fmt.Sprintf("%d slow answers", slowAnswers.Load())
 	})
 	window := time.Since(start).Round(time.Millisecond)
 	deliveredSlow := distinct(rc.deliveries())
