@@ -59,8 +59,19 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if cmd.Env == nil {
 		cmd.Env = CleanEnv()
 	}
-	cmd.Stdout = cfg.Stdout // a file stays a file: no copying between the relay and a stdout sink's output
-	cmd.Stderr = r.announcing(cfg.Stderr)
+	// A file stays a file: the relay writes to it directly, never held
+	// up by a copying goroutine in a busy test process.
+	cmd.Stdout = cfg.Stdout
+	f, isFile := cfg.Stderr.(*os.File)
+	var size0 int64
+	if isFile {
+		cmd.Stderr = f
+		if fi, err := f.Stat(); err == nil {
+			size0 = fi.Size()
+		}
+	} else {
+		cmd.Stderr = r.announcing(cfg.Stderr)
+	}
 	cmd.SysProcAttr = cfg.SysProcAttr
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = cfg.StopTimeout
@@ -74,6 +85,9 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 		r.exited, r.err = time.Now(), err
 		close(r.done)
 	}()
+	if isFile {
+		go r.watchFile(f, size0)
+	}
 	return r, nil
 }
 
@@ -88,6 +102,24 @@ func CleanEnv() []string {
 		env = append(env, kv)
 	}
 	return env
+}
+
+// watchFile closes r.spoke once the file f, the process's stderr, grows
+// past size0, checking every 10ms until the process exits.
+func (r *Relay) watchFile(f *os.File, size0 int64) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if fi, err := f.Stat(); err == nil && fi.Size() > size0 {
+			r.spokeOnce.Do(func() { close(r.spoke) })
+			return
+		}
+		select {
+		case <-r.done:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // announcing wraps w so that the first byte written closes r.spoke.
@@ -114,7 +146,8 @@ func (r *Relay) Pid() int { return r.cmd.Process.Pid }
 func (r *Relay) Started() time.Time { return r.started }
 
 // Spoke is closed at the process's first output on stderr, where it logs
-// (a line on stdout, from the stdout sink, does not count). cmd/outbox-relay
+// (a line on stdout, from the stdout sink, does not count unless stdout
+// is the same file as stderr). cmd/outbox-relay
 // installs its SIGTERM handler before anything else, so from then on a
 // SIGTERM stops the relay cleanly instead of killing it.
 func (r *Relay) Spoke() <-chan struct{} { return r.spoke }

@@ -2,7 +2,9 @@ package testkit
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -88,5 +90,32 @@ func TestRelayEndsWithItsContext(t *testing.T) {
 	}
 	if r.ExitCode() != 3 {
 		t.Fatalf("exit %d, want 3 (SIGTERM, then the trap)", r.ExitCode())
+	}
+}
+
+func TestRelaySpeaksIntoAFile(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		Unavailable(t, "tool", "sh: %v", err)
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "relay.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := StartRelay(context.Background(), RelayConfig{Bin: sh, Args: []string{"-c", `trap 'exit 0' TERM; echo up >&2; while :; do sleep 0.05; done`}, Stderr: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.Spoke():
+	case <-r.Done():
+		t.Fatalf("exited before it spoke: %v", r.Err())
+	case <-time.After(30 * time.Second):
+		_ = r.Stop()
+		t.Fatal("no output within 30s")
+	}
+	if err := r.Stop(); err != nil || r.ExitCode() != 0 {
+		t.Fatalf("Stop: %v, exit %d", err, r.ExitCode())
 	}
 }
