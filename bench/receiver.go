@@ -3,20 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
-// receiver is the webhook endpoint the HTTP sink posts to. It answers 200
-// to everything, counts, checks that each key's messages arrive in
-// increasing message number, and can record each message's arrival time.
+// receiver is the webhook endpoint the HTTP sink posts to (a
+// testkit.Receiver). It answers 200 to everything, counts, checks that
+// each key's messages arrive in increasing message number, and can record
+// each message's arrival time; the other sinks' consumers record into it
+// too.
 type receiver struct {
-	srv *http.Server
+	srv *testkit.Receiver
 	URL string
 
 	count atomic.Int64
@@ -29,21 +31,19 @@ type receiver struct {
 }
 
 func newReceiver() (*receiver, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r := &receiver{last: map[string]int64{}}
+	srv, err := testkit.NewReceiver(func(req *testkit.Request) (int, string) {
+		r.record(req.At.UnixNano(), req.Header.Get("outbox-key"), req.Body)
+		return http.StatusOK, ""
+	})
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{last: map[string]int64{}, URL: "http://" + ln.Addr().String() + "/hook"}
-	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
-	go r.srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	r.srv, r.URL = srv, srv.URL()
 	return r, nil
 }
 
-func (r *receiver) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = r.srv.Shutdown(ctx)
-}
+func (r *receiver) close() { r.srv.Stop() }
 
 // reset clears the counters; with capacity > 0 it records arrival times of
 // messages numbered 0..capacity-1.
@@ -57,18 +57,6 @@ func (r *receiver) reset(capacity int) {
 	if capacity > 0 {
 		r.arrivals = make([]atomic.Int64, capacity)
 	}
-}
-
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	now := time.Now().UnixNano()
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	_, _ = io.Copy(buf, req.Body)
-	r.record(now, req.Header.Get("outbox-key"), buf.Bytes())
-	bufPool.Put(buf)
-	w.WriteHeader(http.StatusOK)
 }
 
 // record counts one message received at now (unix ns), from any sink.
@@ -106,14 +94,9 @@ func (r *receiver) orderViolations() int64 {
 
 // waitCount waits until n messages arrived.
 func (r *receiver) waitCount(ctx context.Context, n int64, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for r.count.Load() < n {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return true
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return testkit.Poll(ctx, 2*time.Millisecond, func() bool { return r.count.Load() >= n })
 }
 
 // parseN reads n from a payload that starts with {"n":<digits>; -1 if it

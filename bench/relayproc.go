@@ -8,13 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,12 +26,8 @@ import (
 
 // relayProc is one outbox-relay process.
 type relayProc struct {
-	cmd    *exec.Cmd
+	*testkit.Relay
 	stderr *tailBuffer
-	start  time.Time
-	done   chan struct{}
-	err    error
-	end    time.Time
 	hwmKiB atomic.Int64 // last VmHWM read from /proc/<pid>/status
 }
 
@@ -51,23 +47,18 @@ func (b *bench) startRelay(ctx context.Context, schema, sinkURL string, stdout i
 		args = append(args, "--admin-addr", "127.0.0.1:0")
 	}
 	args = append(args, extra...)
-	cmd := exec.CommandContext(ctx, b.cfg.relayBin, args...)
-	cmd.Env = append(cmd.Environ(), "DATABASE_URL="+b.cfg.databaseURL)
-	cmd.Stdout = stdout
-	p := &relayProc{cmd: cmd, stderr: &tailBuffer{max: 8 << 10}, done: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 30 * time.Second
-	p.start = time.Now()
-	if err := cmd.Start(); err != nil {
+	p := &relayProc{stderr: &tailBuffer{max: 8 << 10}}
+	r, err := testkit.StartRelay(ctx, testkit.RelayConfig{
+		Bin: b.cfg.relayBin, Args: args,
+		// The bench's own environment (OUTBOX_* included) plus the database.
+		Env:    append(os.Environ(), "DATABASE_URL="+b.cfg.databaseURL),
+		Stdout: stdout, Stderr: p.stderr,
+	})
+	if err != nil {
 		return nil, err
 	}
+	p.Relay = r
 	go p.pollHWM()
-	go func() {
-		p.err = cmd.Wait()
-		p.end = time.Now()
-		close(p.done)
-	}()
 	return p, nil
 }
 
@@ -76,24 +67,14 @@ func (b *bench) startRelay(ctx context.Context, schema, sinkURL string, stdout i
 // rusage of the exited child is no good here: ru_maxrss of a child started
 // with vfork+exec includes the parent's RSS at the time of the fork.)
 func (p *relayProc) pollHWM() {
-	path := fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid)
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if b, err := os.ReadFile(path); err == nil {
-			for _, l := range strings.Split(string(b), "\n") {
-				if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-					f := strings.Fields(v)
-					if len(f) > 0 {
-						if kib, err := strconv.ParseInt(f[0], 10, 64); err == nil && kib > 0 {
-							p.hwmKiB.Store(kib)
-						}
-					}
-				}
-			}
+		if _, hwm, err := p.Memory(); err == nil && hwm > 0 {
+			p.hwmKiB.Store(hwm / 1024)
 		}
 		select {
-		case <-p.done:
+		case <-p.Done():
 			return
 		case <-t.C:
 		}
@@ -104,7 +85,7 @@ func (p *relayProc) pollHWM() {
 // RSS (VmHWM) in MiB.
 func (p *relayProc) wait(ctx context.Context, limit time.Duration) (time.Duration, float64, error) {
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(limit):
 		p.stop()
 		return 0, 0, fmt.Errorf("%w (%s); stderr: %s", errTimeLimit, limit, p.stderr)
@@ -112,30 +93,18 @@ func (p *relayProc) wait(ctx context.Context, limit time.Duration) (time.Duratio
 		p.stop()
 		return 0, 0, ctx.Err()
 	}
-	if p.err != nil {
-		return 0, 0, fmt.Errorf("relay: %w; stderr: %s", p.err, p.stderr)
+	if err := p.Err(); err != nil {
+		return 0, 0, fmt.Errorf("relay: %w; stderr: %s", err, p.stderr)
 	}
-	return p.end.Sub(p.start), float64(p.hwmKiB.Load()) / 1024, nil
+	return p.Exited().Sub(p.Started()), float64(p.hwmKiB.Load()) / 1024, nil
 }
 
 // errTimeLimit says a drain was stopped at its time limit.
 var errTimeLimit = errors.New("relay did not finish within its time limit")
 
-// stop sends SIGTERM (graceful drain) and waits.
-func (p *relayProc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+// stop sends SIGTERM (graceful drain) and waits, killing the relay after
+// 30s.
+func (p *relayProc) stop() { _ = p.Stop() }
 
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {

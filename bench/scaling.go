@@ -126,8 +126,8 @@ func (b *bench) scalingRun(ctx context.Context, r *row, procs, keys, n int) erro
 	el := end.Sub(start)
 	for _, p := range ps {
 		p.stop()
-		if p.err != nil {
-			return fmt.Errorf("relay exited with %v: %s", p.err, p.stderr)
+		if p.Err() != nil {
+			return fmt.Errorf("relay exited with %v: %s", p.Err(), p.stderr)
 		}
 	}
 	left, err := b.countMessages(ctx, schema)

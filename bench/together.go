@@ -159,8 +159,8 @@ func (b *bench) togetherRun(ctx context.Context, r *row, bin, sink string, procs
 	<-samplerDone
 	for _, p := range ps {
 		p.stop()
-		if p.err != nil {
-			return fmt.Errorf("relay exited with %v: %s", p.err, p.stderr)
+		if p.Err() != nil {
+			return fmt.Errorf("relay exited with %v: %s", p.Err(), p.stderr)
 		}
 	}
 	rate := float64(delivered) / el.Seconds()
@@ -525,7 +525,7 @@ func (b *bench) rebalanceRun(ctx context.Context, procs int) (join, joinReg, lea
 	}
 	rows.Close()
 	start = time.Now()
-	_ = ps[0].cmd.Process.Signal(syscall.SIGTERM)
+	_ = ps[0].Signal(syscall.SIGTERM)
 	for {
 		var left int
 		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.lanes l WHERE l.lane = ANY($1) AND NOT (

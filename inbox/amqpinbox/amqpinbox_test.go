@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,23 +18,16 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/amqpinbox"
 	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
 )
 
-func amqpURL() string {
-	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
 func dial(t *testing.T) *amqp.Connection {
 	t.Helper()
-	c, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+	c, err := amqp.DialConfig(testkit.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 	if err != nil {
-		testenv.Unavailable(t, "service", "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", amqpURL(), err)
+		testkit.Unavailable(t, "service", "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", testkit.AMQPURL(), err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -72,7 +64,7 @@ func TestKilledBeforeAckAndCompetingConsumers(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
 
-	sink, err := amqpsink.New(amqpsink.Config{URL: amqpURL(), Exchange: amqpsink.DefaultExchangeName}, nil)
+	sink, err := amqpsink.New(amqpsink.Config{URL: testkit.AMQPURL(), Exchange: amqpsink.DefaultExchangeName}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sink.Close(context.Background()) })
 	// One key per message after the first 12: competing consumers of one
@@ -144,7 +136,7 @@ func TestKilledBeforeAckAndCompetingConsumers(t *testing.T) {
 			}
 		})
 	}
-	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		n := len(inboxtest.Effects(t, pool, schema))
 		return n == len(msgs) && dups.Load() >= 5, fmt.Sprintf("%d of %d applied, %d duplicates", n, len(msgs), dups.Load())
 	})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/kafkainbox"
 	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 )
@@ -40,10 +39,7 @@ func setup(t testing.TB, partitions int32) *env {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("kfake cluster: %v", err)
-		}
-		t.Skipf("kfake cluster cannot start on loopback: %v", err)
+		testkit.Unavailable(t, "service", "kfake cluster cannot start on loopback: %v", err)
 	}
 	t.Cleanup(c.Close)
 	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), WriteTimeout: 5 * time.Second}, nil)
@@ -137,7 +133,7 @@ func TestKilledBeforeOffsetCommitProcessesNothingTwice(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- e.consumer(r2, 4).Run(ctx) }()
-	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		n := len(inboxtest.Effects(t, e.pool, e.schema))
 		return n == len(msgs) && e.hooks.dups.Load() >= 5+4, fmt.Sprintf("%d of %d applied, %d duplicates", n, len(msgs), e.hooks.dups.Load())
 	})
@@ -187,12 +183,12 @@ func TestRebalanceAppliesOnce(t *testing.T) {
 		})
 	}
 	start(0)
-	testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
 		return applied[0].Load() >= 30, "waiting for the first consumer"
 	})
 	start(1)
 	close(secondStarted)
-	testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
 		n := len(inboxtest.Effects(t, e.pool, e.schema))
 		return n == len(msgs), fmt.Sprintf("%d of %d applied", n, len(msgs))
 	})

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,17 +18,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/natsinbox"
 	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 )
-
-func natsURL() string {
-	if u := os.Getenv("TEST_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
 
 // Messages published by the relay's NATS sink; a consumer that commits a
 // message and dies before its ack; the redelivery after the ack wait is
@@ -37,9 +29,9 @@ func natsURL() string {
 func TestKilledBeforeAck(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	nc, err := nats.Connect(natsURL(), nats.Timeout(2*time.Second))
+	nc, err := nats.Connect(testkit.NATSURL(), nats.Timeout(2*time.Second))
 	if err != nil {
-		testenv.Unavailable(t, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", natsURL(), err)
+		testkit.Unavailable(t, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", testkit.NATSURL(), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -50,11 +42,11 @@ func TestKilledBeforeAck(t *testing.T) {
 	prefix := "inboxtest" + hex.EncodeToString(b[:])
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage})
 	if err != nil {
-		testenv.Unavailable(t, "service", "JetStream not enabled at TEST_NATS_URL (%s): %v", natsURL(), err)
+		testkit.Unavailable(t, "service", "JetStream not enabled at TEST_NATS_URL (%s): %v", testkit.NATSURL(), err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 
-	sink, err := natssink.New(natssink.Config{URL: natsURL()}, nil)
+	sink, err := natssink.New(natssink.Config{URL: testkit.NATSURL()}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sink.Close(context.Background()) })
 	var msgs []sinks.Message
@@ -81,7 +73,7 @@ func TestKilledBeforeAck(t *testing.T) {
 
 	handled := 0
 	killed := false
-	testenv.Eventually(t, 30*time.Second, time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second, time.Millisecond, func() (bool, string) {
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond))
 		require.NoError(t, err)
 		for msg := range batch.Messages() {

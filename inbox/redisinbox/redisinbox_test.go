@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,17 +17,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/redisinbox"
 	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
 )
-
-func redisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/0"
-}
 
 // Entries written by the relay's Redis sink, some twice (a relay
 // redelivery after later entries of their keys); a consumer that commits
@@ -38,13 +30,13 @@ func redisURL() string {
 func TestKilledBeforeXAck(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	opts, err := redis.ParseURL(redisURL())
+	opts, err := redis.ParseURL(testkit.RedisURL())
 	require.NoError(t, err)
 	opts.DisableIdentity = true
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		testenv.Unavailable(t, "service", "Redis not reachable at TEST_REDIS_URL (%s): %v", redisURL(), err)
+		testkit.Unavailable(t, "service", "Redis not reachable at TEST_REDIS_URL (%s): %v", testkit.RedisURL(), err)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -52,7 +44,7 @@ func TestKilledBeforeXAck(t *testing.T) {
 	t.Cleanup(func() { rdb.Del(context.Background(), stream) })
 	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "g", "0").Err())
 
-	sink, err := redissink.New(redissink.Config{URL: redisURL()}, nil)
+	sink, err := redissink.New(redissink.Config{URL: testkit.RedisURL()}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sink.Close(context.Background()) })
 	var msgs []sinks.Message

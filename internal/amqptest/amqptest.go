@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testproc"
 )
@@ -65,7 +67,7 @@ func Server(t testing.TB) *Broker {
 		proc:    proc,
 		server:  filepath.Join(bin, "rabbitmq-server"),
 		ctl:     filepath.Join(bin, "rabbitmqctl"),
-		node:    "outbox-test-" + randHex(6) + "@localhost",
+		node:    testkit.RandName("outbox-test-") + "@localhost",
 		log:     filepath.Join(proc.Dir, "server.log"),
 		pidFile: filepath.Join(proc.Dir, "rabbitmq.pid"),
 		exited:  make(chan struct{}),
@@ -150,7 +152,7 @@ func (b *Broker) start() error {
 		"enabled_plugins":   "[].\n",
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".erlang.cookie")); err != nil {
-		files[".erlang.cookie"] = strings.ToUpper(randHex(16))
+		files[".erlang.cookie"] = erlangCookie()
 	}
 	for name, text := range files {
 		mode := os.FileMode(0o644)
@@ -265,8 +267,9 @@ func rabbitBin() (string, error) {
 	return "", errors.New("rabbitmq-server not found in /usr/lib/rabbitmq/bin nor on PATH")
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
+// erlangCookie is a random secret the node and rabbitmqctl share.
+func erlangCookie() string {
+	b := make([]byte, 16)
 	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	return strings.ToUpper(hex.EncodeToString(b))
 }

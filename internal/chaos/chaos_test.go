@@ -272,7 +272,7 @@ func runChaos(t *testing.T, p plan) {
 		// A relay started while PostgreSQL restarts cannot read the schema
 		// version and exits 1; the supervisor starts it again.
 		down, up := pgDown.Load(), pgUp.Load()
-		s := pr.started.UnixNano()
+		s := pr.Started().UnixNano()
 		return down != 0 && s >= down-int64(time.Second) && (up == 0 || s <= up+int64(5*time.Second))
 	}
 	slots := make([]string, p.relays)

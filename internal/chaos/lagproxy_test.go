@@ -79,6 +79,8 @@ func (p *lagProxy) lagged(dst, src net.Conn) {
 	go func() {
 		defer close(done)
 		for c := range ch {
+			// The lag is what the proxy is for: each chunk goes on at
+			// its due time.
 			time.Sleep(time.Until(c.at))
 			if _, err := dst.Write(c.b); err != nil {
 				for range ch {

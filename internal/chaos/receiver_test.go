@@ -3,16 +3,15 @@ package chaos
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
 // payload is what the writers put in every message: the key, the
@@ -41,9 +40,7 @@ type delivery struct {
 // sink sends the next message of a key only after the previous one got its
 // answer, so the recorded order per key is the order the relays delivered.
 type receiver struct {
-	srv  *http.Server
-	url  string
-	done chan struct{}
+	url string
 
 	failing  atomic.Bool
 	rejected atomic.Int64
@@ -62,30 +59,12 @@ type receiver struct {
 
 func newReceiver(t *testing.T) *receiver {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("receiver: listen: %v", err)
-	}
-	rc := &receiver{url: "http://" + ln.Addr().String() + "/hook", done: make(chan struct{})}
-	rc.srv = &http.Server{Handler: http.HandlerFunc(rc.serve), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		defer close(rc.done)
-		if err := rc.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("receiver: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = rc.srv.Close()
-		<-rc.done
-	})
+	rc := &receiver{}
+	rc.url = testkit.NewTestReceiver(t, rc.serve).URL()
 	return rc
 }
 
-func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return // the sender went away mid-request; it saw no answer
-	}
+func (rc *receiver) serve(r *testkit.Request) (int, string) {
 	if end := rc.stallEnd.Load(); end != 0 {
 		if d := time.Until(time.Unix(0, end)); d > 0 {
 			// A consumer that is slow to answer: the request is processed
@@ -97,10 +76,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if rc.failing.Load() {
 		rc.rejected.Add(1)
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = io.WriteString(w, "receiver outage (chaos test)")
-		return
+		return http.StatusServiceUnavailable, "receiver outage (chaos test)"
 	}
 	d := delivery{id: r.Header.Get("webhook-id")}
 	var problem string
@@ -114,17 +90,15 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	case kerr != nil:
 		problem = fmt.Sprintf("outbox-key %q: %v", r.Header.Get("outbox-key"), kerr)
 	default:
-		if err := json.Unmarshal(body, &d.payload); err != nil {
-			problem = fmt.Sprintf("payload %q: %v", body, err)
+		if err := json.Unmarshal(r.Body, &d.payload); err != nil {
+			problem = fmt.Sprintf("payload %q: %v", r.Body, err)
 		} else if d.payload.Key != d.key {
 			problem = fmt.Sprintf("outbox-key %q but payload key %q", d.key, d.payload.Key)
 		}
 	}
 	if problem == "" && rc.poison != nil && rc.poisoning.Load() && rc.poison(d.Tag) {
 		rc.poisoned.Add(1)
-		w.WriteHeader(http.StatusUnprocessableEntity)
-		_, _ = io.WriteString(w, "poison message (chaos test)")
-		return
+		return http.StatusUnprocessableEntity, "poison message (chaos test)"
 	}
 	rc.mu.Lock()
 	if problem != "" {
@@ -135,7 +109,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		rc.log = append(rc.log, d)
 	}
 	rc.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
+	return http.StatusNoContent, ""
 }
 
 // outage makes the receiver answer 503 to everything for d.

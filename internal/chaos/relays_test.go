@@ -19,36 +19,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // proc is one outbox-relay process. A slot ("r1") is restarted under a new
 // generation ("r1.3") each time its process dies.
 type proc struct {
+	*testkit.Relay
 	slot    string
 	gen     int
 	id      string
-	cmd     *exec.Cmd
 	logPath string
-	started time.Time
-	done    chan struct{}
 
-	// Guarded by cluster.mu: the first three are set before the test sends
-	// its signal, exited and code before done is closed.
+	// Guarded by cluster.mu, set before the test sends its signal.
 	killed  bool // SIGKILL from the test
 	termed  bool // SIGTERM from the test
 	restart bool // SIGTERM for a rolling restart: start it again
-	exited  time.Time
-	code    int // exit code, -1 when killed by a signal
-}
-
-func (p *proc) alive() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
 }
 
 // cluster runs and supervises relay processes like an orchestrator would:
@@ -148,19 +135,6 @@ func withAppName(raw, app string) string {
 	return raw + " application_name=" + app
 }
 
-// env is the relays' environment without OUTBOX_* and DATABASE_URL, which
-// would otherwise add options the test does not control.
-func relayEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "OUTBOX_") || strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "DATABASE_URL_FILE=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // start launches slot and keeps it running until stop or the end of the
 // test.
 func (c *cluster) start(slot string) {
@@ -185,7 +159,7 @@ func (c *cluster) launch(slot string) (*proc, error) {
 		gen = old.gen + 1
 	}
 	id := fmt.Sprintf("%s.%d", slot, gen)
-	p := &proc{slot: slot, gen: gen, id: id, logPath: filepath.Join(c.dir, id+".log"), done: make(chan struct{})}
+	p := &proc{slot: slot, gen: gen, id: id, logPath: filepath.Join(c.dir, id+".log")}
 	f, err := os.Create(p.logPath)
 	if err != nil {
 		return nil, err
@@ -195,23 +169,17 @@ func (c *cluster) launch(slot string) (*proc, error) {
 		dbURL = u
 	}
 	args := append([]string{"run", "--id", id, "--database-url", dbURL, "--schema", c.schema}, c.args...)
-	cmd := exec.Command(c.bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = relayEnv()
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	r, err := testkit.StartRelay(context.Background(), testkit.RelayConfig{
+		Bin: c.bin, Args: args, Stdout: f, Stderr: f, SysProcAttr: sysProcAttr(),
+	})
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	p.cmd, p.started = cmd, time.Now()
+	p.Relay = r
 	go func() {
-		_ = cmd.Wait()
+		<-r.Done()
 		f.Close()
-		c.mu.Lock()
-		p.exited = time.Now()
-		p.code = cmd.ProcessState.ExitCode()
-		c.mu.Unlock()
-		close(p.done)
 	}()
 	c.current[slot] = p
 	c.all = append(c.all, p)
@@ -225,19 +193,21 @@ var errStopped = errors.New("slot stopped")
 func (c *cluster) supervise(slot string, p *proc) {
 	defer c.wg.Done()
 	for {
-		<-p.done
+		<-p.Done()
 		c.mu.Lock()
 		stop := c.stopped[slot] || (p.termed && !p.restart)
 		if !p.killed && !p.termed && !(c.tolerateExit != nil && c.tolerateExit(p)) {
 			c.unexpected = append(c.unexpected, fmt.Sprintf("%s exited by itself with code %d after %s (log %s)",
-				p.id, p.code, p.exited.Sub(p.started).Round(time.Millisecond), filepath.Base(p.logPath)))
+				p.id, p.ExitCode(), p.Exited().Sub(p.Started()).Round(time.Millisecond), filepath.Base(p.logPath)))
 		}
 		c.mu.Unlock()
 		if stop {
 			return
 		}
-		if !p.killed && p.exited.Sub(p.started) < time.Second {
-			time.Sleep(200 * time.Millisecond) // do not spin on a relay that cannot start
+		if !p.killed && p.Exited().Sub(p.Started()) < time.Second {
+			// Do not spin on a relay that cannot start: a supervisor's
+			// restart backoff, as an orchestrator has.
+			time.Sleep(200 * time.Millisecond)
 		}
 		np, err := c.launch(slot)
 		if errors.Is(err, errStopped) {
@@ -284,15 +254,15 @@ func (c *cluster) killAll() int {
 func (c *cluster) kill(slot string) string {
 	c.mu.Lock()
 	p := c.current[slot]
-	if p == nil || !p.alive() || p.termed || p.killed {
+	if p == nil || !p.Alive() || p.termed || p.killed {
 		c.mu.Unlock()
 		return ""
 	}
 	p.killed = true
 	c.kills++
 	c.mu.Unlock()
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
+	_ = p.Signal(syscall.SIGKILL)
+	<-p.Done()
 	return p.id
 }
 
@@ -301,21 +271,21 @@ func (c *cluster) kill(slot string) string {
 func (c *cluster) pause(ctx context.Context, slot string, d time.Duration) {
 	c.mu.Lock()
 	p := c.current[slot]
-	if p == nil || !p.alive() {
+	if p == nil || !p.Alive() {
 		c.mu.Unlock()
 		return
 	}
 	c.pauses++
 	c.mu.Unlock()
-	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	_ = p.Signal(syscall.SIGSTOP)
 	t := time.NewTimer(d)
 	select {
 	case <-t.C:
 	case <-ctx.Done():
 		t.Stop()
 	}
-	if p.alive() {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	if p.Alive() {
+		_ = p.Signal(syscall.SIGCONT)
 	}
 }
 
@@ -331,26 +301,26 @@ func (c *cluster) stop(slot string) time.Duration {
 		p.termed = true
 	}
 	c.mu.Unlock()
-	if p == nil || !p.alive() {
+	if p == nil || !p.Alive() {
 		c.t.Errorf("relay %s is not running when asked to stop", slot)
 		return 0
 	}
 	p.waitSignalable()
 	start := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGTERM)
 	t := time.NewTimer(drainTimeout + exitSlack)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-t.C:
 		c.t.Errorf("relay %s did not exit within %s of SIGTERM; killing it", p.id, drainTimeout+exitSlack)
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
+		_ = p.Signal(syscall.SIGKILL)
+		<-p.Done()
 		return time.Since(start)
 	}
 	took := time.Since(start)
-	if p.code != 0 {
-		c.t.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.code, filepath.Base(p.logPath))
+	if p.ExitCode() != 0 {
+		c.t.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.ExitCode(), filepath.Base(p.logPath))
 	}
 	return took
 }
@@ -361,7 +331,7 @@ func (c *cluster) stop(slot string) time.Duration {
 func (c *cluster) rollingRestart(slot string) (string, time.Duration, error) {
 	c.mu.Lock()
 	p := c.current[slot]
-	if p == nil || !p.alive() || p.killed || p.termed {
+	if p == nil || !p.Alive() || p.killed || p.termed {
 		c.mu.Unlock()
 		return "", 0, nil
 	}
@@ -369,33 +339,37 @@ func (c *cluster) rollingRestart(slot string) (string, time.Duration, error) {
 	c.mu.Unlock()
 	p.waitSignalable()
 	start := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGTERM)
 	t := time.NewTimer(drainTimeout + exitSlack)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-t.C:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
+		_ = p.Signal(syscall.SIGKILL)
+		<-p.Done()
 		return p.id, time.Since(start), fmt.Errorf("relay %s did not exit within %s of SIGTERM", p.id, drainTimeout+exitSlack)
 	}
 	took := time.Since(start)
-	if p.code != 0 {
-		return p.id, took, fmt.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.code, filepath.Base(p.logPath))
+	if p.ExitCode() != 0 {
+		return p.id, took, fmt.Errorf("relay %s exited with status %d after SIGTERM, want 0 (log %s)", p.id, p.ExitCode(), filepath.Base(p.logPath))
 	}
 	return p.id, took, nil
 }
 
-// signalable is how long after its start a relay process can catch
-// SIGTERM: the Go runtime and the packages' initialization come first
-// (0.3-0.5 s for this binary on a loaded 2-core machine), and a SIGTERM
-// before that kills the process like SIGKILL, which the chaos covers with
-// its kills. A stop waits until then, so that exit 0 is what it checks.
-const signalable = 2 * time.Second
-
+// waitSignalable waits until the relay process can catch SIGTERM: the Go
+// runtime and the packages' initialization come first (0.3-0.5 s for this
+// binary on a loaded 2-core machine), and a SIGTERM before that kills the
+// process like SIGKILL, which the chaos covers with its kills. The relay's
+// first log line says it is past that point (testkit.Relay.Spoke). A stop
+// waits until then, so that exit 0 is what it checks.
+// A relay silent for 30s is stopped anyway: the stop's checks report it.
 func (p *proc) waitSignalable() {
-	if d := signalable - time.Since(p.started); d > 0 {
-		time.Sleep(d)
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-p.Spoke():
+	case <-p.Done():
+	case <-t.C:
 	}
 }
 
@@ -405,7 +379,7 @@ func (c *cluster) stopAll() time.Duration {
 	c.mu.Lock()
 	var slots []string
 	for slot, p := range c.current {
-		if !c.stopped[slot] && p.alive() {
+		if !c.stopped[slot] && p.Alive() {
 			slots = append(slots, slot)
 		}
 	}
@@ -459,15 +433,15 @@ func (c *cluster) cleanup() {
 	}
 	var live []*proc
 	for _, p := range c.current {
-		if p.alive() {
+		if p.Alive() {
 			p.killed = true
 			live = append(live, p)
 		}
 	}
 	c.mu.Unlock()
 	for _, p := range live {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
+		_ = p.Signal(syscall.SIGKILL)
+		<-p.Done()
 	}
 	c.wg.Wait()
 	if !c.t.Failed() {
@@ -489,7 +463,7 @@ func (c *cluster) cleanup() {
 		default:
 			continue
 		}
-		c.t.Logf("tail of %s (exit %d):\n%s", p.id, p.code, tailFile(p.logPath, 25))
+		c.t.Logf("tail of %s (exit %d):\n%s", p.id, p.ExitCode(), tailFile(p.logPath, 25))
 	}
 }
 
@@ -557,7 +531,7 @@ func deliveredBy(p *proc) (int64, bool) {
 func (c *cluster) status(ctx context.Context) (operator.Status, error) {
 	var st operator.Status
 	cmd := exec.CommandContext(ctx, c.bin, "status", "--json", "--database-url", c.dbURL, "--schema", c.schema)
-	cmd.Env = relayEnv()
+	cmd.Env = testkit.CleanEnv()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

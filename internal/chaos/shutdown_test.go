@@ -1,15 +1,13 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -52,11 +50,15 @@ func TestStopDuringHeartbeat(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, c.appName).Scan(&n)
 		return err == nil && n > 0
 	})
-	// SIGTERM now; the lock goes a moment later (unregistering needs the
-	// row too), well within the relay's time for releasing its lanes.
+	// SIGTERM now; the lock goes once the relay says it is draining
+	// (unregistering needs the row too), well within the relay's time for
+	// releasing its lanes.
+	p := c.proc("r1")
 	stopped := make(chan time.Duration, 1)
 	go func() { stopped <- c.stop("r1") }()
-	time.Sleep(time.Second)
+	waitFor(ctx, t, 30*time.Second, "the relay to log that it is draining", func() bool {
+		return len(grepFile(p.logPath, "draining")) > 0
+	})
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestStopDuringHeartbeat(t *testing.T) {
 // opened its sinks or reached the database): a stop is not a failure, so
 // every run exits 0. (Before that line the Go runtime and the packages'
 // initialization run, when no program can catch a signal; see
-// signalable.)
+// waitSignalable.)
 func TestStopDuringStartUp(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -88,34 +90,28 @@ func TestStopDuringStartUp(t *testing.T) {
 	_, schema := pgtest.Schema(t)
 	bin := relayBinary(t)
 	for _, d := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond} {
-		cmd := exec.Command(bin, "run", "--sink", "discard", "--schema", schema, "--admin-addr", "")
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.URL())
-		stderr, err := cmd.StderrPipe()
+		r, err := testkit.StartRelay(context.Background(), testkit.RelayConfig{
+			Bin:  bin,
+			Args: []string{"run", "--sink", "discard", "--schema", schema, "--admin-addr", ""},
+			Env:  append(testkit.CleanEnv(), "DATABASE_URL="+pgtest.URL()),
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		first := make(chan struct{})
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			for n := 0; sc.Scan(); n++ { // read to the end, so the relay never blocks on its log
-				if n == 0 {
-					close(first)
-				}
-			}
-		}()
 		select {
-		case <-first:
+		case <-r.Spoke():
 		case <-time.After(30 * time.Second):
+			_ = r.Stop()
 			t.Fatalf("no log line within 30s")
 		}
+		// The delay after the first log line is the subject: each run
+		// stops the relay at another point of its start.
 		time.Sleep(d)
-		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		if err := r.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		if err := cmd.Wait(); err != nil {
+		<-r.Done()
+		if err := r.Err(); err != nil {
 			t.Errorf("SIGTERM %s after the first log line: %v (want exit 0)", d, err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -37,7 +37,7 @@ func startWebhookRelay(t *testing.T, schema string, sink *memory.Sink, batchSize
 		require.NoError(t, <-done)
 		pool.Close()
 	})
-	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
 		return r.OwnedLanes() == 256, fmt.Sprintf("the webhook relay holds %d lanes", r.OwnedLanes())
 	})
 	return r

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
@@ -37,10 +38,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("chromium not found: run make services (scripts/services.sh chromium installs Debian's chromium and chromium-driver)")
-	}
-	t.Skip("chromium not found; run make services to install it (CI=true makes this a failure)")
+	testkit.Unavailable(t, "tool", "chromium not found: run make services (scripts/services.sh chromium installs Debian's chromium and chromium-driver)")
 	return ""
 }
 
@@ -163,20 +161,20 @@ func TestConsoleInBrowser(t *testing.T) {
 	var mu sync.Mutex
 	var delivered []string
 	refuse := true // the orders webhook refuses the poison message
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		body := r.Body
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
 		case r.URL.Path == "/billing":
-			http.Error(rw, "maintenance", http.StatusServiceUnavailable)
+			return http.StatusServiceUnavailable, "maintenance"
 		case strings.Contains(string(body), "poison") && refuse:
-			http.Error(rw, "schema validation failed: total is required", http.StatusUnprocessableEntity)
+			return http.StatusUnprocessableEntity, "schema validation failed: total is required"
 		default:
 			delivered = append(delivered, string(body))
 		}
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 	got := func(s string) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -204,7 +202,7 @@ routes:
     topics: ["billing.*"]
     sink: %[1]s/billing
     max-attempts: 1000
-`, srv.URL)), 0o600))
+`, srv.Base())), 0o600))
 	addr := freeAddr(t)
 	runCtx, stop := context.WithCancel(context.Background())
 	logs := &syncWriter{}
@@ -295,11 +293,17 @@ routes:
 	// page is read again for up to 30 s.
 	worked := regexp.MustCompile(`^\s*0 lanes of the routes relays serve`)
 	summary := b.text(`#lanes-summary`)
-	for deadline := time.Now().Add(30 * time.Second); !worked.MatchString(summary) && time.Now().Before(deadline); summary = b.text(`#lanes-summary`) {
+	reread, cancelReread := context.WithTimeout(bg, 30*time.Second)
+	testkit.Poll(reread, time.Second, func() bool {
+		if worked.MatchString(summary) {
+			return true
+		}
 		t.Logf("lanes summary %q; reading the overview again", summary)
-		time.Sleep(time.Second)
 		b.do(chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`#lanes-summary`)))
-	}
+		summary = b.text(`#lanes-summary`)
+		return worked.MatchString(summary)
+	})
+	cancelReread()
 	if !worked.MatchString(summary) {
 		// Say what the tables held: the lanes of which route, leased
 		// until when, by which relay, and the relays' heartbeats.
@@ -360,7 +364,7 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 	b.do(chromedp.Navigate(base+"/ui/routes"), chromedp.WaitVisible(css(`#routes`)))
 	text = b.text(`#routes`)
 	require.Contains(t, text, "billing.*")
-	require.Contains(t, text, srv.URL+"/…", "the sink, redacted")
+	require.Contains(t, text, srv.Base()+"/…", "the sink, redacted")
 	b.screenshot("routes")
 	require.Contains(t, logs.String(), `console audit`, "the replay is in the audit log")
 }

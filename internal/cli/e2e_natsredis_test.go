@@ -3,10 +3,11 @@ package cli_test
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,13 +19,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
-func natsURL() string {
-	if u := os.Getenv("TEST_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
-
 // TestRunNATSEndToEnd relays through the real command line into a
 // JetStream stream of the shared server: every committed message once, in
 // order per key, headers as NATS headers, Nats-Msg-Id = message id; a
@@ -32,9 +26,9 @@ func natsURL() string {
 // while the other keys flow.
 func TestRunNATSEndToEnd(t *testing.T) {
 	pool, schema, w := e2e(t)
-	nc, err := nats.Connect(natsURL(), nats.Timeout(2*time.Second))
+	nc, err := nats.Connect(testkit.NATSURL(), nats.Timeout(2*time.Second))
 	if err != nil {
-		pgtest.Unavailable(t, "nats at %s: %v", natsURL(), err)
+		pgtest.Unavailable(t, "nats at %s: %v", testkit.NATSURL(), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -49,7 +43,7 @@ func TestRunNATSEndToEnd(t *testing.T) {
 
 	const n = 200
 	appOrders(t, pool, w, n, outbox.Message{Topic: "nowhere", Key: "poison", Payload: []byte("{}")})
-	code, _, stderr := run(t, "run", "--sink", natsURL()+"?subject="+prefix+".{topic}&stream="+name, "--exit-when-empty")
+	code, _, stderr := run(t, "run", "--sink", testkit.NATSURL()+"?subject="+prefix+".{topic}&stream="+name, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
 
 	var got []string
@@ -78,13 +72,6 @@ func TestRunNATSEndToEnd(t *testing.T) {
 	require.Contains(t, *dls[0].LastError, "no stream")
 }
 
-func redisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/0"
-}
-
 // TestRunRedisEndToEnd relays through the real command line into a Redis
 // stream of the shared server: every committed message once, in order per
 // key, with its id, key, payload and headers as entry fields; a message
@@ -92,7 +79,7 @@ func redisURL() string {
 // WRONGTYPE reply while the other keys flow.
 func TestRunRedisEndToEnd(t *testing.T) {
 	pool, schema, w := e2e(t)
-	opts, err := redis.ParseURL(redisURL())
+	opts, err := redis.ParseURL(testkit.RedisURL())
 	require.NoError(t, err)
 	opts.DisableIdentity = true
 	rdb := redis.NewClient(opts)
@@ -100,7 +87,7 @@ func TestRunRedisEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		pgtest.Unavailable(t, "redis at %s: %v", redisURL(), err)
+		pgtest.Unavailable(t, "redis at %s: %v", testkit.RedisURL(), err)
 	}
 	prefix := "e2e:" + schema + ":"
 	defer func() {
@@ -113,7 +100,7 @@ func TestRunRedisEndToEnd(t *testing.T) {
 
 	const n = 200
 	appOrders(t, pool, w, n, outbox.Message{Topic: "wrongtype", Key: "poison", Payload: []byte("{}")})
-	code, _, stderr := run(t, "run", "--sink", redisURL()+"?stream="+prefix+"{topic}", "--exit-when-empty")
+	code, _, stderr := run(t, "run", "--sink", testkit.RedisURL()+"?stream="+prefix+"{topic}", "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
 
 	entries, err := rdb.XRange(ctx, prefix+"orders", "-", "+").Result()

@@ -3,9 +3,7 @@ package cli_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,12 +156,11 @@ func TestRunHTTPEndToEnd(t *testing.T) {
 	var got []string
 	ids := map[string]bool{}
 	badHeaders := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		body := r.Body
 		key, _ := url.PathUnescape(r.Header.Get("outbox-key"))
 		if key == "poison" && string(body) != "after-poison" {
-			http.Error(rw, "schema validation failed: field total is required", http.StatusBadRequest)
-			return
+			return http.StatusBadRequest, "schema validation failed: field total is required"
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -170,12 +169,12 @@ func TestRunHTTPEndToEnd(t *testing.T) {
 		}
 		ids[r.Header.Get("webhook-id")] = true
 		got = append(got, string(body))
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 
 	const n = 200
 	appOrders(t, pool, w, n, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("{}")})
-	code, _, stderr := run(t, "run", "--sink", srv.URL+"/hook", "--exit-when-empty")
+	code, _, stderr := run(t, "run", "--sink", srv.URL(), "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
 
 	mu.Lock()
@@ -198,10 +197,7 @@ func TestRunHTTPEndToEnd(t *testing.T) {
 
 func TestRunAMQPEndToEnd(t *testing.T) {
 	pool, schema, w := e2e(t)
-	amqpURL := os.Getenv("TEST_AMQP_URL")
-	if amqpURL == "" {
-		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	amqpURL := testkit.AMQPURL()
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		pgtest.Unavailable(t, "rabbitmq at %s: %v", amqpURL, err)
@@ -265,19 +261,18 @@ func TestRunRoutes(t *testing.T) {
 	var billing []string
 	var ordersDoneBeforeBillingUp bool
 	up := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
 		select {
 		case <-up:
 		default:
-			http.Error(rw, "maintenance", http.StatusServiceUnavailable)
-			return
+			return http.StatusServiceUnavailable, "maintenance"
 		}
-		body, _ := io.ReadAll(r.Body)
+		body := r.Body
 		mu.Lock()
 		billing = append(billing, string(body))
 		mu.Unlock()
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 
 	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
 	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
@@ -291,7 +286,7 @@ routes:
     topics: ["billing.*"]
     sink: %s/hook
     max-attempts: 1000
-`, cluster.ListenAddrs()[0], srv.URL)), 0o600))
+`, cluster.ListenAddrs()[0], srv.Base())), 0o600))
 
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -309,19 +304,20 @@ routes:
 
 	// Bring billing back once every order has left the outbox.
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
+		defer close(up)
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		testkit.Poll(pctx, 20*time.Millisecond, func() bool {
 			var n int
-			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE topic LIKE 'orders.%'").Scan(&n)
-			if n == 0 {
-				mu.Lock()
-				ordersDoneBeforeBillingUp = len(billing) == 0
-				mu.Unlock()
-				break
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE topic LIKE 'orders.%'").Scan(&n)
+			if n != 0 {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		close(up)
+			mu.Lock()
+			ordersDoneBeforeBillingUp = len(billing) == 0
+			mu.Unlock()
+			return true
+		})
 	}()
 	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
@@ -376,13 +372,13 @@ func TestRunRoutesConfigErrors(t *testing.T) {
 func TestRunCloudEventsOverHTTP(t *testing.T) {
 	pool, _, w := e2e(t)
 	got := make(chan http.Header, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
 		select {
 		case got <- r.Header.Clone():
 		default:
 		}
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -391,7 +387,7 @@ func TestRunCloudEventsOverHTTP(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 
-	code, _, stderr := run(t, "run", "--sink", srv.URL, "--format", "cloudevents", "--cloudevents-source", "/orders", "--exit-when-empty")
+	code, _, stderr := run(t, "run", "--sink", srv.Base(), "--format", "cloudevents", "--cloudevents-source", "/orders", "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
 	h := <-got
 	require.Equal(t, "1.0", h.Get("ce-specversion"))
@@ -401,7 +397,7 @@ func TestRunCloudEventsOverHTTP(t *testing.T) {
 	require.Equal(t, "o-1", h.Get("ce-subject"))
 	require.Equal(t, "application/json", h.Get("Content-Type"))
 
-	code, _, stderr = run(t, "run", "--sink", srv.URL, "--format", "protobuf")
+	code, _, stderr = run(t, "run", "--sink", srv.Base(), "--format", "protobuf")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "protobuf")
 }
@@ -417,25 +413,23 @@ func TestRunFanOut(t *testing.T) {
 	var hook []string
 	var acceptPoison, kafkaDoneFirst bool
 	down := make(chan struct{}) // closed when the webhook may take key c3
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		body := r.Body
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
 		case string(body) == "poison" && !acceptPoison:
-			http.Error(rw, "cannot parse", http.StatusBadRequest)
-			return
+			return http.StatusBadRequest, "cannot parse"
 		case strings.HasPrefix(string(body), "c3:"):
 			select {
 			case <-down:
 			default:
-				http.Error(rw, "busy", http.StatusServiceUnavailable)
-				return
+				return http.StatusServiceUnavailable, "busy"
 			}
 		}
 		hook = append(hook, string(body))
-	}))
-	defer srv.Close()
+		return http.StatusOK, ""
+	})
 
 	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
 	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
@@ -454,7 +448,7 @@ routes:
     sink: %[2]s/hook
     fanout: true
     max-attempts: 1000
-`, broker, srv.URL)), 0o600))
+`, broker, srv.Base())), 0o600))
 
 	ctx := context.Background()
 	var msgs []outbox.Message
@@ -492,23 +486,24 @@ routes:
 
 	// Kafka gets every order while the webhook still refuses key c3.
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			var n int
-			_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".deliveries WHERE route = 'orders'").Scan(&n)
-			if n == 0 {
-				var m int
-				_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&m)
-				if m == 0 {
-					mu.Lock()
-					kafkaDoneFirst = true
-					mu.Unlock()
-					break
-				}
+		defer close(down)
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		testkit.Poll(pctx, 20*time.Millisecond, func() bool {
+			var n, m int
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".deliveries WHERE route = 'orders'").Scan(&n)
+			if n != 0 {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		close(down)
+			_ = pool.QueryRow(pctx, "SELECT count(*) FROM "+migrations.Ident(schema)+".messages").Scan(&m)
+			if m != 0 {
+				return false
+			}
+			mu.Lock()
+			kafkaDoneFirst = true
+			mu.Unlock()
+			return true
+		})
 	}()
 	code, _, stderr := run(t, "run", "--config", cfgFile, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
@@ -559,10 +554,7 @@ routes:
 // and delivers nothing meanwhile.
 func TestRunAMQPRefusedCredentialsExits(t *testing.T) {
 	pool, schema, w := e2e(t)
-	raw := os.Getenv("TEST_AMQP_URL")
-	if raw == "" {
-		raw = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	raw := testkit.AMQPURL()
 	conn, err := amqp.Dial(raw)
 	if err != nil {
 		pgtest.Unavailable(t, "rabbitmq at %s: %v", raw, err)

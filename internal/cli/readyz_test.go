@@ -5,10 +5,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -22,10 +23,7 @@ import (
 // with the reason, and the log says it, although the broker is reachable.
 func TestReadyzSaysTheExchangeIsMissing(t *testing.T) {
 	_, schema, _ := e2e(t)
-	amqpURL := os.Getenv("TEST_AMQP_URL")
-	if amqpURL == "" {
-		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	amqpURL := testkit.AMQPURL()
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		pgtest.Unavailable(t, "rabbitmq at %s: %v", amqpURL, err)

@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/amqpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
@@ -39,7 +39,7 @@ const demoTopic = "orders"
 // pgtest.Unavailable, for a tool the test needs but cannot find.
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	testenv.Unavailable(t, "tool", format, args...)
+	testkit.Unavailable(t, "tool", format, args...)
 }
 
 var (

@@ -22,7 +22,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/relaybin"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -223,7 +223,7 @@ http:
 	}()
 
 	var names map[string]bool
-	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) {
 		var pending, dead int
 		// The refused route holds its key: its dead letter stays parked
 		// (held_since set), which is not pending.

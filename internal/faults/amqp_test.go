@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -28,7 +30,7 @@ func TestAMQPOutage(t *testing.T) {
 	defer cancel()
 	conn, err := amqp.Dial(broker.URL())
 	require.NoError(t, err)
-	name := "faults-outage-" + randHex(4)
+	name := testkit.RandName("faults-outage-")
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.ExchangeDeclare(name, "direct", true, false, false, false, nil))
@@ -46,9 +48,8 @@ func TestAMQPOutage(t *testing.T) {
 		"--retry-max", cfg.RetryMax.String(), "--retry-jitter", fmt.Sprint(cfg.RetryJitter))
 
 	w := startSteadyWriter(t, pool, schema, nil)
-	time.Sleep(time.Second)
+	p.publishedMore(100) // steady state first
 
-	outage := outageLength()
 	s := migrations.Ident(schema)
 	maxAttempts, maxPending := 0, 0
 	sample := func() {
@@ -60,14 +61,11 @@ func TestAMQPOutage(t *testing.T) {
 	downAt := time.Now()
 	require.NoError(t, broker.StopApp(ctx))
 	stopTook := time.Since(downAt)
-	for time.Since(downAt) < outage {
-		sample()
-		time.Sleep(100 * time.Millisecond)
-	}
+	w.writeMore(t, outageWrites(), sample)
 	require.NoError(t, broker.StartApp(ctx)) // returns once it has booted
 	downtime := time.Since(downAt)
 	upAt := time.Now()
-	time.Sleep(time.Second)
+	p.publishedMore(100) // the writer goes on until the relay delivers again
 	written := w.stop()
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
 		sample()

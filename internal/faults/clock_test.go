@@ -149,6 +149,8 @@ func TestClockSkewRetrySchedule(t *testing.T) {
 		want := fails[p]
 		mu.Unlock()
 		if n <= want {
+			// A send that takes sendTakes before failing is part of the
+			// subject: where the backoff counts from.
 			time.Sleep(d)
 			return errors.New("test: refused")
 		}

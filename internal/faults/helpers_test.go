@@ -4,22 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -37,17 +32,11 @@ import (
 
 // ---- small utilities -------------------------------------------------------
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // eventually polls cond every interval until it reports true, failing the
 // test with cond's last explanation after timeout.
 func eventually(t testing.TB, timeout, interval time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	testenv.Eventually(t, timeout, interval, cond)
+	testkit.Eventually(t, timeout, interval, cond)
 }
 
 // syncBuffer is a goroutine-safe buffer for a child's output or a logger.
@@ -279,84 +268,48 @@ func checkKeyOrder(t testing.TB, got []delivery) {
 
 // ---- HTTP receiver -------------------------------------------------------------
 
-// receiver is a webhook receiver that can be taken down (its listener
-// closed: connections are refused) and brought back on the same port.
+// receiver records what a testkit.Receiver accepts; it can be taken down
+// (stop: connections are refused) and brought back on the same port.
 type receiver struct {
-	t    testing.TB
-	addr string
-	// handle decides the answer; nil accepts everything. It runs before the
-	// delivery is recorded; only 2xx answers are recorded.
-	handle func(r *http.Request, body []byte) (int, string)
+	*testkit.Receiver
+	t testing.TB
 
-	mu   sync.Mutex
-	srv  *http.Server
-	got  []delivery
-	reqs int
+	mu  sync.Mutex
+	got []delivery
 }
 
+// newReceiver starts a receiver; handle decides the answer (nil accepts
+// everything) before the delivery is recorded, and only 2xx answers are
+// recorded.
 func newReceiver(t testing.TB, handle func(r *http.Request, body []byte) (int, string)) *receiver {
-	rc := &receiver{t: t, addr: "127.0.0.1:0", handle: handle}
-	rc.start()
-	t.Cleanup(rc.stop)
+	rc := &receiver{t: t}
+	rc.Receiver = testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		if handle != nil {
+			if code, msg := handle(r.Request, r.Body); code/100 != 2 {
+				return code, msg
+			}
+		}
+		topic, _ := url.PathUnescape(r.Header.Get("outbox-topic"))
+		key, _ := url.PathUnescape(r.Header.Get("outbox-key"))
+		d := delivery{ID: r.Header.Get("webhook-id"), Topic: topic, Key: key, Payload: string(r.Body), Path: r.URL.Path, Header: r.Header.Clone(), At: time.Now()}
+		rc.mu.Lock()
+		rc.got = append(rc.got, d)
+		rc.mu.Unlock()
+		return http.StatusNoContent, ""
+	})
 	return rc
 }
 
-func (rc *receiver) url() string { return "http://" + rc.addr + "/hook" }
+func (rc *receiver) url() string { return rc.URL() }
 
+// start brings a stopped receiver back on its port.
 func (rc *receiver) start() {
 	rc.t.Helper()
-	var ln net.Listener
-	var err error
-	// The port may take a moment to be free again after stop.
-	for i := 0; i < 50; i++ {
-		if ln, err = net.Listen("tcp", rc.addr); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	require.NoError(rc.t, err, "listening on %s", rc.addr)
-	rc.mu.Lock()
-	rc.addr = ln.Addr().String()
-	rc.srv = &http.Server{Handler: http.HandlerFunc(rc.serve), ReadHeaderTimeout: 10 * time.Second}
-	srv := rc.srv
-	rc.mu.Unlock()
-	go func() { _ = srv.Serve(ln) }()
+	require.NoError(rc.t, rc.Start())
 }
 
 // stop closes the listener and every connection: the receiver is down.
-func (rc *receiver) stop() {
-	rc.mu.Lock()
-	srv := rc.srv
-	rc.srv = nil
-	rc.mu.Unlock()
-	if srv != nil {
-		_ = srv.Close()
-	}
-}
-
-func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		http.Error(w, "read body", http.StatusBadRequest)
-		return
-	}
-	rc.mu.Lock()
-	rc.reqs++
-	rc.mu.Unlock()
-	if rc.handle != nil {
-		if code, msg := rc.handle(r, body); code/100 != 2 {
-			http.Error(w, msg, code)
-			return
-		}
-	}
-	topic, _ := url.PathUnescape(r.Header.Get("outbox-topic"))
-	key, _ := url.PathUnescape(r.Header.Get("outbox-key"))
-	d := delivery{ID: r.Header.Get("webhook-id"), Topic: topic, Key: key, Payload: string(body), Path: r.URL.Path, Header: r.Header.Clone(), At: time.Now()}
-	rc.mu.Lock()
-	rc.got = append(rc.got, d)
-	rc.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
-}
+func (rc *receiver) stop() { rc.Stop() }
 
 func (rc *receiver) deliveries() []delivery {
 	rc.mu.Lock()
@@ -364,11 +317,7 @@ func (rc *receiver) deliveries() []delivery {
 	return append([]delivery(nil), rc.got...)
 }
 
-func (rc *receiver) requests() int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return rc.reqs
-}
+func (rc *receiver) requests() int { return int(rc.Requests()) }
 
 // distinct counts distinct payloads received.
 func distinct(ds []delivery) int {
@@ -441,11 +390,13 @@ func (p *inproc) stop(t testing.TB) {
 }
 
 // countingSink wraps a real sink and records, per message id, when each
-// attempt was made (a message reported ErrNotAttempted was not attempted).
+// attempt was made (a message reported ErrNotAttempted was not attempted),
+// and when each failed Send returned.
 type countingSink struct {
-	inner sinks.Sink
-	mu    sync.Mutex
-	tries map[string][]time.Time
+	inner  sinks.Sink
+	mu     sync.Mutex
+	tries  map[string][]time.Time
+	failed []time.Time
 }
 
 func newCountingSink(inner sinks.Sink) *countingSink {
@@ -457,6 +408,9 @@ func (c *countingSink) Send(ctx context.Context, msgs []sinks.Message) error {
 	err := c.inner.Send(ctx, msgs)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		c.failed = append(c.failed, time.Now())
+	}
 	for i, m := range msgs {
 		if oe := sinks.Outcome(err, i, len(msgs)); errors.Is(oe, sinks.ErrNotAttempted) {
 			continue
@@ -467,6 +421,19 @@ func (c *countingSink) Send(ctx context.Context, msgs []sinks.Message) error {
 }
 
 func (c *countingSink) Close(ctx context.Context) error { return c.inner.Close(ctx) }
+
+// firstFailure is when the first Send that failed after t returned; zero
+// if none did.
+func (c *countingSink) firstFailure(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, at := range c.failed {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
 
 // attempts returns a copy of the attempt times per message id.
 func (c *countingSink) attempts() map[string][]time.Time {
@@ -483,26 +450,11 @@ func (c *countingSink) attempts() map[string][]time.Time {
 
 // relayProc is the outbox-relay binary running as a child process.
 type relayProc struct {
+	*testkit.Relay
 	t      testing.TB
-	cmd    *exec.Cmd
 	stdout *syncBuffer
 	logs   *syncBuffer // stderr: JSON logs
-	done   chan struct{}
-	state  *os.ProcessState
 	admin  string
-}
-
-// cleanEnv is this process's environment without anything that would
-// configure the relay behind the test's back.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "OUTBOX_") || strings.HasPrefix(kv, "DATABASE_URL") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
 
 // cli runs a command of the binary to completion and returns its exit
@@ -518,7 +470,7 @@ func cliEnv(t testing.TB, env []string, args ...string) (int, string, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, relayBinary(t), args...)
-	cmd.Env = append(cleanEnv(), env...)
+	cmd.Env = append(testkit.CleanEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -535,33 +487,28 @@ func cliEnv(t testing.TB, env []string, args ...string) (int, string, string) {
 
 // startRelay starts `outbox-relay run` with the test's database and schema,
 // an admin listener on a free loopback port, JSON logs and a 50ms poll
-// interval; args come last and win. The process is stopped (SIGTERM, then
-// SIGKILL) when the test ends.
+// interval; args come last and win. It returns once the relay logged its
+// admin listener's address. The process is stopped (SIGTERM, then SIGKILL
+// after 30s) when the test ends.
 func startRelay(t testing.TB, databaseURL, schema string, args ...string) *relayProc {
 	t.Helper()
 	full := append([]string{"run", "--database-url", databaseURL, "--schema", schema,
 		"--admin-addr", "127.0.0.1:0", "--log-format", "json", "--poll-interval", "50ms"}, args...)
-	cmd := exec.Command(relayBinary(t), full...)
-	cmd.Env = cleanEnv()
-	p := &relayProc{t: t, cmd: cmd, stdout: &syncBuffer{}, logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.stdout, p.logs
-	require.NoError(t, cmd.Start())
-	go func() {
-		_ = cmd.Wait()
-		p.state = cmd.ProcessState
-		close(p.done)
-	}()
+	p := &relayProc{t: t, stdout: &syncBuffer{}, logs: &syncBuffer{}}
+	r, err := testkit.StartRelay(context.Background(), testkit.RelayConfig{
+		Bin: relayBinary(t), Args: full, Stdout: p.stdout, Stderr: p.logs,
+	})
+	require.NoError(t, err)
+	p.Relay = r
 	t.Cleanup(func() {
 		p.stop()
 		if t.Failed() {
-			t.Logf("relay %d logs (tail):\n%s", cmd.Process.Pid, p.logs.tail(40))
+			t.Logf("relay %d logs (tail):\n%s", p.Pid(), p.logs.tail(40))
 		}
 	})
 	eventually(t, 15*time.Second, 20*time.Millisecond, func() (bool, string) {
-		select {
-		case <-p.done:
-			t.Fatalf("relay exited at start-up (%v):\n%s", p.state, p.logs.tail(20))
-		default:
+		if !p.Alive() {
+			t.Fatalf("relay exited at start-up (%v):\n%s", p.State(), p.logs.tail(20))
 		}
 		for _, l := range p.logLines() {
 			if l["msg"] == "admin listener" {
@@ -574,7 +521,7 @@ func startRelay(t testing.TB, databaseURL, schema string, args ...string) *relay
 	return p
 }
 
-func (p *relayProc) pid() int { return p.cmd.Process.Pid }
+func (p *relayProc) pid() int { return p.Pid() }
 
 // logLines decodes the JSON log lines written so far.
 func (p *relayProc) logLines() []map[string]any {
@@ -592,78 +539,39 @@ func (p *relayProc) logLines() []map[string]any {
 
 // stop sends SIGTERM and waits up to 30s, then kills. Idempotent.
 func (p *relayProc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		p.t.Errorf("relay %d did not exit within 30s of SIGTERM; killing it", p.pid())
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	if err := p.Stop(); err != nil {
+		p.t.Errorf("%v", err)
 	}
 }
 
 // wait waits for the process to exit by itself and returns its exit code.
 func (p *relayProc) wait(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-		return p.state.ExitCode()
-	case <-time.After(timeout):
+	if !p.Wait(timeout) {
 		p.t.Fatalf("relay did not exit within %s; logs:\n%s", timeout, p.logs.tail(30))
 		return -1
 	}
+	return p.ExitCode()
 }
 
 // memory returns VmRSS and VmHWM of the running process, in bytes.
-func (p *relayProc) memory() (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v * 1024
-		case "VmHWM:":
-			hwm = v * 1024
-		}
-	}
-	if rss == 0 {
-		return 0, 0, errors.New("no VmRSS (process gone?)")
-	}
-	return rss, hwm, nil
-}
+func (p *relayProc) memory() (rss, hwm int64, err error) { return p.Memory() }
 
 // cpuTime is the CPU time (user + system) the process has used so far.
-func (p *relayProc) cpuTime() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which is in parentheses and may hold
-	// spaces: state is field 3, utime 14, stime 15.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("short /proc stat: %q", s)
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const clkTck = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / clkTck, nil
-}
+func (p *relayProc) cpuTime() (time.Duration, error) { return p.CPUTime() }
 
 // metric sums every series of the named metric on the relay's /metrics.
+// publishedMore waits until the relay published n messages more than now
+// (its outbox_relay_messages_published_total): it delivers.
+func (p *relayProc) publishedMore(n float64) {
+	p.t.Helper()
+	mark, _ := p.metric("outbox_relay_messages_published_total")
+	eventually(p.t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		v, err := p.metric("outbox_relay_messages_published_total")
+		return err == nil && v >= mark+n, fmt.Sprintf("published %v of %v more (%v)\n%s", v-mark, n, err, p.logs.tail(5))
+	})
+}
+
 func (p *relayProc) metric(name string) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -761,6 +669,36 @@ func startSteadyWriter(t testing.TB, pool *pgxpool.Pool, schema string, headers 
 	t.Cleanup(func() { w.stop() })
 	return w
 }
+
+// count is how many messages the writer committed so far.
+func (w *steadyWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.written)
+}
+
+// writeMore waits until the writer committed n messages more than now:
+// time measured in the applications' writes, so that an outage leaves the
+// same backlog on a fast machine and a loaded one. sample, when not nil,
+// runs at every check.
+func (w *steadyWriter) writeMore(t testing.TB, n int, sample func()) {
+	t.Helper()
+	mark := w.count()
+	// The writer commits 20 messages every 50ms or so; a loaded machine
+	// may take several times as long, but not forever.
+	timeout := time.Duration(n)*time.Second/steadyRate*6 + 30*time.Second
+	eventually(t, timeout, 50*time.Millisecond, func() (bool, string) {
+		if sample != nil {
+			sample()
+		}
+		got := w.count() - mark
+		return got >= n, fmt.Sprintf("the writer committed %d of %d more messages", got, n)
+	})
+}
+
+// steadyRate is the steady writer's pace, in messages a second, when the
+// machine keeps up: 20 every 50ms.
+const steadyRate = 400
 
 // stop stops the writer, waits for its last commit, and returns the
 // payloads of every message it committed.

@@ -174,8 +174,6 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	cfg := relay.Config{Workers: 2, BatchSize: 200, MaxAttempts: 1000}
 	cs := newCountingSink(k.sink(t, func(c *kafkasink.Config) { c.DialTimeout = time.Second }))
 	p := runInproc(t, pgtest.URL(), schema, cs, cfg)
-	outage := outageLength()
-
 	w := startSteadyWriter(t, pool, schema, nil)
 
 	eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) {
@@ -183,7 +181,8 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	})
 	k.stopBroker()
 	downAt := time.Now()
-	time.Sleep(outage)
+	w.writeMore(t, outageWrites(), nil)
+	outage := time.Since(downAt)
 	backlog := count(t, pool, schema, "messages")
 	// How long the rows would still wait, by their stored retry times, if
 	// the broker came back now.
@@ -194,7 +193,10 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	k.startBroker(t)
 	upAt := time.Now()
 	delivered := len(k.deliveries())
-	time.Sleep(time.Second)
+	// The writer goes on until the broker takes deliveries again.
+	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		return len(k.deliveries()) > delivered, "no delivery since the broker came back"
+	})
 	want := w.stop()
 
 	var resumed, emptied, drained time.Duration
@@ -217,13 +219,16 @@ func TestSinkOutageKafkaBrokerDown(t *testing.T) {
 	checkKeyOrder(t, got)
 	require.Empty(t, deadLetters(t, pool, schema), "an outage must not dead-letter anything")
 	// Attempts counted while the broker was down, past the moment it went
-	// away (when the requests on the wire failed).
-	const onTheWire = 2 * time.Second
+	// away: when the requests on the wire failed, that is when the first
+	// Send after it returned an error.
+	failedAt := cs.firstFailure(downAt)
+	require.False(t, failedAt.IsZero(), "no Send failed while the broker was down")
+	onTheWire := failedAt.Sub(downAt).Round(time.Millisecond)
 	during, worst := 0, 0
 	for _, ts := range cs.attempts() {
 		worst = max(worst, len(ts))
 		for _, at := range ts {
-			if at.After(downAt.Add(onTheWire)) && at.Before(upAt) {
+			if at.After(failedAt) && at.Before(upAt) {
 				during++
 			}
 		}

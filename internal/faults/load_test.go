@@ -131,7 +131,10 @@ func TestWriteLoadDoesNotStarveRelay(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(time.Second) // all connections busy
+	// All connections busy: every writer committed.
+	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+		return written.Load() >= int64(writers)*10, fmt.Sprintf("the writers committed %d", written.Load())
+	})
 	w0, t0 := written.Load(), time.Now()
 	loaded := drain()
 	writeRate := float64(written.Load()-w0) / time.Since(t0).Seconds()
@@ -175,21 +178,21 @@ func TestBacklogDrainMemoryFlat(t *testing.T) {
 	}
 	var samples []sample
 	var hwm int64
-	for {
-		select {
-		case <-p.done:
-		default:
-			// VmHWM, not the exited child's rusage: ru_maxrss also counts
-			// the test process's memory that the child shared between
-			// fork and exec.
-			if rss, h, err := p.memory(); err == nil {
-				samples = append(samples, sample{time.Since(start), rss})
-				hwm = max(hwm, h)
-			}
-			time.Sleep(100 * time.Millisecond)
-			continue
+	// Sample every 100ms until the relay exits.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for p.Alive() {
+		// VmHWM, not the exited child's rusage: ru_maxrss also counts the
+		// test process's memory that the child shared between fork and
+		// exec.
+		if rss, h, err := p.memory(); err == nil {
+			samples = append(samples, sample{time.Since(start), rss})
+			hwm = max(hwm, h)
 		}
-		break
+		select {
+		case <-p.Done():
+		case <-tick.C:
+		}
 	}
 	require.Equal(t, 0, p.wait(time.Second), p.logs.tail(20))
 	took := time.Since(start)

@@ -29,14 +29,14 @@ func outageRun(t *testing.T, srv *throwaway.Server, sinkURL string) (written []s
 		"--retry-initial", cfg.RetryInitial.String(), "--retry-multiplier", fmt.Sprint(cfg.RetryMultiplier),
 		"--retry-max", cfg.RetryMax.String(), "--retry-jitter", fmt.Sprint(cfg.RetryJitter))
 	w := startSteadyWriter(t, pool, schema, map[string]string{"type": "OrderPlaced"})
-	time.Sleep(time.Second)
+	p.publishedMore(100) // steady state first
 	downAt := time.Now()
 	srv.Kill()
-	time.Sleep(outageLength())
+	w.writeMore(t, outageWrites(), nil)
 	srv.Start()
 	downtime = time.Since(downAt)
 	upAt := time.Now()
-	time.Sleep(time.Second)
+	p.publishedMore(100) // the writer goes on until the relay delivers again
 	written = w.stop()
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
 		left := count(t, pool, schema, "messages")

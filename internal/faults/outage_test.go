@@ -18,12 +18,19 @@ import (
 
 // outageLength is how long the sink stays down: 5s by default, 30s with
 // FAULTS_LONG=1.
+//
+// The outage tests measure it in the applications' writes, outageWrites,
+// not in wall-clock time.
 func outageLength() time.Duration {
 	if long() {
 		return 30 * time.Second
 	}
 	return 5 * time.Second
 }
+
+// outageWrites is how many messages the steady writer commits while a
+// sink is down: about outageLength() at the writer's pace.
+func outageWrites() int { return int(outageLength().Seconds() * steadyRate) }
 
 // outageConfig is the relay configuration of the outage tests: fast
 // backoff so the test is short, and attempts high enough that an outage
@@ -76,7 +83,6 @@ func runOutage(t *testing.T, pool *pgxpool.Pool, schema string, rig outageRig) {
 	cfg := outageConfig
 	cs := newCountingSink(rig.sink)
 	p := runInproc(t, pgtest.URL(), schema, cs, cfg)
-	outage := outageLength()
 
 	w := startSteadyWriter(t, pool, schema, map[string]string{"type": "OrderPlaced"})
 
@@ -88,14 +94,15 @@ func runOutage(t *testing.T, pool *pgxpool.Pool, schema string, rig outageRig) {
 	rig.down()
 	downAt := time.Now()
 	maxPending := pendingAtDown
-	for time.Since(downAt) < outage {
-		time.Sleep(200 * time.Millisecond)
-		maxPending = max(maxPending, count(t, pool, schema, "messages"))
-	}
+	w.writeMore(t, outageWrites(), func() { maxPending = max(maxPending, count(t, pool, schema, "messages")) })
 	deliveredDuringOutage := len(rig.deliveries())
 	rig.up()
 	upAt := time.Now()
-	time.Sleep(time.Second)
+	outage := upAt.Sub(downAt)
+	// The sink delivers again before the writer stops.
+	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		return len(rig.deliveries()) >= deliveredDuringOutage+100, "no delivery since the sink came back"
+	})
 	written := w.stop()
 
 	var recoveredAt time.Time

@@ -51,6 +51,10 @@ func TestPostgresRestart(t *testing.T) {
 	logsBefore := len(p.logLines())
 	cpu0, err := p.cpuTime()
 	require.NoError(t, err)
+	// The window is the subject: CPU time and log lines per second of a
+	// database that stays away show whether the relay backs off or spins.
+	// Nothing the relay announces marks "long enough"; 6s covers several
+	// steps of its connection backoff.
 	time.Sleep(down)
 	cpu1, err := p.cpuTime()
 	require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -19,7 +20,7 @@ import (
 // the test ends.
 func testRole(t testing.TB, pool *pgxpool.Pool, prefix string) string {
 	t.Helper()
-	role := prefix + "_" + randHex(4)
+	role := prefix + testkit.RandName("_")
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, "CREATE ROLE "+migrations.Ident(role)+" LOGIN")
 	require.NoError(t, err)
@@ -87,7 +88,11 @@ func TestReadOnlyDatabase(t *testing.T) {
 	eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
 		return p.logs.Count(readOnly) >= 3, "the relay did not log the read-only error:\n" + p.logs.tail(5)
 	})
-	time.Sleep(time.Second) // let it try a few more times
+	// Let it try a few more times: three more read-only errors logged.
+	tries := p.logs.Count(readOnly)
+	eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		return p.logs.Count(readOnly) >= tries+3, "the relay did not try again:\n" + p.logs.tail(5)
+	})
 	require.Equal(t, 50, distinct(rc.deliveries()), "nothing can be delivered while the relay cannot record it")
 	require.Equal(t, 200, count(t, pool, schema, "messages"), "nothing is lost")
 	require.Empty(t, deadLetters(t, pool, schema), "nothing is dead-lettered")
@@ -110,14 +115,12 @@ func TestReadOnlyDatabase(t *testing.T) {
 	_, err = pool.Exec(ctx, "ALTER ROLE "+r+" RESET default_transaction_read_only")
 	require.NoError(t, err)
 	resetAt := time.Now()
-	recoveredAlone := false
-	for time.Since(resetAt) < 5*time.Second {
-		if count(t, pool, schema, "messages") == 0 {
-			recoveredAlone = true
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// Five seconds for the relay to recover alone, else it is helped.
+	alone, cancelAlone := context.WithTimeout(ctx, 5*time.Second)
+	recoveredAlone := testkit.Poll(alone, 100*time.Millisecond, func() bool {
+		return count(t, pool, schema, "messages") == 0
+	})
+	cancelAlone()
 	how := "by itself"
 	if !recoveredAlone {
 		how = fmt.Sprintf("only after its %d sessions were terminated", terminateRole(t, pool, role))

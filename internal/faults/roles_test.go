@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -234,13 +235,13 @@ func TestRelaysUnderDifferentRoles(t *testing.T) {
 	b := startRelay(t, pgtest.URL(), schema, args...)
 	want := commit(t, pool, schema, messages("orders", keyNames("k", 50), 0, 2000, nil))
 
-	// Sample the registrations and lane shares for 3s after 1s to settle.
-	time.Sleep(time.Second)
+	// Sample the registrations and lane shares over 15 heartbeats of a,
+	// the relay that would reap b (3s at 200ms), after 5 to settle.
 	ctx := context.Background()
 	s := migrations.Ident(schema)
 	samples, bMissing := 0, 0
 	var lanesA, lanesB int
-	for start := time.Now(); time.Since(start) < 3*time.Second; time.Sleep(100 * time.Millisecond) {
+	sample := func() {
 		var regs int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*),
     (SELECT count(*) FROM `+s+`.lanes l JOIN `+s+`.relays r ON r.id = l.owner WHERE r.pid = $1),
@@ -251,6 +252,25 @@ FROM `+s+`.relays WHERE pid = $2`, a.pid(), b.pid()).Scan(&regs, &lanesA, &lanes
 			bMissing++
 		}
 	}
+	heartbeats := func(n int, each func()) {
+		t.Helper()
+		beat := func() (at time.Time) {
+			_ = pool.QueryRow(ctx, `SELECT coalesce(max(heartbeat_at), 'epoch') FROM `+s+`.relays WHERE pid = $1`, a.pid()).Scan(&at)
+			return at
+		}
+		last, beats := beat(), 0
+		eventually(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) {
+			if each != nil {
+				each()
+			}
+			if at := beat(); at.After(last) {
+				last, beats = at, beats+1
+			}
+			return beats >= n, fmt.Sprintf("%d of %d heartbeats of relay a seen", beats, n)
+		})
+	}
+	heartbeats(5, nil)
+	heartbeats(15, sample)
 	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		return count(t, pool, schema, "messages") == 0, "pending"
 	})

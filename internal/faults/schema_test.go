@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
@@ -24,7 +26,7 @@ func TestHostileSchemaName(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	sentinel := "faults_sentinel_" + randHex(4)
+	sentinel := testkit.RandName("faults_sentinel_")
 	schema := `we"ird'; DROP TABLE ` + sentinel + `; --`
 	require.NoError(t, migrations.ValidateSchema(schema))
 	_, err := pool.Exec(ctx, "CREATE TABLE public."+sentinel+" (x int)")

@@ -100,11 +100,14 @@ func TestSlowSinkMemoryBounded(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
 	var slow atomic.Bool
+	var slowAnswers atomic.Int64
 	slow.Store(true)
 	rc := newReceiver(t, func(r *http.Request, _ []byte) (int, string) {
 		if slow.Load() {
+			// A slow receiver is the subject: 2s per answer.
 			select {
 			case <-time.After(2 * time.Second):
+				slowAnswers.Add(1)
 			case <-r.Context().Done():
 				return http.StatusServiceUnavailable, "gone"
 			}
@@ -121,15 +124,21 @@ SELECT 'slow', 'k' || (g % 100), convert_to(rpad(g::text, $1, 'x'), 'UTF8') FROM
 
 	p := startRelay(t, pgtest.URL(), schema, "--sink", rc.url(), "--publish-timeout", "4s", "--retry-initial", "200ms", "--retry-max", "1s")
 	var peakRSS, peakHeap int64
-	window := 10 * time.Second
-	for start := time.Now(); time.Since(start) < window; time.Sleep(100 * time.Millisecond) {
+	// Memory is sampled while the relay works against the slow receiver:
+	// until it has had 40 slow answers (about four rounds of the requests
+	// the relay keeps in flight, some 10s), however long that takes on
+	// this machine.
+	start := time.Now()
+	eventually(t, 120*time.Second, 100*time.Millisecond, func() (bool, string) {
 		rss, _, err := p.memory()
 		require.NoError(t, err)
 		peakRSS = max(peakRSS, rss)
 		if h, err := p.metric("go_memstats_heap_inuse_bytes"); err == nil {
 			peakHeap = max(peakHeap, int64(h))
 		}
-	}
+		return slowAnswers.Load() >= 40, fmt.Sprintf("%d slow answers", slowAnswers.Load())
+	})
+	window := time.Since(start).Round(time.Millisecond)
 	deliveredSlow := distinct(rc.deliveries())
 	pending := count(t, pool, schema, "messages")
 	slow.Store(false)

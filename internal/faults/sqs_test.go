@@ -122,20 +122,21 @@ func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() [
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+migrations.Ident(schema)+`.messages WHERE attempts > 0`).Scan(&n))
 		return n
 	}
-	time.Sleep(time.Second) // steady state first, as outageRun
+	p.publishedMore(100) // steady state first, as outageRun
 	down()
 	downAt := time.Now()
 	// The requests on the wire when the server went away count an attempt;
-	// nothing after them may.
+	// nothing after them may. They are over once the applications have
+	// written for a while (about 2s) behind the endpoint's back.
 	const onTheWire = 2 * time.Second
-	time.Sleep(onTheWire)
+	w.writeMore(t, int(onTheWire.Seconds()*steadyRate), nil)
 	before := attempted()
-	time.Sleep(outageLength() - onTheWire)
+	w.writeMore(t, outageWrites()-int(onTheWire.Seconds()*steadyRate), nil)
 	after := attempted()
 	backlog := count(t, pool, schema, "messages")
 	up()
 	upAt := time.Now()
-	time.Sleep(time.Second)
+	p.publishedMore(100) // the writer goes on until the relay delivers again
 	written := w.stop()
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
 		left := count(t, pool, schema, "messages")

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
@@ -30,7 +32,7 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 	t.Helper()
 	pool, schema := pgtest.Schema(t)
 	bulkInsert(t, pool, schema, "orders", 200)
-	app := "faults_stop_" + randHex(4)
+	app := testkit.RandName("faults_stop_")
 	p := startRelay(t, dbURL(t, "", "application_name", app), schema, "--sink", closedAMQP(t),
 		"--drain-timeout", drain.String(), "--publish-timeout", "60s", "--log-format", "json")
 	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
@@ -52,7 +54,7 @@ func TestStopWithUnreachableSinkIsBounded(t *testing.T) {
 	t.Parallel()
 	const drain = 3 * time.Second
 	p, left := startStuckRelay(t, drain)
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(drain+5*time.Second), "a graceful stop exits 0")
 	require.Equal(t, 200, left(), "every message is still in the outbox")
 }
@@ -63,11 +65,11 @@ func TestStopWithUnreachableSinkIsBounded(t *testing.T) {
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	t.Parallel()
 	p, left := startStuckRelay(t, time.Minute)
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.Signal(syscall.SIGTERM))
 	eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
 		return p.logs.Count("draining: no new claims") > 0, "no drain yet:\n" + p.logs.tail(10)
 	})
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.Signal(syscall.SIGTERM))
 	require.Equal(t, 1, p.wait(10*time.Second), "the second signal exits 1, without waiting for the 1 min drain")
 	require.Contains(t, p.logs.String(), "second terminated: exiting at once")
 	require.Equal(t, 200, left(), "every message is still in the outbox")

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
@@ -31,7 +32,7 @@ func TestBackendsTerminatedMidBatch(t *testing.T) {
 	)
 	want := commit(t, pool, schema, messages("orders", keyNames("k", 50), 0, n, nil))
 
-	appName := "faults_term_" + randHex(4)
+	appName := testkit.RandName("faults_term_")
 	sink := memory.New()
 	// Most of a worker's time is spent inside its claim transaction,
 	// waiting for the sink: that is where the kills should land.
@@ -41,11 +42,21 @@ func TestBackendsTerminatedMidBatch(t *testing.T) {
 	})
 
 	// Kill rounds until at least 4 rounds caught a session inside a
-	// transaction (mid-batch), or the backlog is gone.
+	// transaction (mid-batch), or the backlog is gone. Each round waits
+	// until a relay session is inside a transaction again (it reconnected
+	// and claimed), then terminates every session of the relay.
 	rounds, midBatch, killed := 0, 0, 0
 	deadline := time.Now().Add(60 * time.Second)
+	inTx := func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = $1 AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')`, appName).Scan(&n)
+		return n > 0
+	}
 	for midBatch < 4 && time.Now().Before(deadline) {
-		time.Sleep(250 * time.Millisecond)
+		round, cancelRound := context.WithTimeout(ctx, 10*time.Second)
+		testkit.Poll(round, 10*time.Millisecond, func() bool { return inTx() || count(t, pool, schema, "messages") == 0 })
+		cancelRound()
 		if count(t, pool, schema, "messages") == 0 {
 			break
 		}

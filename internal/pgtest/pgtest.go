@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -19,26 +18,21 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is unset.
-const DefaultURL = "postgres://postgres@127.0.0.1:5432/test"
+const DefaultURL = testkit.DefaultDatabaseURL
 
-// URL returns the test database URL.
-func URL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return DefaultURL
-}
+// URL returns the test database URL: testkit.DatabaseURL.
+func URL() string { return testkit.DatabaseURL() }
 
 // Unavailable fails the test under CI=true and skips it otherwise, saying
 // why. Use it whenever a service the test needs cannot be reached.
 func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	testenv.Unavailable(t, "service", format, args...)
+	testkit.Unavailable(t, "service", format, args...)
 }
 
 var (

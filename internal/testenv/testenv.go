@@ -1,41 +1,22 @@
-// Package testenv holds the two rules every test in this module follows
-// about its surroundings: a test that cannot reach a service or tool it
-// needs fails under CI=true (and skips, saying why, elsewhere), and a test
-// waits for a condition by polling it against a deadline, never by a bare
-// sleep.
+// Package testenv forwards to internal/testkit, where the CI rule and
+// Eventually live; it remains for the relay/ tests that still import it.
 package testenv
 
 import (
-	"fmt"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
-// Unavailable fails tb under CI=true and skips it otherwise; what names
-// the kind of thing missing ("service", "tool") and the format the reason.
+// Unavailable is testkit.Unavailable.
 func Unavailable(tb testing.TB, what, format string, args ...any) {
 	tb.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("required %s unavailable (CI=true): %s", what, msg)
-	}
-	tb.Skipf("skipping, %s unavailable (set CI=true to fail instead): %s", what, msg)
+	testkit.Unavailable(tb, what, format, args...)
 }
 
-// Eventually polls cond every interval until it reports true, failing tb
-// with cond's last explanation once timeout has passed.
+// Eventually is testkit.Eventually.
 func Eventually(tb testing.TB, timeout, interval time.Duration, cond func() (bool, string)) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("condition not met within %s: %s", timeout, why)
-		}
-		time.Sleep(interval)
-	}
+	testkit.Eventually(tb, timeout, interval, cond)
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
 // GoAWS is a test's own goaws (an SQS and SNS server) on a free loopback
@@ -77,7 +77,7 @@ func StartGoAWS(tb testing.TB) *GoAWS {
 	tb.Helper()
 	bin, out, err := goawsdBinary()
 	if err != nil {
-		testenv.Unavailable(tb, "tool", "building goawsd (internal/throwaway/goawsd; scripts/services.sh downloads its modules): %v: %s", err, out)
+		testkit.Unavailable(tb, "tool", "building goawsd (internal/throwaway/goawsd; scripts/services.sh downloads its modules): %v: %s", err, out)
 	}
 	g := &GoAWS{tb: tb, port: freePort(tb)}
 	g.cmd = exec.Command(bin, "-port", strconv.Itoa(g.port), "-account", Account)

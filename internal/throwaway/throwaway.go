@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
 // Server is one throwaway server process.
@@ -74,7 +74,7 @@ func newServer(tb testing.TB, name string) *Server {
 		}
 	}
 	if err != nil {
-		testenv.Unavailable(tb, "tool", "%s not installed (scripts/services.sh installs it): %v", name, err)
+		testkit.Unavailable(tb, "tool", "%s not installed (scripts/services.sh installs it): %v", name, err)
 	}
 	s := &Server{tb: tb, name: name, bin: bin, port: freePort(tb), dir: tb.TempDir()}
 	tb.Cleanup(s.Kill)
@@ -178,7 +178,7 @@ func RedisCluster(tb testing.TB, n int) string {
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		testenv.Unavailable(tb, "tool", "redis-cli not installed: %v", err)
+		testkit.Unavailable(tb, "tool", "redis-cli not installed: %v", err)
 	}
 	out, err := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -238,13 +240,13 @@ func TestMissingExchangeIsRetriable(t *testing.T) {
 // connection: the broker is reachable but nothing can be delivered.
 func TestMissingExchangeIsUnhealthyByDefault(t *testing.T) {
 	t.Parallel()
-	if c, err := amqp.Dial(testURL()); err != nil {
+	if c, err := amqp.Dial(testkit.AMQPURL()); err != nil {
 		unavailable(t, "RabbitMQ not reachable at TEST_AMQP_URL: %v", err)
 	} else {
 		_ = c.Close()
 	}
-	name := randName("missing")
-	s, err := New(Config{URL: testURL(), Exchange: name, PublishTimeout: time.Second, ReconnectInitial: 50 * time.Millisecond}, nil)
+	name := testkit.RandName("missing")
+	s, err := New(Config{URL: testkit.AMQPURL(), Exchange: name, PublishTimeout: time.Second, ReconnectInitial: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close(context.Background())) }()
 	require.Eventually(t, func() bool { return errors.Is(s.Healthy(context.Background()), ErrExchangeMissing) }, 10*time.Second, 20*time.Millisecond)
@@ -354,19 +356,12 @@ func TestConnectionLossMidBatch(t *testing.T) {
 	defer stopAll()
 	// poll waits for cond, checked every 5 ms, for at most 30 s.
 	poll := func(what string, cond func() bool) {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		t.Helper()
+		testkit.Eventually(t, 30*time.Second, 5*time.Millisecond, func() (bool, string) {
 			mu.Lock()
-			ok := cond()
-			mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			defer mu.Unlock()
+			return cond(), "waiting for " + what
+		})
 	}
 	conn := func() *connState {
 		e.sink.mu.Lock()
@@ -443,6 +438,8 @@ func TestSendWhileDisconnectedFailsRetriably(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotConnected)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.False(t, sinks.IsPermanent(err))
+	// Returns at its 300ms publish timeout, not after a reconnect loop; 3s
+	// is ten times that, so a loaded machine under -race stays inside it.
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.ErrorIs(t, s.Healthy(context.Background()), ErrNotConnected)
 	require.NotContains(t, err.Error(), "guest:guest")
@@ -472,12 +469,12 @@ func TestCloseAndHealth(t *testing.T) {
 
 func TestPassiveExchangeCheck(t *testing.T) {
 	t.Parallel()
-	if c, err := amqp.Dial(testURL()); err != nil {
+	if c, err := amqp.Dial(testkit.AMQPURL()); err != nil {
 		unavailable(t, "RabbitMQ not reachable at TEST_AMQP_URL: %v", err)
 	} else {
 		_ = c.Close()
 	}
-	s, err := New(Config{URL: testURL(), Exchange: randName("missing"), DeclareExchange: DeclarePassive,
+	s, err := New(Config{URL: testkit.AMQPURL(), Exchange: testkit.RandName("missing"), DeclareExchange: DeclarePassive,
 		PublishTimeout: time.Second, ReconnectInitial: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close(context.Background())) }()
@@ -661,6 +658,9 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	for i := range batch {
 		require.False(t, sinks.IsPermanent(sinks.Outcome(err, i, len(batch))))
 	}
+	// The bound is the publish timeout plus the grace for a stuck write,
+	// with 3s more so that a loaded machine under -race stays inside it: a
+	// Send that ignored its timeout would block as long as the alarm lasts.
 	require.Less(t, took, 2*time.Second+stuckGrace+3*time.Second, "Send overran its publish timeout")
 	t.Logf("blocked Send returned after %s: %v", took, err)
 

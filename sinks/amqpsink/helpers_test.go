@@ -2,11 +2,8 @@ package amqpsink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -18,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/internal/amqptest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -27,23 +24,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testURL() string {
-	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
 // unavailable fails the test under CI=true, else skips it, with reason.
 func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	testenv.Unavailable(tb, "service", format, args...)
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + "-" + hex.EncodeToString(b[:])
+	testkit.Unavailable(tb, "service", format, args...)
 }
 
 // testEnv is one sink publishing to its own exchange, with its own queue
@@ -82,15 +66,15 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
 	e := &testEnv{
 		t:        tb,
-		url:      testURL(),
-		exchange: randName("outbox-test-x"),
-		queue:    randName("outbox-test-q"),
-		prefix:   randName("t"),
+		url:      testkit.AMQPURL(),
+		exchange: testkit.RandName("outbox-test-x"),
+		queue:    testkit.RandName("outbox-test-q"),
+		prefix:   testkit.RandName("t"),
 		bound:    map[string]bool{},
 	}
 	e.cfg = Config{
 		Exchange:         e.exchange,
-		ConnectionName:   randName("outbox-test-conn"),
+		ConnectionName:   testkit.RandName("outbox-test-conn"),
 		PublishTimeout:   10 * time.Second,
 		ReconnectInitial: 20 * time.Millisecond,
 		ReconnectMax:     200 * time.Millisecond,
@@ -104,7 +88,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	url := e.url
 	e.cfg.URL = url
 	admin, err := amqp.Dial(url)
-	if err != nil && url == testURL() {
+	if err != nil && url == testkit.AMQPURL() {
 		unavailable(tb, "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", redactURL(url), err)
 	}
 	require.NoError(tb, err, "throwaway broker at %s", url)
@@ -139,7 +123,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		}
 	})
 
-	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(tb), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)
 	e.sink = s
 	tb.Cleanup(func() {
@@ -148,14 +132,6 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		require.NoError(tb, s.Close(ctx))
 	})
 	return e
-}
-
-// tWriter sends the sink's logs to t.Log.
-type tWriter struct{ tb testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 func redactURL(raw string) string {

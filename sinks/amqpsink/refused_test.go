@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
 // countingHandler counts the records at each level.
@@ -40,7 +40,7 @@ func (h *countingHandler) count(l slog.Level) int {
 func TestRefusedCredentials(t *testing.T) {
 	t.Parallel()
 	setup(t) // the shared broker is up
-	u, err := url.Parse(testURL())
+	u, err := url.Parse(testkit.AMQPURL())
 	require.NoError(t, err)
 	u.User = url.UserPassword(u.User.Username(), "not-the-password")
 	h := &countingHandler{counts: map[slog.Level]int{}}
@@ -54,7 +54,7 @@ func TestRefusedCredentials(t *testing.T) {
 	require.ErrorIs(t, err, ErrAccessRefused)
 	require.ErrorContains(t, err, "403")
 
-	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.dials >= 2, "fewer than 2 refused attempts"

@@ -6,19 +6,18 @@ package format_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -32,17 +31,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 )
-
-func tlog(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -150,7 +138,7 @@ func TestE2EKafkaCloudEvents(t *testing.T) {
 	t.Parallel()
 	const topic = "orders"
 	c, cl := kafkaSetup(t, topic)
-	ks, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), WriteTimeout: 10 * time.Second}, tlog(t))
+	ks, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), WriteTimeout: 10 * time.Second}, testkit.Logger(t, slog.LevelInfo))
 	require.NoError(t, err)
 	s := format.Wrap(ks, mustCE(t, format.Options{Binding: format.BindingKafka, Source: "/svc/orders"}))
 	closeSink(t, s)
@@ -198,7 +186,7 @@ func TestE2EKafkaDebezium(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.event.Order"
 	c, cl := kafkaSetup(t, topic)
-	ks, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), WriteTimeout: 10 * time.Second}, tlog(t))
+	ks, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), WriteTimeout: 10 * time.Second}, testkit.Logger(t, slog.LevelInfo))
 	require.NoError(t, err)
 	s := format.Wrap(ks, format.Debezium)
 	closeSink(t, s)
@@ -257,7 +245,7 @@ func httpReceiver(t *testing.T) (*httptest.Server, func() []request) {
 func TestE2EHTTPCloudEvents(t *testing.T) {
 	t.Parallel()
 	srv, received := httpReceiver(t)
-	hs, err := httpsink.New(httpsink.Config{URL: srv.URL + "/events"}, tlog(t))
+	hs, err := httpsink.New(httpsink.Config{URL: srv.URL + "/events"}, testkit.Logger(t, slog.LevelInfo))
 	require.NoError(t, err)
 	s := format.Wrap(hs, mustCE(t, format.Options{Binding: format.BindingHTTP, Source: "/svc/orders"}))
 	closeSink(t, s)
@@ -318,31 +306,18 @@ func byIDMsg(msgs []sinks.Message, id string) sinks.Message {
 
 // --- AMQP ------------------------------------------------------------------
 
-func amqpURL() string {
-	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + "-" + hex.EncodeToString(b[:])
-}
-
 // amqpSetup declares a throwaway exchange and queue bound for topic and
 // returns the consumer's deliveries.
 func amqpSetup(t *testing.T, topic string) (exchange string, deliv <-chan amqp.Delivery) {
 	t.Helper()
-	conn, err := amqp.Dial(amqpURL())
+	conn, err := amqp.Dial(testkit.AMQPURL())
 	if err != nil {
 		pgtest.Unavailable(t, "RabbitMQ not reachable at TEST_AMQP_URL: %v", err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	exchange, queue := randName("outbox-format-x"), randName("outbox-format-q")
+	exchange, queue := testkit.RandName("outbox-format-x"), testkit.RandName("outbox-format-q")
 	require.NoError(t, ch.ExchangeDeclare(exchange, "direct", false, true, false, false, nil))
 	_, err = ch.QueueDeclare(queue, false, true, true, false, nil)
 	require.NoError(t, err)
@@ -375,7 +350,7 @@ func TestE2EAMQPCloudEvents(t *testing.T) {
 			t.Parallel()
 			const topic = "orders"
 			exchange, deliv := amqpSetup(t, topic)
-			as, err := amqpsink.New(amqpsink.Config{URL: amqpURL(), Exchange: exchange, PublishTimeout: 10 * time.Second}, tlog(t))
+			as, err := amqpsink.New(amqpsink.Config{URL: testkit.AMQPURL(), Exchange: exchange, PublishTimeout: 10 * time.Second}, testkit.Logger(t, slog.LevelInfo))
 			require.NoError(t, err)
 			s := format.Wrap(as, mustCE(t, format.Options{Binding: format.BindingAMQP, Source: "/svc/orders", AMQPPrefix: prefix}))
 			closeSink(t, s)

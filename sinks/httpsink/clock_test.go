@@ -70,6 +70,8 @@ func TestWebhookTimestampFollowsTheDatabaseClock(t *testing.T) {
 	slow := map[string]bool{"a": true, "b": true}
 	rc.setRespond(func(w http.ResponseWriter, r *http.Request, body []byte) int {
 		if slow[string(body)] {
+			// A receiver slow to answer is the subject: the time Send
+			// spends waiting must show in the next webhook-timestamp.
 			time.Sleep(1100 * time.Millisecond)
 		}
 		w.WriteHeader(http.StatusNoContent)

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 )
 
 // request is one POST as the receiver saw it.
@@ -169,14 +171,12 @@ func (rc *receiver) restart() error {
 	var err error
 	// The port was just released; another process can in principle grab
 	// it, so retry briefly on a polling deadline.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	testkit.Poll(ctx, 20*time.Millisecond, func() bool {
 		ln, err = net.Listen("tcp", rc.addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	})
 	if err != nil {
 		return fmt.Errorf("receiver: listen again on %s: %w", rc.addr, err)
 	}

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -30,26 +31,10 @@ func newCluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("kfake cluster: %v", err)
-		}
-		t.Skipf("kfake cluster cannot start on loopback: %v", err)
+		testkit.Unavailable(t, "service", "kfake cluster cannot start on loopback: %v", err)
 	}
 	t.Cleanup(c.Close)
 	return c
-}
-
-// tlog sends the sink's logs to t.Log.
-func tlog(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(string(p))
-	return len(p), nil
 }
 
 func newSink(t testing.TB, c *kfake.Cluster, mod ...func(*Config)) *Sink {
@@ -58,7 +43,7 @@ func newSink(t testing.TB, c *kfake.Cluster, mod ...func(*Config)) *Sink {
 	for _, f := range mod {
 		f(&cfg)
 	}
-	s, err := New(cfg, tlog(t))
+	s, err := New(cfg, testkit.Logger(t, slog.LevelDebug))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

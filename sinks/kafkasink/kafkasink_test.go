@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
@@ -389,7 +392,7 @@ func TestConcurrentSendsAndWaves(t *testing.T) {
 func TestCloseAndHealthy(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, kfake.SeedTopics(1, "t"))
-	s, err := New(Config{Brokers: c.ListenAddrs()}, tlog(t))
+	s, err := New(Config{Brokers: c.ListenAddrs()}, testkit.Logger(t, slog.LevelDebug))
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, s.Healthy(ctx))
@@ -434,6 +437,9 @@ func TestCancelledContext(t *testing.T) {
 	// ctx's deadline is also the connection's: either error may win.
 	require.Error(t, outcome(err, 0, 1))
 	require.False(t, sinks.IsPermanent(err))
+	// ctx ends after 300ms and the broker never answers: 3s is ten times
+	// that, room for -race on a loaded machine, and a Send that ignored
+	// ctx would block until the test's own timeout.
 	require.Less(t, time.Since(start), 3*time.Second)
 }
 

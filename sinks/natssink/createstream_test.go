@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -20,14 +20,14 @@ import (
 // and the stream deleted when the test ends.
 func createStreamEnv(t *testing.T) (js jetstream.JetStream, name, prefix string) {
 	t.Helper()
-	nc, err := nats.Connect(testURL(), nats.Timeout(2*time.Second))
+	nc, err := nats.Connect(testkit.NATSURL(), nats.Timeout(2*time.Second))
 	if err != nil {
-		testenv.Unavailable(t, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", testURL(), err)
+		testkit.Unavailable(t, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", testkit.NATSURL(), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err = jetstream.New(nc)
 	require.NoError(t, err)
-	name, prefix = randName("OUTBOXTEST_"), randName("t")
+	name, prefix = testkit.RandName("OUTBOXTEST_"), testkit.RandName("t")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -40,9 +40,9 @@ func createStreamEnv(t *testing.T) (js jetstream.JetStream, name, prefix string)
 
 func newCreateStreamSink(t *testing.T, cfg Config) *Sink {
 	t.Helper()
-	cfg.URL = testURL()
+	cfg.URL = testkit.NATSURL()
 	cfg.PublishTimeout = 5 * time.Second
-	s, err := New(cfg, slog.New(slog.NewTextHandler(tWriter{t}, nil)))
+	s, err := New(cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(t), nil)))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -65,7 +65,7 @@ func TestCreateStream(t *testing.T) {
 	defer cancel()
 	batch := append(msgs(prefix+".a.x", 3, 1, 10), msgs(prefix+".b.y", 2, 1, 10)...)
 	for i := range batch {
-		batch[i].ID = randName("id")
+		batch[i].ID = testkit.RandName("id")
 	}
 	require.NoError(t, s.Send(ctx, batch))
 

@@ -2,13 +2,10 @@ package natssink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,26 +17,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/internal/tcpproxy"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func testURL() string {
-	if u := os.Getenv("TEST_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
 }
 
 // testEnv is a stream of its own on a server, covering prefix.>, a sink
@@ -76,7 +60,7 @@ func onServer(u string) envOpt { return func(e *testEnv) { e.server = u } }
 
 func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
-	e := &testEnv{t: tb, server: testURL(), name: randName("OUTBOXTEST_"), prefix: randName("t"), next: 1}
+	e := &testEnv{t: tb, server: testkit.NATSURL(), name: testkit.RandName("OUTBOXTEST_"), prefix: testkit.RandName("t"), next: 1}
 	e.scfg = jetstream.StreamConfig{Storage: jetstream.MemoryStorage, Duplicates: 2 * time.Minute}
 	e.cfg = Config{
 		PublishTimeout:   10 * time.Second,
@@ -94,8 +78,8 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	e.scfg.Subjects = []string{e.prefix + ".>"}
 	nc, err := nats.Connect(e.server, nats.Timeout(2*time.Second))
 	if err != nil {
-		if e.server == testURL() {
-			testenv.Unavailable(tb, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", e.server, err)
+		if e.server == testkit.NATSURL() {
+			testkit.Unavailable(tb, "service", "NATS not reachable at TEST_NATS_URL (%s): %v", e.server, err)
 		}
 		require.NoError(tb, err)
 	}
@@ -106,8 +90,8 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	e.stream, err = e.js.CreateStream(ctx, e.scfg)
-	if err != nil && e.server == testURL() {
-		testenv.Unavailable(tb, "service", "JetStream not enabled at TEST_NATS_URL (%s): %v", e.server, err)
+	if err != nil && e.server == testkit.NATSURL() {
+		testkit.Unavailable(tb, "service", "JetStream not enabled at TEST_NATS_URL (%s): %v", e.server, err)
 	}
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
@@ -124,7 +108,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		u.Host = e.proxy.Addr()
 	}
 	e.cfg.URL = u.String()
-	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(tb), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)
 	e.sink = s
 	tb.Cleanup(func() {
@@ -133,14 +117,6 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		require.NoError(tb, s.Close(ctx))
 	})
 	return e
-}
-
-// tWriter sends the sink's logs to t.Log.
-type tWriter struct{ tb testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // topic returns a topic the env's stream covers.

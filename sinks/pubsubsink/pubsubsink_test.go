@@ -2,8 +2,6 @@ package pubsubsink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -11,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
@@ -36,12 +36,6 @@ func TestMain(m *testing.M) {
 
 const project = "outbox-test"
 
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
-
 // testEnv is an in-process Pub/Sub fake (pstest) of its own, reached
 // through a proxy so that a test can cut or refuse the sink's
 // connections, and a sink publishing to it.
@@ -65,7 +59,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
 	srv := pstest.NewServerWithAddress("127.0.0.1:0")
 	tb.Cleanup(func() { _ = srv.Close() })
-	e := &testEnv{t: tb, srv: srv, prefix: randName("t")}
+	e := &testEnv{t: tb, srv: srv, prefix: testkit.RandName("t")}
 	e.proxy = tcpproxy.New(tb, srv.Addr)
 	e.cfg = Config{
 		Project: project,
@@ -79,7 +73,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	for _, o := range opts {
 		o(e)
 	}
-	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(tb), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)
 	e.sink = s
 	tb.Cleanup(func() {
@@ -88,13 +82,6 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		require.NoError(tb, s.Close(ctx))
 	})
 	return e
-}
-
-type tWriter struct{ tb testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // topic creates a topic and returns its ID.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -21,7 +23,7 @@ import (
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	u := throwaway.RedisCluster(t, 3)
-	s, err := New(Config{URL: u, Cluster: true, PublishTimeout: 10 * time.Second}, slog.New(slog.NewTextHandler(tWriter{t}, nil)))
+	s, err := New(Config{URL: u, Cluster: true, PublishTimeout: 10 * time.Second}, slog.New(slog.NewTextHandler(testkit.LogWriter(t), nil)))
 	require.NoError(t, err)
 	defer s.Close(context.Background())
 	ctx := context.Background()

@@ -2,14 +2,10 @@ package redissink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,26 +14,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/internal/tcpproxy"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func testURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/0"
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
 }
 
 // testEnv is a key prefix of its own on a server, a sink writing under it
@@ -67,7 +50,7 @@ func onServer(u string) envOpt { return func(e *testEnv) { e.server = u } }
 
 func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	tb.Helper()
-	e := &testEnv{t: tb, server: testURL(), prefix: randName("outboxtest:"), last: map[string]string{}}
+	e := &testEnv{t: tb, server: testkit.RedisURL(), prefix: testkit.RandName("outboxtest:"), last: map[string]string{}}
 	e.cfg = Config{
 		PublishTimeout: 10 * time.Second,
 		DialTimeout:    2 * time.Second,
@@ -86,8 +69,8 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	defer cancel()
 	if err := e.rdb.Ping(ctx).Err(); err != nil {
 		_ = e.rdb.Close()
-		if e.server == testURL() {
-			testenv.Unavailable(tb, "service", "Redis not reachable at TEST_REDIS_URL (%s): %v", e.server, err)
+		if e.server == testkit.RedisURL() {
+			testkit.Unavailable(tb, "service", "Redis not reachable at TEST_REDIS_URL (%s): %v", e.server, err)
 		}
 		require.NoError(tb, err)
 	}
@@ -107,7 +90,7 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		u.Host = e.proxy.Addr()
 	}
 	e.cfg.URL = u.String()
-	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(tb), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)
 	e.sink = s
 	tb.Cleanup(func() {
@@ -116,13 +99,6 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 		require.NoError(tb, s.Close(ctx))
 	})
 	return e
-}
-
-type tWriter struct{ tb testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 func (e *testEnv) topic(suffix string) string { return e.prefix + ":" + suffix }

@@ -2,15 +2,15 @@ package snssink
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -31,12 +31,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
 }
 
 // testEnv is a goaws server, a name prefix of its own, a sink publishing
@@ -69,7 +63,7 @@ func direct() envOpt { return func(e *testEnv) { e.direct = true } }
 // exist).
 func setup(tb testing.TB, srv *throwaway.GoAWS, opts ...envOpt) *testEnv {
 	tb.Helper()
-	e := &testEnv{t: tb, srv: srv, prefix: randName("t")}
+	e := &testEnv{t: tb, srv: srv, prefix: testkit.RandName("t")}
 	e.cfg = Config{
 		TopicARN:        srv.TopicARN("{header:x-test-route}{topic}"),
 		Region:          "us-east-1",
@@ -93,7 +87,7 @@ func setup(tb testing.TB, srv *throwaway.GoAWS, opts ...envOpt) *testEnv {
 		e.proxy = tcpproxy.New(tb, srv.Addr())
 		e.cfg.Endpoint = "http://" + e.proxy.Addr()
 	}
-	s, err := New(e.cfg, slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s, err := New(e.cfg, slog.New(slog.NewTextHandler(testkit.LogWriter(tb), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(tb, err)
 	e.sink = s
 	tb.Cleanup(func() {
@@ -102,13 +96,6 @@ func setup(tb testing.TB, srv *throwaway.GoAWS, opts ...envOpt) *testEnv {
 		require.NoError(tb, s.Close(ctx))
 	})
 	return e
-}
-
-type tWriter struct{ tb testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // topic creates an SNS topic named after the env's prefix and suffix and
