@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -98,7 +98,7 @@ func (e *env) count(table string) int {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
-	testenv.Eventually(t, d, 10*time.Millisecond, func() (bool, string) { return cond(), fmt.Sprintf(format, args...) })
+	testkit.Eventually(t, d, 10*time.Millisecond, func() (bool, string) { return cond(), fmt.Sprintf(format, args...) })
 }
 
 // signalBound is how long a test waits for a relay's signal: generous

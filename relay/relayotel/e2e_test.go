@@ -28,7 +28,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/outbox/outboxotel"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -125,7 +125,7 @@ func runRelay(t *testing.T, schema string, sink sinks.Sink, hooks relay.Hooks) {
 // the writer's trace.
 func relaySpan(t *testing.T, rec *tracetest.SpanRecorder, w written, system, dest string) {
 	t.Helper()
-	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
 		return len(rec.Ended()) > 0, "no relay span"
 	})
 	spans := rec.Ended()
@@ -223,7 +223,7 @@ func TestE2EHTTP(t *testing.T) {
 	rec, hooks := newRecorder(t, "webhook")
 	runRelay(t, schema, sink, hooks)
 
-	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
+	testkit.Eventually(t, 20*time.Second, 10*time.Millisecond, func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) == 2, fmt.Sprintf("received %d of 2 requests", len(got))

@@ -17,7 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/adminhttp"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/relayprom"
@@ -56,7 +56,7 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) { return cond(), msg })
+	testkit.Eventually(t, 20*time.Second, 20*time.Millisecond, func() (bool, string) { return cond(), msg })
 }
 
 // TestMetricsFollowRealTraffic runs a relay with the metrics hooks, the
