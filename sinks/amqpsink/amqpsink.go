@@ -25,6 +25,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // returnBuffer is the capacity of each channel's basic.return queue and so
@@ -78,7 +79,7 @@ const stuckGrace = 500 * time.Millisecond
 type Sink struct {
 	cfg      Config
 	exchange string // "" for the default exchange
-	route    template
+	route    sinkconf.Template
 	url      string
 	addr     string // url without the password, for logs and errors
 	dialCfg  amqp.Config
@@ -91,6 +92,7 @@ type Sink struct {
 	stopOnce sync.Once
 	killOnce sync.Once
 	bg       sync.WaitGroup // background channel closes
+	inflight sinks.Inflight // the Sends in progress
 
 	// exchangeErr is the verdict of the last check of the exchange on the
 	// current connection (nil: it exists or is not checked), at
@@ -100,7 +102,6 @@ type Sink struct {
 
 	mu      sync.Mutex
 	closed  bool
-	sends   sync.WaitGroup
 	conn    *connState    // nil while disconnected
 	ready   chan struct{} // closed when conn becomes non-nil
 	lastErr error         // why the sink is disconnected
@@ -169,7 +170,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	route, err := parseTemplate(cfg.RoutingKey)
+	route, err := sinkconf.ParseTemplate(cfg.RoutingKey)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: amqp: routing_key: %w", err)
 	}
@@ -469,7 +470,7 @@ func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.stopOnce.Do(func() { close(s.stopping) })
 
-	err := sinks.Wait(ctx, &s.sends)
+	err := s.inflight.Close(ctx)
 	if err != nil {
 		// Closing the connection below ends the stragglers: their
 		// unconfirmed messages fail as retriable.
@@ -609,24 +610,11 @@ func (s *Sink) discard(pc *pubChannel) {
 // key plus, in round 0, every message without a key; each round is
 // published in full on the channel and then its confirms are collected.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return sinks.ErrClosed
-	}
-	s.sends.Add(1)
-	s.mu.Unlock()
-	defer s.sends.Done()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: amqp", s.cfg.PublishTimeout, s.send)
+}
 
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: amqp: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
-
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	b := &batch{
 		s:    s,
@@ -727,7 +715,7 @@ func (b *batch) prepare(i int) error {
 	if len(m.Payload) > s.cfg.MaxMessageSize {
 		return fmt.Errorf("outbox: amqp: message of %d bytes exceeds max_message_size %d", len(m.Payload), s.cfg.MaxMessageSize)
 	}
-	rk := s.route.render(m.Topic, m.Key, m.Headers)
+	rk := s.route.Render(m.Topic, m.Key, m.Headers)
 	if len(rk) > 255 {
 		return fmt.Errorf("outbox: amqp: routing key of %d bytes exceeds the AMQP limit of 255", len(rk))
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 func TestParseURL(t *testing.T) {
@@ -130,9 +132,9 @@ func TestTemplate(t *testing.T) {
 		{"{header:missing}{topic}", "orders"},
 		{"static", "static"},
 	} {
-		tp, err := parseTemplate(tc.tmpl)
+		tp, err := sinkconf.ParseTemplate(tc.tmpl)
 		require.NoError(t, err, tc.tmpl)
-		require.Equal(t, tc.want, tp.render("orders", "k1", h), tc.tmpl)
+		require.Equal(t, tc.want, tp.Render("orders", "k1", h), tc.tmpl)
 	}
 }
 

@@ -213,17 +213,11 @@ func (s *Sink) Healthy(ctx context.Context) error {
 // kafka-go has no idempotent producer; consumers deduplicate on
 // HeaderMessageID.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: kafka: send: %w", err)
-	}
+	return s.inflight.Guard(ctx, msgs, "outbox: kafka: send", s.send)
+}
 
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	gate := keyGate{}
 	waves, err := s.plan(ctx, msgs, be, gate)

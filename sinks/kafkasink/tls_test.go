@@ -54,6 +54,10 @@ func TestTLS(t *testing.T) {
 	require.NoError(t, s.Healthy(context.Background()))
 	require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "over tls")}))
 
+	// Any TLS option turns TLS on, as in every sink: no tls=true needed.
+	implied := newSink(t, c, func(cfg *Config) { cfg.TLS = TLSConfig{CAFile: caFile} })
+	require.NoError(t, implied.Send(context.Background(), []sinks.Message{msg("t", "k", 2, "over tls, implied")}))
+
 	// Without the CA the broker's certificate is not trusted.
 	untrusted := newSink(t, c, func(cfg *Config) { cfg.TLS = TLSConfig{Enable: true}; cfg.DialTimeout = 2 * time.Second })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -156,18 +156,11 @@ func (s *Sink) Close(ctx context.Context) error {
 // message left, grouped by queue into SendMessageBatch requests sent
 // concurrently. See sinks.Sink for the contract.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: sqs: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: sqs", s.cfg.PublishTimeout, s.send)
+}
+
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	return awsbatch.Plan{
 		Build:       s.entry,
 		Send:        s.sendBatch,
