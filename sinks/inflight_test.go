@@ -119,3 +119,25 @@ func TestSendContext(t *testing.T) {
 	got, _ := ctx.Deadline()
 	require.Equal(t, far, got, "the caller's earlier deadline wins")
 }
+
+// TestGuardTimed checks the publish-timeout story every sink with a
+// publish_timeout shares: the sink's own timeout, when set, bounds the
+// Send inside the caller's deadline; unset, the caller's deadline alone.
+func TestGuardTimed(t *testing.T) {
+	t.Parallel()
+	relay := time.Now().Add(time.Hour) // the relay's --publish-timeout
+	ctx, cancel := context.WithDeadline(context.Background(), relay)
+	defer cancel()
+	deadline := func(timeout time.Duration) time.Time {
+		var got time.Time
+		var f sinks.Inflight
+		require.NoError(t, f.GuardTimed(ctx, []sinks.Message{{}}, "outbox: test", timeout, func(ctx context.Context, _ []sinks.Message) error {
+			got, _ = ctx.Deadline()
+			return nil
+		}))
+		return got
+	}
+	require.Equal(t, relay, deadline(0), "unset: the relay's deadline alone")
+	require.True(t, deadline(time.Minute).Before(relay), "set and shorter: the sink's own")
+	require.Equal(t, relay, deadline(2*time.Hour), "set and longer: the relay's deadline still ends the Send")
+}

@@ -12,16 +12,19 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultRoutingKey       = "{topic}"
-	DefaultUnroutable       = UnroutablePermanent
-	DefaultContentType      = "application/octet-stream"
-	DefaultConnectionName   = "outbox-relay"
-	DefaultPublishTimeout   = 30 * time.Second
+	DefaultRoutingKey     = "{topic}"
+	DefaultUnroutable     = UnroutablePermanent
+	DefaultContentType    = "application/octet-stream"
+	DefaultConnectionName = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout   = sinks.DefaultSendTimeout
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultHeartbeat        = 10 * time.Second
 	DefaultReconnectInitial = 500 * time.Millisecond
@@ -99,7 +102,11 @@ type Config struct {
 	// "outbox-relay".
 	ConnectionName string `yaml:"connection_name"`
 	// PublishTimeout bounds one Send: waiting for a connection and a
-	// channel, publishing and waiting for every confirm. Default: 30s.
+	// channel, publishing and waiting for every confirm. When 0 (unset), a
+	// Send is bounded by the caller's deadline alone (the relay's
+	// --publish-timeout), or by DefaultPublishTimeout when the caller set
+	// none; when set, it bounds each Send inside the caller's deadline,
+	// whichever ends first (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds TCP connect, TLS and AMQP handshakes. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -146,9 +153,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectionName == "" {
 		c.ConnectionName = DefaultConnectionName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout

@@ -90,7 +90,7 @@ func TestValidateConfig(t *testing.T) {
 	c := Config{URL: "amqp://h/", Exchange: "x"}.withDefaults()
 	require.Equal(t, DefaultRoutingKey, c.RoutingKey)
 	require.Equal(t, UnroutablePermanent, c.Unroutable)
-	require.Equal(t, DefaultPublishTimeout, c.PublishTimeout)
+	require.Zero(t, c.PublishTimeout, "unset: the caller's deadline bounds a Send (sinks.SendContext)")
 	require.Equal(t, DefaultReconnectMax, c.ReconnectMax)
 	require.NoError(t, c.Validate())
 }

@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultSubject          = "{topic}"
-	DefaultName             = "outbox-relay"
-	DefaultPublishTimeout   = 30 * time.Second
+	DefaultSubject = "{topic}"
+	DefaultName    = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout   = sinks.DefaultSendTimeout
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultReconnectInitial = 100 * time.Millisecond
 	DefaultReconnectMax     = 10 * time.Second
@@ -89,8 +92,12 @@ type Config struct {
 	// Name is the client name the server shows (connz). Default:
 	// "outbox-relay".
 	Name string `yaml:"name"`
-	// PublishTimeout bounds one Send: waiting for the connection,
-	// publishing and waiting for every ack. Default: 30s.
+	// PublishTimeout bounds one Send: waiting for the connection, publishing
+	// and waiting for every ack. When 0 (unset), a Send is bounded by the
+	// caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -131,9 +138,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Name == "" {
 		c.Name = DefaultName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout

@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultStream         = "{topic}"
-	DefaultClientName     = "outbox-relay"
-	DefaultPublishTimeout = 30 * time.Second
+	DefaultStream     = "{topic}"
+	DefaultClientName = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout = sinks.DefaultSendTimeout
 	DefaultDialTimeout    = 5 * time.Second
 )
 
@@ -64,7 +67,11 @@ type Config struct {
 	// ClientName is the name the server shows (CLIENT LIST). Default:
 	// "outbox-relay".
 	ClientName string `yaml:"client_name"`
-	// PublishTimeout bounds one Send. Default: 30s.
+	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
+	// the caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -84,9 +91,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ClientName == "" {
 		c.ClientName = DefaultClientName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
@@ -17,7 +18,9 @@ const (
 	DefaultBodyEncoding    = "text"
 	DefaultMaxMessageBytes = 256 << 10
 	DefaultConcurrency     = 8
-	DefaultPublishTimeout  = 30 * time.Second
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout = sinks.DefaultSendTimeout
 )
 
 // LargestMessageBytes is the largest max_message_bytes: SNS's own ceiling
@@ -68,7 +71,11 @@ type Config struct {
 	// Concurrency is the number of PublishBatch requests one Send has in
 	// flight. Default: 8.
 	Concurrency int `yaml:"concurrency"`
-	// PublishTimeout bounds one Send. Default: 30s.
+	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
+	// the caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 }
 
@@ -81,9 +88,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	return c
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
@@ -18,7 +19,9 @@ const (
 	DefaultBodyEncoding    = "text"
 	DefaultMaxMessageBytes = 256 << 10
 	DefaultConcurrency     = 8
-	DefaultPublishTimeout  = 30 * time.Second
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout = sinks.DefaultSendTimeout
 )
 
 // LargestMessageBytes is the largest max_message_bytes: the service's own
@@ -76,7 +79,11 @@ type Config struct {
 	// Concurrency is the number of SendMessageBatch requests one Send has
 	// in flight. Default: 8.
 	Concurrency int `yaml:"concurrency"`
-	// PublishTimeout bounds one Send. Default: 30s.
+	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
+	// the caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 }
 
@@ -92,9 +99,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	return c
 }
