@@ -176,44 +176,25 @@ func (s *Sink) entry(i int, m sinks.Message) (*awsbatch.Entry, error) {
 
 // sendBatch sends one SendMessageBatch and returns its entries' outcomes.
 func (s *Sink) sendBatch(ctx context.Context, req []*awsbatch.Entry) []error {
-	errs := make([]error, len(req))
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(req[0].Dest), Entries: make([]types.SendMessageBatchRequestEntry, len(req))}
 	for j, e := range req {
 		in.Entries[j] = toEntry(e)
 	}
 	out, err := s.client.SendMessageBatch(ctx, in)
 	if err != nil {
-		err = requestErr(req[0].Dest, err)
-		for j := range errs {
-			errs[j] = err
-		}
-		return errs
+		return service.Outcomes(req, err, nil, nil)
 	}
-	done := make(map[string]bool, len(req))
-	for _, ok := range out.Successful {
-		done[aws.ToString(ok.Id)] = true
-	}
-	failed := make(map[string]types.BatchResultErrorEntry, len(out.Failed))
-	for _, f := range out.Failed {
-		failed[aws.ToString(f.Id)] = f
-	}
-	for j, e := range req {
-		if f, ok := failed[e.ID()]; ok {
-			errs[j] = entryErr(e.Dest, f)
-		} else if !done[e.ID()] {
-			errs[j] = fmt.Errorf("%w: SendMessageBatch to %s answered nothing for entry %s", ErrRefused, e.Dest, e.ID())
-		}
-	}
-	return errs
+	return awsbatch.Answer(service, req, out.Successful, func(e types.SendMessageBatchResultEntry) *string { return e.Id }, out.Failed, failure)
+}
+
+// attr is one message attribute.
+func attr(typ, v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String(typ), StringValue: aws.String(v)}
 }
 
 // toEntry is e as an SQS batch entry.
 func toEntry(e *awsbatch.Entry) types.SendMessageBatchRequestEntry {
-	attrs := make(map[string]types.MessageAttributeValue, len(e.Attrs))
-	for _, a := range e.Attrs {
-		attrs[a.Name] = types.MessageAttributeValue{DataType: aws.String(a.Type), StringValue: aws.String(a.Value)}
-	}
-	in := types.SendMessageBatchRequestEntry{Id: aws.String(e.ID()), MessageBody: aws.String(e.Body), MessageAttributes: attrs}
+	in := types.SendMessageBatchRequestEntry{Id: aws.String(e.ID()), MessageBody: aws.String(e.Body), MessageAttributes: awsbatch.Attrs(e, attr)}
 	if e.Group != "" {
 		in.MessageGroupId, in.MessageDeduplicationId = aws.String(e.Group), aws.String(e.Dedup)
 	}
