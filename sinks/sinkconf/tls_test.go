@@ -1,22 +1,15 @@
 package sinkconf_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/sinks/internal/testcert"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
@@ -24,20 +17,10 @@ import (
 // paths of both and of a file that holds no certificate.
 func pemFiles(t *testing.T) (cert, key, junk string) {
 	t.Helper()
-	dir := t.TempDir()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(k)
-	require.NoError(t, err)
-	cert, key, junk = filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "junk.pem")
-	require.NoError(t, os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+	p := testcert.New(t)
+	junk = filepath.Join(t.TempDir(), "junk.pem")
 	require.NoError(t, os.WriteFile(junk, []byte("not a certificate\n"), 0o600))
-	return cert, key, junk
+	return p.CertFile, p.KeyFile, junk
 }
 
 func TestTLSClient(t *testing.T) {
