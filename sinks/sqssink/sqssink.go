@@ -39,8 +39,6 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/schemas"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -98,21 +96,9 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 // and credentials unless the config sets them, no SDK retries (the relay
 // retries, with backoff kept in the row).
 func newClient(ctx context.Context, cfg Config) (*sqs.Client, error) {
-	var opts []func(*awsconfig.LoadOptions) error
-	if cfg.Region != "" {
-		opts = append(opts, awsconfig.WithRegion(cfg.Region))
-	}
-	if cfg.AccessKeyID != "" {
-		opts = append(opts, awsconfig.WithCredentialsProvider(
-			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, string(cfg.SecretAccessKey), "")))
-	}
-	opts = append(opts, awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }))
-	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	ac, err := cfg.fields().Options().AWSConfig(ctx, "sqs")
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sqs: loading the AWS SDK configuration: %w", err)
-	}
-	if ac.Region == "" {
-		return nil, errors.New("outbox: sqs: region: not set, and none in the SDK's chain (AWS_REGION, the shared config file)")
+		return nil, err
 	}
 	return sqs.NewFromConfig(ac, func(o *sqs.Options) {
 		if cfg.Endpoint != "" {
