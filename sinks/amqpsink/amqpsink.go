@@ -25,6 +25,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // returnBuffer is the capacity of each channel's basic.return queue and so
@@ -78,7 +79,7 @@ const stuckGrace = 500 * time.Millisecond
 type Sink struct {
 	cfg      Config
 	exchange string // "" for the default exchange
-	route    template
+	route    sinkconf.Template
 	url      string
 	addr     string // url without the password, for logs and errors
 	dialCfg  amqp.Config
@@ -91,6 +92,7 @@ type Sink struct {
 	stopOnce sync.Once
 	killOnce sync.Once
 	bg       sync.WaitGroup // background channel closes
+	inflight sinks.Inflight // the Sends in progress
 
 	// exchangeErr is the verdict of the last check of the exchange on the
 	// current connection (nil: it exists or is not checked), at
@@ -100,7 +102,6 @@ type Sink struct {
 
 	mu      sync.Mutex
 	closed  bool
-	sends   sync.WaitGroup
 	conn    *connState    // nil while disconnected
 	ready   chan struct{} // closed when conn becomes non-nil
 	lastErr error         // why the sink is disconnected
@@ -169,7 +170,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	route, err := parseTemplate(cfg.RoutingKey)
+	route, err := sinkconf.ParseTemplate(cfg.RoutingKey)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: amqp: routing_key: %w", err)
 	}
@@ -237,20 +238,7 @@ func (s *Sink) run() {
 		}
 		c, err := s.dial()
 		if err != nil {
-			s.mu.Lock()
-			s.lastErr = err
-			s.dials++
-			s.mu.Unlock()
-			// Each failure is logged when it differs from the one before:
-			// refused credentials are said once, not at every redial.
-			switch {
-			case err.Error() == lastLogged:
-				s.log.Debug("amqp connect failed again", "err", err)
-			case errors.Is(err, ErrAccessRefused):
-				s.log.Error("amqp: the broker refuses the credentials or the virtual host; retrying quietly (fix the sink URL's user, password or vhost)", "err", err)
-			default:
-				s.log.Warn("amqp connect failed", "err", err)
-			}
+			s.dialFailed(err, lastLogged)
 			lastLogged = err.Error()
 			if !wait() {
 				return
@@ -259,57 +247,79 @@ func (s *Sink) run() {
 		}
 		lastLogged = ""
 		b.Reset()
-		cs := &connState{c: c, done: make(chan struct{})}
-		closes := c.NotifyClose(make(chan *amqp.Error, 1))
-		blocks := c.NotifyBlocked(make(chan amqp.Blocking, 4))
-		s.mu.Lock()
-		s.conn, s.lastErr, s.blocked = cs, nil, ""
-		close(s.ready)
-		s.mu.Unlock()
-		s.log.Info("amqp connected", "url", s.addr)
-		s.checkExchange(c)
-
-		var reason error
-	connected:
-		for {
-			select {
-			case e, ok := <-closes:
-				if ok && e != nil {
-					reason = e
-				} else {
-					reason = errors.New("connection closed")
-				}
-				break connected
-			case bl := <-blocks:
-				s.mu.Lock()
-				s.blocked = ""
-				if bl.Active {
-					s.blocked = bl.Reason
-				}
-				s.mu.Unlock()
-				s.log.Warn("amqp connection flow control", "blocked", bl.Active, "reason", bl.Reason)
-			case <-s.kill:
-				s.mu.Lock()
-				s.conn, s.idle, s.lastErr = nil, nil, sinks.ErrClosed
-				s.mu.Unlock()
-				// Also ends every channel still open. The deadline bounds the
-				// close handshake when the broker stopped reading.
-				_ = c.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
-				close(cs.done)
-				return
-			}
-		}
-		s.mu.Lock()
-		s.conn, s.idle, s.blocked = nil, nil, ""
-		s.lastErr = fmt.Errorf("connection lost: %w", reason)
-		s.ready = make(chan struct{})
-		s.mu.Unlock()
-		close(cs.done)
-		s.log.Warn("amqp connection lost; reconnecting", "err", reason)
-		if !wait() {
+		if !s.serve(c) || !wait() {
 			return
 		}
 	}
+}
+
+// dialFailed records a failed dial and logs it; lastLogged is the failure
+// logged before, if any: refused credentials are said once, not at every
+// redial.
+func (s *Sink) dialFailed(err error, lastLogged string) {
+	s.mu.Lock()
+	s.lastErr = err
+	s.dials++
+	s.mu.Unlock()
+	switch {
+	case err.Error() == lastLogged:
+		s.log.Debug("amqp connect failed again", "err", err)
+	case errors.Is(err, ErrAccessRefused):
+		s.log.Error("amqp: the broker refuses the credentials or the virtual host; retrying quietly (fix the sink URL's user, password or vhost)", "err", err)
+	default:
+		s.log.Warn("amqp connect failed", "err", err)
+	}
+}
+
+// serve makes c the sink's connection and watches it: it returns true when
+// the connection was lost (run redials), false when Close ended it.
+func (s *Sink) serve(c *amqp.Connection) bool {
+	cs := &connState{c: c, done: make(chan struct{})}
+	closes := c.NotifyClose(make(chan *amqp.Error, 1))
+	blocks := c.NotifyBlocked(make(chan amqp.Blocking, 4))
+	s.mu.Lock()
+	s.conn, s.lastErr, s.blocked = cs, nil, ""
+	close(s.ready)
+	s.mu.Unlock()
+	s.log.Info("amqp connected", "url", s.addr)
+	s.checkExchange(c)
+
+	var reason error
+	for reason == nil {
+		select {
+		case e, ok := <-closes:
+			if ok && e != nil {
+				reason = e
+			} else {
+				reason = errors.New("connection closed")
+			}
+		case bl := <-blocks:
+			s.mu.Lock()
+			s.blocked = ""
+			if bl.Active {
+				s.blocked = bl.Reason
+			}
+			s.mu.Unlock()
+			s.log.Warn("amqp connection flow control", "blocked", bl.Active, "reason", bl.Reason)
+		case <-s.kill:
+			s.mu.Lock()
+			s.conn, s.idle, s.lastErr = nil, nil, sinks.ErrClosed
+			s.mu.Unlock()
+			// Also ends every channel still open. The deadline bounds the
+			// close handshake when the broker stopped reading.
+			_ = c.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
+			close(cs.done)
+			return false
+		}
+	}
+	s.mu.Lock()
+	s.conn, s.idle, s.blocked = nil, nil, ""
+	s.lastErr = fmt.Errorf("connection lost: %w", reason)
+	s.ready = make(chan struct{})
+	s.mu.Unlock()
+	close(cs.done)
+	s.log.Warn("amqp connection lost; reconnecting", "err", reason)
+	return true
 }
 
 // dial opens a connection and, with declare_exchange=passive, checks the
@@ -469,7 +479,7 @@ func (s *Sink) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.stopOnce.Do(func() { close(s.stopping) })
 
-	err := sinks.Wait(ctx, &s.sends)
+	err := s.inflight.Close(ctx)
 	if err != nil {
 		// Closing the connection below ends the stragglers: their
 		// unconfirmed messages fail as retriable.
@@ -609,24 +619,11 @@ func (s *Sink) discard(pc *pubChannel) {
 // key plus, in round 0, every message without a key; each round is
 // published in full on the channel and then its confirms are collected.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return sinks.ErrClosed
-	}
-	s.sends.Add(1)
-	s.mu.Unlock()
-	defer s.sends.Done()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: amqp", s.cfg.PublishTimeout, s.send)
+}
 
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: amqp: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
-
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	b := &batch{
 		s:    s,
@@ -727,7 +724,7 @@ func (b *batch) prepare(i int) error {
 	if len(m.Payload) > s.cfg.MaxMessageSize {
 		return fmt.Errorf("outbox: amqp: message of %d bytes exceeds max_message_size %d", len(m.Payload), s.cfg.MaxMessageSize)
 	}
-	rk := s.route.render(m.Topic, m.Key, m.Headers)
+	rk := s.route.Render(m.Topic, m.Key, m.Headers)
 	if len(rk) > 255 {
 		return fmt.Errorf("outbox: amqp: routing key of %d bytes exceeds the AMQP limit of 255", len(rk))
 	}
@@ -776,8 +773,24 @@ type inflight struct {
 // publish sends the messages at idx (at most returnBuffer, no two with the
 // same key) and collects their confirms and returns.
 func (b *batch) publish(ctx context.Context, idx []int) {
-	fl := make([]inflight, 0, len(idx))
-	byID := make(map[string][]int, len(idx)) // message id -> positions in fl, in publish order
+	fl, byID := b.send(ctx, idx)
+	if len(fl) == 0 {
+		return
+	}
+	returned, timeout := b.collect(ctx, fl, byID)
+	b.settle(fl, returned, timeout)
+	if timeout != nil && b.broken == nil {
+		// Late confirms and returns would land in the next Send's round.
+		b.broken = timeout
+	}
+}
+
+// send publishes the messages at idx that may go, failing the others, and
+// returns those in flight with, by message id, their positions in fl in
+// publish order.
+func (b *batch) send(ctx context.Context, idx []int) (fl []inflight, byID map[string][]int) {
+	fl = make([]inflight, 0, len(idx))
+	byID = make(map[string][]int, len(idx))
 	for _, i := range idx {
 		m := b.msgs[i]
 		if b.gate.Blocked(m) || b.be.Errs[i] != nil {
@@ -799,11 +812,13 @@ func (b *batch) publish(ctx context.Context, idx []int) {
 		byID[m.ID] = append(byID[m.ID], len(fl))
 		fl = append(fl, inflight{i: i, dc: dc})
 	}
-	if len(fl) == 0 {
-		return
-	}
+	return fl, byID
+}
 
-	returned := make(map[int]amqp.Return)
+// collect waits for every confirm of fl, or for ctx (then it returns ctx's
+// error), and gathers the broker's returns: by position in fl.
+func (b *batch) collect(ctx context.Context, fl []inflight, byID map[string][]int) (returned map[int]amqp.Return, timeout error) {
+	returned = make(map[int]amqp.Return)
 	record := func(r amqp.Return, ok bool) {
 		if !ok {
 			b.pc.returns = nil // closed with the channel
@@ -819,7 +834,6 @@ func (b *batch) publish(ctx context.Context, idx []int) {
 		returned[q[0]] = r
 		byID[r.MessageId] = q[1:]
 	}
-	var timeout error
 wait:
 	for k := range fl {
 		for {
@@ -845,7 +859,13 @@ wait:
 			drained = true
 		}
 	}
+	return returned, timeout
+}
 
+// settle records the outcome of each message of fl: returned
+// (unroutable), acked, nacked, lost with the channel, or unconfirmed when
+// timeout ended the wait.
+func (b *batch) settle(fl []inflight, returned map[int]amqp.Return, timeout error) {
 	for k, f := range fl {
 		i, m := f.i, b.msgs[f.i]
 		if r, ok := returned[k]; ok {
@@ -874,10 +894,6 @@ wait:
 			b.be.Errs[i] = fmt.Errorf("%w: no confirm within the publish timeout or ctx: %w", ErrNotConfirmed, timeout)
 		}
 		b.gate.Fail(m)
-	}
-	if timeout != nil && b.broken == nil {
-		// Late confirms and returns would land in the next Send's round.
-		b.broken = timeout
 	}
 }
 

@@ -12,16 +12,19 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultRoutingKey       = "{topic}"
-	DefaultUnroutable       = UnroutablePermanent
-	DefaultContentType      = "application/octet-stream"
-	DefaultConnectionName   = "outbox-relay"
-	DefaultPublishTimeout   = 30 * time.Second
+	DefaultRoutingKey     = "{topic}"
+	DefaultUnroutable     = UnroutablePermanent
+	DefaultContentType    = "application/octet-stream"
+	DefaultConnectionName = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout   = sinks.DefaultSendTimeout
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultHeartbeat        = 10 * time.Second
 	DefaultReconnectInitial = 500 * time.Millisecond
@@ -99,7 +102,11 @@ type Config struct {
 	// "outbox-relay".
 	ConnectionName string `yaml:"connection_name"`
 	// PublishTimeout bounds one Send: waiting for a connection and a
-	// channel, publishing and waiting for every confirm. Default: 30s.
+	// channel, publishing and waiting for every confirm. When 0 (unset), a
+	// Send is bounded by the caller's deadline alone (the relay's
+	// --publish-timeout), or by DefaultPublishTimeout when the caller set
+	// none; when set, it bounds each Send inside the caller's deadline,
+	// whichever ends first (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds TCP connect, TLS and AMQP handshakes. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -120,30 +127,15 @@ type Config struct {
 	// message fails permanently without being sent. Set it to the broker's
 	// max_message_size. Default: 134217728 (128 MiB, RabbitMQ's default).
 	MaxMessageSize int `yaml:"max_message_size"`
-	// TLS configures amqps:// connections. Default: system roots, no
-	// client certificate, server name from the URL.
-	TLS TLSConfig `yaml:"tls"`
+	// TLS configures amqps:// connections (see sinkconf.TLS): setting it
+	// with an amqp:// URL is an error. Default: system roots, no client
+	// certificate, server name from the URL.
+	TLS sinkconf.TLS `yaml:"tls"`
 }
 
-// TLSConfig holds the TLS settings of an amqps:// connection.
-type TLSConfig struct {
-	// CAFile is a PEM bundle of CAs trusted for the broker's certificate.
-	// Default: the system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile is the PEM client certificate (for EXTERNAL or mutual TLS).
-	// Requires KeyFile. Default: none.
-	CertFile string `yaml:"cert_file"`
-	// KeyFile is the PEM private key of CertFile. Default: none.
-	KeyFile string `yaml:"key_file"`
-	// ServerName overrides the name verified in the broker's certificate.
-	// Default: the URL's host.
-	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify disables certificate verification. For tests
-	// only. Default: false.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
-
-func (t TLSConfig) isZero() bool { return t == TLSConfig{} }
+// TLSConfig is the TLS section, the one every sink that dials a broker
+// shares (see sinkconf.TLS).
+type TLSConfig = sinkconf.TLS
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
@@ -161,9 +153,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectionName == "" {
 		c.ConnectionName = DefaultConnectionName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -204,7 +193,7 @@ func (c Config) Validate() error {
 		return errors.New("outbox: amqp: exchange: longer than 255 bytes")
 	}
 	if c.RoutingKey != "" {
-		if _, err := parseTemplate(c.RoutingKey); err != nil {
+		if _, err := sinkconf.ParseTemplate(c.RoutingKey); err != nil {
 			return fmt.Errorf("outbox: amqp: routing_key: %w", err)
 		}
 	}
@@ -244,13 +233,11 @@ func (c Config) Validate() error {
 	if c.MaxMessageSize < 0 {
 		return fmt.Errorf("outbox: amqp: max_message_size: must not be negative, got %d", c.MaxMessageSize)
 	}
-	if !c.TLS.isZero() && u.Scheme != "amqps" {
-		return errors.New("outbox: amqp: tls: set, but the url scheme is amqp; use amqps://")
+	plain := ""
+	if u.Scheme == "amqp" {
+		plain = u.Scheme
 	}
-	if err := sinkconf.TLS(c.TLS).CheckPair("amqp"); err != nil {
-		return err
-	}
-	return nil
+	return c.TLS.Validate("amqp", plain)
 }
 
 // checkURL validates the broker address. Its errors never repeat the URL,
@@ -286,9 +273,8 @@ func checkURL(raw string) (*url.URL, error) {
 // ParseURL parses a --sink URL such as
 // amqp://guest:guest@127.0.0.1:5672/?exchange=events&routing_key=orders.{topic}
 // into a Config. Every Config field is accepted as a query parameter under
-// its yaml name (TLS fields as tls_ca_file, tls_cert_file, tls_key_file,
-// tls_server_name, tls_insecure_skip_verify); any other parameter is an
-// error naming it. The result is validated.
+// its yaml name (TLS fields as sinkconf.TLSParams names them: tls,
+// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
 func ParseURL(raw string) (Config, error) {
 	c, base, err := params.ParseURL(raw)
 	if err != nil {
@@ -317,12 +303,7 @@ var params = sinkconf.NewParams("amqp", "",
 	sinkconf.Duration("reconnect_max", func(c *Config) *time.Duration { return &c.ReconnectMax }),
 	sinkconf.Int("channels", func(c *Config) *int { return &c.Channels }),
 	sinkconf.Int("max_message_size", func(c *Config) *int { return &c.MaxMessageSize }),
-	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
-	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
-	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
-	sinkconf.String("tls_server_name", func(c *Config) *string { return &c.TLS.ServerName }),
-	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
-)
+).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
 
 // Redacted returns the configuration as a --sink URL with the password
 // (and anything else redact.URL takes for a credential) replaced by
@@ -339,86 +320,10 @@ func (c Config) Redacted() string {
 // tlsConfig builds the client TLS configuration, or nil for amqp://.
 func (c Config) tlsConfig() (*tls.Config, error) {
 	u, err := url.Parse(c.URL)
-	if err != nil || u.Scheme != "amqps" {
+	if err != nil {
 		return nil, nil
 	}
-	t := sinkconf.TLS(c.TLS)
-	if t.ServerName == "" {
-		t.ServerName = u.Hostname()
-	}
-	return t.Config("amqp")
+	return c.TLS.Client("amqp", u.Scheme == "amqps", u.Hostname())
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
-
-// template is a parsed routing-key template: literal parts and
-// placeholders, in order.
-type template []tmplPart
-
-type tmplPart struct {
-	kind   int // partLiteral, partTopic, partKey, partHeader
-	text   string
-	header string
-}
-
-const (
-	partLiteral = iota
-	partTopic
-	partKey
-	partHeader
-)
-
-func parseTemplate(s string) (template, error) {
-	var t template
-	for s != "" {
-		open := strings.IndexByte(s, '{')
-		closeIdx := strings.IndexByte(s, '}')
-		if closeIdx >= 0 && (open < 0 || closeIdx < open) {
-			return nil, errors.New(`unmatched "}"`)
-		}
-		if open < 0 {
-			t = append(t, tmplPart{kind: partLiteral, text: s})
-			break
-		}
-		if open > 0 {
-			t = append(t, tmplPart{kind: partLiteral, text: s[:open]})
-		}
-		end := strings.IndexByte(s[open:], '}')
-		if end < 0 {
-			return nil, errors.New(`unmatched "{"`)
-		}
-		name := s[open+1 : open+end]
-		switch {
-		case name == "topic":
-			t = append(t, tmplPart{kind: partTopic})
-		case name == "key":
-			t = append(t, tmplPart{kind: partKey})
-		case strings.HasPrefix(name, "header:") && len(name) > len("header:") && !strings.ContainsAny(name, "{"):
-			t = append(t, tmplPart{kind: partHeader, header: name[len("header:"):]})
-		default:
-			return nil, fmt.Errorf("unknown placeholder {%s} (use {topic}, {key} or {header:NAME})", name)
-		}
-		s = s[open+end+1:]
-	}
-	return t, nil
-}
-
-func (t template) render(topic, key string, headers map[string]string) string {
-	if len(t) == 1 && t[0].kind == partTopic {
-		return topic
-	}
-	var b strings.Builder
-	for _, p := range t {
-		switch p.kind {
-		case partLiteral:
-			b.WriteString(p.text)
-		case partTopic:
-			b.WriteString(topic)
-		case partKey:
-			b.WriteString(key)
-		case partHeader:
-			b.WriteString(headers[p.header])
-		}
-	}
-	return b.String()
-}

@@ -1,21 +1,15 @@
 package amqpsink
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/sinks/internal/testcert"
+	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 func TestParseURL(t *testing.T) {
@@ -88,7 +82,7 @@ func TestValidateConfig(t *testing.T) {
 	c := Config{URL: "amqp://h/", Exchange: "x"}.withDefaults()
 	require.Equal(t, DefaultRoutingKey, c.RoutingKey)
 	require.Equal(t, UnroutablePermanent, c.Unroutable)
-	require.Equal(t, DefaultPublishTimeout, c.PublishTimeout)
+	require.Zero(t, c.PublishTimeout, "unset: the caller's deadline bounds a Send (sinks.SendContext)")
 	require.Equal(t, DefaultReconnectMax, c.ReconnectMax)
 	require.NoError(t, c.Validate())
 }
@@ -130,9 +124,9 @@ func TestTemplate(t *testing.T) {
 		{"{header:missing}{topic}", "orders"},
 		{"static", "static"},
 	} {
-		tp, err := parseTemplate(tc.tmpl)
+		tp, err := sinkconf.ParseTemplate(tc.tmpl)
 		require.NoError(t, err, tc.tmpl)
-		require.Equal(t, tc.want, tp.render("orders", "k1", h), tc.tmpl)
+		require.Equal(t, tc.want, tp.Render("orders", "k1", h), tc.tmpl)
 	}
 }
 
@@ -153,18 +147,8 @@ func FuzzParseURL(f *testing.F) {
 
 func TestTLSConfigFiles(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	certFile, keyFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600))
+	pair := testcert.New(t)
+	certFile, keyFile := pair.CertFile, pair.KeyFile
 
 	c := Config{URL: "amqps://h:5671/", Exchange: "x", TLS: TLSConfig{CAFile: certFile, CertFile: certFile, KeyFile: keyFile}}
 	tc, err := c.tlsConfig()

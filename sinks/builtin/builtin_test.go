@@ -21,14 +21,14 @@ var fullURLs = map[string]string{
 	"discard": "discard://",
 	"kafka": "kafka://relay:" + secret + "@h1:9092,h2:9093?client_id=me&topic_prefix=prod.&topic_map=orders:o.v1&balancer=crc32" +
 		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true" +
-		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_insecure_skip_verify=true&sasl_mechanism=scram-sha-256",
+		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=k&tls_insecure_skip_verify=true&sasl_mechanism=scram-sha-256",
 	"amqp": "amqp://relay:" + secret + "@rabbit:5672/vh?exchange=events&routing_key={topic}&unroutable=retry&content_type=text/plain" +
 		"&declare_exchange=passive&connection_name=r1&publish_timeout=5s&dial_timeout=2s&heartbeat=3s&reconnect_initial=1s" +
 		"&reconnect_max=10s&channels=4&max_message_size=1024",
 	"amqps": "amqps://relay:" + secret + "@rabbit:5671/vh?exchange=events&routing_key={topic}&unroutable=retry&content_type=text/plain" +
 		"&declare_exchange=passive&connection_name=r1&publish_timeout=5s&dial_timeout=2s&heartbeat=3s&reconnect_initial=1s" +
 		"&reconnect_max=10s&channels=4&max_message_size=1024" +
-		"&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=rabbit&tls_insecure_skip_verify=true",
+		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=rabbit&tls_insecure_skip_verify=true",
 	"http": "http://user:" + secret + "@127.0.0.1:9000/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=false",
@@ -42,7 +42,7 @@ var fullURLs = map[string]string{
 	"redis": "redis://relay:" + secret + "@r:6379/1?stream=ev:{topic}&maxlen=1000&header_prefix=h-&client_name=r1" +
 		"&publish_timeout=5s&dial_timeout=1s",
 	"redis+cluster": "redis://relay:" + secret + "@r1:7000,r2:7001?cluster=true&max_age=24h",
-	"rediss": "rediss://relay:" + secret + "@r:6380/0?tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
+	"rediss": "rediss://relay:" + secret + "@r:6380/0?tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
 		"&tls_server_name=r&tls_insecure_skip_verify=true",
 	"sqs": "sqs://?queue_url=https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}&region=eu-west-1" +
 		"&endpoint=http://127.0.0.1:4100&protocol=query&access_key_id=AKIA&secret_access_key=" + secret +

@@ -213,17 +213,11 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 // slice order, and after one fails the later ones are reported with
 // sinks.ErrNotAttempted.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
+	return s.inflight.Guard(ctx, msgs, "outbox: http", s.send)
+}
 
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: http: %w", err)
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(s.abort, cancel)

@@ -97,28 +97,16 @@ type Config struct {
 	// message for a topic that does not exist fails as permanent.
 	// Default false.
 	AllowAutoTopicCreation bool `yaml:"allow_auto_topic_creation"`
-	// TLS configures encrypted connections. Default: plaintext.
-	TLS TLSConfig `yaml:"tls"`
+	// TLS configures encrypted connections (see sinkconf.TLS): on when
+	// tls.enable or any other TLS field is set. Default: plaintext.
+	TLS sinkconf.TLS `yaml:"tls"`
 	// SASL configures authentication. Default: none.
 	SASL SASLConfig `yaml:"sasl"`
 }
 
-// TLSConfig configures TLS to the brokers.
-type TLSConfig struct {
-	// Enable turns TLS on. Default false. Setting any file below without
-	// Enable is an error (it would silently be ignored otherwise).
-	Enable bool `yaml:"enable"`
-	// CAFile is a PEM bundle of CAs that sign the brokers' certificates.
-	// Default: the system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile and KeyFile are the PEM client certificate and key for
-	// mutual TLS; set both or neither. Default: no client certificate.
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	// InsecureSkipVerify disables verification of the brokers'
-	// certificates. For tests only. Default false.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
+// TLSConfig is the TLS section, the one every sink that dials a broker
+// shares (see sinkconf.TLS).
+type TLSConfig = sinkconf.TLS
 
 // SASLConfig configures SASL authentication.
 type SASLConfig struct {
@@ -141,9 +129,10 @@ type SASLConfig struct {
 //
 //	client_id, topic_prefix, topic_map (out1:kafka1,out2:kafka2), balancer,
 //	max_message_bytes, write_timeout, dial_timeout, metadata_ttl (Go
-//	durations), allow_auto_topic_creation (bool), tls (bool), tls_ca_file,
-//	tls_cert_file, tls_key_file, tls_insecure_skip_verify (bool),
-//	sasl_mechanism.
+//	durations), allow_auto_topic_creation (bool), sasl_mechanism, and the
+//	TLS parameters of sinkconf.TLSParams: tls (bool), tls_ca_file,
+//	tls_cert_file, tls_key_file, tls_server_name,
+//	tls_insecure_skip_verify (bool).
 //
 // ParseURL does not apply defaults; New does.
 func ParseURL(raw string) (Config, error) {
@@ -193,13 +182,8 @@ var params = sinkconf.NewParams("kafka", "",
 	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
 	sinkconf.Duration("metadata_ttl", func(c *Config) *time.Duration { return &c.MetadataTTL }),
 	sinkconf.Bool("allow_auto_topic_creation", func(c *Config) *bool { return &c.AllowAutoTopicCreation }),
-	sinkconf.Bool("tls", func(c *Config) *bool { return &c.TLS.Enable }),
-	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
-	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
-	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
-	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
 	sinkconf.String("sasl_mechanism", func(c *Config) *string { return &c.SASL.Mechanism }),
-)
+).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
 
 func setTopicMap(cfg *Config, v string) error {
 	cfg.TopicMap = map[string]string{}
@@ -292,10 +276,7 @@ func (c Config) Validate() error {
 	if c.MetadataTTL < 0 {
 		return fmt.Errorf("outbox: kafka: metadata_ttl: %s is negative", c.MetadataTTL)
 	}
-	if !c.TLS.Enable && (c.TLS.CAFile != "" || c.TLS.CertFile != "" || c.TLS.KeyFile != "" || c.TLS.InsecureSkipVerify) {
-		return errors.New("outbox: kafka: tls.enable: TLS options are set but TLS is not enabled")
-	}
-	if err := (sinkconf.TLS{CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}).CheckPair("kafka"); err != nil {
+	if err := c.TLS.Validate("kafka", ""); err != nil {
 		return err
 	}
 	switch c.SASL.Mechanism {
@@ -357,15 +338,7 @@ func (c Config) balancer() kafka.Balancer {
 }
 
 func (c Config) tlsConfig() (*tls.Config, error) {
-	if !c.TLS.Enable {
-		return nil, nil
-	}
-	return sinkconf.TLS{
-		CAFile:             c.TLS.CAFile,
-		CertFile:           c.TLS.CertFile,
-		KeyFile:            c.TLS.KeyFile,
-		InsecureSkipVerify: c.TLS.InsecureSkipVerify,
-	}.Config("kafka")
+	return c.TLS.Client("kafka", false, "")
 }
 
 func (c Config) saslMechanism() sasl.Mechanism {

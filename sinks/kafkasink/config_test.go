@@ -77,7 +77,6 @@ func TestValidateNamesTheField(t *testing.T) {
 		"write_timeout":         func(c *Config) { c.WriteTimeout = -time.Second },
 		"dial_timeout":          func(c *Config) { c.DialTimeout = -time.Second },
 		"metadata_ttl":          func(c *Config) { c.MetadataTTL = -time.Second },
-		"tls.enable":            func(c *Config) { c.TLS.CAFile = "/ca.pem" },
 		"tls.cert_file":         func(c *Config) { c.TLS = TLSConfig{Enable: true, CertFile: "/c.pem"} },
 		"sasl.mechanism":        func(c *Config) { c.SASL.Mechanism = "gssapi" },
 		"sasl.mechanism: creds": func(c *Config) { c.SASL.Username = "u" },

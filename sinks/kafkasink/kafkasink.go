@@ -213,17 +213,11 @@ func (s *Sink) Healthy(ctx context.Context) error {
 // kafka-go has no idempotent producer; consumers deduplicate on
 // HeaderMessageID.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: kafka: send: %w", err)
-	}
+	return s.inflight.Guard(ctx, msgs, "outbox: kafka: send", s.send)
+}
 
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	gate := keyGate{}
 	waves, err := s.plan(ctx, msgs, be, gate)
@@ -340,111 +334,137 @@ type topicMeta struct {
 // (see Send). Messages that fail here get their error in be, and later
 // messages of their key get ErrNotAttempted.
 func (s *Sink) plan(ctx context.Context, msgs []sinks.Message, be *sinks.BatchError, gate keyGate) ([][]*group, error) {
-	topics := make([]string, len(msgs))
-	sizes := make([]int, len(msgs))
-	local := make([]error, len(msgs))
-	var distinct []string
-	seen := map[string]bool{}
-	for i := range msgs {
-		m := &msgs[i]
-		t := s.cfg.kafkaTopic(m.Topic)
-		topics[i] = t
-		if err := validTopicName(t, false); err != nil {
-			local[i] = sinks.Permanent(fmt.Errorf("outbox: kafka: outbox topic %q: %w: %w", m.Topic, err, kafka.InvalidTopic))
-			continue
-		}
-		sizes[i] = recordSize(m)
-		if n := recordBatchOverhead + sizes[i]; n > s.cfg.MaxMessageBytes {
-			local[i] = sinks.Permanent(fmt.Errorf("outbox: kafka: message is about %d bytes encoded, above max_message_bytes %d: %w", n, s.cfg.MaxMessageBytes, kafka.MessageSizeTooLarge))
-			continue
-		}
-		if !seen[t] {
-			seen[t] = true
-			distinct = append(distinct, t)
-		}
-	}
+	c := s.check(msgs)
 	var metas map[string]*topicMeta
-	if len(distinct) > 0 {
+	if len(c.distinct) > 0 {
 		var err error
-		if metas, err = s.resolveTopics(ctx, distinct); err != nil {
+		if metas, err = s.resolveTopics(ctx, c.distinct); err != nil {
 			return nil, err
 		}
 	}
-
-	type slot struct {
-		tp   topicPartition
-		wave int
-	}
-	type keyPos struct {
-		tp   topicPartition
-		wave int
-	}
-	var waves [][]*group
-	groups := map[slot]*group{}
-	last := map[string]keyPos{}
+	w := waves{maxBytes: s.cfg.MaxMessageBytes, groups: map[slot]*group{}, last: map[string]slot{}}
 	for i := range msgs {
-		m := &msgs[i]
 		if gate.blocked(msgs, i) {
 			be.Errs[i] = sinks.ErrNotAttempted
 			continue
 		}
-		err := local[i]
-		var tm *topicMeta
-		if err == nil {
-			if tm = metas[topics[i]]; tm.err != nil {
-				err = tm.err
-			}
-		}
-		var key []byte
-		if m.Key != "" {
-			key = []byte(m.Key)
-		}
-		var p int32
-		if err == nil {
-			p = int32(s.balancer.Balance(kafka.Message{Key: key}, tm.partitions...))
-			if tm.leaders[p] < 0 {
-				err = fmt.Errorf("outbox: kafka: %s[%d] has no leader: %w", topics[i], p, kafka.LeaderNotAvailable)
-			}
-		}
+		tp, leader, err := s.partition(&msgs[i], c.topics[i], c.local[i], metas)
 		if err != nil {
 			be.Errs[i] = err
 			gate.fail(msgs, i)
 			continue
 		}
-		tp := topicPartition{topics[i], p}
-		w := 0
-		if m.Key != "" {
-			if prev, ok := last[m.Key]; ok {
-				w = prev.wave
-				if prev.tp != tp {
-					// Another partition: never in flight together with the
-					// key's previous message.
-					w++
-				}
-			}
+		w.place(i, msgs[i].Key, tp, leader, c.sizes[i])
+	}
+	return w.waves, nil
+}
+
+// checked is what plan learns of each message before asking the
+// brokers.
+type checked struct {
+	topics   []string // each message's Kafka topic
+	sizes    []int    // each message's estimated encoded size
+	local    []error  // why a message fails without a round trip, or nil
+	distinct []string // the topics to ask about, each once
+}
+
+// check maps each message to its Kafka topic and fails, without a round
+// trip, those with an invalid topic or above max_message_bytes.
+func (s *Sink) check(msgs []sinks.Message) checked {
+	c := checked{topics: make([]string, len(msgs)), sizes: make([]int, len(msgs)), local: make([]error, len(msgs))}
+	seen := map[string]bool{}
+	for i := range msgs {
+		m := &msgs[i]
+		t := s.cfg.kafkaTopic(m.Topic)
+		c.topics[i] = t
+		if err := validTopicName(t, false); err != nil {
+			c.local[i] = sinks.Permanent(fmt.Errorf("outbox: kafka: outbox topic %q: %w: %w", m.Topic, err, kafka.InvalidTopic))
+			continue
 		}
-		for {
-			g := groups[slot{tp, w}]
-			if g == nil {
-				g = &group{tp: tp, leader: tm.leaders[p]}
-				groups[slot{tp, w}] = g
-				for len(waves) <= w {
-					waves = append(waves, nil)
-				}
-				waves[w] = append(waves[w], g)
-			}
-			if len(g.idx) == 0 || recordBatchOverhead+g.bytes+sizes[i] <= s.cfg.MaxMessageBytes {
-				g.idx = append(g.idx, i)
-				g.bytes += sizes[i]
-				break
-			}
-			w++
+		c.sizes[i] = recordSize(m)
+		if n := recordBatchOverhead + c.sizes[i]; n > s.cfg.MaxMessageBytes {
+			c.local[i] = sinks.Permanent(fmt.Errorf("outbox: kafka: message is about %d bytes encoded, above max_message_bytes %d: %w", n, s.cfg.MaxMessageBytes, kafka.MessageSizeTooLarge))
+			continue
 		}
-		if m.Key != "" {
-			last[m.Key] = keyPos{tp, w}
+		if !seen[t] {
+			seen[t] = true
+			c.distinct = append(c.distinct, t)
 		}
 	}
-	return waves, nil
+	return c
+}
+
+// partition returns the partition of m (in topic) and its leader, or the
+// error m fails with: err, the one check found, or its topic's, or a
+// partition without a leader.
+func (s *Sink) partition(m *sinks.Message, topic string, err error, metas map[string]*topicMeta) (topicPartition, int32, error) {
+	if err != nil {
+		return topicPartition{}, 0, err
+	}
+	tm := metas[topic]
+	if tm.err != nil {
+		return topicPartition{}, 0, tm.err
+	}
+	var key []byte
+	if m.Key != "" {
+		key = []byte(m.Key)
+	}
+	p := int32(s.balancer.Balance(kafka.Message{Key: key}, tm.partitions...))
+	if tm.leaders[p] < 0 {
+		return topicPartition{}, 0, fmt.Errorf("outbox: kafka: %s[%d] has no leader: %w", topic, p, kafka.LeaderNotAvailable)
+	}
+	return topicPartition{topic, p}, tm.leaders[p], nil
+}
+
+// slot is a partition in one wave.
+type slot struct {
+	tp   topicPartition
+	wave int
+}
+
+// waves splits a batch into waves of record batches, one group per
+// partition and wave (see Send).
+type waves struct {
+	maxBytes int
+	waves    [][]*group
+	groups   map[slot]*group
+	last     map[string]slot // where each key's latest message went
+}
+
+// place puts message i, of key and size, in the first wave that keeps
+// its key's order and has room in its partition's group: the wave of the
+// key's previous message, the next one when that went to another
+// partition (never in flight together), or later when the group is full.
+func (w *waves) place(i int, key string, tp topicPartition, leader int32, size int) {
+	n := 0
+	if key != "" {
+		if prev, ok := w.last[key]; ok {
+			n = prev.wave
+			if prev.tp != tp {
+				n++
+			}
+		}
+	}
+	for {
+		g := w.groups[slot{tp, n}]
+		if g == nil {
+			g = &group{tp: tp, leader: leader}
+			w.groups[slot{tp, n}] = g
+			for len(w.waves) <= n {
+				w.waves = append(w.waves, nil)
+			}
+			w.waves[n] = append(w.waves[n], g)
+		}
+		if len(g.idx) == 0 || recordBatchOverhead+g.bytes+size <= w.maxBytes {
+			g.idx = append(g.idx, i)
+			g.bytes += size
+			break
+		}
+		n++
+	}
+	if key != "" {
+		w.last[key] = slot{tp, n}
+	}
 }
 
 // resolveTopics returns partition counts and leaders for topics from

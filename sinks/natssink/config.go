@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultSubject          = "{topic}"
-	DefaultName             = "outbox-relay"
-	DefaultPublishTimeout   = 30 * time.Second
+	DefaultSubject = "{topic}"
+	DefaultName    = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout   = sinks.DefaultSendTimeout
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultReconnectInitial = 100 * time.Millisecond
 	DefaultReconnectMax     = 10 * time.Second
@@ -89,8 +92,12 @@ type Config struct {
 	// Name is the client name the server shows (connz). Default:
 	// "outbox-relay".
 	Name string `yaml:"name"`
-	// PublishTimeout bounds one Send: waiting for the connection,
-	// publishing and waiting for every ack. Default: 30s.
+	// PublishTimeout bounds one Send: waiting for the connection, publishing
+	// and waiting for every ack. When 0 (unset), a Send is bounded by the
+	// caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -115,33 +122,15 @@ type Config struct {
 	// MaxPending is the most publishes awaiting their ack, over all Sends.
 	// Default: 4096.
 	MaxPending int `yaml:"max_pending"`
-	// TLS configures TLS (and mTLS with a client certificate). Any TLS
-	// field, or tls=true, turns TLS on. Default: off unless the server
-	// requires it.
-	TLS TLSConfig `yaml:"tls"`
+	// TLS configures TLS (and mTLS with a client certificate), see
+	// sinkconf.TLS: any TLS field, or tls=true, turns TLS on. Default: off
+	// unless the server requires it.
+	TLS sinkconf.TLS `yaml:"tls"`
 }
 
-// TLSConfig holds the TLS settings.
-type TLSConfig struct {
-	// Enable turns TLS on with the system roots. Default: false.
-	Enable bool `yaml:"enable"`
-	// CAFile is a PEM bundle of CAs trusted for the server's certificate.
-	// Default: the system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile is the PEM client certificate (mutual TLS). Requires
-	// KeyFile. Default: none.
-	CertFile string `yaml:"cert_file"`
-	// KeyFile is the PEM private key of CertFile. Default: none.
-	KeyFile string `yaml:"key_file"`
-	// ServerName overrides the name verified in the server's certificate.
-	// Default: the host of the server URL.
-	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify disables certificate verification. For tests
-	// only. Default: false.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
-
-func (t TLSConfig) on() bool { return t != TLSConfig{} }
+// TLSConfig is the TLS section, the one every sink that dials a broker
+// shares (see sinkconf.TLS).
+type TLSConfig = sinkconf.TLS
 
 func (c Config) withDefaults() Config {
 	if c.Subject == "" {
@@ -149,9 +138,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Name == "" {
 		c.Name = DefaultName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -235,7 +221,7 @@ func (c Config) Validate() error {
 	if n > 1 {
 		return errors.New("outbox: nats: token: token, nkey_seed_file and creds_file are exclusive")
 	}
-	return sinkconf.TLS{CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}.CheckPair("nats")
+	return c.TLS.Validate("nats", "")
 }
 
 func validStreamName(s string) bool {
@@ -281,9 +267,8 @@ func servers(raw string) ([]string, error) {
 // ParseURL parses a --sink URL such as
 // nats://127.0.0.1:4222?subject=events.{topic}&stream=EVENTS into a
 // Config. Every Config field is accepted as a query parameter under its
-// yaml name (TLS fields as tls, tls_ca_file, tls_cert_file, tls_key_file,
-// tls_server_name, tls_insecure_skip_verify); any other parameter is an
-// error naming it. The result is validated.
+// yaml name (TLS fields as sinkconf.TLSParams names them: tls,
+// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
 func ParseURL(raw string) (Config, error) {
 	c, base, err := params.ParseURL(raw)
 	if err != nil {
@@ -314,13 +299,7 @@ var params = sinkconf.NewParams("nats", "",
 	sinkconf.Duration("reconnect_max", func(c *Config) *time.Duration { return &c.ReconnectMax }),
 	sinkconf.String("ordering", func(c *Config) *string { return &c.Ordering }),
 	sinkconf.Int("max_pending", func(c *Config) *int { return &c.MaxPending }),
-	sinkconf.Bool("tls", func(c *Config) *bool { return &c.TLS.Enable }),
-	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
-	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
-	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
-	sinkconf.String("tls_server_name", func(c *Config) *string { return &c.TLS.ServerName }),
-	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
-)
+).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
 
 // Redacted returns the configuration as a --sink URL with every secret
 // replaced by "xxxxx", for logs and error messages.
@@ -341,14 +320,4 @@ func (c Config) Redacted() string {
 }
 
 // tlsConfig builds the client TLS configuration, or nil when TLS is off.
-func (c Config) tlsConfig(host string) (*tls.Config, error) {
-	if !c.TLS.on() {
-		return nil, nil
-	}
-	t := sinkconf.TLS{CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile,
-		ServerName: c.TLS.ServerName, InsecureSkipVerify: c.TLS.InsecureSkipVerify}
-	if t.ServerName == "" {
-		t.ServerName = host
-	}
-	return t.Config("nats")
-}
+func (c Config) tlsConfig() (*tls.Config, error) { return c.TLS.Client("nats", false, "") }

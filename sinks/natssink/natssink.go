@@ -110,7 +110,6 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, fmt.Errorf("outbox: nats: url: %w", err)
 	}
 	u, _ := url.Parse(cfg.URL)
-	first, _ := url.Parse(srv[0])
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.Timeout(cfg.DialTimeout),
@@ -152,7 +151,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}
-	tc, err := cfg.tlsConfig(first.Hostname())
+	tc, err := cfg.tlsConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -315,19 +314,11 @@ func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAtte
 // Send publishes msgs and waits for their acks. See sinks.Sink for the
 // contract and the package doc for the rounds that keep per-key order.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: nats: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: nats", s.cfg.PublishTimeout, s.send)
+}
 
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	if err := s.waitConnected(ctx); err != nil {
 		if errors.Is(err, sinks.ErrClosed) {
 			return err

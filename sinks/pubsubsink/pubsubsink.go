@@ -154,19 +154,11 @@ func (s *Sink) Close(ctx context.Context) error {
 // Send publishes msgs, each key's in order under its ordering key, and
 // waits for every result. See sinks.Sink for the contract.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: pubsub: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: pubsub", s.cfg.PublishTimeout, s.send)
+}
 
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	var gate sinks.KeyGate
 	results := make([]*pubsub.PublishResult, len(msgs))

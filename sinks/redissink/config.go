@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
 
 // Defaults applied by New to zero-valued Config fields.
 const (
-	DefaultStream         = "{topic}"
-	DefaultClientName     = "outbox-relay"
-	DefaultPublishTimeout = 30 * time.Second
+	DefaultStream     = "{topic}"
+	DefaultClientName = "outbox-relay"
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout = sinks.DefaultSendTimeout
 	DefaultDialTimeout    = 5 * time.Second
 )
 
@@ -64,32 +67,23 @@ type Config struct {
 	// ClientName is the name the server shows (CLIENT LIST). Default:
 	// "outbox-relay".
 	ClientName string `yaml:"client_name"`
-	// PublishTimeout bounds one Send. Default: 30s.
+	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
+	// the caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
-	// TLS configures rediss:// connections. Default: system roots, no
-	// client certificate, server name from the URL.
-	TLS TLSConfig `yaml:"tls"`
+	// TLS configures rediss:// connections (see sinkconf.TLS): setting it
+	// with a redis:// URL is an error. Default: system roots, no client
+	// certificate, server name from the URL.
+	TLS sinkconf.TLS `yaml:"tls"`
 }
 
-// TLSConfig holds the TLS settings of a rediss:// connection.
-type TLSConfig struct {
-	// CAFile is a PEM bundle of CAs trusted for the server's certificate.
-	// Default: the system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile is the PEM client certificate (mutual TLS). Requires
-	// KeyFile. Default: none.
-	CertFile string `yaml:"cert_file"`
-	// KeyFile is the PEM private key of CertFile. Default: none.
-	KeyFile string `yaml:"key_file"`
-	// ServerName overrides the name verified in the server's certificate.
-	// Default: the URL's host.
-	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify disables certificate verification. For tests
-	// only. Default: false.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
+// TLSConfig is the TLS section, the one every sink that dials a broker
+// shares (see sinkconf.TLS).
+type TLSConfig = sinkconf.TLS
 
 func (c Config) withDefaults() Config {
 	if c.Stream == "" {
@@ -97,9 +91,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ClientName == "" {
 		c.ClientName = DefaultClientName
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -142,10 +133,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("outbox: redis: %s: must not be negative, got %s", d.name, d.v)
 		}
 	}
-	if c.TLS != (TLSConfig{}) && u.Scheme != "rediss" {
-		return errors.New("outbox: redis: tls: set, but the url scheme is redis; use rediss://")
+	plain := ""
+	if u.Scheme == "redis" {
+		plain = u.Scheme
 	}
-	return sinkconf.TLS{CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}.CheckPair("redis")
+	return c.TLS.Validate("redis", plain)
 }
 
 // server is the parsed URL.
@@ -213,9 +205,8 @@ func parseServer(raw string, cluster bool) (server, error) {
 // ParseURL parses a --sink URL such as
 // redis://127.0.0.1:6379/0?stream=events.{topic}&maxlen=1000000 into a
 // Config. Every Config field is accepted as a query parameter under its
-// yaml name (TLS fields as tls_ca_file, tls_cert_file, tls_key_file,
-// tls_server_name, tls_insecure_skip_verify); any other parameter is an
-// error naming it. The result is validated.
+// yaml name (TLS fields as sinkconf.TLSParams names them: tls,
+// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
 func ParseURL(raw string) (Config, error) {
 	c, base, err := params.ParseURL(raw)
 	if err != nil {
@@ -237,12 +228,7 @@ var params = sinkconf.NewParams("redis", "",
 	sinkconf.String("client_name", func(c *Config) *string { return &c.ClientName }),
 	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
 	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
-	sinkconf.String("tls_ca_file", func(c *Config) *string { return &c.TLS.CAFile }),
-	sinkconf.String("tls_cert_file", func(c *Config) *string { return &c.TLS.CertFile }),
-	sinkconf.String("tls_key_file", func(c *Config) *string { return &c.TLS.KeyFile }),
-	sinkconf.String("tls_server_name", func(c *Config) *string { return &c.TLS.ServerName }),
-	sinkconf.Bool("tls_insecure_skip_verify", func(c *Config) *bool { return &c.TLS.InsecureSkipVerify }),
-)
+).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
 
 // Redacted returns the configuration as a --sink URL with the password
 // replaced by "xxxxx", for logs and error messages.
@@ -262,13 +248,9 @@ func (c Config) Redacted() string {
 
 // tlsConfig builds the client TLS configuration, or nil for redis://.
 func (c Config) tlsConfig(srv server) (*tls.Config, error) {
-	if srv.Scheme != "rediss" {
-		return nil, nil
+	host := ""
+	if len(srv.Addrs) == 1 {
+		host, _, _ = strings.Cut(srv.Addrs[0], ":")
 	}
-	t := sinkconf.TLS{CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile,
-		ServerName: c.TLS.ServerName, InsecureSkipVerify: c.TLS.InsecureSkipVerify}
-	if t.ServerName == "" && len(srv.Addrs) == 1 {
-		t.ServerName, _, _ = strings.Cut(srv.Addrs[0], ":")
-	}
-	return t.Config("redis")
+	return c.TLS.Client("redis", srv.Scheme == "rediss", host)
 }

@@ -190,19 +190,11 @@ func (s *Sink) Close(ctx context.Context) error {
 // Send appends msgs in one script call per run (one per batch outside a
 // cluster). See sinks.Sink for the contract.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: redis: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: redis", s.cfg.PublishTimeout, s.send)
+}
 
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	be := sinks.NewBatchError(len(msgs))
 	streams := make([]string, len(msgs))
 	var gate sinks.KeyGate

@@ -214,6 +214,9 @@ func TestParseURL(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, server{Scheme: "rediss", Addrs: []string{"h:6380"}, Username: "u", Password: "p@ss", DB: 2}, srv)
 	require.NotContains(t, c.Redacted(), "p%40ss")
+	c, err = ParseURL("rediss://h:6380?tls=true&tls_server_name=cache")
+	require.NoError(t, err, "tls=true is redundant with rediss://, not wrong")
+	require.Equal(t, TLSConfig{Enable: true, ServerName: "cache"}, c.TLS)
 	c, err = ParseURL("redis://h1:7000,h2:7001?cluster=true")
 	require.NoError(t, err)
 	srv, err = parseServer(c.URL, true)
@@ -227,6 +230,7 @@ func TestParseURL(t *testing.T) {
 		"redis://h1,h2":                   "cluster=true",
 		"redis://h:0":                     "port must be between",
 		"redis://h?tls_ca_file=/ca.pem":   "use rediss://",
+		"redis://h?tls=true":              "use rediss://",
 		"redis://h1,h2/3?cluster=true":    "only database 0",
 		"redis://h?maxlen=-1":             "maxlen: must not be negative",
 		"rediss://h?tls_cert_file=/c.pem": "cert_file and key_file",

@@ -36,6 +36,12 @@ func NewParams[C any](sink, hint string, params ...Param[C]) Params[C] {
 	return Params[C]{sink: sink, hint: hint, params: params}
 }
 
+// With returns the table with more parameters at its end (TLSParams).
+func (p Params[C]) With(more ...Param[C]) Params[C] {
+	p.params = append(slices.Clip(p.params), more...)
+	return p
+}
+
 // Names returns the parameter names, in table order.
 func (p Params[C]) Names() []string {
 	names := make([]string, len(p.params))

@@ -1,6 +1,7 @@
 // Package sinkconf holds the configuration plumbing every sink shares:
-// Secret, a string that never prints; TLS, one way to build a *tls.Config
-// from the usual file parameters; and Params, the table of a sink URL's
+// Secret, a string that never prints; TLS, the one TLS section of every
+// sink that dials a broker, with its URL parameters; Template, a
+// destination name built from a message; and Params, the table of a sink URL's
 // query parameters, which both parses them (an unknown or repeated
 // parameter is an error naming it) and renders them back for Redacted.
 //

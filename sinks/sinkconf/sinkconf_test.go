@@ -75,18 +75,6 @@ func TestParams(t *testing.T) {
 	}
 }
 
-func TestTLS(t *testing.T) {
-	t.Parallel()
-	tc, err := sinkconf.TLS{ServerName: "broker", InsecureSkipVerify: true}.Config("test")
-	require.NoError(t, err)
-	require.Equal(t, "broker", tc.ServerName)
-	require.True(t, tc.InsecureSkipVerify)
-	_, err = sinkconf.TLS{CertFile: "/c.pem"}.Config("test")
-	require.ErrorContains(t, err, "outbox: test: tls.cert_file: cert_file and key_file must be set together")
-	_, err = sinkconf.TLS{CAFile: "/nonexistent/ca.pem"}.Config("test")
-	require.ErrorContains(t, err, "outbox: test: tls.ca_file")
-}
-
 // FuzzParams checks that whatever query a table accepts, the query it
 // shows back parses to the same configuration.
 func FuzzParams(f *testing.F) {

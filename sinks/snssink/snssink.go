@@ -32,11 +32,8 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
-	"github.com/aws/smithy-go"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
@@ -90,21 +87,9 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 // and credentials unless the config sets them, no SDK retries (the relay
 // retries, with backoff kept in the row).
 func newClient(ctx context.Context, cfg Config) (*sns.Client, error) {
-	var opts []func(*awsconfig.LoadOptions) error
-	if cfg.Region != "" {
-		opts = append(opts, awsconfig.WithRegion(cfg.Region))
-	}
-	if cfg.AccessKeyID != "" {
-		opts = append(opts, awsconfig.WithCredentialsProvider(
-			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, string(cfg.SecretAccessKey), "")))
-	}
-	opts = append(opts, awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }))
-	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	ac, err := cfg.fields().Options().AWSConfig(ctx, "sns")
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sns: loading the AWS SDK configuration: %w", err)
-	}
-	if ac.Region == "" {
-		return nil, errors.New("outbox: sns: region: not set, and none in the SDK's chain (AWS_REGION, the shared config file)")
+		return nil, err
 	}
 	return sns.NewFromConfig(ac, func(o *sns.Options) {
 		if cfg.Endpoint != "" {
@@ -141,18 +126,11 @@ func (s *Sink) Close(ctx context.Context) error {
 // Send publishes msgs in rounds (see package awsbatch). See sinks.Sink
 // for the contract.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: sns: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: sns", s.cfg.PublishTimeout, s.send)
+}
+
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	return awsbatch.Plan{
 		Build:       s.entry,
 		Send:        s.publishBatch,
@@ -168,44 +146,25 @@ func (s *Sink) entry(i int, m sinks.Message) (*awsbatch.Entry, error) {
 
 // publishBatch sends one PublishBatch and returns its entries' outcomes.
 func (s *Sink) publishBatch(ctx context.Context, req []*awsbatch.Entry) []error {
-	errs := make([]error, len(req))
 	in := &sns.PublishBatchInput{TopicArn: aws.String(req[0].Dest), PublishBatchRequestEntries: make([]types.PublishBatchRequestEntry, len(req))}
 	for j, e := range req {
 		in.PublishBatchRequestEntries[j] = toEntry(e)
 	}
 	out, err := s.client.PublishBatch(ctx, in)
 	if err != nil {
-		err = requestErr(req[0].Dest, err)
-		for j := range errs {
-			errs[j] = err
-		}
-		return errs
+		return service.Outcomes(req, err, nil, nil)
 	}
-	done := make(map[string]bool, len(req))
-	for _, ok := range out.Successful {
-		done[aws.ToString(ok.Id)] = true
-	}
-	failed := make(map[string]types.BatchResultErrorEntry, len(out.Failed))
-	for _, f := range out.Failed {
-		failed[aws.ToString(f.Id)] = f
-	}
-	for j, e := range req {
-		if f, ok := failed[e.ID()]; ok {
-			errs[j] = entryErr(e.Dest, f)
-		} else if !done[e.ID()] {
-			errs[j] = fmt.Errorf("%w: PublishBatch to %s answered nothing for entry %s", ErrRefused, e.Dest, e.ID())
-		}
-	}
-	return errs
+	return awsbatch.Answer(service, req, out.Successful, func(e types.PublishBatchResultEntry) *string { return e.Id }, out.Failed, failure)
+}
+
+// attr is one message attribute.
+func attr(typ, v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String(typ), StringValue: aws.String(v)}
 }
 
 // toEntry is e as an SNS batch entry.
 func toEntry(e *awsbatch.Entry) types.PublishBatchRequestEntry {
-	attrs := make(map[string]types.MessageAttributeValue, len(e.Attrs))
-	for _, a := range e.Attrs {
-		attrs[a.Name] = types.MessageAttributeValue{DataType: aws.String(a.Type), StringValue: aws.String(a.Value)}
-	}
-	in := types.PublishBatchRequestEntry{Id: aws.String(e.ID()), Message: aws.String(e.Body), MessageAttributes: attrs}
+	in := types.PublishBatchRequestEntry{Id: aws.String(e.ID()), Message: aws.String(e.Body), MessageAttributes: awsbatch.Attrs(e, attr)}
 	if e.Group != "" {
 		in.MessageGroupId, in.MessageDeduplicationId = aws.String(e.Group), aws.String(e.Dedup)
 	}
@@ -225,27 +184,13 @@ var permanentCodes = []string{
 
 func permanentCode(code string) bool { return slices.Contains(permanentCodes, code) }
 
+// service reads SNS's answers.
+var service = awsbatch.Service{Prefix: "outbox: sns", Op: "PublishBatch", Refused: ErrRefused, Permanent: permanentCode}
+
+// failure reads SNS's refusal of a batch entry.
+func failure(f types.BatchResultErrorEntry) (id, code, msg *string) { return f.Id, f.Code, f.Message }
+
 // entryErr classifies SNS's refusal of one batch entry.
 func entryErr(topic string, f types.BatchResultErrorEntry) error {
-	code := aws.ToString(f.Code)
-	err := fmt.Errorf("%w: %s: %s: %s", ErrRefused, topic, code, aws.ToString(f.Message))
-	if permanentCode(code) {
-		return sinks.Permanent(err)
-	}
-	return err
-}
-
-// requestErr classifies the failure of a whole PublishBatch: an API error
-// by its code (as entryErr), a failed dial as not sent, anything else as
-// retriable.
-func requestErr(topic string, err error) error {
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		e := fmt.Errorf("%w: %s: %s: %s", ErrRefused, topic, api.ErrorCode(), api.ErrorMessage())
-		if permanentCode(api.ErrorCode()) {
-			return sinks.Permanent(e)
-		}
-		return e
-	}
-	return awsbatch.TransportErr("outbox: sns", err)
+	return service.Refusal(topic, aws.ToString(f.Code), aws.ToString(f.Message))
 }

@@ -3,11 +3,10 @@ package sqssink
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
 )
@@ -18,7 +17,9 @@ const (
 	DefaultBodyEncoding    = "text"
 	DefaultMaxMessageBytes = 256 << 10
 	DefaultConcurrency     = 8
-	DefaultPublishTimeout  = 30 * time.Second
+	// DefaultPublishTimeout bounds a Send when publish_timeout is unset and
+	// the caller set no deadline.
+	DefaultPublishTimeout = sinks.DefaultSendTimeout
 )
 
 // LargestMessageBytes is the largest max_message_bytes: the service's own
@@ -76,7 +77,11 @@ type Config struct {
 	// Concurrency is the number of SendMessageBatch requests one Send has
 	// in flight. Default: 8.
 	Concurrency int `yaml:"concurrency"`
-	// PublishTimeout bounds one Send. Default: 30s.
+	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
+	// the caller's deadline alone (the relay's --publish-timeout), or by
+	// DefaultPublishTimeout when the caller set none; when set, it bounds
+	// each Send inside the caller's deadline, whichever ends first (see
+	// sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 }
 
@@ -93,9 +98,6 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
-	}
 	return c
 }
 
@@ -108,35 +110,12 @@ func (c Config) Validate() error {
 	if _, err := sinkconf.ParseTemplate(c.QueueURL); err != nil {
 		return fmt.Errorf("outbox: sqs: queue_url: %w", err)
 	}
-	if c.Endpoint != "" {
-		u, err := url.Parse(c.Endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("outbox: sqs: endpoint: want http(s)://host[:port], got %q", redact.URL(c.Endpoint))
-		}
-	}
 	switch c.Protocol {
 	case "", "json", "query":
 	default:
 		return fmt.Errorf(`outbox: sqs: protocol: want "json" or "query", got %q`, c.Protocol)
 	}
-	if (c.AccessKeyID == "") != (c.SecretAccessKey == "") {
-		return errors.New("outbox: sqs: access_key_id: access_key_id and secret_access_key must be set together")
-	}
-	switch c.BodyEncoding {
-	case "", "text", "base64":
-	default:
-		return fmt.Errorf(`outbox: sqs: body_encoding: want "text" or "base64", got %q`, c.BodyEncoding)
-	}
-	if c.MaxMessageBytes < 0 || c.MaxMessageBytes > LargestMessageBytes || c.MaxMessageBytes != 0 && c.MaxMessageBytes < 1024 {
-		return fmt.Errorf("outbox: sqs: max_message_bytes: must be between 1024 and %d, got %d", LargestMessageBytes, c.MaxMessageBytes)
-	}
-	if c.Concurrency < 0 {
-		return fmt.Errorf("outbox: sqs: concurrency: must not be negative, got %d", c.Concurrency)
-	}
-	if c.PublishTimeout < 0 {
-		return fmt.Errorf("outbox: sqs: publish_timeout: must not be negative, got %s", c.PublishTimeout)
-	}
-	return nil
+	return c.fields().Options().Validate("sqs", LargestMessageBytes)
 }
 
 // ParseURL parses a --sink URL such as
@@ -150,8 +129,8 @@ func ParseURL(raw string) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	if rest := strings.TrimPrefix(strings.TrimPrefix(base, "sqs:"), "//"); rest != "" {
-		return Config{}, fmt.Errorf("outbox: sqs: url: want sqs://?queue_url=..., got a host or path %q (the queue URL is the queue_url parameter)", redact.URL(rest))
+	if err := awsbatch.CheckBase("sqs", base, "queue_url", "the queue URL"); err != nil {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -161,18 +140,14 @@ func ParseURL(raw string) (Config, error) {
 
 var params = sinkconf.NewParams("sqs", "",
 	sinkconf.String("queue_url", func(c *Config) *string { return &c.QueueURL }),
-	sinkconf.String("region", func(c *Config) *string { return &c.Region }),
-	sinkconf.String("endpoint", func(c *Config) *string { return &c.Endpoint }),
 	sinkconf.String("protocol", func(c *Config) *string { return &c.Protocol }),
-	sinkconf.String("access_key_id", func(c *Config) *string { return &c.AccessKeyID }),
-	sinkconf.Func("secret_access_key",
-		func(c *Config, v string) error { c.SecretAccessKey = sinkconf.Secret(v); return nil },
-		func(c *Config) string { return c.SecretAccessKey.String() }),
-	sinkconf.String("body_encoding", func(c *Config) *string { return &c.BodyEncoding }),
-	sinkconf.Int("max_message_bytes", func(c *Config) *int { return &c.MaxMessageBytes }),
-	sinkconf.Int("concurrency", func(c *Config) *int { return &c.Concurrency }),
-	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
-)
+).With(awsbatch.Params((*Config).fields)...)
+
+// fields points at the options the SQS and SNS sinks share.
+func (c *Config) fields() awsbatch.Fields {
+	return awsbatch.Fields{Region: &c.Region, Endpoint: &c.Endpoint, AccessKeyID: &c.AccessKeyID, SecretAccessKey: &c.SecretAccessKey,
+		BodyEncoding: &c.BodyEncoding, MaxMessageBytes: &c.MaxMessageBytes, Concurrency: &c.Concurrency, PublishTimeout: &c.PublishTimeout}
+}
 
 // Redacted returns the configuration as a --sink URL with the secret key
 // replaced by "xxxxx", for logs and error messages.

@@ -1,16 +1,12 @@
 package sqssink
 
 import (
-	"errors"
-	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/aws/smithy-go"
 
-	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 )
 
@@ -30,27 +26,13 @@ func permanentCode(code string) bool {
 	return slices.Contains(permanentCodes, strings.TrimPrefix(code, "com.amazonaws.sqs#"))
 }
 
+// service reads SQS's answers.
+var service = awsbatch.Service{Prefix: "outbox: sqs", Op: "SendMessageBatch", Refused: ErrRefused, Permanent: permanentCode}
+
+// failure reads SQS's refusal of a batch entry.
+func failure(f types.BatchResultErrorEntry) (id, code, msg *string) { return f.Id, f.Code, f.Message }
+
 // entryErr classifies SQS's refusal of one batch entry.
 func entryErr(queue string, f types.BatchResultErrorEntry) error {
-	code := aws.ToString(f.Code)
-	err := fmt.Errorf("%w: %s: %s: %s", ErrRefused, queue, code, aws.ToString(f.Message))
-	if permanentCode(code) {
-		return sinks.Permanent(err)
-	}
-	return err
-}
-
-// requestErr classifies the failure of a whole SendMessageBatch: an API
-// error by its code (as entryErr), a failed dial as not sent, anything
-// else (a connection lost mid-request, a timeout) as retriable.
-func requestErr(queue string, err error) error {
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		e := fmt.Errorf("%w: %s: %s: %s", ErrRefused, queue, api.ErrorCode(), api.ErrorMessage())
-		if permanentCode(api.ErrorCode()) {
-			return sinks.Permanent(e)
-		}
-		return e
-	}
-	return awsbatch.TransportErr("outbox: sqs", err)
+	return service.Refusal(queue, aws.ToString(f.Code), aws.ToString(f.Message))
 }

@@ -39,8 +39,6 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/schemas"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -98,21 +96,9 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 // and credentials unless the config sets them, no SDK retries (the relay
 // retries, with backoff kept in the row).
 func newClient(ctx context.Context, cfg Config) (*sqs.Client, error) {
-	var opts []func(*awsconfig.LoadOptions) error
-	if cfg.Region != "" {
-		opts = append(opts, awsconfig.WithRegion(cfg.Region))
-	}
-	if cfg.AccessKeyID != "" {
-		opts = append(opts, awsconfig.WithCredentialsProvider(
-			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, string(cfg.SecretAccessKey), "")))
-	}
-	opts = append(opts, awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }))
-	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	ac, err := cfg.fields().Options().AWSConfig(ctx, "sqs")
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sqs: loading the AWS SDK configuration: %w", err)
-	}
-	if ac.Region == "" {
-		return nil, errors.New("outbox: sqs: region: not set, and none in the SDK's chain (AWS_REGION, the shared config file)")
+		return nil, err
 	}
 	return sqs.NewFromConfig(ac, func(o *sqs.Options) {
 		if cfg.Endpoint != "" {
@@ -156,18 +142,11 @@ func (s *Sink) Close(ctx context.Context) error {
 // message left, grouped by queue into SendMessageBatch requests sent
 // concurrently. See sinks.Sink for the contract.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
-	if !s.inflight.Enter() {
-		return sinks.ErrClosed
-	}
-	defer s.inflight.Leave()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: sqs: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	defer cancel()
+	return s.inflight.GuardTimed(ctx, msgs, "outbox: sqs", s.cfg.PublishTimeout, s.send)
+}
+
+// send is Send after its guard (sinks.Inflight.Guard).
+func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	return awsbatch.Plan{
 		Build:       s.entry,
 		Send:        s.sendBatch,
@@ -183,44 +162,25 @@ func (s *Sink) entry(i int, m sinks.Message) (*awsbatch.Entry, error) {
 
 // sendBatch sends one SendMessageBatch and returns its entries' outcomes.
 func (s *Sink) sendBatch(ctx context.Context, req []*awsbatch.Entry) []error {
-	errs := make([]error, len(req))
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(req[0].Dest), Entries: make([]types.SendMessageBatchRequestEntry, len(req))}
 	for j, e := range req {
 		in.Entries[j] = toEntry(e)
 	}
 	out, err := s.client.SendMessageBatch(ctx, in)
 	if err != nil {
-		err = requestErr(req[0].Dest, err)
-		for j := range errs {
-			errs[j] = err
-		}
-		return errs
+		return service.Outcomes(req, err, nil, nil)
 	}
-	done := make(map[string]bool, len(req))
-	for _, ok := range out.Successful {
-		done[aws.ToString(ok.Id)] = true
-	}
-	failed := make(map[string]types.BatchResultErrorEntry, len(out.Failed))
-	for _, f := range out.Failed {
-		failed[aws.ToString(f.Id)] = f
-	}
-	for j, e := range req {
-		if f, ok := failed[e.ID()]; ok {
-			errs[j] = entryErr(e.Dest, f)
-		} else if !done[e.ID()] {
-			errs[j] = fmt.Errorf("%w: SendMessageBatch to %s answered nothing for entry %s", ErrRefused, e.Dest, e.ID())
-		}
-	}
-	return errs
+	return awsbatch.Answer(service, req, out.Successful, func(e types.SendMessageBatchResultEntry) *string { return e.Id }, out.Failed, failure)
+}
+
+// attr is one message attribute.
+func attr(typ, v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String(typ), StringValue: aws.String(v)}
 }
 
 // toEntry is e as an SQS batch entry.
 func toEntry(e *awsbatch.Entry) types.SendMessageBatchRequestEntry {
-	attrs := make(map[string]types.MessageAttributeValue, len(e.Attrs))
-	for _, a := range e.Attrs {
-		attrs[a.Name] = types.MessageAttributeValue{DataType: aws.String(a.Type), StringValue: aws.String(a.Value)}
-	}
-	in := types.SendMessageBatchRequestEntry{Id: aws.String(e.ID()), MessageBody: aws.String(e.Body), MessageAttributes: attrs}
+	in := types.SendMessageBatchRequestEntry{Id: aws.String(e.ID()), MessageBody: aws.String(e.Body), MessageAttributes: awsbatch.Attrs(e, attr)}
 	if e.Group != "" {
 		in.MessageGroupId, in.MessageDeduplicationId = aws.String(e.Group), aws.String(e.Dedup)
 	}

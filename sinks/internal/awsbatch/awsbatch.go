@@ -3,8 +3,10 @@
 // header, FIFO group and deduplication ids), the checks of what the
 // services refuse for a message itself, and the rounds in which a Send
 // goes out as batch requests of at most 10 entries that never hold two
-// messages of one key. It knows no AWS client: each sink turns an Entry
-// into its own request type and sends it.
+// messages of one key, and the reading of the services' answers (Service:
+// which entry was accepted, which refusal is permanent). It knows no AWS
+// client: each sink turns an Entry into its own request type, sends it and
+// hands the answer to Answer.
 package awsbatch
 
 import (
