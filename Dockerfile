@@ -6,7 +6,7 @@
 #
 #   docker build -t outbox-relay:dev --build-arg VERSION=$(git describe --tags --always) .
 #
-# internal/deploytest checks the invariants of this file and runs its
+# internal/suites/deploytest checks the invariants of this file and runs its
 # `go build` step: keep the build in one RUN line that writes to /out/.
 
 # The Go release must be at least the go line of go.mod.
@@ -25,7 +25,7 @@ ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags "-s -w -X github.com/outbox-relay/outbox-relay/internal/cli.Version=${VERSION}" \
+    go build -trimpath -ldflags "-s -w -X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=${VERSION}" \
     -o /out/ ./cmd/outbox-relay ./cmd/outbox-demo
 
 FROM gcr.io/distroless/static-debian12:nonroot

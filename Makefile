@@ -28,24 +28,24 @@ demo: build ## end to end: migrate, write orders in transactions, relay them to 
 	scripts/demo.sh
 
 docs: ## regenerate docs/cli.md (the command-line and configuration reference) from the commands
-	go run ./internal/cli/gendoc
+	go run ./internal/app/cli/gendoc
 
 vet: ## go vet, the module and bench/
 	go vet ./...
 	cd bench && go vet .
 
 # Tests that restart, stop or reconfigure a server do it to a throwaway
-# instance of their own (internal/pgtest.Server, internal/amqptest.Server,
-# internal/throwaway for nats-server and redis-server),
+# instance of their own (internal/testkit/pgtest.Server, internal/testkit/amqptest.Server,
+# internal/testkit/throwaway for nats-server and redis-server),
 # so they run with the rest and the shared services are never disturbed.
 test: services vet ## the whole test suite, with -race (what CI runs)
 	$(GO_TEST) ./...
 
 chaos: services build ## long chaos run (kills relays, restarts a throwaway Postgres)
-	CHAOS_LONG=1 $(GO_TEST) -timeout 150m -run 'Chaos' -v ./internal/chaos/
+	CHAOS_LONG=1 $(GO_TEST) -timeout 150m -run 'Chaos' -v ./internal/suites/chaos/
 
 faults: services build ## long fault-injection runs (30 s outages, 5M backlog)
-	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/faults/
+	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/suites/faults/
 
 bench: services build ## benchmark suite (BENCH_QUICK=1 for a short run)
 	cd bench && go run .

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
-	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/inboxtest"
 )
 
 // env is one test's inbox in a fresh schema, with an effects table the

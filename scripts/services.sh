@@ -24,7 +24,7 @@
 #       pgbouncer                      (the tests' throwaway PgBouncers in
 #                                       front of the test database)
 #       chromium chromium-driver       (the console's browser tests)
-#   - go build of internal/throwaway/goawsd (goaws, the SQS and SNS
+#   - go build of internal/testkit/throwaway/goawsd (goaws, the SQS and SNS
 #     server the SQS and SNS sinks' tests start on their own ports), which
 #     downloads its modules into the module cache and compiles it into the
 #     build cache, so the tests' own build of it is quick;
@@ -91,7 +91,7 @@ wait_for() { # name port seconds
 	die "$1 did not start listening on 127.0.0.1:$2 within $3s"
 }
 
-# has_initdb: the throwaway servers of internal/pgtest need initdb and pg_ctl.
+# has_initdb: the throwaway servers of internal/testkit/pgtest need initdb and pg_ctl.
 has_initdb() {
 	command -v initdb >/dev/null && return 0
 	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
@@ -129,7 +129,7 @@ ensure_postgres() {
 	fi
 }
 
-# has_rabbitmq: the throwaway nodes of internal/amqptest need rabbitmq-server
+# has_rabbitmq: the throwaway nodes of internal/testkit/amqptest need rabbitmq-server
 # and rabbitmqctl (Debian keeps the real scripts in /usr/lib/rabbitmq/bin).
 has_rabbitmq() {
 	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ -x /usr/lib/rabbitmq/bin/rabbitmqctl ] && return 0
@@ -205,7 +205,7 @@ ensure_promtool() {
 }
 
 # ensure_pgbouncer installs pgbouncer, which the tests run as throwaway
-# instances of their own in front of the test database (internal/throwaway):
+# instances of their own in front of the test database (internal/testkit/throwaway):
 # the package's own server must not start.
 ensure_pgbouncer() {
 	command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] && return 0
@@ -240,7 +240,7 @@ has_chromium() {
 }
 
 # ensure_chromium installs the headless browser the console's browser tests
-# drive (internal/console), with chromium-driver for tools that want it.
+# drive (internal/app/console), with chromium-driver for tools that want it.
 ensure_chromium() {
 	has_chromium && return 0
 	log "chromium not installed"
@@ -287,7 +287,7 @@ ensure_helm() {
 ensure_goaws() {
 	command -v go >/dev/null || die "go not found: cannot build goawsd"
 	local dir
-	dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/internal/throwaway/goawsd"
+	dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/internal/testkit/throwaway/goawsd"
 	(cd "$dir" && run "$(command -v go)" build -o /dev/null .) || die "go build of $dir failed"
 }
 

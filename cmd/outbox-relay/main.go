@@ -1,5 +1,5 @@
 // Command outbox-relay publishes Postgres outbox rows to message sinks.
-// See `outbox-relay --help`; the implementation lives in internal/cli.
+// See `outbox-relay --help`; the implementation lives in internal/app/cli.
 package main
 
 import (
@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outbox-relay/outbox-relay/internal/cli"
+	"github.com/outbox-relay/outbox-relay/internal/app/cli"
 )
 
 func main() {

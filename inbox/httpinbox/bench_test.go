@@ -14,7 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/httpinbox"
-	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/inboxtest"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"

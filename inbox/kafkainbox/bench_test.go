@@ -12,7 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/kafkainbox"
-	"github.com/outbox-relay/outbox-relay/internal/inboxtest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/inboxtest"
 )
 
 // BenchmarkInboxCost measures what the inbox adds to a Kafka consumer: the

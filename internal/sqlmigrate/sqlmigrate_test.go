@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/ident"
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/sqlmigrate"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 )
 
 // set returns a Set over files whose templates see .Schema.

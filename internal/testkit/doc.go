@@ -12,7 +12,7 @@
 //   - the outbox-relay binary run as a child process ([Relay]), used by the
 //     chaos and fault suites and by bench.
 //
-// What lives elsewhere: throwaway servers (internal/pgtest,
-// internal/amqptest, internal/throwaway), building the relay binary
-// (internal/relaybin) and each suite's own checks.
+// What lives elsewhere: throwaway servers (internal/testkit/pgtest,
+// internal/testkit/amqptest, internal/testkit/throwaway), building the relay binary
+// (internal/testkit/relaybin) and each suite's own checks.
 package testkit

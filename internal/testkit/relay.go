@@ -16,7 +16,7 @@ import (
 
 // RelayConfig says how to start one outbox-relay process.
 type RelayConfig struct {
-	// Bin is the path of the outbox-relay binary (internal/relaybin builds
+	// Bin is the path of the outbox-relay binary (internal/testkit/relaybin builds
 	// one for tests).
 	Bin string
 	// Args is the command line after the binary's name, "run" first.

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/outbox-relay/outbox-relay/internal/tcpproxy"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/outbox-relay/outbox-relay/internal/throwaway"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 )
 
 // BenchmarkSend is one Send of 500 messages spread over 100 keys (a wide

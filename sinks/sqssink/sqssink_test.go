@@ -14,7 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outbox-relay/outbox-relay/internal/throwaway"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/internal/awsbatch"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"

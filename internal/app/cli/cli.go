@@ -1,0 +1,762 @@
+// Package cli implements the outbox-relay command line: flag, environment
+// and config-file handling, and the migrate, run, status, dlq and version
+// commands. cmd/outbox-relay only calls Main.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/app/adminhttp"
+	"github.com/outbox-relay/outbox-relay/internal/app/console"
+	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/relayotel"
+	"github.com/outbox-relay/outbox-relay/relay/relayprom"
+	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/format"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
+var Version = ""
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// globals are the options every command shares.
+type globals struct {
+	configPath  string
+	databaseURL string
+	schema      string
+	logLevel    string
+	logFormat   string
+
+	file   *fileConfig
+	files  envFiles // what was read through *_FILE variables
+	stdout io.Writer
+	stderr io.Writer
+	log    *slog.Logger
+}
+
+// Main runs the command line and returns the process exit status: 0 on
+// success, 2 for invalid configuration or usage, 1 for other failures.
+func Main(args []string, stdout, stderr io.Writer) int {
+	return MainContext(context.Background(), args, stdout, stderr)
+}
+
+// MainContext is Main with a context whose end stops the command as
+// SIGTERM does: the program's main cancels it on SIGTERM and SIGINT from
+// its first instruction, so that a stop during start-up is a stop (exit
+// 0), not the signal's default action.
+func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	// A value read through a *_FILE variable is never printed, whichever
+	// part of the command put it in its error.
+	fmt.Fprintln(stderr, "outbox-relay:", g.files.scrub(err.Error()))
+	var ue *usageError
+	if errors.As(err, &ue) || errors.Is(err, migrations.ErrServerEncoding) {
+		return 2 // a database the relay refuses is configuration to change, as a bad flag is
+	}
+	return 1
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "outbox-relay",
+		Short: "Publish Postgres outbox rows to Kafka, RabbitMQ, webhooks and more",
+		Long: `outbox-relay moves events that applications commit into a Postgres outbox
+table (in the same transaction as their business data) to a message sink,
+at least once, in order per key, with persisted retries and a dead-letter
+table.
+
+Every option can be given as a flag, as an environment variable (shown in
+each flag's help) or as a key of the YAML file named by --config, in that
+order of precedence. Config-file keys are the long flag names.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return g.prepare(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configPath, "config", "", "YAML config file; keys are long flag names (env OUTBOX_CONFIG)")
+	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres URL, e.g. postgres://user:pass@host:5432/db")
+	pf.StringVar(&g.schema, "schema", migrations.DefaultSchema, "schema holding the outbox tables")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
+
+	root.AddCommand(newMigrate(g), newRun(g), newStatus(g), newDLQ(g), newReplay(g), newHealthcheck(g), newVersion(g))
+	root.CompletionOptions.DisableDefaultCmd = true
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		envHelp(c.LocalNonPersistentFlags())
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	envHelp(pf)
+	// --config's own env var is handled before the file is read.
+	pf.Lookup("config").Usage = "YAML config file; keys are long flag names (env OUTBOX_CONFIG)"
+	return root
+}
+
+// prepare applies env and file values, validates the shared options and
+// sets up logging.
+func (g *globals) prepare(cmd *cobra.Command) error {
+	ef := &g.files
+	if !cmd.Flags().Changed("config") {
+		if v, ok, err := lookupEnv("config", "OUTBOX_CONFIG", ef); err != nil {
+			return err
+		} else if ok {
+			g.configPath = v
+		}
+	}
+	fc, err := loadFile(g.configPath, allFlagNames(cmd.Root()))
+	if err != nil {
+		return err
+	}
+	g.file = fc
+	if err := resolve(cmd, fc, ef); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return usagef("outbox: log-level: %q is not one of debug, info, warn, error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch g.logFormat {
+	case "text":
+		g.log = slog.New(slog.NewTextHandler(g.stderr, opts))
+	case "json":
+		g.log = slog.New(slog.NewJSONHandler(g.stderr, opts))
+	default:
+		return usagef("outbox: log-format: %q is not text or json", g.logFormat)
+	}
+	warnReadable(g.log, ef.readable)
+	if err := migrations.ValidateSchema(g.schema); err != nil {
+		return &usageError{err}
+	}
+	return nil
+}
+
+func (g *globals) requireDatabase() error {
+	if g.databaseURL == "" {
+		return usagef("outbox: database-url: required (flag --database-url, env DATABASE_URL or OUTBOX_DATABASE_URL)")
+	}
+	if _, err := pgxpool.ParseConfig(g.databaseURL); err != nil {
+		return usagef("outbox: database-url: cannot parse %s", redactURL(g.databaseURL))
+	}
+	return nil
+}
+
+// connect opens a small pool for the admin commands.
+func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if err := g.requireDatabase(); err != nil {
+		return nil, err
+	}
+	cfg, _ := pgxpool.ParseConfig(g.databaseURL)
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-relay-admin"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: connect to %s: %w", redactURL(g.databaseURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("outbox: connect to %s: %w", redactURL(g.databaseURL), err)
+	}
+	return pool, nil
+}
+
+func newMigrate(g *globals) *cobra.Command {
+	var print bool
+	var wakeup string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox schema (safe to run concurrently)",
+		Long: `Applies the embedded SQL migrations to the schema under an advisory lock, in
+one transaction; running it twice, or from two places at once, is safe.
+With --print it writes the SQL to stdout instead, for teams that apply
+migrations with their own tool.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if print {
+				s, err := migrations.Script(g.schema)
+				if err != nil {
+					return &usageError{err}
+				}
+				_, err = io.WriteString(g.stdout, s)
+				return err
+			}
+			if wakeup != "" {
+				if err := (relay.Config{Wakeup: wakeup}).WithDefaults().Validate(); err != nil {
+					return &usageError{err}
+				}
+			}
+			ctx := cmd.Context()
+			pool, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := migrations.Apply(ctx, pool, g.schema)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				g.log.Info("schema is up to date", "schema", g.schema, "version", migrations.Latest())
+			} else {
+				g.log.Info("schema migrated", "schema", g.schema, "applied", applied)
+			}
+			if wakeup != "" {
+				if err := migrations.SetWakeup(ctx, pool, g.schema, wakeup); err != nil {
+					return err
+				}
+				g.log.Info("writers' NOTIFY trigger set", "schema", g.schema, "wakeup", wakeup, "trigger_enabled", wakeup == relay.WakeupNotify)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the migration SQL instead of applying it")
+	cmd.Flags().StringVar(&wakeup, "wakeup", "", "notify: enable the writers' NOTIFY trigger (for run --wakeup notify; the writers pay for it); auto, wal or poll: disable it (the default since schema version 9). Unset: leave it as it is")
+	return cliOnly(cmd)
+}
+
+type runOptions struct {
+	sink            string
+	workers         int
+	pipeline        int
+	batchSize       int
+	batchBytes      int64
+	maxMessageBytes int64
+	maxConns        int
+	pollInterval    time.Duration
+	wakeup          string
+	watchInterval   time.Duration
+	publishTimeout  time.Duration
+	maxAttempts     int
+	retryInitial    time.Duration
+	retryMax        time.Duration
+	retryMultiplier float64
+	retryJitter     float64
+	leaseTTL        time.Duration
+	heartbeat       time.Duration
+	drainTimeout    time.Duration
+	syncCommit      bool
+	noFastFailover  bool
+	migrate         bool
+	exitWhenEmpty   bool
+	allowConfChange bool
+	id              string
+	adminAddr       string
+	adminTokenFile  string
+	adminReadToken  bool
+	consoleSample   time.Duration
+	consoleFailing  time.Duration
+	metricsInterval time.Duration
+	archive         bool
+	archiveRetain   time.Duration
+	connectTimeout  time.Duration
+	onDeadLetter    string
+	format          string
+	ceSource        string
+	ceAMQPPrefix    string
+}
+
+func newRun(g *globals) *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Relay outbox messages to a sink until SIGTERM/SIGINT",
+		Long: `Claims committed outbox messages, publishes them to the sink and deletes
+what the sink accepted. Failed deliveries are retried with exponential
+backoff; after --max-attempts, or on a permanent error, a message moves to
+the dead-letter table. On SIGTERM or SIGINT the relay stops claiming,
+finishes in-flight batches (up to --drain-timeout), hands its lanes to
+other relays and exits 0.
+
+Database connections: per route, one per batch in flight (--workers ×
+--pipeline) and one for the lane lease; one LISTEN connection for the
+process; and one for health checks and metrics: 7 with the defaults.
+--max-conns caps them all (it must leave every worker, lease and LISTEN
+one connection; below the full count, workers have fewer batches in
+flight); a relay whose workers cannot get a connection for --lease-ttl
+hands its lanes to other relays.
+
+Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
+		Example: `  outbox-relay run --database-url postgres://localhost/app --sink stdout`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
+	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
+	f.IntVar(&o.pipeline, "pipeline", relay.DefaultPipeline, "most batches each worker has in flight: it claims the next from its other lanes while the sink takes one (each holds a connection; 1: one batch at a time)")
+	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers' batches in flight, leases and LISTEN need, plus one for health checks and metrics)")
+	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
+	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
+	f.Int64Var(&o.maxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest message (payload and headers) the relay reads (17 MiB); a larger one is dead-lettered without being read")
+	f.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often idle workers look for work when nothing wakes them (a safety net)")
+	f.StringVar(&o.wakeup, "wakeup", relay.DefaultWakeup, "how relays learn of new rows: auto (wal where the server allows it, else poll), wal (follow the outbox's inserts in the WAL), poll (one relay per database polls and wakes the others), notify (the writers' trigger; the writers pay for it)")
+	f.DurationVar(&o.watchInterval, "watch-interval", relay.DefaultWatchInterval, "longest wait between two looks for new rows of the polling watcher when idle")
+	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
+	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
+	f.StringVar(&o.onDeadLetter, "on-dead-letter", relay.OnDeadLetterSkip, "what a dead letter does to the later messages of its key: skip (they go on) or hold (they wait, in order, until the dead letter is replayed or purged)")
+	f.DurationVar(&o.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay after the first failure")
+	f.DurationVar(&o.retryMax, "retry-max", relay.DefaultRetryMax, "longest delay between attempts")
+	f.Float64Var(&o.retryMultiplier, "retry-multiplier", relay.DefaultRetryMultiplier, "growth of the delay after each failure")
+	f.Float64Var(&o.retryJitter, "retry-jitter", relay.DefaultRetryJitter, "randomization of each delay, 0 to 1")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "how long a dead relay's lanes wait before others take them")
+	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often lanes are renewed and rebalanced (default lease-ttl/3)")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", 0, "on shutdown, how long in-flight batches may finish before they are rolled back (default publish-timeout)")
+	f.BoolVar(&o.syncCommit, "synchronous-commit", false, "keep synchronous_commit on for the relay's sessions (off costs only redeliveries after a database crash)")
+	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead; only their heartbeat's age tells (relays behind PgBouncer are never judged by their connection)")
+	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
+	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
+	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "share a route's lanes with live relays that run another configuration of it (topics, sink, format, on-dead-letter, fan-out) during a rolling change; without it such a relay takes no lane and exits 2")
+	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
+	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for outbox-relay replay")
+	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
+	f.DurationVar(&o.connectTimeout, "connect-timeout", 30*time.Second, "how long to wait for the database at start-up before exiting (and for a broker that refuses the sink's credentials)")
+	f.StringVar(&o.format, "format", "raw", "message format: raw, cloudevents (binary mode, headers per sink binding) or debezium (outbox event router compatible)")
+	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
+	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
+	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez, /readyz and the operator console (/ui, /api/v1) (empty disables)")
+	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
+	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
+	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
+	f.DurationVar(&o.consoleFailing, "console-failing-after", console.DefaultFailingAfter, "how long messages of a topic or route may have been failing before the console's overview shows a banner")
+	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database (a count of the outbox: less often when a count takes more than a twentieth of it)")
+	return cmd
+}
+
+// check reports the first flag of o whose value is a mistake on the
+// command line (zero means "default" in relay.Config).
+func (o runOptions) check() error {
+	// Zero means "default" in relay.Config; on the command line it is a
+	// mistake.
+	for name, v := range map[string]int64{
+		"workers": int64(o.workers), "pipeline": int64(o.pipeline), "batch-size": int64(o.batchSize), "max-attempts": int64(o.maxAttempts),
+		"poll-interval": int64(o.pollInterval), "watch-interval": int64(o.watchInterval), "publish-timeout": int64(o.publishTimeout),
+		"retry-max": int64(o.retryMax), "lease-ttl": int64(o.leaseTTL), "metrics-interval": int64(o.metricsInterval),
+		"connect-timeout": int64(o.connectTimeout), "batch-bytes": o.batchBytes, "max-message-bytes": o.maxMessageBytes, "console-sample-interval": int64(o.consoleSample),
+		"console-failing-after": int64(o.consoleFailing),
+	} {
+		if v <= 0 {
+			return usagef("outbox: %s: must be positive", name)
+		}
+	}
+	if o.heartbeat < 0 || o.drainTimeout < 0 || o.retryInitial < 0 {
+		return usagef("outbox: heartbeat, drain-timeout and retry-initial must not be negative")
+	}
+	if o.maxConns < 0 {
+		return usagef("outbox: max-conns: must not be negative (0: what the configuration needs, plus one)")
+	}
+	return nil
+}
+
+// relayConfig is the relay configuration the flags of o give, with its
+// defaults, validated.
+func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
+	base := relay.Config{
+		ID:                  o.id,
+		Schema:              g.schema,
+		Workers:             o.workers,
+		Pipeline:            o.pipeline,
+		BatchSize:           o.batchSize,
+		BatchBytes:          o.batchBytes,
+		MaxMessageBytes:     o.maxMessageBytes,
+		PollInterval:        o.pollInterval,
+		Wakeup:              o.wakeup,
+		WatchInterval:       o.watchInterval,
+		PublishTimeout:      o.publishTimeout,
+		MaxAttempts:         o.maxAttempts,
+		OnDeadLetter:        o.onDeadLetter,
+		RetryInitial:        o.retryInitial,
+		RetryMax:            o.retryMax,
+		RetryMultiplier:     o.retryMultiplier,
+		RetryJitter:         o.retryJitter,
+		LeaseTTL:            o.leaseTTL,
+		Heartbeat:           o.heartbeat,
+		DrainTimeout:        o.drainTimeout,
+		DisableFastFailover: o.noFastFailover,
+		Archive:             o.archive,
+		ArchiveRetention:    o.archiveRetain,
+		ConnectTimeout:      o.connectTimeout,
+		OnConfigChange:      relay.ConfigChangeFail,
+		Version:             version(),
+		Logger:              g.log,
+	}
+	if o.retryJitter == 0 {
+		base.RetryJitter = -1 // an explicit 0 means no jitter
+	}
+	if o.allowConfChange {
+		base.OnConfigChange = relay.ConfigChangeAllow
+	}
+	base = base.WithDefaults()
+	if err := base.Validate(); err != nil {
+		return relay.Config{}, &usageError{err}
+	}
+	return base, nil
+}
+
+func (g *globals) run(parent context.Context, o runOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	base, err := o.relayConfig(g)
+	if err != nil {
+		return err
+	}
+	routes, planned, single, err := planRoutes(g, o, base)
+	if err != nil {
+		return err
+	}
+	maxConns, workers, err := connBudget(planned, o.maxConns)
+	if err != nil {
+		return err
+	}
+	tokens, err := loadTokens(o)
+	if err != nil {
+		return err
+	}
+	if err := g.requireDatabase(); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	closing := stopDeadline(ctx, parent, planned)
+	opened, closeSinks, err := g.openSinks(routes, closing)
+	defer closeSinks()
+	if err != nil {
+		return err
+	}
+
+	pool, err := relay.NewPool(parent, relay.PoolConfig{
+		URL: g.databaseURL, Workers: workers, MaxConns: maxConns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
+	})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if o.migrate {
+		if _, err := migrations.Apply(ctx, pool, g.schema); err != nil {
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		relayprom.NewPoolCollector(pool))
+	metrics := relayprom.New(reg, version())
+	shutdownTracing, tracing, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log))
+	if err != nil {
+		return &usageError{err}
+	}
+	defer func() {
+		cctx, cancel := closing(5 * time.Second)
+		defer cancel()
+		_ = shutdownTracing(cctx)
+	}()
+	hooks, err := routeHooks(routes, planned, metrics, tracing)
+	if err != nil {
+		return err
+	}
+	relays, err := newRelays(pool, routes, opened, base, single, hooks)
+	if err != nil {
+		return &usageError{err}
+	}
+	reg.MustRegister(relayprom.NewHealthCollector(relays, 2*time.Second))
+	for _, cfg := range planned {
+		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
+	}
+	if o.adminAddr != "" {
+		stopAdmin, err := g.serveAdmin(parent, o, adminParts{pool: pool, base: base, tokens: tokens, routes: routes,
+			planned: planned, reg: reg, relays: relays, metrics: metrics}, closing)
+		defer stopAdmin()
+		if err != nil {
+			return err
+		}
+	}
+	// Each relay says "relay running" once it has reached the database and
+	// checked the schema; nothing here has connected yet.
+	g.log.Info("starting", "database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns)
+	if o.exitWhenEmpty {
+		runCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go g.cancelWhenEmpty(runCtx, pool, cancel)
+		ctx = runCtx
+	}
+	if err := relays.Run(ctx); err != nil {
+		if errors.Is(err, relay.ErrConfig) {
+			return &usageError{err}
+		}
+		return err
+	}
+	return nil
+}
+
+// planRoutes reads the routes (the config file's table, or --sink for a
+// single relay: single) and plans each route's relay configuration.
+func planRoutes(g *globals, o runOptions, base relay.Config) (routes []route, planned []relay.Config, single bool, err error) {
+	routes, err = parseRoutes(g, base)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	switch {
+	case routes != nil && o.sink != "":
+		return nil, nil, false, usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
+	case routes == nil:
+		open, name, err := parseSink(o.sink, g)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		routes = []route{{cfg: base, open: open, sinkName: name, label: sinkLabel(o.sink), scheme: sinkScheme(o.sink)}}
+		single = true
+	}
+	for i := range routes {
+		// The fingerprint of the route's configuration covers the sink's
+		// target, redacted (see relay.Config.Destination).
+		routes[i].cfg.Destination = routes[i].sinkName
+	}
+	for i := range routes {
+		if err := routes[i].applyFormat(o); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	planned = []relay.Config{base}
+	if !single {
+		if planned, err = setConfig(routes, nil, base, nil).Plan(); err != nil {
+			return nil, nil, false, &usageError{err}
+		}
+	}
+	return routes, planned, single, nil
+}
+
+// openSinks opens the sink of each route; closeAll closes those opened
+// (it is also the one to call when openSinks fails).
+func (g *globals) openSinks(routes []route, closing func(time.Duration) (context.Context, context.CancelFunc)) (opened []sinks.Sink, closeAll func(), err error) {
+	opened = make([]sinks.Sink, 0, len(routes))
+	closeAll = func() {
+		cctx, cancel := closing(10 * time.Second)
+		defer cancel()
+		for _, s := range opened {
+			if err := s.Close(cctx); err != nil {
+				g.log.Warn("closing sink", "error", err)
+			}
+		}
+	}
+	for _, rt := range routes {
+		s, err := rt.open()
+		if err != nil {
+			return opened, closeAll, fmt.Errorf("outbox: sink %s: %w", rt.sinkName, err)
+		}
+		opened = append(opened, s)
+	}
+	return opened, closeAll, nil
+}
+
+// adminParts are what the admin listener serves.
+type adminParts struct {
+	pool    *pgxpool.Pool
+	base    relay.Config
+	tokens  *console.Tokens
+	routes  []route
+	planned []relay.Config
+	reg     *prometheus.Registry
+	relays  runner
+	metrics *relayprom.Metrics
+}
+
+// serveAdmin starts the admin listener (metrics, health, the console),
+// the console's sampler and the backlog gauges' watch. stop ends them, in
+// the reverse order; it is also the one to call when serveAdmin fails.
+func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts, closing func(time.Duration) (context.Context, context.CancelFunc)) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
+	if err != nil {
+		return stop, err
+	}
+	sampleCtx, stopSampling := context.WithCancel(parent)
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); sampler.Run(sampleCtx) }()
+	stops = append(stops, func() { stopSampling(); <-sampled })
+	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con)
+	if err != nil {
+		return stop, &usageError{err}
+	}
+	g.log.Info("admin listener", "addr", srv.Addr())
+	stops = append(stops, func() {
+		cctx, cancel := closing(5 * time.Second)
+		defer cancel()
+		_ = srv.Close(cctx)
+	})
+	// The backlog gauges count the outbox (0.85 s of database time
+	// on a 1M backlog here): only when someone can scrape them.
+	watchCtx, stopWatch := context.WithCancel(parent)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		p.metrics.WatchOutbox(watchCtx, p.pool, g.schema, o.metricsInterval, g.log)
+	}()
+	stops = append(stops, func() { stopWatch(); <-watchDone })
+	return stop, nil
+}
+
+// closeGrace is how long past the drain timeout a stop may take to close
+// the sinks, the admin listener and the tracing exporter once the drain
+// used all of it: enough for a clean close, bounded whatever a sink does.
+const closeGrace = time.Second
+
+// stopDeadline returns the contexts the closes of a run get: each bounded
+// by its own limit and, once ctx ends (the signal), by the longest drain
+// timeout of the planned relays plus closeGrace from then, so that the
+// process exits within that bound whatever a sink does (a sink that cannot
+// connect, a broker that stopped reading).
+func stopDeadline(ctx, parent context.Context, planned []relay.Config) func(time.Duration) (context.Context, context.CancelFunc) {
+	var drain time.Duration
+	for _, c := range planned {
+		drain = max(drain, c.WithDefaults().DrainTimeout)
+	}
+	var stopBy atomic.Int64 // unix nanoseconds; 0 until ctx ends
+	context.AfterFunc(ctx, func() { stopBy.Store(time.Now().Add(drain + closeGrace).UnixNano()) })
+	return func(limit time.Duration) (context.Context, context.CancelFunc) {
+		deadline := time.Now().Add(limit)
+		if by := stopBy.Load(); by != 0 {
+			deadline = time.Unix(0, min(by, deadline.UnixNano()))
+		}
+		return context.WithDeadline(context.WithoutCancel(parent), deadline)
+	}
+}
+
+// connBudget returns the process's connection cap (--max-conns, or by
+// default what the planned relays need with every worker's pipeline full,
+// plus one for health checks and metrics) and its workers over all
+// relays. A cap below the need is a
+// usage error rather than fewer workers than configured: a worker without
+// a connection of its own would make its relay hand its lanes away.
+func connBudget(planned []relay.Config, maxConns int) (int, int, error) {
+	workers := 0
+	for _, c := range planned {
+		workers += c.Workers
+	}
+	need := relay.Conns(planned...)
+	if maxConns == 0 {
+		return need + relay.PipelineConns(planned...) + 1, workers, nil
+	}
+	if maxConns < need {
+		return 0, 0, usagef("outbox: max-conns: %d is below the %d connections this configuration holds (per route, one per worker and one for the lane lease; one LISTEN connection): raise max-conns or lower workers", maxConns, need)
+	}
+	return maxConns, workers, nil
+}
+
+// cancelWhenEmpty cancels the run once the outbox holds no message.
+func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cancel func()) {
+	s, err := store.NewSchema(g.schema)
+	if err != nil {
+		return // the relays refuse the schema and end the run
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if empty, err := s.Empty(ctx, pool); err == nil && empty {
+			g.log.Info("outbox is empty; exiting")
+			cancel()
+			return
+		}
+	}
+}
+
+func newHealthcheck(g *globals) *cobra.Command {
+	var addr, path string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "healthcheck",
+		Short: "Exit 0 when the relay on this host is ready (for images without a shell)",
+		Long: `Asks the admin listener of a relay running on this host (--admin-addr) for
+/readyz and exits 0 when it answers 200, 1 otherwise. Use it as a Docker
+HEALTHCHECK in the distroless image.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if err := adminhttp.Probe(ctx, addr, path); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "ok")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "admin-addr", ":9090", "the relay's admin listener")
+	cmd.Flags().StringVar(&path, "path", "/readyz", "endpoint to check: /readyz or /livez")
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "how long to wait for an answer")
+	return cmd
+}
+
+func newVersion(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version and the schema version it needs",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(g.stdout, "outbox-relay %s (schema version %d, %s)\n", version(), migrations.Latest(), goVersion())
+			return nil
+		},
+	}
+}
+
+func goVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.GoVersion
+	}
+	return "go"
+}
+
+// exitCodeFor is exported for tests through Main.
+var _ = os.Exit

@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"bytes"
+	"cmp"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/app/console"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
+)
+
+// loadTokens reads --admin-token-file. Unlike the *_FILE secrets, which
+// are accepted with a warning, a token file others can read is refused:
+// whoever reads it can replay and purge.
+func loadTokens(o runOptions) (*console.Tokens, error) {
+	if o.adminTokenFile == "" {
+		if o.adminReadToken {
+			return nil, usagef("outbox: admin-read-token: needs --admin-token-file (the tokens that may read)")
+		}
+		return nil, nil
+	}
+	b, fi, err := readRegularFile("admin-token-file", o.adminTokenFile, maxSecretFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	if exposed(fi) {
+		return nil, usagef("outbox: admin-token-file: %s is readable by other users (mode %s): chmod 600 it (in Kubernetes: defaultMode 0440 and the pod's fsGroup)",
+			o.adminTokenFile, fi.Mode().Perm())
+	}
+	t, err := console.ParseTokens(bytes.NewReader(b))
+	if err != nil {
+		return nil, usagef("outbox: admin-token-file: %s: %v", o.adminTokenFile, err)
+	}
+	return t, nil
+}
+
+// newConsole builds the operator console of the admin listener and the
+// sampler behind its charts (the caller runs it).
+func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions, tokens *console.Tokens,
+	routes []route, planned []relay.Config) (*console.Console, *console.Sampler, error) {
+	admin, err := operator.New(pool, g.schema)
+	if err != nil {
+		return nil, nil, &usageError{err}
+	}
+	var shown []console.Route
+	for _, cfg := range planned {
+		rt := describe(routes, cfg.Route)
+		cr := console.Route{Name: cfg.Route, Topics: cfg.Topics, FanOut: cfg.Router(), Sink: rt.sinkName,
+			Format: cmp.Or(rt.format, o.format),
+			Settings: map[string]string{
+				"workers":      strconv.Itoa(cfg.Workers),
+				"batch_size":   strconv.Itoa(cfg.BatchSize),
+				"max_attempts": strconv.Itoa(cfg.MaxAttempts),
+			}}
+		if cr.Topics == nil {
+			cr.Topics = []string{}
+		}
+		if rt.open == nil { // the built-in routes: no sink of their own
+			cr.Format = ""
+		}
+		shown = append(shown, cr)
+	}
+	sampler := console.NewSampler(admin, o.consoleSample, g.log)
+	c, err := console.New(console.Config{
+		Admin:        admin,
+		Tokens:       tokens,
+		ProtectReads: o.adminReadToken,
+		Routes:       shown,
+		Samples:      sampler,
+		FailingAfter: o.consoleFailing,
+		Relay:        console.Identity{ID: base.ID, Version: version()},
+		Logger:       g.log,
+	})
+	if err != nil {
+		return nil, nil, &usageError{err}
+	}
+	return c, sampler, nil
+}

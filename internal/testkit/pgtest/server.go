@@ -1,0 +1,223 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit/testproc"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// Instance is a throwaway PostgreSQL server of one test, made by Server.
+// A test that restarts, stops, kills or reconfigures a server uses one of
+// these, never the shared server at URL(): other tests, and other people,
+// are using that one.
+type Instance struct {
+	proc  *testproc.Instance
+	pgCtl string
+	data  string
+	log   string
+	url   string
+	port  int
+}
+
+// Server starts a PostgreSQL server of its own for the test: initdb into a
+// temporary directory, pg_ctl start on a free loopback port, trust
+// authentication, fsync off (nothing in it outlives the test). It is
+// killed and its directory removed when the test ends, whether it passed,
+// failed or panicked. Without initdb and pg_ctl the test is skipped, or
+// fails under CI=true, saying what to install.
+//
+// Binaries: TEST_PG_BIN (a directory), else initdb on PATH, else the
+// newest /usr/lib/postgresql/<version>/bin. Running as root, the server
+// runs as the OS user postgres.
+func Server(t testing.TB) *Instance {
+	t.Helper()
+	return ServerConf(t)
+}
+
+// ServerConf is Server with extra postgresql.conf lines, such as
+// "wal_level = logical".
+func ServerConf(t testing.TB, conf ...string) *Instance {
+	t.Helper()
+	bin, err := pgBin()
+	if err != nil {
+		Unavailable(t, "a throwaway PostgreSQL server needs initdb and pg_ctl: %v "+
+			"(Debian: apt-get install postgresql; or set TEST_PG_BIN to their directory)", err)
+	}
+	proc, err := testproc.New(t, "outbox-pgtest-", "postgres")
+	if errors.Is(err, testproc.ErrUnsupported) {
+		Unavailable(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatalf("throwaway PostgreSQL: %v", err)
+	}
+	s := &Instance{
+		proc:  proc,
+		pgCtl: filepath.Join(bin, "pg_ctl"),
+		data:  filepath.Join(proc.Dir, "data"),
+		log:   filepath.Join(proc.Dir, "postgres.log"),
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := s.run(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres",
+		"--auth=trust", "--encoding=UTF8", "--no-locale", "--no-sync"); err != nil {
+		t.Fatalf("throwaway PostgreSQL: initdb: %v\n%s", err, out)
+	}
+	inited := time.Since(start)
+	// A port free a moment ago may be taken by the time the server binds
+	// it: try another.
+	for attempt := 1; ; attempt++ {
+		if s.port, err = testproc.FreePort(); err != nil {
+			t.Fatalf("throwaway PostgreSQL: free port: %v", err)
+		}
+		lines := fmt.Sprintf("\n# throwaway test server (internal/testkit/pgtest)\nport = %d\nlisten_addresses = '127.0.0.1'\n"+
+			"unix_socket_directories = '%s'\nfsync = off\nfull_page_writes = off\n", s.port, proc.Dir)
+		for _, c := range conf {
+			lines += c + "\n"
+		}
+		if err := appendFile(filepath.Join(s.data, "postgresql.auto.conf"), lines); err != nil {
+			t.Fatalf("throwaway PostgreSQL: %v", err)
+		}
+		if err = s.Start(ctx); err == nil {
+			break
+		}
+		if attempt == 3 || !strings.Contains(testproc.Tail(s.log, 20), "could not bind") {
+			t.Fatalf("throwaway PostgreSQL: %v", err)
+		}
+	}
+	s.url = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
+	t.Logf("throwaway PostgreSQL on 127.0.0.1:%d in %s (initdb %s, ready after %s)", s.port, proc.Dir,
+		inited.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("throwaway PostgreSQL log (tail):\n%s", testproc.Tail(s.log, 30))
+		}
+		// No shutdown checkpoint to wait for: the whole directory goes.
+		if err := s.Kill(); err != nil {
+			t.Errorf("throwaway PostgreSQL: %v", err)
+		}
+	})
+	return s
+}
+
+// URL is the server's connection URL (user postgres, database postgres).
+func (s *Instance) URL() string { return s.url }
+
+// Pool connects to the server, like the package's Pool does to the shared
+// one. The pool is closed when the test ends.
+func (s *Instance) Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return connect(t, s.url)
+}
+
+// Schema creates and migrates a schema named after the test on the server.
+// It is not dropped at the end: the server goes.
+func (s *Instance) Schema(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, schema := s.Pool(t), SchemaName(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
+		t.Fatalf("migrate %q: %v", schema, err)
+	}
+	return pool, schema
+}
+
+// Start starts the server and returns once it accepts connections.
+func (s *Instance) Start(ctx context.Context) error {
+	return s.ctl(ctx, "start", "-l", s.log)
+}
+
+// Stop shuts the server down in fast mode (sessions are ended, like an
+// operator's restart) and returns once it is down.
+func (s *Instance) Stop(ctx context.Context) error {
+	return s.ctl(ctx, "stop", "-m", "fast")
+}
+
+// Restart is Stop then Start: it returns once the server accepts
+// connections again.
+func (s *Instance) Restart(ctx context.Context) error {
+	return s.ctl(ctx, "restart", "-m", "fast", "-l", s.log)
+}
+
+// Kill sends SIGKILL to the postmaster and every backend at once, as a
+// crash of the machine would: the next Start runs crash recovery. It
+// returns once they are gone.
+func (s *Instance) Kill() error {
+	return s.proc.KillAll()
+}
+
+func (s *Instance) ctl(ctx context.Context, action string, args ...string) error {
+	full := append([]string{action, "-D", s.data, "-w", "-t", "120"}, args...)
+	if out, err := s.run(ctx, s.pgCtl, full...); err != nil {
+		return fmt.Errorf("pg_ctl %s: %v\n%s\nserver log (tail):\n%s", action, err, out, testproc.Tail(s.log, 20))
+	}
+	return nil
+}
+
+// run runs one of the server's programs as the server's user; the output
+// is for error messages.
+func (s *Instance) run(ctx context.Context, name string, args ...string) (string, error) {
+	return testproc.Output(ctx, s.proc.Command(name, args, []string{"LC_ALL=C"}, "PG"))
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// pgBin finds the directory holding initdb and pg_ctl.
+func pgBin() (string, error) {
+	has := func(dir string) bool {
+		for _, p := range []string{"initdb", "pg_ctl"} {
+			if fi, err := os.Stat(filepath.Join(dir, p)); err != nil || fi.IsDir() {
+				return false
+			}
+		}
+		return true
+	}
+	if dir := os.Getenv("TEST_PG_BIN"); dir != "" {
+		if !has(dir) {
+			return "", fmt.Errorf("TEST_PG_BIN=%s has no initdb and pg_ctl", dir)
+		}
+		return dir, nil
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
+			return filepath.Dir(real), nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
+	for _, d := range dirs {
+		if has(d) {
+			return d, nil
+		}
+	}
+	return "", errors.New("initdb not found on PATH nor in /usr/lib/postgresql/*/bin")
+}
+
+func pgVersion(binDir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
+	return v
+}

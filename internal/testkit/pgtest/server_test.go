@@ -1,0 +1,67 @@
+package pgtest
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit/testproc"
+)
+
+// TestServer runs a throwaway server through what the fault tests do to
+// it: committed rows survive a restart and a crash (SIGKILL of every
+// process), the server refuses connections while stopped, and nothing of
+// it is left once its test has ended.
+func TestServer(t *testing.T) {
+	t.Parallel()
+	var dir string
+	t.Run("lifecycle", func(t *testing.T) {
+		s := Server(t)
+		dir = s.proc.Dir
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		pool, schema := s.Schema(t)
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "messages"}.Sanitize()).Scan(&n))
+		_, err := pool.Exec(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+		require.NoError(t, err)
+		startTime := func() (ts time.Time) {
+			t.Helper()
+			c, err := pgx.Connect(ctx, s.URL())
+			require.NoError(t, err)
+			defer c.Close(ctx)
+			require.NoError(t, c.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&ts))
+			return ts
+		}
+		first := startTime()
+
+		require.NoError(t, s.Restart(ctx))
+		afterRestart := startTime()
+		require.True(t, afterRestart.After(first), "restart: start time %s, before %s", afterRestart, first)
+
+		require.NoError(t, s.Stop(ctx))
+		_, err = pgx.Connect(ctx, s.URL())
+		require.Error(t, err, "connected to a stopped server")
+		require.NoError(t, s.Start(ctx))
+
+		require.NoError(t, s.Kill())
+		require.Empty(t, s.proc.Processes(), "processes left after Kill")
+		require.NoError(t, s.Start(ctx))
+		require.True(t, startTime().After(afterRestart))
+		c, err := pgx.Connect(ctx, s.URL())
+		require.NoError(t, err)
+		defer c.Close(ctx)
+		require.NoError(t, c.QueryRow(ctx, "SELECT count(*) FROM kept").Scan(&n))
+		require.Equal(t, 1, n, "a committed row was lost in the crash")
+	})
+	if dir == "" {
+		return // the server did not start: nothing to check
+	}
+	_, err := os.Stat(dir)
+	require.True(t, os.IsNotExist(err), "server directory %s left behind: %v", dir, err)
+	require.Empty(t, testproc.ProcessesIn(dir), "server processes left behind")
+}
