@@ -14,19 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/store"
 )
 
-// Wake-up. Workers claim in a loop and, when they find nothing, wait for a
-// wake-up or their PollInterval. What wakes them must cost the writers
-// nothing, so no trigger runs in the writers' transactions by default:
-// one relay process per schema, the watcher (elected with an advisory
-// lock held by its LISTEN session, so it changes hands the moment that
-// session dies), learns of new rows from the WAL or by polling, and of
-// retries and delayed messages coming due by looking them up in the
-// index of waiting rows, wakes its own workers at once and the other
-// processes with a NOTIFY from its own session. Every process LISTENs on
-// the schema's channel; a notification with an empty payload means "new
-// rows", other payloads belong to other listeners and are not a reason to
-// claim. Wake-ups are an optimization:
-// a lost one costs latency up to PollInterval, never a message.
+// Wake-up: docs/design.md ("Wake-up") explains it once. This file holds
+// the waker (one per process: its LISTEN session, the NOTIFYs it hears,
+// and the workers it wakes); watch.go is the watcher's state machine and
+// wal.go the WAL stream. Wake-ups are an optimization: a lost one costs
+// latency up to PollInterval, never a message.
 
 func (r *Relay) wakeAll() {
 	for i, c := range r.wake {
