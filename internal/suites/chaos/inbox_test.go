@@ -297,9 +297,14 @@ type consumers struct {
 
 // consume runs one consumer at a time on the group (one at a time keeps
 // each key's order, as a Kafka partition's single owner does) and kills
-// it every 0.3-1 s: either its context ends (mid-flight: a transaction in
-// progress rolls back) or its next XACK fails after the commit. The next
-// consumer first claims what the dead one left pending, then reads on.
+// each one after a few reads, at a random point of the read after them:
+// either in the middle of its transaction (its context ends after a
+// random number of postings: the transaction rolls back) or after its
+// commit, when its XACK fails. Kills are counted in reads, not in time, so
+// that every consumer gets some reads through however slow the machine
+// (killed on a timer, consumers on a loaded machine died before finishing
+// any read, and the group stopped moving). The next consumer first claims
+// what the dead one left pending, then reads on.
 func (b *bank) consume(ctx context.Context, t *testing.T, rng *rand.Rand, rdb *redis.Client, stream, group string) consumers {
 	var st consumerStats
 	var mu sync.Mutex
@@ -309,32 +314,20 @@ func (b *bank) consume(ctx context.Context, t *testing.T, rng *rand.Rand, rdb *r
 		defer close(done)
 		for gen := 1; ; gen++ {
 			cctx, cancel := context.WithCancel(ctx)
-			var dead atomic.Bool
+			f := &fate{cancel: cancel, reads: 1 + rng.IntN(3), midFlight: rng.IntN(2) == 0, postings: rng.IntN(60)}
 			exited := make(chan error, 1)
 			name := fmt.Sprintf("c%d", gen)
-			go func() { exited <- b.consumer(cctx, rdb, dyingClient{rdb, &dead}, stream, group, name) }()
+			go func() { exited <- b.consumer(cctx, rdb, dyingClient{rdb, &f.dead}, stream, group, name, f) }()
 			mu.Lock()
 			st.consumers++
-			midFlight := rng.IntN(2) == 0
-			life := 300*time.Millisecond + time.Duration(rng.Int64N(int64(700*time.Millisecond)))
 			mu.Unlock()
-			tm := time.NewTimer(life)
 			var err error
 			select {
 			case <-stop:
-				tm.Stop()
 				cancel()
 				<-exited
 				return
-			case <-tm.C:
-				if midFlight {
-					cancel()
-				} else {
-					dead.Store(true)
-				}
-				err = <-exited
 			case err = <-exited:
-				tm.Stop()
 			}
 			cancel()
 			mu.Lock()
@@ -361,14 +354,45 @@ func (b *bank) consume(ctx context.Context, t *testing.T, rng *rand.Rand, rdb *r
 	}}
 }
 
+// fate is how a consumer dies: after reads whole reads, in the next one,
+// either mid-flight (its context ends after postings postings of that
+// read's transaction) or after the commit (dead: its XACK fails).
+type fate struct {
+	cancel    context.CancelFunc
+	reads     int
+	midFlight bool
+	postings  int
+	dead      atomic.Bool
+}
+
 // consumer claims the group's pending entries, then reads new ones, and
 // handles them through the inbox, a read at a time, until ctx ends or an
-// XACK fails.
-func (b *bank) consumer(ctx context.Context, rdb *redis.Client, acker dyingClient, stream, group, name string) error {
+// XACK fails; f decides when it dies.
+func (b *bank) consumer(ctx context.Context, rdb *redis.Client, acker dyingClient, stream, group, name string, f *fate) error {
 	g := redisinbox.Group{Client: acker, Stream: stream, Group: group}
+	reads := 0
 	// One transaction, one inbox statement and one XACK per read.
 	handle := func(xs []redis.XMessage) error {
-		if err := redisinbox.HandleBatch(ctx, b.in, b.pool, g, xs, b.post); err != nil {
+		if len(xs) == 0 {
+			return nil
+		}
+		reads++
+		post := b.post
+		if reads > f.reads {
+			if !f.midFlight {
+				f.dead.Store(true)
+			} else {
+				n := 0
+				post = func(ctx context.Context, tx pgx.Tx, x redis.XMessage) error {
+					if n++; n > f.postings {
+						f.cancel()
+						return ctx.Err()
+					}
+					return b.post(ctx, tx, x)
+				}
+			}
+		}
+		if err := redisinbox.HandleBatch(ctx, b.in, b.pool, g, xs, post); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
