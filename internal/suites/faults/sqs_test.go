@@ -84,7 +84,9 @@ func TestSNSOutage(t *testing.T) {
 // time (see sqssink's receiveOnce).
 func receiveAll(t *testing.T, client *sqs.Client, queueURL string) []delivery {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Two requests a message, thousands of messages: a bound for a loaded
+	// machine, not a measure.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var got []delivery
 	for {
