@@ -391,12 +391,14 @@ func (p *inproc) stop(t testing.TB) {
 
 // countingSink wraps a real sink and records, per message id, when each
 // attempt was made (a message reported ErrNotAttempted was not attempted),
-// and when each failed Send returned.
+// and when each Send that attempted nothing returned.
 type countingSink struct {
-	inner  sinks.Sink
-	mu     sync.Mutex
-	tries  map[string][]time.Time
-	failed []time.Time
+	inner sinks.Sink
+	mu    sync.Mutex
+	tries map[string][]time.Time
+	// unreached: when each Send that attempted none of its messages (the
+	// sink could not reach its backend) returned.
+	unreached []time.Time
 }
 
 func newCountingSink(inner sinks.Sink) *countingSink {
@@ -408,32 +410,34 @@ func (c *countingSink) Send(ctx context.Context, msgs []sinks.Message) error {
 	err := c.inner.Send(ctx, msgs)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil {
-		c.failed = append(c.failed, time.Now())
-	}
+	tried := 0
 	for i, m := range msgs {
 		if oe := sinks.Outcome(err, i, len(msgs)); errors.Is(oe, sinks.ErrNotAttempted) {
 			continue
 		}
+		tried++
 		c.tries[m.ID] = append(c.tries[m.ID], at)
+	}
+	if err != nil && tried == 0 {
+		c.unreached = append(c.unreached, time.Now())
 	}
 	return err
 }
 
-func (c *countingSink) Close(ctx context.Context) error { return c.inner.Close(ctx) }
-
-// firstFailure is when the first Send that failed after t returned; zero
-// if none did.
-func (c *countingSink) firstFailure(t time.Time) time.Time {
+// firstUnreached is when the first Send after t that attempted none of
+// its messages returned; zero if none did.
+func (c *countingSink) firstUnreached(t time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, at := range c.failed {
+	for _, at := range c.unreached {
 		if at.After(t) {
 			return at
 		}
 	}
 	return time.Time{}
 }
+
+func (c *countingSink) Close(ctx context.Context) error { return c.inner.Close(ctx) }
 
 // attempts returns a copy of the attempt times per message id.
 func (c *countingSink) attempts() map[string][]time.Time {
