@@ -149,7 +149,8 @@ func TestPgBouncerRelaysDeliverOnce(t *testing.T) {
 	require.Len(t, got, n, "no message delivered twice (no relay crashed)")
 	checkOrder(t, got)
 	require.Empty(t, sink.Violations())
-	require.Zero(t, e.count("messages"))
+	// The sink holds the last batch before its relay has settled it.
+	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 0 }, "%d messages left in the outbox", e.count("messages"))
 	require.Equal(t, 1, e.watcherLockHolders(), "only the direct relay holds the watcher lock")
 }
 
