@@ -38,7 +38,10 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		var n int
 		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'`, app).Scan(&n))
+			// The claim's transaction (its last statement the claim), not
+			// another of the relay's (a heartbeat's, between its round trips).
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
+			 AND query LIKE '%c.message_id, c.topic%'`, app).Scan(&n))
 		return n > 0, "no claim transaction open yet:\n" + p.logs.tail(10)
 	})
 	return p, func() int { return count(t, pool, schema, "messages") }
