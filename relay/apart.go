@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
 // apart settles a batch whose settle statements the database refused
@@ -164,9 +163,9 @@ func (a *apart) delivered(s settlement) error {
 			a.src.QueueDelete(b, ts)
 		}
 	}, func(i int) {
-		a.out.deliver(claimed{msg: sinks.Message{Seq: s.delivered[dl[i]]}, ctid: a.tids[s.delivered[dl[i]]]})
+		id := s.delivered[dl[i]]
+		a.out.deliver(id, a.tids[id])
 		if router {
-			id := s.delivered[dl[i]]
 			for _, rt := range routes[id] {
 				a.out.copies.IDs, a.out.copies.Routes = append(a.out.copies.IDs, id), append(a.out.copies.Routes, rt)
 			}
@@ -184,7 +183,7 @@ func (a *apart) delivered(s settlement) error {
 		a.st.log.Error("delivered message cannot be archived; removing it from the outbox without its archive copy", "id", id, "error", refused)
 		refused, err := a.try(func(b *pgx.Batch) { a.src.QueueDelete(b, []pgtype.TID{a.tids[id]}) })
 		if err == nil && refused == nil {
-			a.out.deliver(claimed{msg: sinks.Message{Seq: id}, ctid: a.tids[id]})
+			a.out.deliver(id, a.tids[id])
 		}
 		return err
 	})

@@ -94,7 +94,7 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 		err := sinks.Outcome(sendErr, i, len(batch))
 		if m.Key != "" && held[m.Key] {
 			if err == nil {
-				s.deliver(c)
+				s.deliver(c.msg.Seq, c.ctid)
 				s.notes = append(s.notes, note{at: i, outOfOrder: true})
 			} else {
 				s.untouched++
@@ -103,7 +103,7 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 		}
 		switch {
 		case err == nil:
-			s.deliver(c)
+			s.deliver(c.msg.Seq, c.ctid)
 		case errors.Is(err, sinks.ErrNotAttempted):
 			// Not tried (the sink stopped early): leave it, and the
 			// later messages of its key with it.
@@ -150,14 +150,15 @@ func route(batch []claimed, dests []fanOutDest) settlement {
 			s.deadLetter(i, c.msg.Seq, ReasonPermanent, fmt.Errorf("no route matches topic %q", c.msg.Topic), false)
 			continue
 		}
-		s.deliver(c)
+		s.deliver(c.msg.Seq, c.ctid)
 	}
 	return s
 }
 
-func (s *settlement) deliver(c claimed) {
-	s.delivered = append(s.delivered, c.msg.Seq)
-	s.deliveredTIDs = append(s.deliveredTIDs, c.ctid)
+// deliver adds row id (at ctid) to the delivered rows.
+func (s *settlement) deliver(id int64, ctid pgtype.TID) {
+	s.delivered = append(s.delivered, id)
+	s.deliveredTIDs = append(s.deliveredTIDs, ctid)
 }
 
 func (s *settlement) deadLetter(at int, id int64, reason string, err error, holds bool) {
