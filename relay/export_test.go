@@ -31,6 +31,7 @@ const (
 	SigWAL          = sigWAL
 	SigPolling      = sigPolling
 	SigWatcherIdle  = sigWatcherIdle
+	SigSchemaHold   = sigSchemaHold
 
 	// The bits of SigMembersHeard's value.
 	HeardFreed = heardFreed

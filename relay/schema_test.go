@@ -61,6 +61,11 @@ func TestRelayStopsClaimingWhenTheSchemaOutgrowsIt(t *testing.T) {
 	e.recordMigration(next, next)
 	eventually(t, 10*time.Second, func() bool { return r.Ready(context.Background()) != nil }, "relay still ready")
 	require.ErrorContains(t, r.Ready(context.Background()), "upgrade the relay")
+	// Every worker has seen it (a claim that began before it did may
+	// still be under way until then).
+	for w := range e.config().Workers {
+		r.AwaitSignal(t, signalBound, relay.SigSchemaHold, 0, func(v int) bool { return v == w })
+	}
 	e.write(msg("t", "k", "during"))
 	// Several heartbeats (and polls, one every heartbeat's fourth):
 	// nothing is claimed.

@@ -37,11 +37,14 @@ const (
 	sigPolling     // the watcher polls for new rows
 	sigWatcherIdle // the watcher has woken nobody for a while (see watch.idle)
 
+	// A worker (value: its id).
+	sigSchemaHold // the worker stopped claiming: the schema needs a newer relay
+
 	numSignals
 )
 
 var signalNames = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle"}
+	"elected", "following", "WAL", "polling", "watcher idle", "schema hold"}
 
 func (s signal) String() string {
 	if s < numSignals {

@@ -45,6 +45,9 @@ type worker struct {
 	// such claim).
 	full     bool
 	lastFull time.Time
+	// held: the worker claims nothing while the schema needs a newer
+	// relay (see watchSchema).
+	held bool
 }
 
 // next is what a worker's loop does after a claim.
@@ -70,9 +73,14 @@ func (r *Relay) work(ctx, hard context.Context, id int) {
 		r.lastLoop[id].Store(time.Now().UnixNano())
 		if r.schemaErr.Load() != nil && len(w.flying) == 0 {
 			// Claim nothing on a schema this relay does not know.
+			if !w.held {
+				w.held = true
+				r.cfg.sig.emit(sigSchemaHold, id)
+			}
 			sleep(ctx, r.cfg.PollInterval)
 			continue
 		}
+		w.held = false
 		if w.claimNow && r.schemaErr.Load() == nil && (len(w.flying) == 0 || w.overlap && !w.besideEmpty && w.roomBeside()) {
 			switch w.claim() {
 			case stop:

@@ -2,13 +2,16 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
@@ -42,7 +45,7 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 			// another of the relay's (a heartbeat's, between its round trips).
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
 			 AND query LIKE '%c.message_id, c.topic%'`, app).Scan(&n))
-		return n > 0, "no claim transaction open yet:\n" + p.logs.tail(10)
+		return n > 0, "no claim transaction open yet; the relay's sessions:\n" + sessions(t, pool, app) + "\n" + p.logs.tail(10)
 	})
 	return p, func() int { return count(t, pool, schema, "messages") }
 }
@@ -76,4 +79,24 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.Equal(t, 1, p.wait(10*time.Second), "the second signal exits 1, without waiting for the 1 min drain")
 	require.Contains(t, p.logs.String(), "second terminated: exiting at once")
 	require.Equal(t, 200, left(), "every message is still in the outbox")
+}
+
+// sessions lists the database sessions of application app (state, wait
+// and the start of the last statement), to say where a relay waits.
+func sessions(t *testing.T, pool *pgxpool.Pool, app string) string {
+	rows, err := pool.Query(context.Background(),
+		`SELECT state, coalesce(wait_event_type || ':' || wait_event, ''), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+		 FROM pg_stat_activity WHERE application_name = $1 ORDER BY backend_start`, app)
+	require.NoError(t, err)
+	var b strings.Builder
+	for rows.Next() {
+		var state, wait, query string
+		require.NoError(t, rows.Scan(&state, &wait, &query))
+		fmt.Fprintf(&b, "  %s [%s] %s\n", state, wait, query)
+	}
+	require.NoError(t, rows.Err())
+	if b.Len() == 0 {
+		return "  (none)"
+	}
+	return b.String()
 }
