@@ -101,12 +101,10 @@ type Config struct {
 	// broker (rabbitmqctl list_connections, management UI). Default:
 	// "outbox-relay".
 	ConnectionName string `yaml:"connection_name"`
-	// PublishTimeout bounds one Send: waiting for a connection and a
-	// channel, publishing and waiting for every confirm. When 0 (unset), a
-	// Send is bounded by the caller's deadline alone (the relay's
-	// --publish-timeout), or by DefaultPublishTimeout when the caller set
-	// none; when set, it bounds each Send inside the caller's deadline,
-	// whichever ends first (see sinks.SendContext). Default: 0.
+	// PublishTimeout bounds one Send (waiting for a connection and a
+	// channel, publishing, waiting for every confirm) inside the caller's
+	// deadline (the relay's --publish-timeout); 0 leaves the bound to the
+	// caller (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds TCP connect, TLS and AMQP handshakes. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -272,19 +270,9 @@ func checkURL(raw string) (*url.URL, error) {
 
 // ParseURL parses a --sink URL such as
 // amqp://guest:guest@127.0.0.1:5672/?exchange=events&routing_key=orders.{topic}
-// into a Config. Every Config field is accepted as a query parameter under
-// its yaml name (TLS fields as sinkconf.TLSParams names them: tls,
-// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
+// into a validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	c.URL = base
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
 }
 
 // params are the URL query parameters, every Config field under its yaml

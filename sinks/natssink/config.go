@@ -92,12 +92,10 @@ type Config struct {
 	// Name is the client name the server shows (connz). Default:
 	// "outbox-relay".
 	Name string `yaml:"name"`
-	// PublishTimeout bounds one Send: waiting for the connection, publishing
-	// and waiting for every ack. When 0 (unset), a Send is bounded by the
-	// caller's deadline alone (the relay's --publish-timeout), or by
-	// DefaultPublishTimeout when the caller set none; when set, it bounds
-	// each Send inside the caller's deadline, whichever ends first (see
-	// sinks.SendContext). Default: 0.
+	// PublishTimeout bounds one Send (waiting for the connection,
+	// publishing, waiting for every ack) inside the caller's deadline
+	// (the relay's --publish-timeout); 0 leaves the bound to the caller
+	// (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -266,19 +264,9 @@ func servers(raw string) ([]string, error) {
 
 // ParseURL parses a --sink URL such as
 // nats://127.0.0.1:4222?subject=events.{topic}&stream=EVENTS into a
-// Config. Every Config field is accepted as a query parameter under its
-// yaml name (TLS fields as sinkconf.TLSParams names them: tls,
-// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
+// validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	c.URL = base
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
 }
 
 var params = sinkconf.NewParams("nats", "",

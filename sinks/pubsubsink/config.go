@@ -101,24 +101,17 @@ func (c Config) Validate() error {
 }
 
 // ParseURL parses a --sink URL such as
-// pubsub://my-project?topic=events.{topic} into a Config: the host is the
-// project, and every other Config field is accepted as a query parameter
-// under its yaml name; any other parameter is an error naming it. The
-// result is validated.
+// pubsub://my-project?topic=events.{topic} into a validated Config: the
+// host is the project (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme != "pubsub" || u.User != nil || u.Port() != "" || strings.Trim(u.Path, "/") != "" {
-		return Config{}, fmt.Errorf("outbox: pubsub: url: want pubsub://PROJECT?topic=..., got %q", redact.URL(base))
-	}
-	c.Project = u.Host
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error {
+		u, err := url.Parse(base)
+		if err != nil || u.Scheme != "pubsub" || u.User != nil || u.Port() != "" || strings.Trim(u.Path, "/") != "" {
+			return fmt.Errorf("outbox: pubsub: url: want pubsub://PROJECT?topic=..., got %q", redact.URL(base))
+		}
+		c.Project = u.Host
+		return nil
+	})
 }
 
 var params = sinkconf.NewParams("pubsub", "",

@@ -67,11 +67,9 @@ type Config struct {
 	// ClientName is the name the server shows (CLIENT LIST). Default:
 	// "outbox-relay".
 	ClientName string `yaml:"client_name"`
-	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
-	// the caller's deadline alone (the relay's --publish-timeout), or by
-	// DefaultPublishTimeout when the caller set none; when set, it bounds
-	// each Send inside the caller's deadline, whichever ends first (see
-	// sinks.SendContext). Default: 0.
+	// PublishTimeout bounds one Send inside the caller's
+	// deadline (the relay's --publish-timeout); 0 leaves the bound to the
+	// caller (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// DialTimeout bounds one connection attempt. Default: 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -204,19 +202,9 @@ func parseServer(raw string, cluster bool) (server, error) {
 
 // ParseURL parses a --sink URL such as
 // redis://127.0.0.1:6379/0?stream=events.{topic}&maxlen=1000000 into a
-// Config. Every Config field is accepted as a query parameter under its
-// yaml name (TLS fields as sinkconf.TLSParams names them: tls,
-// tls_ca_file, ...); any other parameter is an error naming it. The result is validated.
+// validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	c.URL = base
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
 }
 
 var params = sinkconf.NewParams("redis", "",

@@ -98,6 +98,29 @@ func (p Params[C]) ParseURL(raw string) (c C, base string, err error) {
 	return c, u.String(), nil
 }
 
+// Validator is a sink's Config: it says what is wrong with itself.
+type Validator interface{ Validate() error }
+
+// ParseConfig is a sink's ParseURL: it parses raw's query as p.ParseURL
+// does (every Config field under its yaml name, TLS fields as TLSParams
+// names them; any other parameter is an error naming it), hands the URL
+// without its query to setBase (which puts it in the config, or refuses
+// it), and validates the result.
+func ParseConfig[C Validator](p Params[C], raw string, setBase func(c *C, base string) error) (C, error) {
+	var zero C
+	c, base, err := p.ParseURL(raw)
+	if err != nil {
+		return zero, err
+	}
+	if err := setBase(&c, base); err != nil {
+		return zero, err
+	}
+	if err := c.Validate(); err != nil {
+		return zero, err
+	}
+	return c, nil
+}
+
 // Query returns c's parameters that are set, secrets redacted: the query
 // of the sink's Redacted URL.
 func (p Params[C]) Query(c *C) url.Values {

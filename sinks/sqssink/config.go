@@ -77,11 +77,9 @@ type Config struct {
 	// Concurrency is the number of SendMessageBatch requests one Send has
 	// in flight. Default: 8.
 	Concurrency int `yaml:"concurrency"`
-	// PublishTimeout bounds one Send. When 0 (unset), a Send is bounded by
-	// the caller's deadline alone (the relay's --publish-timeout), or by
-	// DefaultPublishTimeout when the caller set none; when set, it bounds
-	// each Send inside the caller's deadline, whichever ends first (see
-	// sinks.SendContext). Default: 0.
+	// PublishTimeout bounds one Send inside the caller's
+	// deadline (the relay's --publish-timeout); 0 leaves the bound to the
+	// caller (see sinks.SendContext). Default: 0.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 }
 
@@ -120,22 +118,13 @@ func (c Config) Validate() error {
 
 // ParseURL parses a --sink URL such as
 // sqs://?queue_url=https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}
-// into a Config. Every Config field is accepted as a query parameter
-// under its yaml name; any other parameter is an error naming it. The URL
-// has no host or path: the queue URL is a parameter, since it is a
-// template. The result is validated.
+// into a validated Config (see sinkconf.ParseConfig for its parameters).
+// The URL has no host or path: the queue URL is a parameter, since it is
+// a template.
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	if err := awsbatch.CheckBase("sqs", base, "queue_url", "the queue URL"); err != nil {
-		return Config{}, err
-	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(_ *Config, base string) error {
+		return awsbatch.CheckBase("sqs", base, "queue_url", "the queue URL")
+	})
 }
 
 var params = sinkconf.NewParams("sqs", "",
