@@ -84,7 +84,7 @@ func (r *Relay) source() *source {
 // skip are lanes not to claim: those being handed over, and those of
 // the worker's batches in flight. only, unless nil, are the only lanes
 // visited.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation int, skip, only []int16) (_ []claimed, more, cut bool, _ error) {
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation, limit int, skip, only []int16) (_ []claimed, more, cut bool, _ error) {
 	partial := r.priority[worker]
 	found := 0
 	cb := &pgx.Batch{}
@@ -95,10 +95,11 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	// Room for a small claim: at middle rates a claim takes tens of rows,
 	// and a whole batch's worth for each (some 85 KB at 500) was most of
 	// the relay's garbage (its CPU beside 16 writers: −15 %).
-	batch := make([]claimed, 0, min(r.cfg.BatchSize, 64))
+	batch := make([]claimed, 0, min(limit, 64))
+	laneLimit := min(r.laneLimit, limit)
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
-		Limit: r.cfg.BatchSize, LaneLimit: r.laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
+		Limit: limit, LaneLimit: laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
 		Priority: r.priority[worker], Settings: r.claimSettings,
 	}, &r.priority[worker], func(row store.ClaimedRow) error {
@@ -124,7 +125,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		return nil, false, false, fmt.Errorf("outbox: claim: %w", err)
 	}
 	n := len(batch)
-	return batch, n >= r.laneLimit || found > n || (partial && n > 0), found > n, nil
+	return batch, n >= laneLimit || found > n || (partial && n > 0), found > n, nil
 }
 
 // keySerialLanes: a sink that sends a key's messages one round trip after

@@ -32,6 +32,8 @@ const (
 	SigPolling      = sigPolling
 	SigWatcherIdle  = sigWatcherIdle
 	SigSchemaHold   = sigSchemaHold
+	SigOutage       = sigOutage
+	SigProbed       = sigProbed
 
 	// The bits of SigMembersHeard's value.
 	HeardFreed = heardFreed

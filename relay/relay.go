@@ -42,6 +42,8 @@ type Relay struct {
 	// lease keeps the relay's share of the lanes, and owns the lane
 	// state (see leaser).
 	lease *leaser
+	// brk is the route's outage breaker (see breaker).
+	brk *breaker
 
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
@@ -156,6 +158,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.log = r.log.With("route", cfg.Route)
 	}
 	r.lease = r.newLeaser(fingerprint(cfg, sink))
+	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig)
 	return r, nil
 }
 
@@ -171,6 +174,10 @@ func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
 		starved: r.starved, inFlight: r.inFlight.Load, wakeAll: r.wakeAll,
 	})
 }
+
+// State returns the route's delivery state: whether its destination is
+// down as a whole (see OutageHooks).
+func (r *Relay) State() RouteState { return r.brk.State() }
 
 // ID returns the relay's id.
 func (r *Relay) ID() string { return r.cfg.ID }

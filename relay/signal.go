@@ -40,11 +40,15 @@ const (
 	// A worker (value: its id).
 	sigSchemaHold // the worker stopped claiming: the schema needs a newer relay
 
+	// The outage breaker.
+	sigOutage // it opened (value 1) or closed (value 0)
+	sigProbed // a probe found the destination still down (value: how many so far)
+
 	numSignals
 )
 
 var signalNames = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle", "schema hold"}
+	"elected", "following", "WAL", "polling", "watcher idle", "schema hold", "outage", "probed"}
 
 func (s signal) String() string {
 	if s < numSignals {

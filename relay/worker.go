@@ -48,6 +48,9 @@ type worker struct {
 	// held: the worker claims nothing while the schema needs a newer
 	// relay (see watchSchema).
 	held bool
+	// gate: the outage breaker let no claim through; the worker waits
+	// for it as wait says (see breaker).
+	gate admission
 }
 
 // next is what a worker's loop does after a claim.
@@ -82,11 +85,13 @@ func (r *Relay) work(ctx, hard context.Context, id int) {
 		}
 		w.held = false
 		if w.claimNow && r.schemaErr.Load() == nil && (len(w.flying) == 0 || w.overlap && !w.besideEmpty && w.roomBeside()) {
-			switch w.claim() {
-			case stop:
-				return
-			case claimAgain:
-				continue
+			if w.gate = r.brk.admit(id); w.gate.ok {
+				switch w.claim(w.gate.probe) {
+				case stop:
+					return
+				case claimAgain:
+					continue
+				}
 			}
 		}
 		if !w.wait() {
@@ -96,8 +101,8 @@ func (r *Relay) work(ctx, hard context.Context, id int) {
 }
 
 // claim claims a batch (from the lanes wake-ups named, or all of the
-// worker's) and sends it on its way.
-func (w *worker) claim() next {
+// worker's; probe: one message, see breaker) and sends it on its way.
+func (w *worker) claim(probe bool) next {
 	r := w.r
 	w.claimNow = false
 	busy := busyLanes(w.flying)
@@ -116,7 +121,11 @@ func (w *worker) claim() next {
 		return claimAgain
 	}
 	beside := len(w.flying) > 0
-	f, err := r.begin(w.ctx, w.hard, w.id, w.rotation, busy, only)
+	limit := r.cfg.BatchSize
+	if probe {
+		limit = 1
+	}
+	f, err := r.begin(w.ctx, w.hard, w.id, w.rotation, limit, busy, only)
 	w.rotation = nextRotation(w.rotation, r.cfg.Workers, f)
 	if only == nil {
 		for _, o := range w.flying {
@@ -125,6 +134,9 @@ func (w *worker) claim() next {
 	}
 	switch {
 	case err != nil:
+		if probe {
+			r.brk.abandon()
+		}
 		if w.ctx.Err() != nil {
 			return stop
 		}
@@ -133,6 +145,7 @@ func (w *worker) claim() next {
 		w.claimNow, w.full = true, true
 		return claimAgain
 	case f != nil:
+		f.probe = probe
 		w.fly(f)
 		if f.more {
 			if only != nil {
@@ -144,6 +157,9 @@ func (w *worker) claim() next {
 		}
 		w.claimNow = f.more
 		return claimAgain
+	}
+	if probe {
+		r.brk.landed(w.id, true, foundNothing, nil)
 	}
 	return w.claimedNothing(beside)
 }
@@ -184,9 +200,17 @@ func (w *worker) claimedNothing(beside bool) next {
 // per message). It returns false when the relay is stopping.
 func (w *worker) wait() bool {
 	r := w.r
-	var poll, sinkSlow <-chan time.Time
+	var poll, sinkSlow, probe <-chan time.Time
 	var t *time.Timer
+	gate := w.gate
+	w.gate = admission{}
 	switch {
+	case gate.changed != nil:
+		// The breaker is open: claim when it lets the worker through.
+		if !gate.at.IsZero() {
+			t = time.NewTimer(time.Until(gate.at))
+			probe = t.C
+		}
 	case len(w.flying) == 0:
 		t = time.NewTimer(r.cfg.PollInterval)
 		poll = t.C
@@ -209,6 +233,8 @@ func (w *worker) wait() bool {
 		w.claimNow, w.besideEmpty, w.full = true, false, true
 	case <-sinkSlow:
 		w.overlap = true
+	case <-gate.changed:
+	case <-probe:
 	}
 	if t != nil {
 		t.Stop()
@@ -225,7 +251,16 @@ func (w *worker) landed(f *flight) bool {
 	r := w.r
 	w.flying = slices.DeleteFunc(w.flying, func(o *flight) bool { return o == f })
 	r.handoverMayGoOn()
+	if errors.Is(f.err, errDestinationDown) {
+		// The breaker waits (see breaker), not the worker.
+		r.brk.landed(w.id, f.probe, foundDown, f.err)
+		w.claimNow, w.full = true, true
+		return w.ctx.Err() == nil
+	}
 	if f.err != nil {
+		if f.probe {
+			r.brk.abandon()
+		}
 		if w.ctx.Err() != nil {
 			return false
 		}
@@ -233,6 +268,7 @@ func (w *worker) landed(f *flight) bool {
 		w.claimNow, w.full = true, true
 		return true
 	}
+	r.brk.landed(w.id, f.probe, wentThrough, nil)
 	w.bo.Reset()
 	w.overlap = f.sinkBound()
 	// Claim again when the batch's claim may have left some behind, a
@@ -246,12 +282,6 @@ func (w *worker) landed(f *flight) bool {
 // backOff waits after a failed cycle.
 func (w *worker) backOff(err error) {
 	d := w.bo.NextBackOff()
-	if errors.Is(err, errNothingAttempted) {
-		// The sink could not reach its backend (it wrote nothing): the
-		// next claim is the probe, and a backend that is back should not
-		// wait the database's reconnect pace.
-		d = min(d, time.Second)
-	}
 	w.log.Warn("batch failed; retrying", "error", err, "retry_in", d)
 	if ch, ok := w.r.cfg.Hooks.(CycleErrorHooks); ok {
 		ch.CycleError(err)
@@ -280,10 +310,6 @@ func (w *worker) roomBeside() bool {
 	return st.AcquiredConns()+1 < st.MaxConns()
 }
 
-// errNothingAttempted: the sink tried none of a batch's messages and
-// reported no failure (its backend unreachable, or a broken sink).
-var errNothingAttempted = errors.New("outbox: sink attempted nothing")
-
 // flight is a claimed batch on its way: its transaction is open on conn
 // until finish publishes and settles it.
 type flight struct {
@@ -297,6 +323,8 @@ type flight struct {
 	// passed: a later claim ran while this batch was in flight, skipping
 	// its lanes (set and read by the worker's loop only).
 	passed bool
+	// probe: the batch is the outage breaker's probe (see breaker).
+	probe bool
 	// claimed is when the claim returned (ev.ClaimDuration, set before
 	// the batch goes to finish, says how long it took).
 	claimed time.Time
@@ -355,7 +383,7 @@ func nextRotation(rotation, workers int, f *flight) int {
 // skipping the lanes being handed over and busy (those of the batches in
 // flight). A claim that finds nothing commits at once and returns a nil
 // flight.
-func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, busy laneSet, only []int16) (_ *flight, err error) {
+func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, busy laneSet, only []int16) (_ *flight, err error) {
 	start := time.Now()
 	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
@@ -391,7 +419,7 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation int, busy lane
 	if visit == nil {
 		visit = r.ownedOf(worker)
 	}
-	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, skip, visit)
+	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, limit, skip, visit)
 	r.stats.Claims.Add(1)
 	if only != nil {
 		r.stats.LaneClaims.Add(1)
@@ -423,7 +451,7 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 	var s settlement
 	if f.src.router() {
 		s = route(f.batch, r.cfg.fanOut)
-	} else if s, err = r.publish(hard, f.batch, &f.ev); err != nil {
+	} else if s, err = r.publish(hard, f.batch, f.probe, &f.ev); err != nil {
 		return err
 	}
 	return r.settler.settle(hard, f.conn.Conn(), f.src, f.batch, s, &f.ev)
@@ -478,21 +506,20 @@ func rollback(hard context.Context, pc *pgx.Conn) {
 // publish hands a claimed batch to the sink and decides, from its
 // answer, the batch's settlement; ev holds what the claim knows, and
 // publish records the send in it.
-func (r *Relay) publish(hard context.Context, batch []claimed, ev *BatchEvent) (settlement, error) {
+func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *BatchEvent) (settlement, error) {
 	r.send(hard, batch, ev)
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
 		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
-	s := decide(batch, ev.SendErr, r.rules)
-	if s.untouched == len(batch) {
-		// The sink tried nothing and reported no failure (it broke off, or
-		// breaks the contract): claiming the same batch again at once would
-		// spin. Release it and let the worker back off.
-		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), ev.SendErr)
+	if isDown, cause := down(batch, ev.SendErr, probe); isDown {
+		// Nothing got through, and nothing failed on its own: roll the
+		// batch back untouched (no attempt counted) and let the breaker
+		// probe the destination (see breaker).
+		return settlement{}, fmt.Errorf("%w: none of %d messages got through: %w", errDestinationDown, len(batch), cause)
 	}
-	return s, nil
+	return decide(batch, ev.SendErr, r.rules), nil
 }
 
 // send hands batch to the sink within PublishTimeout and records the

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"net"
 	"time"
 )
 
@@ -158,7 +159,64 @@ var (
 	// attempts and its backlog goes out at the worker's next try once it is
 	// back.
 	ErrNotAttempted = errors.New("outbox: not attempted: an earlier message with the same key failed")
+	// ErrUnavailable marks a failure that says the destination as a whole
+	// is unavailable, not that this message is wrong: the receiver
+	// answered 502, 503 or 504, the request timed out or its connection
+	// was reset, the broker said it has no leader or is shutting down. It
+	// is retriable, and the message may have arrived (a timeout).
+	//
+	// When nothing of a batch got through and nothing failed on its own,
+	// and the failures say the destination is down (a message not sent,
+	// see NotSent, or ErrUnavailable across two keys or more), the relay
+	// counts no attempt: it leaves the batch untouched and opens the
+	// route's outage breaker, which claims one message at a time, as a
+	// probe, on a short backoff until one gets through. Otherwise the
+	// error counts an attempt like any retriable one. Wrap it with
+	// Unavailable.
+	ErrUnavailable = errors.New("outbox: destination unavailable")
 )
+
+// Unavailable marks err as saying the destination as a whole is
+// unavailable (see ErrUnavailable): errors.Is(Unavailable(err),
+// ErrUnavailable) and errors.Is(…, err) both hold. Unavailable(nil) is
+// nil.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return &unavailableError{err}
+}
+
+// NotSent marks err as a failure after which nothing of the message
+// reached the destination (a refused connection, an unresolvable host, a
+// failed TLS handshake): errors.Is(NotSent(err), ErrNotAttempted) holds,
+// so the relay counts no attempt (see ErrNotAttempted), and its text is
+// err's with " (not sent)". NotSent(nil) is nil.
+func NotSent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &notSentError{err}
+}
+
+// Unreached reports whether err says no connection to the destination
+// could be made (a failed dial: refused, no route, the dial timed out; a
+// name that does not resolve): nothing was sent.
+func Unreached(err error) bool {
+	var oe *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &oe) && oe.Op == "dial" || errors.As(err, &dns)
+}
+
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
+func (e *notSentError) Unwrap() []error { return []error{e.err, ErrNotAttempted} }
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string   { return e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{e.err, ErrUnavailable} }
 
 // PermanentError marks a failure that retrying cannot fix. The relay moves
 // the message to the dead-letter table at once, with Reason.

@@ -14,6 +14,8 @@ package httpsink
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -348,15 +350,28 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 			return fmt.Errorf("outbox: http: POST %s: %w", t.display, cerr)
 		}
 		if errors.Is(rctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("outbox: http: POST %s: no answer within the timeout (%s): %w", t.display, s.cfg.Timeout, err)
+			return sinks.Unavailable(fmt.Errorf("outbox: http: POST %s: no answer within the timeout (%s): %w", t.display, s.cfg.Timeout, err))
 		}
 		// url.Error repeats the full URL, which may hold a token; keep
-		// only the cause. Every transport failure is retriable.
+		// only the cause.
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
+		err = fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
+		switch {
+		case errors.Is(err, ErrBlockedAddress):
+			// The name resolved to a non-public address: it may resolve
+			// to a public one again, and the message gets its attempts
+			// before the dead-letter table.
+			return err
+		case sinks.Unreached(err) || isTLSFailure(err):
+			// No connection, so no request: the receiver got nothing.
+			return sinks.NotSent(err)
+		}
+		// The connection broke with the request on it: the receiver may
+		// have it.
+		return sinks.Unavailable(err)
 	}
 	bodyTimer := time.AfterFunc(bodyReadTimeout, cancelReq)
 	defer bodyTimer.Stop()
@@ -373,10 +388,29 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 	if !s.retriable(code) {
 		return sinks.Permanent(se)
 	}
+	var failed error = se
 	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), s.cfg.MaxRetryAfter); ok {
-		return &sinks.RetryAfterError{Err: se, After: d}
+		failed = &sinks.RetryAfterError{Err: se, After: d}
 	}
-	return se
+	if code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout {
+		// The receiver, or what stands in front of it, is down.
+		return sinks.Unavailable(failed)
+	}
+	return failed
+}
+
+// isTLSFailure reports whether err is a failed TLS handshake: a
+// certificate the sink does not trust, a server that does not speak TLS.
+// The request was never written.
+func isTLSFailure(err error) bool {
+	var ve *tls.CertificateVerificationError
+	var rh tls.RecordHeaderError
+	var ae tls.AlertError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &ve) || errors.As(err, &rh) || errors.As(err, &ae) ||
+		errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
 // sendTime is the best estimate of the current time for m, in a Send that

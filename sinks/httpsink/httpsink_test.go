@@ -196,6 +196,9 @@ func TestStatusClassification(t *testing.T) {
 			case retriable:
 				require.Error(t, err)
 				require.False(t, sinks.IsPermanent(err), "%v", err)
+				// 502, 503 and 504 say the receiver is down as a whole.
+				down := tc.code == 502 || tc.code == 503 || tc.code == 504
+				require.Equal(t, down, errors.Is(err, sinks.ErrUnavailable), "%v", err)
 			case permanent:
 				require.Error(t, err)
 				require.True(t, sinks.IsPermanent(err), "%v", err)
@@ -358,12 +361,16 @@ func TestTimeouts(t *testing.T) {
 			// them apart with room for -race on a loaded machine.
 			require.Less(t, time.Since(start), 10*time.Second)
 			require.False(t, sinks.IsPermanent(err), "a timeout is retriable: %v", err)
+			require.ErrorIs(t, err, sinks.ErrUnavailable, "the request may have arrived: unavailable, not unsent")
+			require.NotErrorIs(t, err, sinks.ErrNotAttempted)
 			require.Contains(t, strings.ToLower(err.Error()), "timeout")
 		})
 	}
 }
 
-func TestConnectionRefusedIsRetriable(t *testing.T) {
+// A refused connection sent nothing: not attempted (the relay counts no
+// attempt, and its breaker opens).
+func TestConnectionRefusedIsNotSent(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -373,6 +380,8 @@ func TestConnectionRefusedIsRetriable(t *testing.T) {
 	err = s.Send(context.Background(), []sinks.Message{msg(sinksID(), "t", "", "x", nil)})
 	require.Error(t, err)
 	require.False(t, sinks.IsPermanent(err))
+	require.ErrorIs(t, only(err), sinks.ErrNotAttempted)
+	require.Contains(t, err.Error(), "(not sent)")
 	require.Contains(t, err.Error(), "outbox: http: POST http://"+addr+"/…")
 	require.NotContains(t, err.Error(), "s3cr3t-token")
 }

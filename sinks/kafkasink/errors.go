@@ -3,7 +3,6 @@ package kafkasink
 import (
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/segmentio/kafka-go"
 
@@ -67,8 +66,8 @@ func classify(err error) error {
 	return err
 }
 
-// notSentError is a failure that happened before any byte of a request
-// went out: the broker could not be dialled (connection refused, no route,
+// notSent marks a failure that happened before any byte of a request
+// went out (see sinks.NotSent): the broker could not be dialled (connection refused, no route,
 // a name that does not resolve, the dial timeout), or the transport knows
 // no connection to it. The messages were certainly not delivered, so the
 // error matches sinks.ErrNotAttempted as well as its cause: the relay
@@ -77,18 +76,11 @@ func classify(err error) error {
 // cluster that is down thus costs no attempts, and once it is back the
 // rows go at the worker's next try (its backoff is capped at a few
 // seconds) instead of at each row's exponential retry time, which after a
-// 30 s outage lay up to 39 s past the recovery.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
-func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
-
-// notSent wraps err in a *notSentError when it says that nothing was sent;
-// it returns any other error as is.
+// 30 s outage lay up to 39 s past the recovery. Any other error is
+// returned as is.
 func notSent(err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, kafka.BrokerNotAvailable) {
-		return &notSentError{err}
+	if sinks.Unreached(err) || errors.Is(err, kafka.BrokerNotAvailable) {
+		return sinks.NotSent(err)
 	}
 	return err
 }

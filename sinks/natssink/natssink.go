@@ -304,13 +304,6 @@ func (s *Sink) waitConnected(ctx context.Context) error {
 	}
 }
 
-// notSent marks an error after which the message certainly did not reach
-// the server: the relay counts no attempt.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
-func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
-
 // Send publishes msgs and waits for their acks. See sinks.Sink for the
 // contract and the package doc for the rounds that keep per-key order.
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
@@ -323,13 +316,13 @@ func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 		if errors.Is(err, sinks.ErrClosed) {
 			return err
 		}
-		return &notSentError{err: err}
+		return sinks.NotSent(err)
 	}
 	if s.streamReady != nil {
 		select {
 		case <-s.streamReady:
 		case <-ctx.Done():
-			return &notSentError{err: fmt.Errorf("outbox: nats: create_stream: stream %q not created yet: %w", s.cfg.Stream, ctx.Err())}
+			return sinks.NotSent(fmt.Errorf("outbox: nats: create_stream: stream %q not created yet: %w", s.cfg.Stream, ctx.Err()))
 		}
 	}
 	b := &batch{s: s, msgs: msgs, be: sinks.NewBatchError(len(msgs)), nm: make([]*nats.Msg, len(msgs))}
@@ -552,7 +545,7 @@ func (s *Sink) publishErr(err error) error {
 	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting),
 		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs):
-		return &notSentError{err: fmt.Errorf("outbox: nats: publish: %w", err)}
+		return sinks.NotSent(fmt.Errorf("outbox: nats: publish: %w", err))
 	}
 	return fmt.Errorf("outbox: nats: publish: %w", err)
 }

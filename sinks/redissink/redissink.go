@@ -31,7 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -367,22 +366,14 @@ func replyErr(stream, msg string) error {
 	return sinks.Permanent(err)
 }
 
-// notSentError marks a failure after which nothing reached the server:
-// the relay counts no attempt.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
-func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
-
 // callErr classifies the failure of a whole script call: retriable (a
 // reply refusing the call, such as BUSY, LOADING, OOM or READONLY, cannot
 // be pinned on one entry, and the relay's max attempts bound it; a lost
 // connection may have added some entries, which the relay adds again
 // under the same id). A failed dial sent nothing.
 func (s *Sink) callErr(err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
-		return &notSentError{err: fmt.Errorf("outbox: redis: %w", err)}
+	if sinks.Unreached(err) || errors.Is(err, redis.ErrPoolTimeout) {
+		return sinks.NotSent(fmt.Errorf("outbox: redis: %w", err))
 	}
 	return fmt.Errorf("outbox: redis: %w", err)
 }

@@ -14,7 +14,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -320,23 +319,13 @@ func checkGroupChars(s string) error {
 	return nil
 }
 
-// notSentError marks a request that never reached the service (the
-// endpoint refused the connection, or its name did not resolve): the
-// relay counts no attempt.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }
-func (e *notSentError) Unwrap() []error { return []error{e.err, sinks.ErrNotAttempted} }
-
 // TransportErr classifies a request's failure that is not an answer of
 // the service: a failed dial or name lookup as not sent (wrapping
 // sinks.ErrNotAttempted), anything else (a connection lost mid-request, a
 // timeout) as retriable. errPrefix starts the message ("outbox: sqs").
 func TransportErr(errPrefix string, err error) error {
-	var oe *net.OpError
-	var dns *net.DNSError
-	if errors.As(err, &oe) && oe.Op == "dial" || errors.As(err, &dns) {
-		return &notSentError{err: fmt.Errorf("%s: %w", errPrefix, err)}
+	if sinks.Unreached(err) {
+		return sinks.NotSent(fmt.Errorf("%s: %w", errPrefix, err))
 	}
 	return fmt.Errorf("%s: %w", errPrefix, err)
 }

@@ -1,0 +1,279 @@
+package relay
+
+import (
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// The outage breaker. When a batch finds the destination unavailable as a
+// whole (nothing got through, nothing failed on its own, and the failures
+// say so: a connection that could not be made, or 503s and timeouts
+// across two keys or more; see down), the batch rolls back without
+// counting an attempt, and the route stops claiming: while the breaker is
+// open, one worker at a time probes the destination with a batch of one
+// message, on a backoff (probeInitial doubling up to probeMax, or what
+// the destination asked for with Retry-After). The first probe that gets
+// through closes the breaker and every worker claims at full speed again.
+// A probe that finds the destination down counts no attempt either. The
+// probes rotate over the workers, and so over the lanes and keys: a
+// message that fails alone (a 503 for that message only) does not keep
+// the route open, since the next probe takes another key; once the route
+// delivers again, a lone 503 counts its attempt like any retriable
+// failure. A message that fails on its own (a 4xx, too large,
+// unroutable) never opens the breaker.
+
+const (
+	probeInitial = 500 * time.Millisecond
+	probeMax     = 5 * time.Second
+)
+
+// errDestinationDown: no message of a batch got through and every failure
+// said the destination was unavailable or the message was not attempted.
+// The batch rolls back untouched and the breaker opens.
+var errDestinationDown = errors.New("outbox: destination unavailable")
+
+// OutageHooks is implemented by hooks that want to know when the route's
+// destination goes down as a whole (its breaker opens: the route claims
+// nothing but a probe of one message on a backoff) and when it is back.
+// cause is the error that opened it; nil when it closes.
+type OutageHooks interface {
+	Outage(open bool, since time.Time, cause error)
+}
+
+func (m multiHooks) Outage(open bool, since time.Time, cause error) {
+	for _, h := range m {
+		if oh, ok := h.(OutageHooks); ok {
+			oh.Outage(open, since, cause)
+		}
+	}
+}
+
+// RouteState is a route's delivery state as its breaker sees it.
+type RouteState struct {
+	// Open: the destination was found unavailable; the route claims one
+	// message at a time, as a probe, until one gets through.
+	Open bool
+	// Since is when the breaker opened (zero while closed).
+	Since time.Time
+	// Cause is the error that opened the breaker, or the latest probe's.
+	Cause error
+	// Probes counts the probes that found the destination still down.
+	Probes int
+}
+
+// breaker is a route's outage breaker, shared by its workers.
+type breaker struct {
+	workers int
+	log     *slog.Logger
+	hooks   OutageHooks // nil: none
+	sig     *signals
+	now     func() time.Time
+
+	mu      sync.Mutex
+	state   RouteState
+	next    time.Time // when the next probe may go
+	turn    int       // the worker whose claim is the next probe
+	probing bool      // the probe is in flight
+	empty   int       // probes in a row that found nothing to send
+	bo      *backoff.ExponentialBackOff
+	// changed is closed (and replaced) whenever a waiting worker may be
+	// let through: the breaker closed, or the turn to probe moved.
+	changed chan struct{}
+}
+
+func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *signals) *breaker {
+	oh, _ := hooks.(OutageHooks)
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeInitial, probeMax, 0
+	return &breaker{workers: workers, log: log, hooks: oh, sig: sig, now: time.Now, bo: bo, changed: make(chan struct{})}
+}
+
+// admission is what the breaker lets a worker claim.
+type admission struct {
+	ok    bool // it may claim
+	probe bool // its claim is the probe: one message
+	// Otherwise: wait for changed, or until at (zero: no time).
+	changed <-chan struct{}
+	at      time.Time
+}
+
+// admit says whether worker may claim now, and how much.
+func (b *breaker) admit(worker int) admission {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.state.Open {
+		return admission{ok: true}
+	}
+	if worker == b.turn && !b.probing {
+		if !b.now().Before(b.next) {
+			b.probing = true
+			return admission{ok: true, probe: true}
+		}
+		return admission{changed: b.changed, at: b.next}
+	}
+	return admission{changed: b.changed}
+}
+
+// landed records how a batch of worker ended: down (it found the
+// destination unavailable, cause says how), nothing (a probe that found
+// no message to send), or through (anything else: a message got through,
+// or failed on its own).
+func (b *breaker) landed(worker int, probe bool, o outcome, cause error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if probe {
+		b.probing = false
+	}
+	switch {
+	case o == wentThrough:
+		b.empty = 0
+		if b.state.Open {
+			b.closeLocked()
+		}
+	case o == foundNothing:
+		if !probe || !b.state.Open {
+			return
+		}
+		// Nothing in this worker's lanes: the next worker probes at once.
+		// When none has anything, there is nothing to probe with, and the
+		// next batch says whether the destination is back.
+		b.empty++
+		b.passTurnLocked()
+		if b.empty >= b.workers {
+			b.closeLocked()
+		}
+	case !b.state.Open:
+		b.state = RouteState{Open: true, Since: b.now(), Cause: cause}
+		b.empty = 0
+		b.bo.Reset()
+		b.next = b.probeAt(cause)
+		b.turn = worker
+		b.log.Warn("destination unavailable; claiming nothing but one message at a time as a probe until it is back",
+			"error", cause, "probe_in", b.next.Sub(b.now()).Round(time.Millisecond))
+		if b.hooks != nil {
+			b.hooks.Outage(true, b.state.Since, cause)
+		}
+		b.sig.emit(sigOutage, 1)
+	case probe:
+		b.state.Cause = cause
+		b.state.Probes++
+		b.empty = 0
+		b.next = b.probeAt(cause)
+		b.passTurnLocked()
+		b.sig.emit(sigProbed, b.state.Probes)
+	default:
+		// A batch claimed before the breaker opened.
+		b.state.Cause = cause
+	}
+}
+
+// probeAt is when the next probe goes: after the backoff, or after what
+// the destination asked for (sinks.RetryAfter), whichever is later.
+func (b *breaker) probeAt(cause error) time.Time {
+	d := b.bo.NextBackOff()
+	if ra, ok := sinks.RetryAfter(cause); ok {
+		d = max(d, ra)
+	}
+	return b.now().Add(d)
+}
+
+// abandon ends a probe that neither claimed nor published (the database
+// failed it): the same worker probes again.
+func (b *breaker) abandon() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+}
+
+// passTurnLocked gives the next probe to the next worker.
+func (b *breaker) passTurnLocked() {
+	b.turn = (b.turn + 1) % b.workers
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// closeLocked closes the breaker: every worker claims again.
+func (b *breaker) closeLocked() {
+	since := b.state.Since
+	b.log.Info("destination is back; delivering", "down_for", b.now().Sub(since).Round(time.Millisecond), "probes", b.state.Probes)
+	b.state = RouteState{}
+	b.empty = 0
+	close(b.changed)
+	b.changed = make(chan struct{})
+	if b.hooks != nil {
+		b.hooks.Outage(false, since, nil)
+	}
+	b.sig.emit(sigOutage, 0)
+}
+
+// State returns the breaker's state.
+func (b *breaker) State() RouteState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}
+
+// outcome is how a batch ended, for the breaker.
+type outcome uint8
+
+const (
+	wentThrough  outcome = iota // a message got through, or failed on its own
+	foundDown                   // the destination is unavailable as a whole
+	foundNothing                // the claim found no message
+)
+
+// down reports whether a sink's answer to a batch says the destination is
+// unavailable as a whole: no message got through, none failed on its own,
+// and the failures are evidence enough. A message not sent (a refused
+// connection, an unresolvable host: sinks.NotSent) is; sinks.ErrUnavailable
+// (a 503, a timeout) is when it spans two keys or more (or keyless
+// messages), since one key's 503 may be that message's own, or when the
+// batch is the breaker's probe, which the breaker opened on such evidence.
+// A batch whose every message was held back without a cause (a sink that
+// broke off) counts too: claiming it again at once would spin. The first
+// failure with a cause is returned as the cause.
+func down(batch []claimed, sendErr error, probe bool) (bool, error) {
+	if sendErr == nil || len(batch) == 0 {
+		return false, nil
+	}
+	var cause error
+	notSent, spans := false, false
+	first := "" // the key of the first unavailable message ("" before it)
+	for i := range batch {
+		err := sinks.Outcome(sendErr, i, len(batch))
+		switch {
+		case err == nil, sinks.IsPermanent(err):
+			return false, nil
+		case err == sinks.ErrNotAttempted: //nolint:errorlint // the bare marker: held behind its key
+			continue
+		case errors.Is(err, sinks.ErrNotAttempted):
+			notSent = true
+		case errors.Is(err, sinks.ErrUnavailable):
+			key := batch[i].msg.Key
+			if key == "" {
+				key = "\x00" + strconv.Itoa(i) // a keyless message is a key of its own
+			}
+			if first == "" {
+				first = key
+			} else if key != first {
+				spans = true
+			}
+		default:
+			return false, nil
+		}
+		if cause == nil {
+			cause = err
+		}
+	}
+	if cause == nil {
+		return true, sendErr
+	}
+	return notSent || spans || probe, cause
+}

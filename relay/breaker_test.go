@@ -1,0 +1,125 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
+)
+
+// A webhook receiver that refuses connections, then answers 503 to every
+// request, costs the messages written meanwhile no attempt: the route's
+// breaker opens at the first batch that got nothing through, probes with
+// one message at a time, and delivers everything in key order once the
+// receiver is back. Nothing is dead-lettered although MaxAttempts is 2.
+func TestOutageCountsNoAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var unavailable atomic.Bool
+	var mu sync.Mutex
+	got := map[string][]int{} // key → the seqs accepted, in order
+	rc := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		if unavailable.Load() {
+			return http.StatusServiceUnavailable, "down for maintenance"
+		}
+		seq, _ := strconv.Atoi(r.Header.Get(httpsink.HeaderSeq))
+		mu.Lock()
+		got[r.Header.Get(httpsink.HeaderKey)] = append(got[r.Header.Get(httpsink.HeaderKey)], seq)
+		mu.Unlock()
+		return http.StatusNoContent, ""
+	})
+	sink, err := httpsink.New(httpsink.Config{URL: rc.URL()}, nil)
+	require.NoError(t, err)
+	cfg := e.config()
+	cfg.MaxAttempts = 2
+	r, _ := e.start(cfg, sink)
+	e.write(msg("t", "k0", "before"))
+	eventually(t, 20*time.Second, func() bool { return rc.Accepted() == 1 }, "first delivery")
+
+	// Refused connections.
+	rc.Stop()
+	opened := r.SignalCount(relay.SigOutage)
+	for i := range 40 {
+		e.write(msg("t", fmt.Sprintf("k%d", i%5), fmt.Sprintf("m%d", i)))
+	}
+	r.AwaitSignal(t, signalBound, relay.SigOutage, opened, func(v int) bool { return v == 1 })
+	require.True(t, r.State().Open)
+	require.ErrorContains(t, r.State().Cause, "not sent")
+	probes := r.SignalCount(relay.SigProbed)
+	r.AwaitSignal(t, signalBound, relay.SigProbed, probes+1, nil)
+
+	// 503 to every request.
+	unavailable.Store(true)
+	require.NoError(t, rc.Start())
+	probes = r.SignalCount(relay.SigProbed)
+	requests := rc.Requests()
+	r.AwaitSignal(t, signalBound, relay.SigProbed, probes+1, nil)
+	probed := r.SignalCount(relay.SigProbed) - probes
+	// One request a probe (a batch claimed before the breaker opened may
+	// still have been on its way).
+	require.LessOrEqual(t, rc.Requests()-requests, int64(probed+cfg.Workers*cfg.BatchSize))
+	require.ErrorContains(t, r.State().Cause, "503")
+	var attempts, dead int
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT coalesce(max(attempts), 0) FROM "+e.table("messages")).Scan(&attempts))
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("dead_letters")).Scan(&dead))
+	require.Zero(t, attempts, "an outage counts no attempt")
+	require.Zero(t, dead)
+
+	// Back.
+	closed := r.SignalCount(relay.SigOutage)
+	unavailable.Store(false)
+	r.AwaitSignal(t, signalBound, relay.SigOutage, closed, func(v int) bool { return v == 0 })
+	eventually(t, 20*time.Second, func() bool { return e.count("messages") == 0 }, "outbox drained")
+	require.Zero(t, e.count("dead_letters"))
+	require.False(t, r.State().Open)
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for key, seqs := range got {
+		for i := 1; i < len(seqs); i++ {
+			require.Less(t, seqs[i-1], seqs[i], "key %s out of order: %v", key, seqs)
+		}
+		n += len(seqs)
+	}
+	require.Equal(t, 41, n)
+}
+
+// A message that fails on its own (a 4xx) never opens the breaker, and
+// one receiver's 503 for a single key does not keep the route closed:
+// the other keys go on.
+func TestOneFailingKeyDoesNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rc := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		switch r.Header.Get(httpsink.HeaderKey) {
+		case "bad":
+			return http.StatusUnprocessableEntity, "no"
+		case "busy":
+			return http.StatusServiceUnavailable, "this key's shard is down"
+		}
+		return http.StatusNoContent, ""
+	})
+	sink, err := httpsink.New(httpsink.Config{URL: rc.URL()}, nil)
+	require.NoError(t, err)
+	cfg := e.config()
+	cfg.MaxAttempts = 3
+	r, _ := e.start(cfg, sink)
+	for i := range 30 {
+		e.write(msg("t", fmt.Sprintf("k%d", i%3), "ok"))
+	}
+	e.write(msg("t", "bad", "x"), msg("t", "busy", "y"))
+	eventually(t, 30*time.Second, func() bool { return e.count("dead_letters") == 2 && e.count("messages") == 0 },
+		"both failing messages dead-lettered, the rest delivered (%d left)", e.count("messages"))
+	require.GreaterOrEqual(t, rc.Accepted(), int64(30))
+	require.False(t, r.State().Open)
+}
