@@ -14,8 +14,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"net"
+	"strings"
 	"time"
 )
 
