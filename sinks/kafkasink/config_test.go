@@ -188,3 +188,19 @@ func FuzzParseURL(f *testing.F) {
 		}
 	})
 }
+
+// The Azure Event Hubs recipe of docs/sinks/kafka.md as one URL: the
+// username is the literal $ConnectionString, the password the namespace's
+// connection string, percent-encoded.
+func TestParseURLEventHubs(t *testing.T) {
+	t.Parallel()
+	const cs = "Endpoint=sb://NAMESPACE.servicebus.windows.net/;SharedAccessKeyName=relay;SharedAccessKey=KEY"
+	cfg, err := ParseURL("kafka://$ConnectionString:Endpoint%3Dsb%3A%2F%2FNAMESPACE.servicebus.windows.net%2F%3BSharedAccessKeyName%3Drelay%3BSharedAccessKey%3DKEY@NAMESPACE.servicebus.windows.net:9093?tls=true&sasl_mechanism=plain")
+	require.NoError(t, err)
+	require.Equal(t, SASLConfig{Mechanism: SASLPlain, Username: "$ConnectionString", Password: cs}, cfg.SASL)
+	require.Equal(t, []string{"NAMESPACE.servicebus.windows.net:9093"}, cfg.Brokers)
+	require.True(t, cfg.TLS.Enable)
+	require.NoError(t, cfg.Validate())
+	require.NotContains(t, cfg.Redacted(), "KEY")
+	require.Contains(t, cfg.Redacted(), "xxxxx")
+}
