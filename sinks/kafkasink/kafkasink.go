@@ -599,8 +599,8 @@ func (s *Sink) freshMetadata(ctx context.Context, topics []string) (*meta.Respon
 }
 
 // metadataErr describes a metadata request that failed. No produce
-// request went out before it, so it is not sent (see notSentError), what
-// ever its cause: a broker that cannot be dialled, a TLS handshake or a
+// request went out before it, so it is not sent (see notSentError),
+// whatever its cause: a broker that cannot be dialled, a TLS handshake or a
 // SASL exchange that fails, a connection that breaks, a deadline.
 func (s *Sink) metadataErr(err error) error {
 	return &notSentError{fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, s.connErr(err))}
