@@ -22,6 +22,8 @@ var fullURLs = map[string]string{
 	"kafka": "kafka://relay:" + secret + "@h1:9092,h2:9093?client_id=me&topic_prefix=prod.&topic_map=orders:o.v1&balancer=crc32" +
 		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true" +
 		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=k&tls_insecure_skip_verify=true&sasl_mechanism=scram-sha-256",
+	// aws-msk-iam takes no password: the second kafka URL sets its region.
+	"kafka+iam": "kafka://b1:9098?tls=true&sasl_mechanism=aws-msk-iam&sasl_aws_region=eu-west-1",
 	"amqp": "amqp://relay:" + secret + "@rabbit:5672/vh?exchange=events&routing_key={topic}&unroutable=retry&content_type=text/plain" +
 		"&declare_exchange=passive&connection_name=r1&publish_timeout=5s&dial_timeout=2s&heartbeat=3s&reconnect_initial=1s" +
 		"&reconnect_max=10s&channels=4&max_message_size=1024",

@@ -14,8 +14,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	mskiam "github.com/segmentio/kafka-go/sasl/aws_msk_iam_v2"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	franzsasl "github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
@@ -51,6 +55,10 @@ const (
 	SASLPlain       = "plain"
 	SASLScramSHA256 = "scram-sha-256"
 	SASLScramSHA512 = "scram-sha-512"
+	// SASLAWSMSKIAM is Amazon MSK's IAM access control (SASL mechanism
+	// AWS_MSK_IAM): a SigV4-signed request from the AWS SDK's default
+	// credential chain instead of a username and password.
+	SASLAWSMSKIAM = "aws-msk-iam"
 )
 
 // Secret is the string type of passwords: it never prints (see
@@ -110,13 +118,19 @@ type TLSConfig = sinkconf.TLS
 
 // SASLConfig configures SASL authentication.
 type SASLConfig struct {
-	// Mechanism is "plain", "scram-sha-256" or "scram-sha-512"; "" turns
-	// SASL off. Default "".
+	// Mechanism is "plain", "scram-sha-256", "scram-sha-512" or
+	// "aws-msk-iam"; "" turns SASL off. Default "".
 	Mechanism string `yaml:"mechanism"`
-	// Username is required when Mechanism is set.
+	// Username is required with plain and SCRAM, refused with aws-msk-iam.
 	Username string `yaml:"username"`
-	// Password is required when Mechanism is set. It is never printed.
+	// Password is required with plain and SCRAM, refused with aws-msk-iam.
+	// It is never printed.
 	Password Secret `yaml:"password"`
+	// AWSRegion is the region of the MSK cluster, for aws-msk-iam only
+	// (the region is part of the signature). Default: the AWS SDK's chain
+	// (AWS_REGION, the shared config file); New fails when neither names
+	// one.
+	AWSRegion string `yaml:"aws_region"`
 }
 
 // ParseURL parses a --sink URL of the form
@@ -129,7 +143,8 @@ type SASLConfig struct {
 //
 //	client_id, topic_prefix, topic_map (out1:kafka1,out2:kafka2), balancer,
 //	max_message_bytes, write_timeout, dial_timeout, metadata_ttl (Go
-//	durations), allow_auto_topic_creation (bool), sasl_mechanism, and the
+//	durations), allow_auto_topic_creation (bool), sasl_mechanism,
+//	sasl_aws_region, and the
 //	TLS parameters of sinkconf.TLSParams: tls (bool), tls_ca_file,
 //	tls_cert_file, tls_key_file, tls_server_name,
 //	tls_insecure_skip_verify (bool).
@@ -183,6 +198,7 @@ var params = sinkconf.NewParams("kafka", "",
 	sinkconf.Duration("metadata_ttl", func(c *Config) *time.Duration { return &c.MetadataTTL }),
 	sinkconf.Bool("allow_auto_topic_creation", func(c *Config) *bool { return &c.AllowAutoTopicCreation }),
 	sinkconf.String("sasl_mechanism", func(c *Config) *string { return &c.SASL.Mechanism }),
+	sinkconf.String("sasl_aws_region", func(c *Config) *string { return &c.SASL.AWSRegion }),
 ).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
 
 func setTopicMap(cfg *Config, v string) error {
@@ -279,20 +295,37 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate("kafka", ""); err != nil {
 		return err
 	}
-	switch c.SASL.Mechanism {
+	return c.SASL.validate(c.TLS.On(false))
+}
+
+// validate checks the SASL section; tls says whether TLS is on.
+func (a SASLConfig) validate(tls bool) error {
+	if a.AWSRegion != "" && a.Mechanism != SASLAWSMSKIAM {
+		return errors.New("outbox: kafka: sasl.aws_region: only used with sasl.mechanism aws-msk-iam")
+	}
+	switch a.Mechanism {
 	case "":
-		if c.SASL.Username != "" || c.SASL.Password != "" {
+		if a.Username != "" || a.Password != "" {
 			return errors.New("outbox: kafka: sasl.mechanism: credentials are set but no mechanism")
 		}
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-		if c.SASL.Username == "" {
-			return errors.New("outbox: kafka: sasl.username: required with sasl.mechanism")
+		if a.Username == "" {
+			return errors.New("outbox: kafka: sasl.username: required with sasl.mechanism " + a.Mechanism)
 		}
-		if c.SASL.Password == "" {
-			return errors.New("outbox: kafka: sasl.password: required with sasl.mechanism")
+		if a.Password == "" {
+			return errors.New("outbox: kafka: sasl.password: required with sasl.mechanism " + a.Mechanism)
+		}
+	case SASLAWSMSKIAM:
+		if a.Username != "" || a.Password != "" {
+			return errors.New("outbox: kafka: sasl.username: not used with sasl.mechanism aws-msk-iam (credentials come from the AWS SDK's default chain; remove the user info or the username and password)")
+		}
+		if !tls {
+			// The signed request is a bearer credential for its 5 minutes;
+			// MSK serves IAM authentication only on its TLS listener (9098).
+			return errors.New("outbox: kafka: tls.enable: sasl.mechanism aws-msk-iam needs TLS (tls=true; MSK's IAM listener is TLS only, port 9098)")
 		}
 	default:
-		return fmt.Errorf("outbox: kafka: sasl.mechanism: %q is not one of plain, scram-sha-256, scram-sha-512", redact.URL(c.SASL.Mechanism))
+		return fmt.Errorf("outbox: kafka: sasl.mechanism: %q is not one of plain, scram-sha-256, scram-sha-512, aws-msk-iam", redact.URL(a.Mechanism))
 	}
 	return nil
 }
@@ -341,17 +374,97 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	return c.TLS.Client("kafka", false, "")
 }
 
-func (c Config) saslMechanism() sasl.Mechanism {
+// saslMechanism returns the configured mechanism (nil when SASL is off),
+// wrapped so that its own failures read as authentication failures.
+// aws-msk-iam loads the AWS SDK's configuration: the region and the
+// credential chain (credentials are only retrieved when a connection
+// authenticates).
+func (c Config) saslMechanism() (sasl.Mechanism, error) {
 	user, pass := c.SASL.Username, string(c.SASL.Password)
+	var m sasl.Mechanism
 	switch c.SASL.Mechanism {
+	case "":
+		return nil, nil
 	case SASLPlain:
-		return plain.Mechanism{Username: user, Password: pass}
+		m = plain.Mechanism{Username: user, Password: pass}
 	case SASLScramSHA256:
-		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()}
+		m = scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()}
 	case SASLScramSHA512:
-		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()}
+		m = scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()}
+	case SASLAWSMSKIAM:
+		ac, err := c.SASL.awsConfig(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		m = mskIAMMechanism(ac)
 	}
-	return nil
+	return authMechanism{m: m, who: c.SASL.who()}, nil
+}
+
+// who names the identity in authentication errors: the mechanism and the
+// user, never the password.
+func (a SASLConfig) who() string {
+	if a.Mechanism == SASLAWSMSKIAM {
+		return "sasl.mechanism aws-msk-iam"
+	}
+	return fmt.Sprintf("sasl.mechanism %s, user %q", a.Mechanism, a.Username)
+}
+
+// awsConfig loads the AWS SDK's configuration for aws-msk-iam: the
+// region from AWSRegion or the SDK's chain, the SDK's default credential
+// chain (environment, shared files, web identity such as EKS IRSA, ECS
+// and EC2 roles).
+func (a SASLConfig) awsConfig(ctx context.Context) (aws.Config, error) {
+	var opts []func(*awsconfig.LoadOptions) error
+	if a.AWSRegion != "" {
+		opts = append(opts, awsconfig.WithRegion(a.AWSRegion))
+	}
+	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return aws.Config{}, fmt.Errorf("outbox: kafka: sasl.mechanism aws-msk-iam: loading the AWS SDK configuration: %w", err)
+	}
+	if ac.Region == "" {
+		return aws.Config{}, errors.New("outbox: kafka: sasl.aws_region: required with sasl.mechanism aws-msk-iam: not set, and none in the AWS SDK's chain (AWS_REGION, the shared config file)")
+	}
+	return ac, nil
+}
+
+// mskIAMMechanism signs MSK's AWS_MSK_IAM authentication request with the
+// credentials and region of ac.
+func mskIAMMechanism(ac aws.Config) sasl.Mechanism {
+	return &mskiam.Mechanism{Signer: v4.NewSigner(), Credentials: ac.Credentials, Region: ac.Region}
+}
+
+// authMechanism wraps a mechanism so that an error of its own (a SCRAM
+// server signature that does not verify, AWS credentials that cannot be
+// retrieved) is an *AuthError: the connection failed while
+// authenticating, before any request of the sink went out.
+type authMechanism struct {
+	m   sasl.Mechanism
+	who string
+}
+
+func (a authMechanism) Name() string { return a.m.Name() }
+
+func (a authMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	sm, first, err := a.m.Start(ctx)
+	if err != nil {
+		return nil, nil, &AuthError{Who: a.who, Err: err}
+	}
+	return authSession{sm: sm, who: a.who}, first, nil
+}
+
+type authSession struct {
+	sm  sasl.StateMachine
+	who string
+}
+
+func (s authSession) Next(ctx context.Context, challenge []byte) (bool, []byte, error) {
+	done, resp, err := s.sm.Next(ctx, challenge)
+	if err != nil {
+		return false, nil, &AuthError{Who: s.who, Err: err}
+	}
+	return done, resp, nil
 }
 
 // scramMechanism adapts franz-go's SCRAM client to kafka-go's sasl interface.

@@ -42,6 +42,12 @@ func TestParseURL(t *testing.T) {
 	cfg, err = ParseURL("kafka://u:p@localhost:9092")
 	require.NoError(t, err)
 	require.Equal(t, SASLScramSHA512, cfg.SASL.Mechanism, "user info defaults to SCRAM-SHA-512")
+
+	cfg, err = ParseURL("kafka://b-1.msk.example:9098?tls=true&sasl_mechanism=aws-msk-iam&sasl_aws_region=eu-west-1")
+	require.NoError(t, err)
+	require.Equal(t, SASLConfig{Mechanism: SASLAWSMSKIAM, AWSRegion: "eu-west-1"}, cfg.SASL)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "kafka://b-1.msk.example:9098?sasl_aws_region=eu-west-1&sasl_mechanism=aws-msk-iam&tls=true", cfg.Redacted())
 }
 
 func TestParseURLErrors(t *testing.T) {
@@ -82,6 +88,14 @@ func TestValidateNamesTheField(t *testing.T) {
 		"sasl.mechanism: creds": func(c *Config) { c.SASL.Username = "u" },
 		"sasl.username":         func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Password: "p"} },
 		"sasl.password":         func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Username: "u"} },
+		"sasl.aws_region": func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "plain", Username: "u", Password: "p", AWSRegion: "eu-west-1"}
+		},
+		"sasl.username: iam": func(c *Config) {
+			c.TLS.Enable = true
+			c.SASL = SASLConfig{Mechanism: SASLAWSMSKIAM, Username: "u", Password: "p"}
+		},
+		"tls.enable": func(c *Config) { c.SASL = SASLConfig{Mechanism: SASLAWSMSKIAM, AWSRegion: "eu-west-1"} },
 	} {
 		c := ok
 		mod(&c)
@@ -92,6 +106,12 @@ func TestValidateNamesTheField(t *testing.T) {
 	require.NoError(t, ok.Validate())
 	_, err := New(Config{}, nil)
 	require.ErrorContains(t, err, "brokers")
+
+	// SCRAM and PLAIN without TLS are valid (a private network, a local
+	// broker); docs/sinks/kafka.md says what travels in clear.
+	require.NoError(t, Config{Brokers: []string{"h:9092"}, SASL: SASLConfig{Mechanism: SASLScramSHA512, Username: "u", Password: "p"}}.Validate())
+	require.NoError(t, Config{Brokers: []string{"h:9098"}, TLS: TLSConfig{Enable: true}, SASL: SASLConfig{Mechanism: SASLAWSMSKIAM}}.Validate(),
+		"the region may come from the AWS SDK's chain")
 }
 
 func TestDefaults(t *testing.T) {
@@ -167,4 +187,20 @@ func FuzzParseURL(f *testing.F) {
 			require.NotContains(t, cfg.Redacted(), string(cfg.SASL.Password))
 		}
 	})
+}
+
+// The Azure Event Hubs recipe of docs/sinks/kafka.md as one URL: the
+// username is the literal $ConnectionString, the password the namespace's
+// connection string, percent-encoded.
+func TestParseURLEventHubs(t *testing.T) {
+	t.Parallel()
+	const cs = "Endpoint=sb://NAMESPACE.servicebus.windows.net/;SharedAccessKeyName=relay;SharedAccessKey=KEY"
+	cfg, err := ParseURL("kafka://$ConnectionString:Endpoint%3Dsb%3A%2F%2FNAMESPACE.servicebus.windows.net%2F%3BSharedAccessKeyName%3Drelay%3BSharedAccessKey%3DKEY@NAMESPACE.servicebus.windows.net:9093?tls=true&sasl_mechanism=plain")
+	require.NoError(t, err)
+	require.Equal(t, SASLConfig{Mechanism: SASLPlain, Username: "$ConnectionString", Password: cs}, cfg.SASL)
+	require.Equal(t, []string{"NAMESPACE.servicebus.windows.net:9093"}, cfg.Brokers)
+	require.True(t, cfg.TLS.Enable)
+	require.NoError(t, cfg.Validate())
+	require.NotContains(t, cfg.Redacted(), "KEY")
+	require.Contains(t, cfg.Redacted(), "xxxxx")
 }

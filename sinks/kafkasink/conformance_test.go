@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
@@ -29,6 +31,7 @@ type restartable struct {
 	c    *kfake.Cluster
 	port int
 	dir  string
+	opts []kfake.Opt // the cluster's options, again at every start
 }
 
 func (r *restartable) cluster() *kfake.Cluster {
@@ -53,7 +56,7 @@ func (r *restartable) stop() {
 func (r *restartable) start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(r.port), kfake.DataDir(r.dir))
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.Ports(r.port), kfake.DataDir(r.dir)}, r.opts...)...)
 	if err != nil {
 		return err
 	}
@@ -71,7 +74,7 @@ func newRestartable(t *testing.T, opts ...kfake.Opt) *restartable {
 	require.NoError(t, err)
 	port, err := strconv.Atoi(portStr)
 	require.NoError(t, err)
-	rc := &restartable{c: first, port: port, dir: dir}
+	rc := &restartable{c: first, port: port, dir: dir, opts: opts}
 	t.Cleanup(func() { rc.cluster().Close() })
 	return rc
 }
@@ -80,19 +83,40 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
 		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true},
-		Setup:    conformanceEnv,
+		Setup:    func(t *testing.T) *sinktest.Env { return conformanceEnv(t, nil, nil, nil) },
 	})
 }
 
-func conformanceEnv(t *testing.T) *sinktest.Env {
-	rc := newRestartable(t)
+// TestConformanceSASL runs the suite with SCRAM-SHA-512 on: every
+// connection the sink opens, also after the broker restarts, authenticates.
+func TestConformanceSASL(t *testing.T) {
+	t.Parallel()
+	const user, pass = "relay", "conformance-s3cret"
+	sinktest.Run(t, sinktest.Harness{
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true},
+		Setup: func(t *testing.T) *sinktest.Env {
+			return conformanceEnv(t,
+				[]kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", user, pass)},
+				func(cfg *Config) { cfg.SASL = SASLConfig{Mechanism: SASLScramSHA512, Username: user, Password: pass} },
+				[]kgo.Opt{kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism())})
+		},
+	})
+}
+
+// conformanceEnv starts a restartable cluster with opts, a sink configured
+// by mod and a consumer with consOpts.
+func conformanceEnv(t *testing.T, opts []kfake.Opt, mod func(*Config), consOpts []kgo.Opt) *sinktest.Env {
+	rc := newRestartable(t, opts...)
 	first := rc.cluster()
 
 	s := newSink(t, first, func(cfg *Config) {
 		cfg.TopicPrefix = confPrefix
 		cfg.DialTimeout = 2 * time.Second
+		if mod != nil {
+			mod(cfg)
+		}
 	})
-	cons := newConsumer(t, first.ListenAddrs())
+	cons := newConsumerWith(t, first.ListenAddrs(), consOpts)
 
 	return &sinktest.Env{
 		Sink: s,

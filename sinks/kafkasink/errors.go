@@ -66,10 +66,51 @@ func classify(err error) error {
 	return err
 }
 
+// AuthError is a connection to a broker that failed while authenticating
+// (SASL): the broker refused the credentials (SASL_AUTHENTICATION_FAILED),
+// does not offer the mechanism (UNSUPPORTED_SASL_MECHANISM), or the
+// mechanism itself failed (a SCRAM server signature that does not verify,
+// AWS credentials that cannot be retrieved). It happens before any
+// request of the sink goes out on that connection, so a Send reports it
+// as not sent (see notSent): wrong credentials are a configuration
+// problem, not the messages' fault, and they spend no attempts.
+type AuthError struct {
+	// Who names the mechanism and user ("sasl.mechanism plain, user
+	// \"relay\""); never the password.
+	Who string
+	Err error
+}
+
+func (e *AuthError) Error() string {
+	return "SASL authentication failed (" + e.Who + "; check the sasl settings): " + e.Err.Error()
+}
+
+func (e *AuthError) Unwrap() error { return e.Err }
+
+// saslCodes are the broker answers to the SASL exchange kafka-go reports
+// as errors.
+var saslCodes = []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState}
+
+// authErr returns err as an *AuthError when it is a SASL answer of the
+// broker, naming who; any other error as is.
+func authErr(err error, who string) error {
+	var ae *AuthError
+	if err == nil || errors.As(err, &ae) {
+		return err
+	}
+	for _, code := range saslCodes {
+		if errors.Is(err, code) {
+			return &AuthError{Who: who, Err: err}
+		}
+	}
+	return err
+}
+
 // notSent marks a failure that happened before any byte of a request
 // went out (see sinks.NotSent): the broker could not be dialled (connection refused, no route,
-// a name that does not resolve, the dial timeout), or the transport knows
-// no connection to it. The messages were certainly not delivered, so the
+// a name that does not resolve, the dial timeout), the transport knows no
+// connection to it, or the connection failed while authenticating
+// (*AuthError). The messages were certainly not delivered, so the
 // error matches sinks.ErrNotAttempted as well as its cause: the relay
 // leaves their rows untouched, neither counting an attempt nor storing a
 // backoff in them, and its worker backs off before claiming again. A
@@ -79,7 +120,8 @@ func classify(err error) error {
 // 30 s outage lay up to 39 s past the recovery. Any other error is
 // returned as is.
 func notSent(err error) error {
-	if sinks.Unreached(err) || errors.Is(err, kafka.BrokerNotAvailable) {
+	var ae *AuthError
+	if sinks.Unreached(err) || errors.Is(err, kafka.BrokerNotAvailable) || errors.As(err, &ae) {
 		return sinks.NotSent(err)
 	}
 	return err

@@ -64,20 +64,26 @@ type consumer struct {
 // regular expression consumeAll (found as they are created).
 func newConsumer(t testing.TB, addrs []string, topics ...string) *consumer {
 	t.Helper()
+	return newConsumerWith(t, addrs, nil, topics...)
+}
+
+// newConsumerWith is newConsumer with more client options (SASL, TLS).
+func newConsumerWith(t testing.TB, addrs []string, opts []kgo.Opt, topics ...string) *consumer {
+	t.Helper()
 	consume := kgo.ConsumeTopics(topics...)
 	if len(topics) == 0 {
 		consume = kgo.ConsumeRegex()
 		topics = []string{consumeAll}
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(addrs...),
 		kgo.ConsumeTopics(topics...),
 		consume,
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond),
-		kgo.MetadataMinAge(50*time.Millisecond),
-		kgo.MetadataMaxAge(200*time.Millisecond),
-	)
+		kgo.FetchMaxWait(50 * time.Millisecond),
+		kgo.MetadataMinAge(50 * time.Millisecond),
+		kgo.MetadataMaxAge(200 * time.Millisecond),
+	}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
 	return &consumer{cl: cl}

@@ -19,6 +19,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -91,12 +92,16 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	mech, err := cfg.saslMechanism()
+	if err != nil {
+		return nil, err
+	}
 	s := &Sink{
 		cfg:      cfg,
 		log:      logger.With("sink", "kafka"),
 		addr:     kafka.TCP(cfg.Brokers...),
 		tls:      tc,
-		sasl:     cfg.saslMechanism(),
+		sasl:     mech,
 		balancer: cfg.balancer(),
 		now:      time.Now,
 	}
@@ -156,7 +161,7 @@ func (s *Sink) Healthy(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("outbox: kafka: brokers %v unreachable: %w", s.cfg.Brokers, err)
+		return fmt.Errorf("outbox: kafka: brokers %v unreachable: %w", s.cfg.Brokers, s.connErr(err))
 	}
 	return nil
 }
@@ -573,7 +578,7 @@ func topicMetaFrom(t *meta.ResponseTopic) *topicMeta {
 func (s *Sink) metadata(ctx context.Context, topics []string) (*meta.Response, error) {
 	r, err := s.transport.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics, AllowAutoTopicCreation: s.cfg.AllowAutoTopicCreation})
 	if err != nil {
-		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
+		return nil, s.metadataErr(err)
 	}
 	return r.(*meta.Response), nil
 }
@@ -588,9 +593,34 @@ func (s *Sink) freshMetadata(ctx context.Context, topics []string) (*meta.Respon
 	defer cancel()
 	r, err := t.RoundTrip(ctx, s.addr, &meta.Request{TopicNames: topics})
 	if err != nil {
-		return nil, notSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, err))
+		return nil, s.metadataErr(err)
 	}
 	return r.(*meta.Response), nil
+}
+
+// metadataErr describes a metadata request that failed. No produce
+// request went out before it, so it is not sent (see notSent),
+// whatever its cause: a broker that cannot be dialled, a TLS handshake or a
+// SASL exchange that fails, a connection that breaks, a deadline.
+func (s *Sink) metadataErr(err error) error {
+	return sinks.NotSent(fmt.Errorf("outbox: kafka: metadata from %v: %w", s.cfg.Brokers, s.connErr(err)))
+}
+
+// connErr makes a transport error readable: a SASL answer of the broker
+// becomes an *AuthError naming the mechanism and user, and with SASL on a
+// connection closed by the broker says what that usually means (a broker
+// that answers SaslAuthenticate v0, or kfake, refuses credentials by
+// closing the connection).
+func (s *Sink) connErr(err error) error {
+	if s.sasl == nil {
+		return err
+	}
+	err = authErr(err, s.cfg.SASL.who())
+	var ae *AuthError
+	if !errors.As(err, &ae) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+		return fmt.Errorf("%w (the broker closed the connection: if it did so while authenticating, it refused the credentials; check %s)", err, s.cfg.SASL.who())
+	}
+	return err
 }
 
 // refreshCache makes the transport reload its cluster layout and waits until
@@ -769,7 +799,7 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			err = fmt.Errorf("%w (write_timeout %s)", err, s.cfg.WriteTimeout)
 		}
-		err = notSent(fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, err))
+		err = notSent(fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, authErr(err, s.cfg.SASL.who())))
 		for j := range errs {
 			errs[j] = err
 		}

@@ -468,7 +468,17 @@ func TestSASL(t *testing.T) {
 			err := wrong.Send(ctx, []sinks.Message{msg("t", "k", 1, "x")})
 			require.Error(t, err)
 			require.False(t, sinks.IsPermanent(err), "bad credentials are not the message's fault")
+			// kfake refuses credentials by closing the connection, as a
+			// broker answering SaslAuthenticate v0 does: nothing was
+			// produced, so no attempt is spent, and the error says where
+			// to look. (TestSASLRefusedWithCode covers the answer of a
+			// current broker.)
+			require.ErrorIs(t, outcome(err, 0, 1), sinks.ErrNotAttempted)
+			require.ErrorContains(t, err, `check sasl.mechanism `+mech.ours+`, user "relay"`)
 			require.NotContains(t, err.Error(), "nope")
+			herr := wrong.Healthy(ctx)
+			require.ErrorContains(t, herr, "check sasl.mechanism")
+			require.NotContains(t, herr.Error(), "nope")
 		})
 	}
 }
