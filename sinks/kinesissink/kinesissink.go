@@ -164,13 +164,19 @@ func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 
 // send is Send after its guard (sinks.Inflight.Guard).
 func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
+	return s.plan().Run(ctx, msgs, "outbox: kinesis")
+}
+
+// plan is how a Send goes out: records built by entry, PutRecords
+// requests of at most MaxRecords and MaxRequestBytes.
+func (s *Sink) plan() awsbatch.Plan {
 	return awsbatch.Plan{
 		Build:       s.entry,
 		Send:        s.putRecords,
 		MaxBytes:    MaxRequestBytes,
 		MaxEntries:  MaxRecords,
 		Concurrency: s.cfg.Concurrency,
-	}.Run(ctx, msgs, "outbox: kinesis")
+	}
 }
 
 // entry builds m's record, or says why Kinesis could never take it.
