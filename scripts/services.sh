@@ -24,6 +24,12 @@
 #       pgbouncer                      (the tests' throwaway PgBouncers in
 #                                       front of the test database)
 #       chromium chromium-driver       (the console's browser tests)
+#   - apt-get install nodejs npm when node or npm is missing, then
+#     npm install --prefix ${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kinesalite
+#     kinesalite@KINESALITE_VERSION when that directory does not hold it
+#     (kinesalite, the Kinesis server the Kinesis sink's tests start on
+#     their own ports; its LevelDB store, leveldown, loads the prebuilt
+#     binary its npm package ships, so nothing is compiled);
 #   - go build of internal/testkit/throwaway/goawsd (goaws, the SQS and SNS
 #     server the SQS and SNS sinks' tests start on their own ports), which
 #     downloads its modules into the module cache and compiles it into the
@@ -52,7 +58,7 @@
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium
+#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -291,6 +297,30 @@ ensure_goaws() {
 	(cd "$dir" && run "$(command -v go)" build -o /dev/null .) || die "go build of $dir failed"
 }
 
+# KINESALITE_VERSION must match throwaway.KinesaliteVersion
+# (internal/testkit/throwaway/kinesalite.go).
+KINESALITE_VERSION=3.3.3
+
+# ensure_kinesalite installs kinesalite from npm into the user's cache
+# directory, where internal/testkit/throwaway looks for it.
+ensure_kinesalite() {
+	local dir="${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kinesalite"
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+		log "node or npm not installed"
+		apt_install nodejs npm
+	fi
+	if [ -f "$dir/node_modules/kinesalite/package.json" ] &&
+		grep -q "\"version\": \"$KINESALITE_VERSION\"" "$dir/node_modules/kinesalite/package.json" &&
+		(cd "$dir" && node -e 'require("leveldown")') >/dev/null 2>&1; then
+		return 0
+	fi
+	log "kinesalite $KINESALITE_VERSION not installed in $dir"
+	run mkdir -p "$dir"
+	run npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "kinesalite@$KINESALITE_VERSION" >&2 ||
+		die "npm install kinesalite@$KINESALITE_VERSION failed"
+	(cd "$dir" && node -e 'require("leveldown")') || die "kinesalite's leveldown does not load in $dir"
+}
+
 for s in "$@"; do
 	case "$s" in
 	postgres) ensure_postgres ;;
@@ -302,6 +332,7 @@ for s in "$@"; do
 	pgbouncer) ensure_pgbouncer ;;
 	helm) ensure_helm ;;
 	goaws) ensure_goaws ;;
+	kinesalite) ensure_kinesalite ;;
 	chromium) ensure_chromium ;;
 	*) die "unknown service $s" ;;
 	esac

@@ -27,6 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/discard"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
+	"github.com/outbox-relay/outbox-relay/sinks/kinesissink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 	"github.com/outbox-relay/outbox-relay/sinks/pubsubsink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
@@ -47,5 +48,6 @@ var Registry = sinks.NewRegistry(
 	redissink.Driver,
 	sqssink.Driver,
 	snssink.Driver,
+	kinesissink.Driver,
 	pubsubsink.Driver,
 )

@@ -52,6 +52,8 @@ var fullURLs = map[string]string{
 	"sns": "sns://?topic_arn=arn:aws:sns:eu-west-1:123456789012:{topic}&region=eu-west-1" +
 		"&endpoint=http://127.0.0.1:4100&access_key_id=AKIA&secret_access_key=" + secret +
 		"&body_encoding=base64&max_message_bytes=200000&concurrency=4&publish_timeout=5s",
+	"kinesis": "kinesis://?stream=events-{topic}&record_format=raw&drop_headers=true&region=eu-west-1" +
+		"&endpoint=http://127.0.0.1:4567&access_key_id=AKIA&secret_access_key=" + secret + "&concurrency=4&publish_timeout=5s",
 	"pubsub": "pubsub://my-project?topic=events.{topic}&endpoint=us-east1-pubsub.googleapis.com:443" +
 		"&credentials_file=/sa.json&publish_timeout=5s",
 	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
@@ -118,6 +120,7 @@ func TestDescriptions(t *testing.T) {
 		"rediss":  {"redis", "redis", "redis", ""},
 		"sqs":     {"sqs", "sqs", "aws_sqs", ""},
 		"sns":     {"sns", "sns", "aws_sns", ""},
+		"kinesis": {"kinesis", "kinesis", "aws_kinesis", ""},
 		"pubsub":  {"pubsub", "pubsub", "gcp_pubsub", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
@@ -128,7 +131,7 @@ func TestDescriptions(t *testing.T) {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "pubsub"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "kinesis", "pubsub"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {

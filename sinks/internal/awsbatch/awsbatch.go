@@ -1,12 +1,15 @@
-// Package awsbatch holds what the Amazon SQS and SNS sinks share: the
-// message layout (body, the sink's own attributes, one attribute per
-// header, FIFO group and deduplication ids), the checks of what the
-// services refuse for a message itself, and the rounds in which a Send
-// goes out as batch requests of at most 10 entries that never hold two
-// messages of one key, and the reading of the services' answers (Service:
-// which entry was accepted, which refusal is permanent). It knows no AWS
+// Package awsbatch holds what the Amazon SQS, SNS and Kinesis sinks
+// share: the SQS and SNS message layout (body, the sink's own attributes,
+// one attribute per header, FIFO group and deduplication ids) and the
+// checks of what those services refuse for a message itself; for all
+// three, the rounds in which a Send goes out as batch requests (of at most
+// 10 entries for SQS and SNS, 500 records for Kinesis) that never hold
+// two messages of one key, the reading of the services' answers (Service:
+// which entry was accepted, which refusal is permanent), and the SDK
+// configuration (region, credentials, endpoint override). It knows no AWS
 // client: each sink turns an Entry into its own request type, sends it and
-// hands the answer to Answer.
+// hands the answer to Answer (or, for Kinesis' answer by position, to
+// Service.Refusal).
 package awsbatch
 
 import (
@@ -56,7 +59,10 @@ type Entry struct {
 	// Group and Dedup are the FIFO MessageGroupId and
 	// MessageDeduplicationId, "" for a standard queue or topic.
 	Group, Dedup string
-	Size         int // body plus every attribute's name, type and value
+	// PartitionKey is a Kinesis record's partition key, "" for SQS and
+	// SNS.
+	PartitionKey string
+	Size         int // body plus every attribute's name, type and value (Kinesis: data plus partition key)
 }
 
 // ID is the entry id of the batch request.
@@ -163,13 +169,16 @@ type Plan struct {
 	Send func(ctx context.Context, req []*Entry) []error
 	// MaxBytes bounds the sum of the entries' sizes in one request.
 	MaxBytes int
+	// MaxEntries bounds the entries of one request; 0 means MaxEntries
+	// (SQS's and SNS's 10).
+	MaxEntries int
 	// Concurrency is the number of requests in flight.
 	Concurrency int
 }
 
 // Run sends msgs by p in rounds: each round holds each key's next message
 // and every keyless message left, packed per destination into requests of
-// at most MaxEntries and MaxBytes, sent Concurrency at a time. A key whose
+// at most p.MaxEntries (default MaxEntries) and MaxBytes, sent Concurrency at a time. A key whose
 // message failed (or could not be built) has its later messages reported
 // sinks.ErrNotAttempted. ctx ending between rounds fails what is left.
 // errPrefix starts the context error ("outbox: sqs").
@@ -229,13 +238,17 @@ func (p Plan) Run(ctx context.Context, msgs []sinks.Message, errPrefix string) e
 // round sends the entries at idx (no two of one key) and records each
 // outcome in be.
 func (p Plan) round(ctx context.Context, idx []int, entries []*Entry, be *sinks.BatchError) {
+	most := p.MaxEntries
+	if most <= 0 {
+		most = MaxEntries
+	}
 	var reqs [][]*Entry
 	open := map[string]int{} // destination -> its request being filled
 	size := map[string]int{}
 	for _, i := range idx {
 		e := entries[i]
 		r, ok := open[e.Dest]
-		if !ok || len(reqs[r]) == MaxEntries || size[e.Dest]+e.Size > p.MaxBytes {
+		if !ok || len(reqs[r]) == most || size[e.Dest]+e.Size > p.MaxBytes {
 			reqs = append(reqs, nil)
 			r = len(reqs) - 1
 			open[e.Dest] = r
