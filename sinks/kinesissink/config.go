@@ -130,17 +130,9 @@ func (c Config) Validate() error {
 // has no host or path: the stream is a parameter, since it is a template.
 // The result is validated.
 func ParseURL(raw string) (Config, error) {
-	c, base, err := params.ParseURL(raw)
-	if err != nil {
-		return Config{}, err
-	}
-	if err := awsbatch.CheckBase("kinesis", base, "stream", "the stream"); err != nil {
-		return Config{}, err
-	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return sinkconf.ParseConfig(params, raw, func(_ *Config, base string) error {
+		return awsbatch.CheckBase("kinesis", base, "stream", "the stream")
+	})
 }
 
 var params = sinkconf.NewParams("kinesis", "",
