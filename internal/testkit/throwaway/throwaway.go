@@ -1,5 +1,5 @@
 // Package throwaway starts a test's own nats-server (with JetStream),
-// redis-server or pgbouncer on a free loopback port, which the test may kill and start
+// redis-server, mosquitto or pgbouncer on a free loopback port, which the test may kill and start
 // again: disruptive tests never touch the machine's shared servers. Each
 // server keeps its data in a temporary directory (JetStream's file store;
 // Redis' append-only file, written before every reply), so what it
@@ -93,7 +93,7 @@ func freePort(tb testing.TB) int {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-// URL is the server's URL (nats://… or redis://…/0; for pgbouncer,
+// URL is the server's URL (nats://…, redis://…/0 or mqtt://…; for pgbouncer,
 // postgres://user@…/ without a database name: see DatabaseURL).
 func (s *Server) URL() string {
 	switch s.name {
@@ -101,6 +101,8 @@ func (s *Server) URL() string {
 		return "redis://" + s.Addr() + "/0"
 	case "pgbouncer":
 		return "postgres://" + s.user + "@" + s.Addr() + "/"
+	case "mosquitto":
+		return "mqtt://" + s.Addr()
 	}
 	return "nats://" + s.Addr()
 }
