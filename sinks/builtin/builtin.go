@@ -27,6 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/discard"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
+	"github.com/outbox-relay/outbox-relay/sinks/mqttsink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 	"github.com/outbox-relay/outbox-relay/sinks/pubsubsink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
@@ -48,4 +49,5 @@ var Registry = sinks.NewRegistry(
 	sqssink.Driver,
 	snssink.Driver,
 	pubsubsink.Driver,
+	mqttsink.Driver,
 )

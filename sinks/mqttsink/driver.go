@@ -10,8 +10,9 @@ var Driver = sinks.Driver{
 	Params:  params.Names(),
 	Label:   "mqtt",
 	System:  "mqtt",
-	// The CloudEvents format uses the Kafka binding's names (ce_
-	// user properties, content-type): see docs/sinks/mqtt.md.
-	Binding: "kafka",
+	// CloudEvents has an MQTT binding, but the format package does not
+	// implement it: programs fall back to the Kafka binding's names (ce_
+	// user properties, content-type), see docs/sinks/mqtt.md.
+	Binding: "",
 	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
 }
