@@ -126,7 +126,6 @@ func subscribe(tb testing.TB, brokerURL, filter string, sessionExpiry uint32) *s
 	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
 		KeepAlive:                     30,
-		CleanStartOnInitialConnection: true,
 		SessionExpiryInterval:         sessionExpiry,
 		ReconnectBackoff:              func(int) time.Duration { return 20 * time.Millisecond },
 		ConnectTimeout:                2 * time.Second,
