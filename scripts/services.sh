@@ -23,6 +23,8 @@
 #                                       rules and the dashboard's queries)
 #       pgbouncer                      (the tests' throwaway PgBouncers in
 #                                       front of the test database)
+#       mosquitto                      (the MQTT sink's tests' throwaway
+#                                       brokers)
 #       chromium chromium-driver       (the console's browser tests)
 #   - go build of internal/testkit/throwaway/goawsd (goaws, the SQS and SNS
 #     server the SQS and SNS sinks' tests start on their own ports), which
@@ -35,7 +37,7 @@
 #     minutes once). The build sets Helm's default Kubernetes version to the
 #     one of its client libraries, as Helm's own release builds do, so
 #     `helm template` works without --kube-version;
-#   - while installing prometheus or pgbouncer, a temporary
+#   - while installing prometheus, pgbouncer or mosquitto, a temporary
 #     /usr/sbin/policy-rc.d that keeps the package's server from starting
 #     (Prometheus would take port 9090, the relay's admin port), and
 #     `systemctl disable --now` of it where systemd runs;
@@ -52,7 +54,7 @@
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium
+#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer mosquitto helm chromium
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -213,6 +215,15 @@ ensure_pgbouncer() {
 	install_without_service pgbouncer
 }
 
+# ensure_mosquitto installs mosquitto, which the MQTT sink's tests run as
+# throwaway brokers of their own (internal/testkit/throwaway): the
+# package's own broker must not start (it would take port 1883).
+ensure_mosquitto() {
+	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] && return 0
+	log "mosquitto not installed"
+	install_without_service mosquitto
+}
+
 # install_without_service installs a package whose service must not run
 # here: a temporary /usr/sbin/policy-rc.d keeps it from starting during
 # the install, and where systemd runs it is disabled afterwards.
@@ -300,6 +311,7 @@ for s in "$@"; do
 	docker-compose) ensure_tool docker-compose docker-compose ;;
 	promtool) ensure_promtool ;;
 	pgbouncer) ensure_pgbouncer ;;
+	mosquitto) ensure_mosquitto ;;
 	helm) ensure_helm ;;
 	goaws) ensure_goaws ;;
 	chromium) ensure_chromium ;;

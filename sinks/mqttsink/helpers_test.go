@@ -124,11 +124,11 @@ func subscribe(tb testing.TB, brokerURL, filter string, sessionExpiry uint32) *s
 	subscribed := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
-		ServerUrls:                    []*url.URL{u},
-		KeepAlive:                     30,
-		SessionExpiryInterval:         sessionExpiry,
-		ReconnectBackoff:              func(int) time.Duration { return 20 * time.Millisecond },
-		ConnectTimeout:                2 * time.Second,
+		ServerUrls:            []*url.URL{u},
+		KeepAlive:             30,
+		SessionExpiryInterval: sessionExpiry,
+		ReconnectBackoff:      func(int) time.Duration { return 20 * time.Millisecond },
+		ConnectTimeout:        2 * time.Second,
 		OnConnectionUp: func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 			go func() {
 				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -62,11 +62,11 @@ func mqttSubscribe(t *testing.T, brokerURL, filter string) *mqttSubscriber {
 	subscribed := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
-		ServerUrls:                    []*url.URL{u},
-		KeepAlive:                     30,
-		SessionExpiryInterval:         3600,
-		ReconnectBackoff:              func(int) time.Duration { return 50 * time.Millisecond },
-		ConnectTimeout:                2 * time.Second,
+		ServerUrls:            []*url.URL{u},
+		KeepAlive:             30,
+		SessionExpiryInterval: 3600,
+		ReconnectBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
+		ConnectTimeout:        2 * time.Second,
 		OnConnectionUp: func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 			if ca.SessionPresent {
 				return
