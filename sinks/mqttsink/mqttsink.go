@@ -449,6 +449,9 @@ func (s *Sink) publish(ctx context.Context, c *conn, m sinks.Message) error {
 		return &notSentError{err: fmt.Errorf("%w: the connection dropped", ErrNotConnected)}
 	default:
 	}
+	if err := ctx.Err(); err != nil {
+		return &notSentError{err: fmt.Errorf("outbox: mqtt: publish: %w", err)}
+	}
 	pr, err := s.cm.Publish(pctx, p)
 	switch {
 	case pr != nil && pr.ReasonCode >= 0x80:
@@ -468,7 +471,10 @@ func (s *Sink) publish(ctx context.Context, c *conn, m sinks.Message) error {
 	case errors.Is(err, autopaho.ConnectionDownError), errors.Is(err, session.ErrNoConnection):
 		return &notSentError{err: fmt.Errorf("%w: %w", ErrNotConnected, err)}
 	case errors.Is(err, paho.ErrInvalidArguments):
-		return sinks.Permanent(fmt.Errorf("outbox: mqtt: publish: %w", err))
+		// The broker's CONNACK forbids what every message needs (a
+		// Maximum QoS of 0): the broker's configuration, not the
+		// message, is at fault; the message waits for it to change.
+		return &notSentError{err: fmt.Errorf("outbox: mqtt: publish: %w", err)}
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrNoPuback, ctx.Err())
 	case pctx.Err() != nil:
