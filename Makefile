@@ -20,8 +20,8 @@ help: ## list targets
 build: ## build bin/outbox-relay and bin/outbox-demo
 	go build -o $(BIN)/ ./cmd/...
 
-services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need (docker-compose, promtool, pgbouncer, helm, chromium, goaws, kinesalite), without recommended packages; prints every change it makes
-	scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite
+services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need (docker-compose, promtool, pgbouncer, helm, chromium, goaws, kinesalite, mosquitto), without recommended packages; prints every change it makes
+	scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite mosquitto
 
 demo: build ## end to end: migrate, write orders in transactions, relay them to stdout
 	scripts/services.sh postgres

@@ -23,6 +23,8 @@
 #                                       rules and the dashboard's queries)
 #       pgbouncer                      (the tests' throwaway PgBouncers in
 #                                       front of the test database)
+#       mosquitto                      (the MQTT sink's tests' throwaway
+#                                       brokers)
 #       chromium chromium-driver       (the console's browser tests)
 #   - apt-get install nodejs npm when node or npm is missing, then
 #     npm install --prefix ${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kinesalite
@@ -41,7 +43,7 @@
 #     minutes once). The build sets Helm's default Kubernetes version to the
 #     one of its client libraries, as Helm's own release builds do, so
 #     `helm template` works without --kube-version;
-#   - while installing prometheus or pgbouncer, a temporary
+#   - while installing prometheus, pgbouncer or mosquitto, a temporary
 #     /usr/sbin/policy-rc.d that keeps the package's server from starting
 #     (Prometheus would take port 9090, the relay's admin port), and
 #     `systemctl disable --now` of it where systemd runs;
@@ -58,7 +60,7 @@
 # A service that is already running is only checked: never restarted,
 # stopped or reconfigured.
 #
-#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite
+#   scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite mosquitto
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -219,6 +221,15 @@ ensure_pgbouncer() {
 	install_without_service pgbouncer
 }
 
+# ensure_mosquitto installs mosquitto, which the MQTT sink's tests run as
+# throwaway brokers of their own (internal/testkit/throwaway): the
+# package's own broker must not start (it would take port 1883).
+ensure_mosquitto() {
+	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] && return 0
+	log "mosquitto not installed"
+	install_without_service mosquitto
+}
+
 # install_without_service installs a package whose service must not run
 # here: a temporary /usr/sbin/policy-rc.d keeps it from starting during
 # the install, and where systemd runs it is disabled afterwards.
@@ -330,6 +341,7 @@ for s in "$@"; do
 	docker-compose) ensure_tool docker-compose docker-compose ;;
 	promtool) ensure_promtool ;;
 	pgbouncer) ensure_pgbouncer ;;
+	mosquitto) ensure_mosquitto ;;
 	helm) ensure_helm ;;
 	goaws) ensure_goaws ;;
 	kinesalite) ensure_kinesalite ;;

@@ -28,6 +28,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/kafkasink"
 	"github.com/outbox-relay/outbox-relay/sinks/kinesissink"
+	"github.com/outbox-relay/outbox-relay/sinks/mqttsink"
 	"github.com/outbox-relay/outbox-relay/sinks/natssink"
 	"github.com/outbox-relay/outbox-relay/sinks/pubsubsink"
 	"github.com/outbox-relay/outbox-relay/sinks/redissink"
@@ -50,4 +51,5 @@ var Registry = sinks.NewRegistry(
 	snssink.Driver,
 	kinesissink.Driver,
 	pubsubsink.Driver,
+	mqttsink.Driver,
 )

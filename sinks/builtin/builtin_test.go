@@ -56,6 +56,11 @@ var fullURLs = map[string]string{
 		"&endpoint=http://127.0.0.1:4567&access_key_id=AKIA&secret_access_key=" + secret + "&concurrency=4&publish_timeout=5s",
 	"pubsub": "pubsub://my-project?topic=events.{topic}&endpoint=us-east1-pubsub.googleapis.com:443" +
 		"&credentials_file=/sa.json&publish_timeout=5s",
+	"mqtt": "mqtt://relay:" + secret + "@m1:1883,m2:1884?topic=ev/{topic}&client_id=r1&keepalive=20s&session_expiry=1h" +
+		"&publish_timeout=5s&connect_timeout=2s&reconnect_initial=1s&reconnect_max=10s",
+	"mqtt+fields": "mqtt://m1?username=relay&password=" + secret,
+	"mqtts": "mqtts://m1:8883?tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=m" +
+		"&tls_insecure_skip_verify=true",
 	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
@@ -122,16 +127,18 @@ func TestDescriptions(t *testing.T) {
 		"sns":     {"sns", "sns", "aws_sns", ""},
 		"kinesis": {"kinesis", "kinesis", "aws_kinesis", ""},
 		"pubsub":  {"pubsub", "pubsub", "gcp_pubsub", ""},
+		"mqtt":    {"mqtt", "mqtt", "mqtt", ""},
+		"mqtts":   {"mqtt", "mqtt", "mqtt", ""},
 	} {
 		d, ok := builtin.Registry.Lookup(scheme)
 		require.True(t, ok, scheme)
 		require.Equal(t, want, [4]string{d.Section, d.Label, d.System, d.Binding}, scheme)
 	}
-	for _, scheme := range []string{"mqtt", ""} {
+	for _, scheme := range []string{"coap", ""} {
 		_, ok := builtin.Registry.Lookup(scheme)
 		require.False(t, ok, scheme)
 	}
-	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "kinesis", "pubsub"}, builtin.Registry.Sections())
+	require.Equal(t, []string{"kafka", "amqp", "http", "nats", "redis", "sqs", "sns", "kinesis", "pubsub", "mqtt"}, builtin.Registry.Sections())
 }
 
 func TestRegistryRefusesClashes(t *testing.T) {

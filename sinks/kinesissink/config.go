@@ -125,10 +125,9 @@ func (c Config) Validate() error {
 }
 
 // ParseURL parses a --sink URL such as kinesis://?stream={topic}&region=eu-west-1
-// into a Config. Every Config field is accepted as a query parameter
-// under its yaml name; any other parameter is an error naming it. The URL
-// has no host or path: the stream is a parameter, since it is a template.
-// The result is validated.
+// into a validated Config (see sinkconf.ParseConfig for its parameters).
+// The URL has no host or path: the stream is a parameter, since it is a
+// template.
 func ParseURL(raw string) (Config, error) {
 	return sinkconf.ParseConfig(params, raw, func(_ *Config, base string) error {
 		return awsbatch.CheckBase("kinesis", base, "stream", "the stream")

@@ -1,11 +1,11 @@
 // Package throwaway starts a test's own nats-server (with JetStream),
-// redis-server, pgbouncer or kinesalite on a free loopback port, which
-// the test may kill and start again: disruptive tests never touch the
-// machine's shared servers. Each server keeps its data in a temporary
-// directory (JetStream's file store; Redis' append-only file, written
-// before every reply; kinesalite's LevelDB, written before every reply),
-// so what it acknowledged survives a SIGKILL, and it is killed when the
-// test ends.
+// redis-server, mosquitto, pgbouncer or kinesalite on a free loopback
+// port, which the test may kill and start again: disruptive tests never
+// touch the machine's shared servers. Each server keeps its data in a
+// temporary directory (JetStream's file store; Redis' append-only file,
+// written before every reply; kinesalite's LevelDB, written before every
+// reply), so what it acknowledged survives a SIGKILL, and it is killed
+// when the test ends.
 package throwaway
 
 import (
@@ -95,9 +95,9 @@ func freePort(tb testing.TB) int {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-// URL is the server's URL (nats://… or redis://…/0; for pgbouncer,
-// postgres://user@…/ without a database name: see DatabaseURL; for
-// kinesalite, its endpoint http://…).
+// URL is the server's URL (nats://…, redis://…/0 or mqtt://…; for
+// pgbouncer, postgres://user@…/ without a database name: see
+// DatabaseURL; for kinesalite, its endpoint http://…).
 func (s *Server) URL() string {
 	switch s.name {
 	case "redis-server":
@@ -106,6 +106,8 @@ func (s *Server) URL() string {
 		return "postgres://" + s.user + "@" + s.Addr() + "/"
 	case "kinesalite":
 		return "http://" + s.Addr()
+	case "mosquitto":
+		return "mqtt://" + s.Addr()
 	}
 	return "nats://" + s.Addr()
 }
