@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
 // A webhook receiver that refuses connections, then answers 503 to every
@@ -55,6 +56,7 @@ func TestOutageCountsNoAttempts(t *testing.T) {
 	r.AwaitSignal(t, signalBound, relay.SigOutage, opened, func(v int) bool { return v == 1 })
 	require.True(t, r.State().Open)
 	require.ErrorContains(t, r.State().Cause, "not sent")
+	require.ErrorContains(t, r.Ready(context.Background()), "outbox: destination unavailable since")
 	probes := r.SignalCount(relay.SigProbed)
 	r.AwaitSignal(t, signalBound, relay.SigProbed, probes+1, nil)
 
@@ -122,4 +124,58 @@ func TestOneFailingKeyDoesNotOpenTheBreaker(t *testing.T) {
 		"both failing messages dead-lettered, the rest delivered (%d left)", e.count("messages"))
 	require.GreaterOrEqual(t, rc.Accepted(), int64(30))
 	require.False(t, r.State().Open)
+}
+
+// One route's destination down leaves the other route delivering at its
+// pace and the Set ready but degraded, naming the route; with every
+// route's destination down the Set is not ready.
+func TestOneRouteDownDoesNotStopTheOthers(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rc := testkit.NewTestReceiver(t, nil)
+	webhooks, err := httpsink.New(httpsink.Config{URL: rc.URL()}, nil)
+	require.NoError(t, err)
+	orders := memory.New()
+	set, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
+		{Name: "orders", Topics: []string{"orders"}, Sink: orders},
+		{Name: "hooks", Topics: []string{"hooks"}, Sink: webhooks},
+	}})
+	hooks := routeRelay(t, set, "hooks")
+	e.write(msg("orders", "o", "1"), msg("hooks", "h", "1"))
+	require.NoError(t, orders.WaitFor(waitCtx(t, 20*time.Second), 1))
+	eventually(t, 20*time.Second, func() bool { return rc.Accepted() == 1 }, "first webhook")
+	require.NoError(t, set.Ready(context.Background()))
+	require.Empty(t, set.Degraded(context.Background()))
+
+	rc.Stop()
+	opened := hooks.SignalCount(relay.SigOutage)
+	for i := range 20 {
+		e.write(msg("hooks", fmt.Sprintf("h%d", i%4), "2"))
+	}
+	hooks.AwaitSignal(t, signalBound, relay.SigOutage, opened, func(v int) bool { return v == 1 })
+	for i := range 50 {
+		e.write(msg("orders", fmt.Sprintf("o%d", i%4), "2"))
+	}
+	require.NoError(t, orders.WaitFor(waitCtx(t, 20*time.Second), 51), "the other route delivers meanwhile")
+	require.NoError(t, set.Ready(context.Background()), "one route down: degraded, not unready")
+	require.Contains(t, set.Degraded(context.Background()), "route hooks: outbox: destination unavailable since")
+	require.ErrorContains(t, hooks.Ready(context.Background()), "destination unavailable")
+
+	require.NoError(t, rc.Start())
+	closed := hooks.SignalCount(relay.SigOutage)
+	hooks.AwaitSignal(t, signalBound, relay.SigOutage, closed, func(v int) bool { return v == 0 })
+	eventually(t, 20*time.Second, func() bool { return rc.Accepted() == 21 }, "every webhook delivered (%d)", rc.Accepted())
+	require.Empty(t, set.Degraded(context.Background()))
+}
+
+// routeRelay returns the relay of set's route name.
+func routeRelay(t *testing.T, set *relay.Set, name string) *relay.Relay {
+	t.Helper()
+	for _, r := range set.Relays() {
+		if r.Route() == name {
+			return r
+		}
+	}
+	t.Fatalf("no route %q", name)
+	return nil
 }

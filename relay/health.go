@@ -30,10 +30,20 @@ func (r *Relay) Live() error {
 }
 
 // Ready reports whether the relay can do its job right now: not draining,
-// its lane lease renewed within the lease TTL, the database reachable, the
-// sink healthy (when it can tell). It answers for this relay only: lanes
-// of its route that no relay works are reported by UnworkedLanes, not here.
+// its lane lease renewed within the lease TTL, the database reachable, its
+// destination up (the sink healthy when it can tell, the outage breaker
+// closed: see OutageHooks). It answers for this relay only: lanes of its
+// route that no relay works are reported by UnworkedLanes, not here.
 func (r *Relay) Ready(ctx context.Context) error {
+	if err := r.readyToClaim(ctx); err != nil {
+		return err
+	}
+	return r.destinationUp(ctx)
+}
+
+// readyToClaim is the part of Ready that concerns the relay and its
+// database, not where its messages go.
+func (r *Relay) readyToClaim(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("outbox: draining")
 	}
@@ -55,6 +65,16 @@ func (r *Relay) Ready(ctx context.Context) error {
 	}
 	if readOnly {
 		return errors.New("outbox: database: read-only (a standby, or default_transaction_read_only is on)")
+	}
+	return nil
+}
+
+// destinationUp is the part of Ready that concerns the route's
+// destination: the breaker closed, the sink healthy.
+func (r *Relay) destinationUp(ctx context.Context) error {
+	if st := r.brk.State(); st.Open {
+		return fmt.Errorf("outbox: destination unavailable since %s (%d probes since): %w",
+			st.Since.UTC().Format(time.RFC3339), st.Probes, st.Cause)
 	}
 	if hc, ok := r.sink.(sinks.HealthChecker); ok {
 		if err := hc.Healthy(ctx); err != nil {

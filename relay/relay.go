@@ -182,6 +182,9 @@ func (r *Relay) State() RouteState { return r.brk.State() }
 // ID returns the relay's id.
 func (r *Relay) ID() string { return r.cfg.ID }
 
+// Route returns the relay's route ("" outside a Set).
+func (r *Relay) Route() string { return r.cfg.Route }
+
 // OwnedLanes returns how many lanes this relay holds right now.
 func (r *Relay) OwnedLanes() int { return int(r.lease.ownedLanes.Load()) }
 

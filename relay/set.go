@@ -346,14 +346,58 @@ func (s *Set) Live() error {
 	return nil
 }
 
-// Ready reports the first relay that is not ready (see Relay.Ready).
+// Ready reports whether the Set can do its job: every relay can claim
+// (see Relay.Ready), and at least one route's destination is up. A route
+// whose destination is down while others deliver leaves the Set ready but
+// degraded (see Degraded): one broken sink does not make the whole
+// process look dead. When every route's destination is down, the error
+// names each.
 func (s *Set) Ready(ctx context.Context) error {
+	var down []error
+	routes := 0
 	for _, r := range s.relays {
-		if err := r.Ready(ctx); err != nil {
-			return err
+		if err := r.readyToClaim(ctx); err != nil {
+			return routeErr(r, err)
+		}
+		if _, ok := r.sink.(noRoute); ok || r.src.router() {
+			continue // no destination of its own
+		}
+		routes++
+		if err := r.destinationUp(ctx); err != nil {
+			down = append(down, routeErr(r, err))
 		}
 	}
+	if routes > 0 && len(down) == routes {
+		return errors.Join(down...)
+	}
 	return nil
+}
+
+// Degraded describes the routes whose destination is down (see
+// Relay.State) or whose sink reports itself unhealthy, one a line, while
+// others deliver; "" when none is.
+func (s *Set) Degraded(ctx context.Context) string {
+	var down []error
+	for _, r := range s.relays {
+		if _, ok := r.sink.(noRoute); ok || r.src.router() {
+			continue
+		}
+		if err := r.destinationUp(ctx); err != nil {
+			down = append(down, routeErr(r, err))
+		}
+	}
+	if len(down) == 0 {
+		return ""
+	}
+	return errors.Join(down...).Error()
+}
+
+// routeErr names r's route in err when the Set has several.
+func routeErr(r *Relay, err error) error {
+	if r.cfg.Route == "" {
+		return err
+	}
+	return fmt.Errorf("route %s: %w", r.cfg.Route, err)
 }
 
 // noRoute is the unrouted route's sink: it refuses every message, as a

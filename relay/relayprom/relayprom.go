@@ -34,6 +34,8 @@ type Metrics struct {
 	untouched     *prometheus.CounterVec
 	commitFails   *prometheus.CounterVec
 	cycleErrors   *prometheus.CounterVec
+	destDown      *prometheus.GaugeVec
+	outages       *prometheus.CounterVec
 	publishDur    *prometheus.HistogramVec
 	latency       *prometheus.HistogramVec
 	batchSize     *prometheus.HistogramVec
@@ -84,6 +86,12 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		cycleErrors: newCounterVec("cycle_errors_total",
 			"Claim-publish-settle cycles that failed on the database side (unreachable, read-only, connection lost); the worker backs off.",
 			"route"),
+		destDown: newGaugeVec("destination_down",
+			"1 while the route's destination is down as a whole (its outage breaker is open: the route claims one message at a time as a probe, and counts no attempt), 0 otherwise.",
+			"route", "sink"),
+		outages: newCounterVec("destination_outages_total",
+			"Times the route's outage breaker opened.",
+			"route", "sink"),
 		publishDur: newHistogramVec("publish_duration_seconds",
 			"Time the sink took to accept or reject a batch.",
 			latencyBuckets, "route", "sink"),
@@ -144,7 +152,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	})
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
-		m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
+		m.destDown, m.outages, m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
 		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors, buildInfo)
 	return m
 }
@@ -159,6 +167,8 @@ func (m *Metrics) Hooks(route, sink string) relay.Hooks {
 	m.untouched.WithLabelValues(route, sink)
 	m.commitFails.WithLabelValues(route, sink)
 	m.cycleErrors.WithLabelValues(route)
+	m.destDown.WithLabelValues(route, sink)
+	m.outages.WithLabelValues(route, sink)
 	m.unworked.WithLabelValues(route)
 	m.lanes.WithLabelValues(route)
 	for _, r := range []string{relay.ReasonPermanent, relay.ReasonMaxAttempts} {
@@ -216,6 +226,16 @@ func (h *routeHooks) Batch(ev relay.BatchEvent) {
 			h.Observe(ev.AckedAt.Sub(msg.CreatedAt).Seconds())
 		}
 	}
+}
+
+// Outage implements relay.OutageHooks.
+func (h *routeHooks) Outage(open bool, _ time.Time, _ error) {
+	if open {
+		h.m.outages.WithLabelValues(h.route, h.sink).Inc()
+		h.m.destDown.WithLabelValues(h.route, h.sink).Set(1)
+		return
+	}
+	h.m.destDown.WithLabelValues(h.route, h.sink).Set(0)
 }
 
 // CycleError implements relay.CycleErrorHooks.

@@ -1,6 +1,8 @@
 // Package adminhttp serves the relay's admin endpoints: /metrics
 // (Prometheus), /livez (the worker loops turn; no database access),
-// /readyz (database reachable, sink healthy, not draining) and, when one
+// /readyz (database reachable, not draining, a destination up: 200
+// "degraded" when some routes' destinations are down and others are not)
+// and, when one
 // is given, the operator console (/api/v1 and /ui, package console).
 package adminhttp
 
@@ -17,10 +19,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Checker is what the endpoints ask; *relay.Relay implements it.
+// Checker is what the endpoints ask; *relay.Relay and *relay.Set
+// implement it.
 type Checker interface {
 	Live() error
 	Ready(ctx context.Context) error
+}
+
+// Degrader is a Checker that can be ready while part of its job is not
+// done (*relay.Set: a route whose destination is down while others
+// deliver). /readyz then answers 200 with "degraded" and the reasons.
+type Degrader interface {
+	Degraded(ctx context.Context) string
 }
 
 // Server is a running admin listener.
@@ -44,7 +54,16 @@ func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logge
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		answer(w, c.Ready(ctx))
+		err := c.Ready(ctx)
+		if d, ok := c.(Degrader); ok && err == nil {
+			if why := d.Degraded(ctx); why != "" {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.Header().Set("Cache-Control", "no-store")
+				fmt.Fprintf(w, "degraded:\n%s\n", why)
+				return
+			}
+		}
+		answer(w, err)
 	})
 	if console != nil {
 		mux.Handle("/api/", console)
