@@ -82,7 +82,10 @@ type breaker struct {
 	turn    int       // the worker whose claim is the next probe
 	probing bool      // the probe is in flight
 	empty   int       // probes in a row that found nothing to send
-	bo      *backoff.ExponentialBackOff
+	// paused: the destination asked the route to slow down (see pause):
+	// no claim before then.
+	paused time.Time
+	bo     *backoff.ExponentialBackOff
 	// changed is closed (and replaced) whenever a waiting worker may be
 	// let through: the breaker closed, or the turn to probe moved.
 	changed chan struct{}
@@ -108,6 +111,9 @@ type admission struct {
 func (b *breaker) admit(worker int) admission {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if now := b.now(); now.Before(b.paused) {
+		return admission{changed: b.changed, at: b.paused}
+	}
 	if !b.state.Open {
 		return admission{ok: true}
 	}
@@ -184,6 +190,40 @@ func (b *breaker) probeAt(cause error) time.Time {
 	return b.now().Add(d)
 }
 
+// pause stops the route's claims for d from now (the destination asked
+// for it: a 429 with Retry-After), unless it is paused longer already.
+func (b *breaker) pause(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	until := b.now().Add(d)
+	if until.After(b.paused) {
+		if !b.now().Before(b.paused) {
+			b.log.Info("the destination asked to slow down; the route claims nothing until then", "for", d.Round(time.Millisecond))
+		}
+		b.paused = until
+	}
+}
+
+// slowDown is how long a batch's answer asks the whole route to wait: the
+// longest sinks.RetryAfter of a message that failed retriably (a 429 with
+// Retry-After, a broker's throttle), 0 when none did.
+func slowDown(sendErr error, n int) time.Duration {
+	if sendErr == nil {
+		return 0
+	}
+	var d time.Duration
+	for i := range n {
+		err := sinks.Outcome(sendErr, i, n)
+		if err == nil || sinks.IsPermanent(err) {
+			continue
+		}
+		if ra, ok := sinks.RetryAfter(err); ok {
+			d = max(d, ra)
+		}
+	}
+	return d
+}
+
 // abandon ends a probe that neither claimed nor published (the database
 // failed it): the same worker probes again.
 func (b *breaker) abandon() {
@@ -229,19 +269,30 @@ const (
 	foundNothing                // the claim found no message
 )
 
-// down reports whether a sink's answer to a batch says the destination is
-// unavailable as a whole: no message got through, none failed on its own,
-// and the failures are evidence enough. A message not sent (a refused
-// connection, an unresolvable host: sinks.NotSent) is; sinks.ErrUnavailable
-// (a 503, a timeout) is when it spans two keys or more (or keyless
+// reading is what a batch's answer says about the destination.
+type reading uint8
+
+const (
+	reached   reading = iota // something got through, or failed on its own
+	isDown                   // the destination is down as a whole
+	untouched                // nothing was attempted, and nothing says why
+)
+
+// down reads a sink's answer to a batch: isDown when no message got
+// through, none failed on its own, and the failures are evidence enough
+// that the destination is down. A message not sent (sinks.NotSent: a
+// refused connection, an unresolvable host) is; sinks.ErrUnavailable (a
+// 503, a timeout) is when it spans two keys or more (or keyless
 // messages), since one key's 503 may be that message's own, or when the
-// batch is the breaker's probe, which the breaker opened on such evidence.
-// A batch whose every message was held back without a cause (a sink that
-// broke off) counts too: claiming it again at once would spin. The first
-// failure with a cause is returned as the cause.
-func down(batch []claimed, sendErr error, probe bool) (bool, error) {
+// batch is the breaker's probe, which the breaker opened on such
+// evidence. A batch whose every message was not attempted without such
+// evidence (held behind its key, the sink broke off, waited for its own
+// rate limit) is untouched: the worker backs off, as after a failed cycle,
+// since claiming it again at once would spin. The first failure that is
+// evidence is returned as the cause.
+func down(batch []claimed, sendErr error, probe bool) (reading, error) {
 	if sendErr == nil || len(batch) == 0 {
-		return false, nil
+		return reached, nil
 	}
 	var cause error
 	notSent, spans := false, false
@@ -250,11 +301,11 @@ func down(batch []claimed, sendErr error, probe bool) (bool, error) {
 		err := sinks.Outcome(sendErr, i, len(batch))
 		switch {
 		case err == nil, sinks.IsPermanent(err):
-			return false, nil
-		case err == sinks.ErrNotAttempted: //nolint:errorlint // the bare marker: held behind its key
-			continue
-		case errors.Is(err, sinks.ErrNotAttempted):
+			return reached, nil
+		case sinks.IsNotSent(err):
 			notSent = true
+		case errors.Is(err, sinks.ErrNotAttempted):
+			continue // no evidence either way
 		case errors.Is(err, sinks.ErrUnavailable):
 			key := batch[i].msg.Key
 			if key == "" {
@@ -266,14 +317,17 @@ func down(batch []claimed, sendErr error, probe bool) (bool, error) {
 				spans = true
 			}
 		default:
-			return false, nil
+			return reached, nil
 		}
 		if cause == nil {
 			cause = err
 		}
 	}
-	if cause == nil {
-		return true, sendErr
+	switch {
+	case cause == nil:
+		return untouched, sendErr
+	case notSent || spans || probe:
+		return isDown, cause
 	}
-	return notSent || spans || probe, cause
+	return reached, nil
 }

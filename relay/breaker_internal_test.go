@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 var (
 	errRefused = sinks.NotSent(errors.New("connection refused"))
 	err503     = sinks.Unavailable(errors.New("503 Service Unavailable"))
+	// errThrottled: not attempted, for the sink's own reasons.
+	errThrottled = fmt.Errorf("%w (waiting for rate_limit: would exceed the deadline)", sinks.ErrNotAttempted)
 )
 
 // TestDown decides, for batches and answers, whether the destination is
@@ -27,20 +30,22 @@ func TestDown(t *testing.T) {
 		probe bool
 		batch []msg
 		whole error
-		want  bool
+		want  reading
 	}{
-		{"a refused connection for every message", false, []msg{{"a", errRefused}, {"b", errRefused}}, nil, true},
-		{"refused for one key, the rest held behind it", false, []msg{{"a", errRefused}, {"a", errNA}}, nil, true},
-		{"503 across two keys", false, []msg{{"a", err503}, {"b", err503}}, nil, true},
-		{"503 for two keyless messages", false, []msg{{"", err503}, {"", err503}}, nil, true},
-		{"503 for one key only: that message's own, perhaps", false, []msg{{"a", err503}, {"a", errNA}}, nil, false},
-		{"503 for one key, as the probe", true, []msg{{"a", err503}}, nil, true},
-		{"one delivered", false, []msg{{"a", errRefused}, {"b", nil}}, nil, false},
-		{"one failed on its own", false, []msg{{"a", err503}, {"b", err503}, {"c", errBad}}, nil, false},
-		{"a plain retriable error", false, []msg{{"a", err503}, {"b", errDown}}, nil, false},
-		{"every message held back without a cause", false, []msg{{"a", errNA}, {"b", errNA}}, nil, true},
-		{"refused for the whole batch", false, []msg{{"a", nil}, {"b", nil}}, errRefused, true},
-		{"all delivered", false, []msg{{"a", nil}}, nil, false},
+		{"a refused connection for every message", false, []msg{{"a", errRefused}, {"b", errRefused}}, nil, isDown},
+		{"refused for one key, the rest held behind it", false, []msg{{"a", errRefused}, {"a", errNA}}, nil, isDown},
+		{"503 across two keys", false, []msg{{"a", err503}, {"b", err503}}, nil, isDown},
+		{"503 for two keyless messages", false, []msg{{"", err503}, {"", err503}}, nil, isDown},
+		{"503 for one key only: that message's own, perhaps", false, []msg{{"a", err503}, {"a", errNA}}, nil, reached},
+		{"503 for one key, as the probe", true, []msg{{"a", err503}}, nil, isDown},
+		{"one delivered", false, []msg{{"a", errRefused}, {"b", nil}}, nil, reached},
+		{"one failed on its own", false, []msg{{"a", err503}, {"b", err503}, {"c", errBad}}, nil, reached},
+		{"a plain retriable error", false, []msg{{"a", err503}, {"b", errDown}}, nil, reached},
+		{"every message held back without a cause", false, []msg{{"a", errNA}, {"b", errNA}}, nil, untouched},
+		{"not sent, but for the sink's own reasons", false, []msg{{"a", errThrottled}, {"b", errThrottled}}, nil, untouched},
+		{"not sent for the sink's own reasons beside a refusal", false, []msg{{"a", errThrottled}, {"b", errRefused}}, nil, isDown},
+		{"refused for the whole batch", false, []msg{{"a", nil}, {"b", nil}}, errRefused, isDown},
+		{"all delivered", false, []msg{{"a", nil}}, nil, reached},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			batch := make([]claimed, len(tc.batch))
@@ -59,7 +64,7 @@ func TestDown(t *testing.T) {
 			if got != tc.want {
 				t.Fatalf("down = %v, want %v", got, tc.want)
 			}
-			if got && cause == nil {
+			if got != reached && cause == nil {
 				t.Fatal("down without a cause")
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -149,6 +150,15 @@ type Config struct {
 	// relay that runs through one registers no backend, and is never
 	// reaped by one. Default false.
 	DisableFastFailover bool
+	// RateLimit bounds the route's deliveries, in messages a second,
+	// shared by the relay's workers: a claim takes at most RateBurst
+	// messages, and a batch waits for its share before it goes to the
+	// sink. It bounds one relay process: with N relays on a route, give
+	// each a Nth of the destination's limit. 0: no limit. Default 0.
+	RateLimit float64
+	// RateBurst is how many messages may go at once under RateLimit (and
+	// so the largest batch). Default: RateLimit rounded up (at least 1).
+	RateBurst int
 	// DrainTimeout is how long Run waits for in-flight batches after its
 	// context is cancelled before rolling them back (their messages come
 	// back untouched). Default PublishTimeout.
@@ -287,6 +297,9 @@ func (c Config) WithDefaults() Config {
 	if c.OnDeadLetter == "" {
 		c.OnDeadLetter = OnDeadLetterSkip
 	}
+	if c.RateLimit > 0 && c.RateBurst == 0 {
+		c.RateBurst = max(1, int(math.Ceil(c.RateLimit)))
+	}
 	if c.OnConfigChange == "" {
 		c.OnConfigChange = ConfigChangeWait
 	}
@@ -389,6 +402,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		bad("max-attempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) {
+		bad("rate-limit", "must be a number of messages a second, 0 (none) or more, got %v", c.RateLimit)
+	}
+	if c.RateBurst < 0 || c.RateBurst > 0 && c.RateLimit == 0 {
+		bad("rate-burst", "must be at least 1, and only with rate-limit, got %d", c.RateBurst)
 	}
 	if c.OnDeadLetter != OnDeadLetterSkip && c.OnDeadLetter != OnDeadLetterHold {
 		bad("on-dead-letter", "must be skip or hold, got %q", c.OnDeadLetter)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -44,6 +45,9 @@ type Relay struct {
 	lease *leaser
 	// brk is the route's outage breaker (see breaker).
 	brk *breaker
+	// limiter bounds the route's deliveries (Config.RateLimit); nil: no
+	// limit.
+	limiter *rate.Limiter
 
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
@@ -159,6 +163,9 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	}
 	r.lease = r.newLeaser(fingerprint(cfg, sink))
 	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig)
+	if cfg.RateLimit > 0 {
+		r.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.RateBurst)
+	}
 	return r, nil
 }
 

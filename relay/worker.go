@@ -122,6 +122,11 @@ func (w *worker) claim(probe bool) next {
 	}
 	beside := len(w.flying) > 0
 	limit := r.cfg.BatchSize
+	if r.limiter != nil {
+		// A batch waits for its share of the rate (see publish): no more
+		// than a burst at once.
+		limit = min(limit, r.cfg.RateBurst)
+	}
 	if probe {
 		limit = 1
 	}
@@ -269,6 +274,9 @@ func (w *worker) landed(f *flight) bool {
 		return true
 	}
 	r.brk.landed(w.id, f.probe, wentThrough, nil)
+	if d := slowDown(f.ev.SendErr, len(f.batch)); d > 0 {
+		r.brk.pause(d)
+	}
 	w.bo.Reset()
 	w.overlap = f.sinkBound()
 	// Claim again when the batch's claim may have left some behind, a
@@ -282,6 +290,12 @@ func (w *worker) landed(f *flight) bool {
 // backOff waits after a failed cycle.
 func (w *worker) backOff(err error) {
 	d := w.bo.NextBackOff()
+	if errors.Is(err, errNothingAttempted) {
+		// The next claim may find the sink ready (it stopped early, or
+		// waited for its own rate limit): not the database's reconnect
+		// pace.
+		d = min(d, time.Second)
+	}
 	w.log.Warn("batch failed; retrying", "error", err, "retry_in", d)
 	if ch, ok := w.r.cfg.Hooks.(CycleErrorHooks); ok {
 		ch.CycleError(err)
@@ -309,6 +323,10 @@ func (w *worker) roomBeside() bool {
 	st := r.pool.Stat()
 	return st.AcquiredConns()+1 < st.MaxConns()
 }
+
+// errNothingAttempted: the sink tried none of a batch's messages and
+// said nothing about why (see down).
+var errNothingAttempted = errors.New("outbox: sink attempted nothing")
 
 // flight is a claimed batch on its way: its transaction is open on conn
 // until finish publishes and settles it.
@@ -507,17 +525,31 @@ func rollback(hard context.Context, pc *pgx.Conn) {
 // answer, the batch's settlement; ev holds what the claim knows, and
 // publish records the send in it.
 func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *BatchEvent) (settlement, error) {
+	if r.limiter != nil {
+		// The rows stay locked in the claim's transaction meanwhile, as
+		// they would while a slow sink takes them.
+		if err := r.limiter.WaitN(hard, len(batch)); err != nil {
+			return settlement{}, fmt.Errorf("outbox: waiting for the rate limit: batch rolled back: %w", err)
+		}
+	}
 	r.send(hard, batch, ev)
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
 		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
-	if isDown, cause := down(batch, ev.SendErr, probe); isDown {
+	switch v, cause := down(batch, ev.SendErr, probe); v {
+	case isDown:
 		// Nothing got through, and nothing failed on its own: roll the
 		// batch back untouched (no attempt counted) and let the breaker
 		// probe the destination (see breaker).
 		return settlement{}, fmt.Errorf("%w: none of %d messages got through: %w", errDestinationDown, len(batch), cause)
+	case untouched:
+		// The sink tried nothing and said nothing about the destination
+		// (it broke off, or breaks the contract): claiming the same batch
+		// again at once would spin. Release it and let the worker back
+		// off.
+		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), cause)
 	}
 	return decide(batch, ev.SendErr, r.rules), nil
 }

@@ -208,6 +208,13 @@ func Unreached(err error) bool {
 	return errors.As(err, &oe) && oe.Op == "dial" || errors.As(err, &dns)
 }
 
+// IsNotSent reports whether err, or an error it wraps, was marked by
+// NotSent.
+func IsNotSent(err error) bool {
+	var ns *notSentError
+	return errors.As(err, &ns)
+}
+
 type notSentError struct{ err error }
 
 func (e *notSentError) Error() string   { return e.err.Error() + " (not sent)" }

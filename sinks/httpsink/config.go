@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -63,6 +64,15 @@ type Config struct {
 	// host (scheme, host and port), shared by all concurrent Sends.
 	// Default: 16.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// RateLimit bounds the requests to one host (scheme, host and port),
+	// in requests a second, shared by all concurrent Sends of the sink (of
+	// this process: with several relays, give each its share). A request
+	// waits for its turn before it takes one of max_concurrency's slots.
+	// 0: no limit. Default: 0.
+	RateLimit float64 `yaml:"rate_limit"`
+	// RateBurst is how many requests may go to a host at once under
+	// rate_limit. Default: rate_limit rounded up (at least 1).
+	RateBurst int `yaml:"rate_burst"`
 	// RetryStatuses lists extra status codes (400-599) treated as retriable
 	// instead of permanent, for receivers that answer 404 or 409 while
 	// they deploy. Default: none.
@@ -117,6 +127,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	if c.RateLimit > 0 && c.RateBurst == 0 {
+		c.RateBurst = max(1, int(math.Ceil(c.RateLimit)))
+	}
 	if c.MaxConcurrency == 0 {
 		c.MaxConcurrency = DefaultMaxConcurrency
 	}
@@ -169,6 +182,12 @@ func (c Config) Validate() error {
 		if d.v < 0 {
 			return fmt.Errorf("outbox: http: %s: must not be negative, got %s", d.name, d.v)
 		}
+	}
+	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) {
+		return fmt.Errorf("outbox: http: rate_limit: must be a number of requests a second, 0 (none) or more, got %v", c.RateLimit)
+	}
+	if c.RateBurst < 0 || c.RateBurst > 0 && c.RateLimit == 0 {
+		return fmt.Errorf("outbox: http: rate_burst: must be at least 1, and only with rate_limit, got %d", c.RateBurst)
 	}
 	if c.MaxConcurrency < 0 {
 		return fmt.Errorf("outbox: http: max_concurrency: must not be negative, got %d", c.MaxConcurrency)
@@ -281,6 +300,8 @@ var params = sinkconf.NewParams("http", " (a webhook URL with its own query stri
 	sinkconf.Duration("response_header_timeout", func(c *Config) *time.Duration { return &c.ResponseHeaderTimeout }),
 	sinkconf.Duration("max_retry_after", func(c *Config) *time.Duration { return &c.MaxRetryAfter }),
 	sinkconf.Int("max_concurrency", func(c *Config) *int { return &c.MaxConcurrency }),
+	sinkconf.Float("rate_limit", func(c *Config) *float64 { return &c.RateLimit }),
+	sinkconf.Int("rate_burst", func(c *Config) *int { return &c.RateBurst }),
 	sinkconf.Func("retry_statuses", setRetryStatuses, retryStatusesString),
 	sinkconf.Bool("retry_4xx", func(c *Config) *bool { return &c.Retry4xx }),
 	sinkconf.Bool("allow_insecure_http", func(c *Config) *bool { return &c.AllowInsecureHTTP }),

@@ -32,6 +32,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/time/rate"
+
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
@@ -113,6 +115,7 @@ type target struct {
 	raw     string        // the URL as configured (may hold credentials)
 	display string        // redacted, for errors and logs
 	sem     chan struct{} // shared by all targets on the same host
+	limit   *rate.Limiter // shared likewise; nil: no rate limit
 }
 
 type route struct {
@@ -167,16 +170,19 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		s.signer.keys = append(s.signer.keys, k)
 	}
 
-	sems := map[string]chan struct{}{}
+	hosts := map[string]*target{} // the shared parts of each host's targets
 	mkTarget := func(raw string) *target {
 		u, _ := url.Parse(raw) // validated above
 		hk := hostKey(u)
-		sem, ok := sems[hk]
+		h, ok := hosts[hk]
 		if !ok {
-			sem = make(chan struct{}, cfg.MaxConcurrency)
-			sems[hk] = sem
+			h = &target{sem: make(chan struct{}, cfg.MaxConcurrency)}
+			if cfg.RateLimit > 0 {
+				h.limit = rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.RateBurst)
+			}
+			hosts[hk] = h
 		}
-		return &target{raw: raw, display: redactURL(raw), sem: sem}
+		return &target{raw: raw, display: redactURL(raw), sem: h.sem, limit: h.limit}
 	}
 	for _, r := range cfg.Routes {
 		s.routes = append(s.routes, route{pattern: r.Topic, t: mkTarget(r.URL)})
@@ -204,7 +210,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	s.hosts = len(sems)
+	s.hosts = len(hosts)
 	s.abort, s.abortCancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -308,6 +314,13 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 		return sinks.Permanent(err)
 	}
 
+	if t.limit != nil {
+		if err := t.limit.Wait(ctx); err != nil {
+			// Not sent, but not the receiver's doing: no evidence of an
+			// outage (see sinks.NotSent).
+			return fmt.Errorf("%w (outbox: http: POST %s: waiting for rate_limit: %w)", sinks.ErrNotAttempted, t.display, err)
+		}
+	}
 	select {
 	case t.sem <- struct{}{}:
 	case <-ctx.Done():

@@ -163,6 +163,12 @@ func Int[C any](name string, field func(c *C) *int) Param[C] {
 	return scalar(name, field, strconv.Atoi, "an integer", strconv.Itoa)
 }
 
+// Float is a decimal number parameter ("12.5"); 0 is unset.
+func Float[C any](name string, field func(c *C) *float64) Param[C] {
+	return scalar(name, field, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }, "a number",
+		func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) })
+}
+
 // Bool is a boolean parameter (strconv.ParseBool's spellings); false is
 // unset.
 func Bool[C any](name string, field func(c *C) *bool) Param[C] {

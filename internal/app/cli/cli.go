@@ -269,6 +269,8 @@ type runOptions struct {
 	watchInterval   time.Duration
 	publishTimeout  time.Duration
 	maxAttempts     int
+	rateLimit       float64
+	rateBurst       int
 	retryInitial    time.Duration
 	retryMax        time.Duration
 	retryMultiplier float64
@@ -337,6 +339,8 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.DurationVar(&o.watchInterval, "watch-interval", relay.DefaultWatchInterval, "longest wait between two looks for new rows of the polling watcher when idle")
 	f.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "longest a sink may take to accept a batch")
 	f.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed deliveries before a message is dead-lettered")
+	f.Float64Var(&o.rateLimit, "rate-limit", 0, "most messages a second this process delivers per route, shared by its workers (0: no limit; with several relays on a route, give each its share)")
+	f.IntVar(&o.rateBurst, "rate-burst", 0, "most messages delivered at once under --rate-limit, and so the largest batch (default: the rate limit, rounded up)")
 	f.StringVar(&o.onDeadLetter, "on-dead-letter", relay.OnDeadLetterSkip, "what a dead letter does to the later messages of its key: skip (they go on) or hold (they wait, in order, until the dead letter is replayed or purged)")
 	f.DurationVar(&o.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay after the first failure")
 	f.DurationVar(&o.retryMax, "retry-max", relay.DefaultRetryMax, "longest delay between attempts")
@@ -407,6 +411,8 @@ func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 		WatchInterval:       o.watchInterval,
 		PublishTimeout:      o.publishTimeout,
 		MaxAttempts:         o.maxAttempts,
+		RateLimit:           o.rateLimit,
+		RateBurst:           o.rateBurst,
 		OnDeadLetter:        o.onDeadLetter,
 		RetryInitial:        o.retryInitial,
 		RetryMax:            o.retryMax,

@@ -30,6 +30,8 @@ type routeSpec struct {
 	BatchBytes      *int64         `yaml:"batch-bytes"`
 	MaxMessageBytes *int64         `yaml:"max-message-bytes"`
 	MaxAttempts     *int           `yaml:"max-attempts"`
+	RateLimit       *float64       `yaml:"rate-limit"`
+	RateBurst       *int           `yaml:"rate-burst"`
 	OnDeadLetter    *string        `yaml:"on-dead-letter"`
 	RetryInitial    *time.Duration `yaml:"retry-initial"`
 	RetryMax        *time.Duration `yaml:"retry-max"`
@@ -142,6 +144,8 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		setIf(&cfg.BatchBytes, sp.BatchBytes)
 		setIf(&cfg.MaxMessageBytes, sp.MaxMessageBytes)
 		setIf(&cfg.MaxAttempts, sp.MaxAttempts)
+		setIf(&cfg.RateLimit, sp.RateLimit)
+		setIf(&cfg.RateBurst, sp.RateBurst)
 		setIf(&cfg.OnDeadLetter, sp.OnDeadLetter)
 		setIf(&cfg.RetryInitial, sp.RetryInitial)
 		setIf(&cfg.RetryMax, sp.RetryMax)
