@@ -66,6 +66,9 @@ type RouteState struct {
 	Cause error
 	// Probes counts the probes that found the destination still down.
 	Probes int
+	// PausedUntil: the destination asked the route to wait (a 429 with
+	// Retry-After); it claims nothing before then.
+	PausedUntil time.Time
 }
 
 // breaker is a route's outage breaker, shared by its workers.
@@ -257,7 +260,11 @@ func (b *breaker) closeLocked() {
 func (b *breaker) State() RouteState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.state
+	st := b.state
+	if b.now().Before(b.paused) {
+		st.PausedUntil = b.paused
+	}
+	return st
 }
 
 // outcome is how a batch ended, for the breaker.

@@ -37,6 +37,9 @@ type Request struct {
 	Body []byte
 	// At is when the receiver started reading the request.
 	At time.Time
+	// Reply holds the answer's headers: a handler may set some (a
+	// Retry-After).
+	Reply http.Header
 }
 
 // Handler decides the answer to a request: a 2xx status counts it as
@@ -159,7 +162,7 @@ func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
 	rc.requests.Add(1)
 	status, msg := http.StatusNoContent, ""
 	if rc.handle != nil {
-		status, msg = rc.handle(&Request{Request: r, Body: buf.Bytes(), At: at})
+		status, msg = rc.handle(&Request{Request: r, Body: buf.Bytes(), At: at, Reply: w.Header()})
 	}
 	if status/100 != 2 {
 		http.Error(w, msg, status)
