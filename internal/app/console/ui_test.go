@@ -210,7 +210,7 @@ func TestRouteHealth(t *testing.T) {
 	require.Equal(t, 200, r.Status, string(r.Body))
 	var st struct {
 		Relays []struct {
-			ID, State string
+			ID, State  string
 			DownProbes int `json:"down_probes"`
 		}
 		Routes []struct {
