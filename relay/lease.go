@@ -7,8 +7,10 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,6 +107,9 @@ type leaserConfig struct {
 	starved  func() (time.Duration, bool)
 	inFlight func() int64
 	wakeAll  func()
+	// outage is the route's outage breaker's state, which the heartbeat
+	// records for operators (nil: always delivering).
+	outage func() RouteState
 }
 
 func newLeaser(c leaserConfig) *leaser {
@@ -462,8 +467,34 @@ func (l *leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
 // registration is what this relay's heartbeat says about it.
 func (l *leaser) registration() store.Heartbeat {
 	host, pid := processIdentity()
-	return store.Heartbeat{Hostname: host, PID: pid, Version: l.version, InFlight: l.inFlight(), Pooled: l.pooled,
+	h := store.Heartbeat{Hostname: host, PID: pid, Version: l.version, InFlight: l.inFlight(), Pooled: l.pooled,
 		ConfigHash: l.confHash, ConfigSummary: l.confSummary}
+	if l.outage != nil {
+		if st := l.outage(); st.Open {
+			h.DownSince, h.DownCause, h.DownProbes = st.Since, downCause(st.Cause), st.Probes
+		}
+	}
+	return h
+}
+
+// maxDownCause bounds, in characters, the cause of an outage that the
+// heartbeat records.
+const maxDownCause = 500
+
+// downCause is the text of an outage's cause as the relays table keeps
+// it: on one line, valid UTF-8 without NUL (Postgres text refuses both),
+// at most maxDownCause characters. The sinks redact their errors' URLs
+// and secrets.
+func downCause(err error) string {
+	if err == nil {
+		return "unknown"
+	}
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || r == 0 }), " ")
+	if r := []rune(s); len(r) > maxDownCause {
+		s = string(r[:maxDownCause-1]) + "…"
+	}
+	return s
 }
 
 // refused records that the relay holds no lane because live relays of

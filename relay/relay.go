@@ -178,7 +178,7 @@ func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
 		route: cfg.Route, workers: cfg.Workers, leaseTTL: cfg.LeaseTTL, beatEvery: cfg.Heartbeat,
 		fastFailover: !cfg.DisableFastFailover, version: cfg.Version, onConfigChange: cfg.OnConfigChange,
 		confHash: confHash, confSummary: confSummary,
-		starved: r.starved, inFlight: r.inFlight.Load, wakeAll: r.wakeAll,
+		starved: r.starved, inFlight: r.inFlight.Load, wakeAll: r.wakeAll, outage: r.State,
 	})
 }
 

@@ -58,6 +58,26 @@ type Heartbeat struct {
 	// runs it, and ConfigSummary says it for operators (redacted); see
 	// OtherConfigs.
 	ConfigHash, ConfigSummary string
+	// Down says the route's destination is down (its outage breaker is
+	// open): since DownSince (the zero time while it delivers), for
+	// DownCause (the error, redacted and bounded), after DownProbes
+	// probes that found it still down.
+	DownSince  time.Time
+	DownCause  string
+	DownProbes int
+}
+
+// heartbeatArgs are the named arguments of the heartbeat statement.
+func heartbeatArgs(h Heartbeat) pgx.NamedArgs {
+	a := pgx.NamedArgs{
+		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
+		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
+		"down_since": nil, "down_cause": nil, "down_probes": 0,
+	}
+	if !h.DownSince.IsZero() {
+		a["down_since"], a["down_cause"], a["down_probes"] = h.DownSince, h.DownCause, h.DownProbes
+	}
+	return a
 }
 
 // OtherConfig is a live relay of the route registered with another
@@ -120,10 +140,7 @@ func (l *Leases) QueueEnsureMissingLanes(b *pgx.Batch) {
 // Heartbeat registers the relay, or renews its registration, with the
 // identity of q's session (other relays reap it when that session is gone).
 func (l *Leases) Heartbeat(ctx context.Context, q Querier, h Heartbeat) error {
-	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
-		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
-		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
-	})...)
+	_, err := q.Exec(ctx, l.heartbeat.sql, l.args(l.heartbeat, heartbeatArgs(h))...)
 	return err
 }
 
@@ -223,10 +240,7 @@ func (l *Leases) QueueWorkedLanes(b *pgx.Batch, n *int) {
 
 // QueueHeartbeat queues Heartbeat on b.
 func (l *Leases) QueueHeartbeat(b *pgx.Batch, h Heartbeat) {
-	b.Queue(l.heartbeat.sql, l.args(l.heartbeat, pgx.NamedArgs{
-		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
-		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
-	})...)
+	b.Queue(l.heartbeat.sql, l.args(l.heartbeat, heartbeatArgs(h))...)
 }
 
 // QueueUnregister queues Unregister on b.
@@ -322,14 +336,17 @@ WHERE (SELECT count(*) FROM ` + lanes + ` WHERE route = @route) < 256
 ON CONFLICT DO NOTHING`)
 
 	l.heartbeat = newStmt(`
-INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start, config_hash, config_summary)
+INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start, config_hash, config_summary,
+    down_since, down_cause, down_probes)
 SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
        CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
-       @config_hash, @config_summary
+       @config_hash, @config_summary,
+       @down_since::timestamptz, @down_cause::text, @down_probes::int
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
-    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start`)
+    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
+    down_since = EXCLUDED.down_since, down_cause = EXCLUDED.down_cause, down_probes = EXCLUDED.down_probes`)
 
 	// Heartbeats are written with the database's now(); one in the future
 	// was written by hand (or the server's clock stepped back). It is set

@@ -127,15 +127,25 @@ type Relay struct {
 	// route's configuration the relay registered ('' for a relay of a
 	// version that does not register them).
 	ConfigHash, Config string
+	// DownSince is when the relay found its route's destination down (its
+	// outage breaker opened), bounded by the database's clock; the zero
+	// time while it delivers (or for a relay of a version that does not
+	// say). DownCause is the error, DownProbes the probes that found the
+	// destination still down since.
+	DownSince  time.Time
+	DownCause  string
+	DownProbes int
 }
 
 func (s Schema) relaysSQL() string {
 	// A heartbeat in the future counts as now (relays reap such a row a
-	// lease TTL later).
+	// lease TTL later). least ignores NULL: down_since is NULL while the
+	// route delivers.
 	return `
 SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
        (SELECT count(*) FROM ` + s.Table("lanes") + ` l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight,
-       r.config_hash, r.config_summary
+       r.config_hash, r.config_summary,
+       CASE WHEN r.down_since IS NOT NULL THEN least(r.down_since, now()) END, coalesce(r.down_cause, ''), r.down_probes
 FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
 }
 
@@ -143,9 +153,10 @@ FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
 func (s Schema) Relays(ctx context.Context, q Querier) ([]Relay, error) {
 	return collect(ctx, q, s.relaysSQL(), nil, func(r pgx.CollectableRow) (Relay, error) {
 		var x Relay
-		var started, beat pgtype.Timestamptz
-		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight, &x.ConfigHash, &x.Config)
-		x.StartedAt, x.HeartbeatAt = finiteOrZero(started), finiteOrZero(beat)
+		var started, beat, down pgtype.Timestamptz
+		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight, &x.ConfigHash, &x.Config,
+			&down, &x.DownCause, &x.DownProbes)
+		x.StartedAt, x.HeartbeatAt, x.DownSince = finiteOrZero(started), finiteOrZero(beat), finiteOrZero(down)
 		return x, err
 	})
 }

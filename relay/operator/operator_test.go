@@ -130,7 +130,7 @@ func TestStatusJSONEmpty(t *testing.T) {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(b, &m))
 	// (lanes is not empty: the migration creates the lanes of route "".)
-	for _, k := range []string{"topics", "dead_letters_by_reason", "fan_out", "relays"} {
+	for _, k := range []string{"topics", "dead_letters_by_reason", "fan_out", "relays", "route_health"} {
 		require.Equal(t, []any{}, m[k], k)
 	}
 }

@@ -27,6 +27,9 @@ type Status struct {
 	// FanOut is the backlog of fan-out copies per destination route.
 	FanOut []RouteStatus `json:"fan_out"`
 	Relays []RelayStatus `json:"relays"`
+	// Routes is the delivery state of every route registered relays
+	// serve, by route: whether its destination is down.
+	Routes []RouteHealth `json:"route_health"`
 	Lanes  []LaneStatus  `json:"lanes"`
 	// FreeLanes is how many lanes, over all routes, no live relay works
 	// (LaneStatus.Unworked summed, missing lane rows included).
@@ -167,6 +170,88 @@ type RelayStatus struct {
 	// does not register them.
 	ConfigHash string `json:"config_hash"`
 	Config     string `json:"config"`
+	// Delivery is what the relay's outage breaker says of its route's
+	// destination at its last heartbeat (see RouteHealth).
+	Delivery
+}
+
+// Route delivery states (Delivery.State).
+const (
+	// Delivering: the relay delivers (or has nothing to deliver).
+	Delivering = "delivering"
+	// DestinationDown: the relay found its route's destination down as a
+	// whole (its outage breaker is open) and claims only one message at
+	// a time, as a probe, until one gets through.
+	DestinationDown = "destination_down"
+)
+
+// Delivery is the state of a route's delivery as a relay's outage breaker
+// sees it (docs/guarantees.md, "Sink outages cost no attempts"), written
+// with each heartbeat. A relay of a version that does not report it
+// reads as delivering.
+type Delivery struct {
+	// State is Delivering or DestinationDown.
+	State string `json:"state"`
+	// DownSince is when the destination was found down, bounded by the
+	// database's clock (null while delivering).
+	DownSince *time.Time `json:"down_since"`
+	// DownCause is the error that found it down, or the latest probe's
+	// (redacted by the sink, at most 500 characters; "" while delivering).
+	DownCause string `json:"down_cause"`
+	// DownProbes counts the probes that found it still down.
+	DownProbes int `json:"down_probes"`
+}
+
+// Down reports whether the destination is down.
+func (d Delivery) Down() bool { return d.State == DestinationDown }
+
+// RouteHealth is the delivery state of one route that registered relays
+// serve: down when one of them finds its destination down (the earliest
+// such relay's since and cause, the most probes any of them counted).
+type RouteHealth struct {
+	Route string `json:"route"`
+	// Relays registered for the route, and how many of them find its
+	// destination down.
+	Relays     int `json:"relays"`
+	RelaysDown int `json:"relays_down"`
+	Delivery
+}
+
+func relayStatus(r store.Relay) RelayStatus {
+	s := RelayStatus{ID: r.ID, Hostname: r.Hostname, PID: r.PID, Version: r.Version, StartedAt: r.StartedAt,
+		HeartbeatAt: r.HeartbeatAt, Route: r.Route, Lanes: r.Lanes, InFlight: r.InFlight, ConfigHash: r.ConfigHash, Config: r.Config,
+		Delivery: Delivery{State: Delivering}}
+	if !r.DownSince.IsZero() {
+		since := r.DownSince
+		s.Delivery = Delivery{State: DestinationDown, DownSince: &since, DownCause: r.DownCause, DownProbes: r.DownProbes}
+	}
+	return s
+}
+
+// routeHealth sums the relays' delivery states per route, by route.
+func routeHealth(relays []RelayStatus) []RouteHealth {
+	out := []RouteHealth{}
+	at := map[string]int{}
+	for _, r := range relays {
+		i, ok := at[r.Route]
+		if !ok {
+			i = len(out)
+			at[r.Route] = i
+			out = append(out, RouteHealth{Route: r.Route, Delivery: Delivery{State: Delivering}})
+		}
+		h := &out[i]
+		h.Relays++
+		if !r.Down() {
+			continue
+		}
+		h.RelaysDown++
+		probes := max(h.DownProbes, r.DownProbes)
+		if !h.Down() || r.DownSince.Before(*h.DownSince) {
+			h.Delivery = r.Delivery
+		}
+		h.DownProbes = probes
+	}
+	return out
 }
 
 // MixedRoute is a route whose registered relays run different
@@ -274,7 +359,8 @@ func (a *Admin) status(ctx context.Context, tx pgx.Tx, st *Status) error {
 	if err != nil {
 		return err
 	}
-	st.Relays = convert(relays, func(r store.Relay) RelayStatus { return RelayStatus(r) })
+	st.Relays = convert(relays, relayStatus)
+	st.Routes = routeHealth(st.Relays)
 	st.Mixed = mixedRoutes(st.Relays)
 	lanes, err := s.LaneCoverage(ctx, tx)
 	if err != nil {

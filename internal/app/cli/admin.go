@@ -99,15 +99,20 @@ func printStatus(out io.Writer, st operator.Status) {
 		fmt.Fprintln(out, "no relay running: messages wait until one starts")
 		return
 	}
-	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT")
+	fmt.Fprintln(tw, "RELAY\tROUTE\tHOST\tPID\tVERSION\tLANES\tIN FLIGHT\tHEARTBEAT\tDESTINATION")
 	for _, r := range st.Relays {
 		beat := "never"
 		if !r.HeartbeatAt.IsZero() {
 			beat = st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat)
+		dest := "delivering"
+		if r.Down() {
+			dest = "down for " + max(st.Now.Sub(*r.DownSince), 0).Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat, dest)
 	}
 	_ = tw.Flush()
+	printOutages(out, st)
 	if len(st.Lanes) > 0 {
 		fmt.Fprintln(out)
 		fmt.Fprintln(tw, "LANES OF ROUTE\tRELAYS\tWORKED\tUNWORKED\tMISSING ROWS")
@@ -133,6 +138,25 @@ func printStatus(out io.Writer, st operator.Status) {
 				"Relays of the route take them at their next heartbeat; if they stay unworked, check the relays' logs.\n",
 				showRoute(l.Route), l.Unworked, l.Missing)
 		}
+	}
+}
+
+// printOutages says, for each relay that finds its route's destination
+// down (its outage breaker open), since when, after how many probes, and
+// why.
+func printOutages(out io.Writer, st operator.Status) {
+	down := false
+	for _, r := range st.Relays {
+		if !r.Down() {
+			continue
+		}
+		down = true
+		fmt.Fprintf(out, "WARNING: route %s, relay %s: destination down since %s (%s ago, %d probes): %s\n",
+			showRoute(r.Route), r.ID, r.DownSince.UTC().Format(time.RFC3339), max(st.Now.Sub(*r.DownSince), 0).Round(time.Second),
+			r.DownProbes, oneLine(r.DownCause, 500))
+	}
+	if down {
+		fmt.Fprintln(out, "(a route whose destination is down claims one message at a time, as a probe, until one gets through; its messages count no attempt meanwhile)")
 	}
 }
 

@@ -368,3 +368,75 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 	b.screenshot("routes")
 	require.Contains(t, logs.String(), `console audit`, "the replay is in the audit log")
 }
+
+// Issue 37: a relay process whose billing webhook refuses connections
+// finds that destination down; its heartbeat records it, and the console's
+// overview shows it in a browser: a "destination down" badge on the
+// billing route, since when, the probes and the cause, and a banner,
+// while the orders route shows "delivering".
+func TestConsoleShowsDestinationDownInBrowser(t *testing.T) {
+	b := browser(t)
+	pool, _, w := e2e(t)
+	srv := testkit.NewTestReceiver(t, func(*testkit.Request) (int, string) { return http.StatusOK, "" })
+	closed := "http://" + freeAddr(t) + "/billing" // nothing listens: connections are refused
+
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "relay.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
+heartbeat: 200ms
+routes:
+  - name: orders
+    topics: ["orders.*"]
+    sink: %s/orders
+  - name: billing
+    topics: ["billing.*"]
+    sink: %s
+`, srv.Base(), closed)), 0o600))
+	addr := freeAddr(t)
+	runCtx, stop := context.WithCancel(context.Background())
+	logs := &syncWriter{}
+	exited := make(chan int, 1)
+	go func() {
+		exited <- cli.MainContext(runCtx, []string{"run", "--config", cfgFile, "--admin-addr", addr}, io.Discard, logs)
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, 0, <-exited, logs.String())
+	}()
+
+	bg := context.Background()
+	tx, err := pool.Begin(bg)
+	require.NoError(t, err)
+	for i := range 6 {
+		require.NoError(t, w.Write(bg, tx,
+			outbox.Message{Topic: "orders.placed", Key: fmt.Sprintf("c%d", i%3), Payload: []byte(`{}`)},
+			outbox.Message{Topic: "billing.invoiced", Key: fmt.Sprintf("c%d", i%3), Payload: []byte(`{}`)}))
+	}
+	require.NoError(t, tx.Commit(bg))
+
+	base := "http://" + addr
+	badge := `#route-health tr[data-route="billing"] .badge.down`
+	var last atomic.Value
+	last.Store("no page loaded")
+	shown := assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
+			last.Store("overview: " + err.Error())
+			return false
+		}
+		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(badge), chromedp.AtLeast(0)))
+		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
+		return err == nil && len(n) == 1
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(t, shown, "the billing route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+	require.Equal(t, "destination down", b.text(badge))
+	row := b.text(`#route-health tr[data-route="billing"]`)
+	require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+(ms|s) ago\)`, row, "since when")
+	require.Contains(t, row, "not sent", "the cause")
+	require.Contains(t, row, "connection refused", "the cause")
+	require.Equal(t, "delivering", b.text(`#route-health tr[data-route="orders"] .badge`))
+	color := eval[string](b, `getComputedStyle(document.querySelector('`+badge+`')).backgroundColor`)
+	require.Equal(t, "rgb(180, 35, 24)", color, "the badge stands out (the console's danger colour)")
+	require.Contains(t, b.text(`#banner`), "Route billing: destination down for")
+}

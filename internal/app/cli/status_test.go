@@ -138,3 +138,54 @@ func TestStatusWithNoRelay(t *testing.T) {
 	require.NotContains(t, out, "UNWORKED")
 	require.NotContains(t, out, "lanes held by no live relay")
 }
+
+// Issue 37: status shows, per relay, whether its route delivers or finds
+// its destination down (what the relay's heartbeat records: since when,
+// the probes, the cause), in text and JSON.
+func TestStatusShowsDestinationDown(t *testing.T) {
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	s := migrations.Ident(schema)
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+s+`.relays (id, hostname, pid, version, route, backend_pid, down_since, down_cause, down_probes) VALUES
+    ('r-orders', 'h', 1, 'v', 'orders', 1, NULL, NULL, 0),
+    ('r-billing', 'h', 2, 'v', 'billing', 2, now() - interval '5 minutes',
+     'not sent: Post "https://billing.example/hook": dial tcp 10.0.0.7:443: connect: connection refused', 42)`)
+	require.NoError(t, err)
+
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Regexp(t, `(?m)^r-orders\s+orders\s.*\sdelivering$`, out)
+	require.Regexp(t, `(?m)^r-billing\s+billing\s.*\sdown for 5m\d+s$`, out)
+	require.Regexp(t, `WARNING: route "billing", relay r-billing: destination down since \S+ \(5m\d+s ago, 42 probes\): `+
+		`not sent: Post "https://billing.example/hook": dial tcp 10.0.0.7:443: connect: connection refused\n`, out)
+	require.NotContains(t, out, `route "orders", relay`)
+
+	code, out, stderr = run(t, "status", "--json")
+	require.Equal(t, 0, code, stderr)
+	var st struct {
+		Relays []struct {
+			ID, State, DownCause string
+			DownSince            *string `json:"down_since"`
+			DownProbes           int     `json:"down_probes"`
+		} `json:"relays"`
+		Routes []struct {
+			Route, State string
+			RelaysDown   int `json:"relays_down"`
+		} `json:"route_health"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Len(t, st.Relays, 2)
+	require.Equal(t, "r-billing", st.Relays[0].ID)
+	require.Equal(t, "destination_down", st.Relays[0].State)
+	require.NotNil(t, st.Relays[0].DownSince)
+	require.Equal(t, 42, st.Relays[0].DownProbes)
+	require.Equal(t, "delivering", st.Relays[1].State)
+	require.Nil(t, st.Relays[1].DownSince)
+	require.Len(t, st.Routes, 2)
+	require.Equal(t, "billing", st.Routes[0].Route)
+	require.Equal(t, "destination_down", st.Routes[0].State)
+	require.Equal(t, 1, st.Routes[0].RelaysDown)
+	require.Equal(t, "delivering", st.Routes[1].State)
+}

@@ -191,7 +191,7 @@ func cell(c column) string {
 		}
 		return strconv.FormatFloat(v, 'f', -1, 64)
 	case string:
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && strings.HasSuffix(c.Name, "_at") {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && (strings.HasSuffix(c.Name, "_at") || strings.HasSuffix(c.Name, "_since")) {
 			return t.UTC().Format("2006-01-02 15:04:05Z")
 		}
 		if c.Name == "route" && v == "" {
@@ -285,6 +285,41 @@ type retryErrorRow struct {
 	Long bool
 }
 
+// routeHealthRow is a row of the overview's "delivery per route".
+type routeHealthRow struct {
+	operator.RouteHealth
+	// Since is when its destination was found down, and For how long
+	// ago that was ("" while it delivers).
+	Since, For string
+}
+
+// routeHealth lays out the routes' delivery states, the routes whose
+// destination is down first, with a banner line for each of those.
+func routeHealth(st operator.Status) ([]routeHealthRow, []string) {
+	rows := make([]routeHealthRow, len(st.Routes))
+	var banners []string
+	for i, h := range st.Routes {
+		rows[i] = routeHealthRow{RouteHealth: h}
+		if !h.Down() {
+			continue
+		}
+		rows[i].Since = h.DownSince.UTC().Format("2006-01-02 15:04:05Z")
+		rows[i].For = age(since(st.Now, *h.DownSince))
+		banners = append(banners, fmt.Sprintf("Route %s: destination down for %s (%d probes): %s",
+			cmpOr(h.Route, "(default)"), rows[i].For, h.DownProbes, oneLine(h.DownCause, 200)))
+	}
+	slices.SortStableFunc(rows, func(a, b routeHealthRow) int {
+		if a.Down() != b.Down() {
+			if a.Down() {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	return rows, banners
+}
+
 // ago is how long before now t was, for a table cell.
 func ago(now, t time.Time) string {
 	if t.IsZero() {
@@ -376,7 +411,9 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 			unworked += l.Unworked
 		}
 	}
-	errs, banners := c.retryErrors(st.Status)
+	health, banners := routeHealth(st.Status)
+	errs, retryBanners := c.retryErrors(st.Status)
+	banners = append(banners, retryBanners...)
 	if grew, over := c.cfg.Samples.deadGrowth(); grew > 0 {
 		noun := "dead letters"
 		if grew == 1 {
@@ -399,7 +436,8 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 		Unworked int
 		Errors   []retryErrorRow
 		Banners  []string
-	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, spanText, toTable(st.DeadByReason), unworked, errs, banners})
+		Health   []routeHealthRow
+	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, spanText, toTable(st.DeadByReason), unworked, errs, banners, health})
 }
 
 // filterForm is the dead-letter filter as the form shows it.

@@ -195,3 +195,55 @@ func TestOverviewSaysWhatIsWrong(t *testing.T) {
 	require.Regexp(t, `<tr data-topic="orders">.*<td class="alert">1</td><td class="spark-cell">`, html, "a single dead letter is highlighted")
 	require.Contains(t, html, "peak 2", "a history of two samples has a peak")
 }
+
+// Issue 37: the overview shows, per route, whether its destination is
+// down (a badge, since when, the probes, the cause, and a banner), as its
+// relays' heartbeats recorded it; the API says the same.
+func TestRouteHealth(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.relays (id, hostname, pid, version, route, backend_pid, down_since, down_cause, down_probes) VALUES
+    ('r-orders', 'h', 1, 'v', 'orders', 1, NULL, NULL, 0),
+    ('r-billing-1', 'h', 2, 'v', 'billing', 2, now() - interval '3 minutes', 'not sent: dial tcp 10.0.0.7:443: connect: connection refused', 7),
+    ('r-billing-2', 'h', 3, 'v', 'billing', 3, now() - interval '2 minutes', 'HTTP 503: maintenance', 12)`)
+
+	r := e.do("GET", "/api/v1/status", nil)
+	require.Equal(t, 200, r.Status, string(r.Body))
+	var st struct {
+		Relays []struct {
+			ID, State  string
+			DownProbes int `json:"down_probes"`
+		}
+		Routes []struct {
+			Route, State string
+			Relays       int
+			RelaysDown   int        `json:"relays_down"`
+			DownSince    *time.Time `json:"down_since"`
+			DownCause    string     `json:"down_cause"`
+			DownProbes   int        `json:"down_probes"`
+		} `json:"route_health"`
+	}
+	r.json(t, &st)
+	require.Len(t, st.Routes, 2)
+	billing := st.Routes[0]
+	require.Equal(t, "billing", billing.Route)
+	require.Equal(t, "destination_down", billing.State)
+	require.Equal(t, 2, billing.Relays)
+	require.Equal(t, 2, billing.RelaysDown)
+	require.Contains(t, billing.DownCause, "connection refused", "the earliest relay's cause")
+	require.Equal(t, 12, billing.DownProbes, "the most probes")
+	require.Greater(t, time.Since(*billing.DownSince), 2*time.Minute+30*time.Second)
+	require.Equal(t, "delivering", st.Routes[1].State)
+	require.Nil(t, st.Routes[1].DownSince)
+
+	r = e.do("GET", "/ui/", nil)
+	require.Equal(t, 200, r.Status)
+	home := string(r.Body)
+	require.Regexp(t, `<tr data-route="billing">.*<span class="badge down">destination down</span>.*\(3m\d\ds ago\)</span></td><td>12</td><td>2 of 2 down</td><td class="err">not sent: dial tcp`, home)
+	require.Contains(t, home, `<tr data-route="orders"><td class="nowrap">orders</td><td class="nowrap"><span class="badge ok">delivering</span>`)
+	require.Regexp(t, `id="banner"[^>]*><p>Route billing: destination down for 3m\d\ds \(12 probes\): not sent`, home)
+	require.Less(t, strings.Index(home, `data-route="billing"`), strings.Index(home, `data-route="orders"`), "the routes that are down first")
+
+	r = e.do("GET", "/ui/relays", nil)
+	require.Equal(t, 200, r.Status)
+	require.Contains(t, string(r.Body), "destination_down")
+}
