@@ -214,10 +214,20 @@ func TestSetReadyOverAllRoutes(t *testing.T) {
 		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
 	}})
 	eventually(t, 20*time.Second, func() bool {
-		err := set.Ready(context.Background())
-		return err != nil && err.Error() == "outbox: sink: down"
-	}, "the sick route makes the set unready")
+		return set.Degraded(context.Background()) == "route sick: outbox: sink: down"
+	}, "the sick route makes the set degraded")
+	require.NoError(t, set.Ready(context.Background()), "one route of two is sick: degraded, still ready")
 	require.NoError(t, set.Live())
+
+	// Every route sick: not ready, each named.
+	all, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
+		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
+		{Name: "ill", Topics: []string{"c"}, Sink: sickSink{memory.New()}},
+	}})
+	eventually(t, 20*time.Second, func() bool {
+		err := all.Ready(context.Background())
+		return err != nil && err.Error() == "route sick: outbox: sink: down\nroute ill: outbox: sink: down"
+	}, "every route sick makes the set unready")
 }
 
 type sickSink struct{ *memory.Sink }

@@ -33,7 +33,7 @@ var fullURLs = map[string]string{
 		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=rabbit&tls_insecure_skip_verify=true",
 	"http": "http://user:" + secret + "@127.0.0.1:9000/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
-		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=false",
+		"&max_retry_after=1m&max_concurrency=8&rate_limit=12.5&rate_burst=4&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=false",
 	"nats": "nats://relay:" + secret + "@n1:4222,n2:4222?subject=ev.{topic}&stream=EV&create_stream=true&stream_subjects=ev.>" +
 		"&duplicate_window=5m&token=" + secret + "&name=r1&publish_timeout=5s&dial_timeout=1s" +
 		"&reconnect_initial=1s&reconnect_max=10s&ordering=pipelined&max_pending=100&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem" +
@@ -64,7 +64,7 @@ var fullURLs = map[string]string{
 	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
-		"&max_retry_after=1m&max_concurrency=8&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
+		"&max_retry_after=1m&max_concurrency=8&rate_limit=12.5&rate_burst=4&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
 }
 
 // TestDrivers checks that every registered driver describes itself and
