@@ -78,6 +78,9 @@ type breaker struct {
 	hooks   OutageHooks // nil: none
 	sig     *signals
 	now     func() time.Time
+	// wake wakes worker w: a worker idle with nothing to claim does not
+	// ask the breaker, and the turn to probe may come to it.
+	wake func(w int)
 
 	mu      sync.Mutex
 	state   RouteState
@@ -94,11 +97,11 @@ type breaker struct {
 	changed chan struct{}
 }
 
-func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *signals) *breaker {
+func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *signals, wake func(w int)) *breaker {
 	oh, _ := hooks.(OutageHooks)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeInitial, probeMax, 0
-	return &breaker{workers: workers, log: log, hooks: oh, sig: sig, now: time.Now, bo: bo, changed: make(chan struct{})}
+	return &breaker{workers: workers, log: log, hooks: oh, sig: sig, now: time.Now, wake: wake, bo: bo, changed: make(chan struct{})}
 }
 
 // admission is what the breaker lets a worker claim.
@@ -235,11 +238,12 @@ func (b *breaker) abandon() {
 	b.probing = false
 }
 
-// passTurnLocked gives the next probe to the next worker.
+// passTurnLocked gives the next probe to the next worker, and wakes it.
 func (b *breaker) passTurnLocked() {
 	b.turn = (b.turn + 1) % b.workers
 	close(b.changed)
 	b.changed = make(chan struct{})
+	b.wake(b.turn)
 }
 
 // closeLocked closes the breaker: every worker claims again.

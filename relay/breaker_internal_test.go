@@ -77,7 +77,8 @@ func TestDown(t *testing.T) {
 // gets through.
 func TestBreaker(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	b := newBreaker(2, slog.New(slog.DiscardHandler), NopHooks{}, nil)
+	var woken []int
+	b := newBreaker(2, slog.New(slog.DiscardHandler), NopHooks{}, nil, func(w int) { woken = append(woken, w) })
 	b.now = func() time.Time { return now }
 
 	if a := b.admit(0); !a.ok || a.probe {
@@ -118,6 +119,9 @@ func TestBreaker(t *testing.T) {
 	}
 	if st := b.State(); st.Probes != 1 || !errors.Is(st.Cause, err503) {
 		t.Fatalf("after a failed probe: %+v", st)
+	}
+	if len(woken) != 1 || woken[0] != 0 {
+		t.Fatalf("woken %v: the worker whose turn it is may be idle", woken)
 	}
 	// Worker 0's probe finds nothing in its lanes: worker 1 probes at
 	// once.

@@ -162,7 +162,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.log = r.log.With("route", cfg.Route)
 	}
 	r.lease = r.newLeaser(fingerprint(cfg, sink))
-	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig)
+	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig, r.wakeWorker)
 	if cfg.RateLimit > 0 {
 		r.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.RateBurst)
 	}

@@ -21,12 +21,17 @@ import (
 // latency up to PollInterval, never a message.
 
 func (r *Relay) wakeAll() {
-	for i, c := range r.wake {
-		r.pend[i].addAll()
-		select {
-		case c <- struct{}{}:
-		default:
-		}
+	for i := range r.wake {
+		r.wakeWorker(i)
+	}
+}
+
+// wakeWorker makes worker w visit all of its lanes now.
+func (r *Relay) wakeWorker(w int) {
+	r.pend[w].addAll()
+	select {
+	case r.wake[w] <- struct{}{}:
+	default:
 	}
 }
 
