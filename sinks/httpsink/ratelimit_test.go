@@ -21,9 +21,11 @@ import (
 func rateBound(t *testing.T, at []time.Time, rate float64, burst int) {
 	t.Helper()
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
-	// A request's arrival trails its departure by a little; a few
-	// milliseconds of slack per window keeps scheduling noise out.
-	const slack = 5 * time.Millisecond
+	// The limiter bounds when requests may leave; each arrives a little
+	// after, by the scheduling delay of a loaded machine (which can bring
+	// two closer together): 100 ms of slack per window. Without the limit
+	// the 60 requests arrive within milliseconds.
+	const slack = 100 * time.Millisecond
 	for i := range at {
 		for j := i; j < len(at); j++ {
 			span := at[j].Sub(at[i]) + slack
