@@ -23,11 +23,13 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			Why: map[string]string{"Partitions": "RabbitMQ queues have no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			needRabbitmqctl(t)
-			e := setup(t)
+			// The sink goes through a proxy that Down closes: the broker,
+			// which other tests share, keeps running.
+			e := setup(t, viaProxy())
 			return &sinktest.Env{
 				Sink:  e.sink,
 				Topic: e.topic,
@@ -54,6 +56,8 @@ func TestConformance(t *testing.T) {
 				},
 				BreakTransient: e.breakExchange,
 				Restart:        e.restartConn,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})

@@ -15,7 +15,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Dedup: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true, Dedup: true,
 			Why: map[string]string{"Partitions": "a JetStream stream has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t)
@@ -40,6 +40,8 @@ func TestConformance(t *testing.T) {
 				// The sink's connection is cut (through the proxy); the
 				// shared server is never restarted.
 				Restart: e.proxy.Restart,
+				Down:    e.proxy.Down,
+				Up:      e.proxy.Up,
 			}
 		},
 	})

@@ -18,7 +18,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			Why: map[string]string{"Partitions": "a Redis stream has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t)
@@ -68,6 +68,8 @@ func TestConformance(t *testing.T) {
 				// server is never stopped or reconfigured.
 				BreakTransient: e.proxy.Break,
 				Restart:        e.proxy.Restart,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})
