@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -281,4 +282,21 @@ func TestParseURL(t *testing.T) {
 		_, err := ParseURL(raw)
 		require.ErrorContains(t, err, want, raw)
 	}
+}
+
+// JetStream unavailable as a whole (503), and a publish whose ack did not
+// come, wrap sinks.ErrUnavailable; other refusals of the stream do not.
+func TestOutageClassification(t *testing.T) {
+	t.Parallel()
+	s := &Sink{}
+	for _, err := range []error{
+		&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"},
+		jetstream.ErrAsyncPublishTimeout, nats.ErrDisconnected,
+	} {
+		got := s.ackErr(t.Context(), "s", err)
+		require.ErrorIs(t, got, sinks.ErrUnavailable, "%v", err)
+		require.False(t, sinks.IsPermanent(got))
+	}
+	full := &jetstream.APIError{Code: 400, ErrorCode: 10077, Description: "maximum messages exceeded"}
+	require.NotErrorIs(t, s.ackErr(t.Context(), "s", full), sinks.ErrUnavailable)
 }
