@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -930,11 +932,14 @@ func (b *batch) unstick() {
 // broker's close reason.
 // lost marks err, the failure of a message that went out on b's channel,
 // as the destination unavailable (sinks.Unavailable) when the connection
-// is gone: the broker stopped answering, and may have the message. A
+// is gone (or its socket failed): the broker stopped answering, and may have the message. A
 // channel the broker closed on a live connection (an exchange that does
 // not exist) leaves err as it is.
 func (b *batch) lost(err error) error {
-	if b.pc.cs.c.IsClosed() {
+	var oe *net.OpError
+	// The socket's own error comes first when the write fails before the
+	// library's reader has seen the connection go.
+	if b.pc.cs.c.IsClosed() || errors.As(err, &oe) || errors.Is(err, io.EOF) {
 		return sinks.Unavailable(err)
 	}
 	return err
