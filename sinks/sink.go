@@ -67,6 +67,18 @@ type Message struct {
 // Errors the relay must not retry (the message can never be accepted: too
 // large, unroutable, rejected as malformed) are wrapped with Permanent.
 //
+// Outages: a failure that says the destination as a whole is down is
+// reported as such, not as a failure of the message. Mark it NotSent
+// when nothing of the message left the relay (the connection was
+// refused, the name does not resolve, no connection came before ctx
+// ended, the broker blocks every publisher), and wrap it with Unavailable
+// when the message went out without an answer (a connection lost with
+// it on the wire, a timeout) or the destination answered that it is
+// unavailable as a whole (HTTP 503, a broker without a leader or
+// quorum). A plain retriable error says "this message failed": the relay
+// counts an attempt for it. sinktest's Outage feature checks the
+// classification against the real destination taken down.
+//
 // Send is safe for concurrent use; after Close it returns ErrClosed. Close is
 // idempotent and waits for in-flight Sends to finish or ctx to end.
 type Sink interface {

@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -551,7 +553,8 @@ func (s *Sink) acquire(ctx context.Context) (*pubChannel, error) {
 				lastErr = s.lastErr // the latest reason, not the one from before the wait
 			}
 			s.mu.Unlock()
-			return nil, fmt.Errorf("%w (%w): %w", ErrNotConnected, lastErr, ctx.Err())
+			// No connection, so nothing of the batch was sent.
+			return nil, sinks.NotSent(fmt.Errorf("%w (%w): %w", ErrNotConnected, lastErr, ctx.Err()))
 		case <-s.stopping:
 			<-s.sem
 			return nil, sinks.ErrClosed
@@ -655,7 +658,9 @@ func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	if err == nil {
 		s.mu.Lock()
 		if reason := s.blocked; reason != "" {
-			err = fmt.Errorf("%w: %s", ErrBlocked, reason)
+			// The broker reads no publish of any publisher: nothing
+			// is sent.
+			err = sinks.NotSent(fmt.Errorf("%w: %s", ErrBlocked, reason))
 		}
 		s.mu.Unlock()
 		if err != nil {
@@ -798,7 +803,7 @@ func (b *batch) send(ctx context.Context, idx []int) (fl []inflight, byID map[st
 			continue
 		}
 		if b.broken != nil {
-			b.fail(i, fmt.Errorf("%w: not sent: %w", ErrNotConfirmed, b.broken))
+			b.fail(i, sinks.NotSent(fmt.Errorf("%w: %w", ErrNotConfirmed, b.broken)))
 			continue
 		}
 		b.pubState.Add(1)
@@ -806,7 +811,7 @@ func (b *batch) send(ctx context.Context, idx []int) (fl []inflight, byID map[st
 		b.pubState.Add(1)
 		if err != nil {
 			b.broken = b.channelErr(err)
-			b.fail(i, fmt.Errorf("%w: publish: %w", ErrNotConfirmed, b.broken))
+			b.fail(i, b.lost(fmt.Errorf("%w: publish: %w", ErrNotConfirmed, b.broken)))
 			continue
 		}
 		byID[m.ID] = append(byID[m.ID], len(fl))
@@ -886,9 +891,12 @@ func (b *batch) settle(fl []inflight, returned map[int]amqp.Return, timeout erro
 				// The library nacks every pending confirm when the
 				// channel or connection closes.
 				b.broken = b.channelErr(amqp.ErrClosed)
-				b.be.Errs[i] = fmt.Errorf("%w: %w", ErrNotConfirmed, b.broken)
+				b.be.Errs[i] = b.lost(fmt.Errorf("%w: %w", ErrNotConfirmed, b.broken))
 			} else {
-				b.be.Errs[i] = ErrNacked
+				// The broker could not store it (a queue refused it,
+				// a quorum queue without its quorum): the broker, not
+				// the message, failed.
+				b.be.Errs[i] = sinks.Unavailable(ErrNacked)
 			}
 		default:
 			b.be.Errs[i] = fmt.Errorf("%w: no confirm within the publish timeout or ctx: %w", ErrNotConfirmed, timeout)
@@ -922,6 +930,21 @@ func (b *batch) unstick() {
 
 // channelErr explains a failed publish or a lost channel, preferring the
 // broker's close reason.
+// lost marks err, the failure of a message that went out on b's channel,
+// as the destination unavailable (sinks.Unavailable) when the connection
+// is gone (or its socket failed): the broker stopped answering, and may have the message. A
+// channel the broker closed on a live connection (an exchange that does
+// not exist) leaves err as it is.
+func (b *batch) lost(err error) error {
+	var oe *net.OpError
+	// The socket's own error comes first when the write fails before the
+	// library's reader has seen the connection go.
+	if b.pc.cs.c.IsClosed() || errors.As(err, &oe) || errors.Is(err, io.EOF) {
+		return sinks.Unavailable(err)
+	}
+	return err
+}
+
 func (b *batch) channelErr(err error) error {
 	if b.pc.dead() && b.pc.closeErr != nil {
 		if b.pc.closeErr.Code == amqp.NotFound {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	neturl "net/url"
 	"os/exec"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/amqptest"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -45,6 +47,8 @@ type testEnv struct {
 	durable  bool
 	noReader bool // no consumer: messages stay in the queue
 	deliv    <-chan amqp.Delivery
+	proxied  bool            // the sink connects through proxy
+	proxy    *tcpproxy.Proxy // set when proxied
 
 	mu    sync.Mutex
 	bound map[string]bool
@@ -55,6 +59,11 @@ type envOpt func(*testEnv)
 func withConfig(f func(*Config)) envOpt { return func(e *testEnv) { f(&e.cfg) } }
 func durable() envOpt                   { return func(e *testEnv) { e.durable = true } }
 func noReader() envOpt                  { return func(e *testEnv) { e.noReader = true } }
+
+// viaProxy makes the sink connect through a tcpproxy (testEnv.proxy), so
+// that a test can refuse its connections, as a broker that is down does,
+// without touching the broker. The test's own connection goes direct.
+func viaProxy() envOpt { return func(e *testEnv) { e.proxied = true } }
 
 // onBroker uses a throwaway broker instead of the shared one at
 // TEST_AMQP_URL: for tests that stop or reconfigure it.
@@ -87,6 +96,13 @@ func setup(tb testing.TB, opts ...envOpt) *testEnv {
 	}
 	url := e.url
 	e.cfg.URL = url
+	if e.proxied {
+		u, err := neturl.Parse(url)
+		require.NoError(tb, err)
+		e.proxy = tcpproxy.New(tb, u.Host)
+		u.Host = e.proxy.Addr()
+		e.cfg.URL = u.String()
+	}
 	admin, err := amqp.Dial(url)
 	if err != nil && url == testkit.AMQPURL() {
 		unavailable(tb, "RabbitMQ not reachable at TEST_AMQP_URL (%s): %v", redactURL(url), err)

@@ -28,6 +28,7 @@ func TestConformance(t *testing.T) {
 			Poison:    true,
 			Transient: true,
 			Restart:   true,
+			Outage:    true,
 			Why:       map[string]string{"Partitions": "HTTP webhooks have no partitions; order per key comes from sequential requests"},
 		},
 		Setup: func(t *testing.T) *sinktest.Env {
@@ -86,6 +87,8 @@ func TestConformance(t *testing.T) {
 					return func() { rc.setBroken(false) }
 				},
 				Restart: rc.restart,
+				Down:    func() error { rc.stop(); return nil },
+				Up:      rc.start,
 			}
 		},
 	})

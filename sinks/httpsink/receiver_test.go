@@ -45,6 +45,7 @@ type receiver struct {
 	cursor    int       // for read
 	notify    chan struct{}
 	broken    bool // answer 503 to everything
+	stopped   bool // stop closed the server; start serves again
 	inFlight  map[string]int
 	maxInFl   int
 	curInFl   int
@@ -163,10 +164,29 @@ func (rc *receiver) setBroken(b bool) {
 // restart closes the server (dropping every connection) and starts a new
 // one on the same address.
 func (rc *receiver) restart() error {
+	rc.stop()
+	return rc.start()
+}
+
+// stop closes the server, dropping every connection: its address refuses
+// connections until start.
+func (rc *receiver) stop() {
 	rc.mu.Lock()
 	old := rc.srv
+	rc.stopped = true
 	rc.mu.Unlock()
 	old.Close()
+}
+
+// start serves again on the address after stop; it does nothing when the
+// server runs.
+func (rc *receiver) start() error {
+	rc.mu.Lock()
+	stopped := rc.stopped
+	rc.mu.Unlock()
+	if !stopped {
+		return nil
+	}
 	var ln net.Listener
 	var err error
 	// The port was just released; another process can in principle grab
@@ -185,7 +205,7 @@ func (rc *receiver) restart() error {
 	srv.Listener = ln
 	srv.Start()
 	rc.mu.Lock()
-	rc.srv = srv
+	rc.srv, rc.stopped = srv, false
 	rc.mu.Unlock()
 	return nil
 }

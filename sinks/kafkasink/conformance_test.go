@@ -82,7 +82,7 @@ func newRestartable(t *testing.T, opts ...kfake.Opt) *restartable {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true},
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true, Outage: true},
 		Setup:    func(t *testing.T) *sinktest.Env { return conformanceEnv(t, nil, nil, nil) },
 	})
 }
@@ -93,7 +93,7 @@ func TestConformanceSASL(t *testing.T) {
 	t.Parallel()
 	const user, pass = "relay", "conformance-s3cret"
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true},
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true, Outage: true},
 		Setup: func(t *testing.T) *sinktest.Env {
 			return conformanceEnv(t,
 				[]kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", user, pass)},
@@ -162,5 +162,8 @@ func conformanceEnv(t *testing.T, opts []kfake.Opt, mod func(*Config), consOpts 
 			return failProduce(rc.cluster(), kerr.NotLeaderForPartition.Code)
 		},
 		Restart: rc.restart,
+		// The broker stops: its port refuses connections until Up.
+		Down: func() error { rc.stop(); return nil },
+		Up:   rc.start,
 	}
 }

@@ -47,15 +47,39 @@ func isPermanentCode(err error) bool {
 	return errors.As(err, &ke) && permanentCodes[ke]
 }
 
+// unavailableCodes are the broker answers that say the partition's
+// broker, not the record, cannot take writes now: no leader, a leader
+// that moved, too few in-sync replicas, no answer of the followers in
+// time, a failed log directory. The error wraps sinks.ErrUnavailable:
+// retriable like any other, and evidence of an outage for the relay when
+// it spans two keys or more of a batch of which nothing got through (see
+// sinks.ErrUnavailable). UNKNOWN_TOPIC_OR_PARTITION is not among them: it
+// may say that the topic is missing.
+var unavailableCodes = map[kafka.Error]bool{
+	kafka.LeaderNotAvailable:           true,
+	kafka.NotLeaderForPartition:        true, // NOT_LEADER_OR_FOLLOWER
+	kafka.RequestTimedOut:              true,
+	kafka.BrokerNotAvailable:           true,
+	kafka.NotEnoughReplicas:            true,
+	kafka.NotEnoughReplicasAfterAppend: true,
+	kafka.KafkaStorageError:            true,
+}
+
 // produceError describes a per-partition error code from a produce
 // response. It wraps kafka.Error, so errors.Is(err, kafka.MessageSizeTooLarge)
-// works for callers.
+// works for callers, and sinks.ErrUnavailable for unavailableCodes.
 func produceError(topic string, partition int32, code int16, msg string) error {
 	ke := kafka.Error(code)
+	var err error
 	if msg != "" && msg != ke.Description() {
-		return fmt.Errorf("outbox: kafka: produce to %s[%d]: %w (%s)", topic, partition, ke, msg)
+		err = fmt.Errorf("outbox: kafka: produce to %s[%d]: %w (%s)", topic, partition, ke, msg)
+	} else {
+		err = fmt.Errorf("outbox: kafka: produce to %s[%d]: %w", topic, partition, ke)
 	}
-	return fmt.Errorf("outbox: kafka: produce to %s[%d]: %w", topic, partition, ke)
+	if unavailableCodes[ke] {
+		return sinks.Unavailable(err)
+	}
+	return err
 }
 
 // classify marks err permanent when retrying cannot help.

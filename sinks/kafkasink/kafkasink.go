@@ -416,7 +416,7 @@ func (s *Sink) partition(m *sinks.Message, topic string, err error, metas map[st
 	}
 	p := int32(s.balancer.Balance(kafka.Message{Key: key}, tm.partitions...))
 	if tm.leaders[p] < 0 {
-		return topicPartition{}, 0, fmt.Errorf("outbox: kafka: %s[%d] has no leader: %w", topic, p, kafka.LeaderNotAvailable)
+		return topicPartition{}, 0, sinks.Unavailable(fmt.Errorf("outbox: kafka: %s[%d] has no leader: %w", topic, p, kafka.LeaderNotAvailable))
 	}
 	return topicPartition{topic, p}, tm.leaders[p], nil
 }
@@ -800,6 +800,11 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 			err = fmt.Errorf("%w (write_timeout %s)", err, s.cfg.WriteTimeout)
 		}
 		err = notSent(fmt.Errorf("outbox: kafka: produce request to broker %d: %w", groups[0].leader, authErr(err, s.cfg.SASL.who())))
+		if !sinks.IsNotSent(err) && ctx.Err() == nil {
+			// The request may have gone out, and the broker did not
+			// answer: its connection broke, or write_timeout passed.
+			err = sinks.Unavailable(err)
+		}
 		for j := range errs {
 			errs[j] = err
 		}

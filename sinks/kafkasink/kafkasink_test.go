@@ -249,6 +249,7 @@ func TestRetriableErrorOnOnePartition(t *testing.T) {
 			require.Error(t, be.Errs[i])
 			require.False(t, sinks.IsPermanent(be.Errs[i]), "NOT_LEADER is retriable: %v", be.Errs[i])
 			require.ErrorIs(t, be.Errs[i], kafka.NotLeaderForPartition)
+			require.ErrorIs(t, be.Errs[i], sinks.ErrUnavailable, "NOT_LEADER says the partition's broker cannot take writes")
 			retry = append(retry, m)
 			continue
 		}
@@ -277,6 +278,7 @@ func TestTimedOutAppendIsRetriable(t *testing.T) {
 	require.ErrorAs(t, err, &be)
 	for _, e := range be.Errs {
 		require.ErrorIs(t, e, kafka.RequestTimedOut)
+		require.ErrorIs(t, e, sinks.ErrUnavailable)
 		require.False(t, sinks.IsPermanent(e))
 	}
 	require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "a")}))
@@ -505,5 +507,23 @@ func TestMurmur2MatchesJavaPartitioner(t *testing.T) {
 	for i := range 2000 {
 		key := fmt.Sprintf("aggregate-%d", i*7919)
 		require.Equal(t, murmur2Partition("t", key, len(parts)), int32(b.Balance(kafka.Message{Key: []byte(key)}, parts...)), key)
+	}
+}
+
+// The broker answers that say the partition's broker cannot take writes
+// wrap sinks.ErrUnavailable (evidence of an outage when they span keys);
+// answers about the record, the topic or the client's rights do not.
+func TestUnavailableCodes(t *testing.T) {
+	t.Parallel()
+	for _, ke := range []kafka.Error{kafka.LeaderNotAvailable, kafka.NotLeaderForPartition, kafka.RequestTimedOut,
+		kafka.BrokerNotAvailable, kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend, kafka.KafkaStorageError} {
+		err := produceError("t", 0, int16(ke), "")
+		require.ErrorIs(t, err, sinks.ErrUnavailable, "%s", ke.Title())
+		require.ErrorIs(t, err, ke)
+		require.False(t, sinks.IsPermanent(classify(err)), "%s", ke.Title())
+	}
+	for _, ke := range []kafka.Error{kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed,
+		kafka.InvalidTimestamp, kafka.MessageSizeTooLarge, kafka.Unknown} {
+		require.NotErrorIs(t, produceError("t", 0, int16(ke), ""), sinks.ErrUnavailable, "%s", ke.Title())
 	}
 }

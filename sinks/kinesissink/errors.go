@@ -47,12 +47,18 @@ func refusal(stream, code, msg string) error {
 }
 
 // requestErr classifies the failure of a whole PutRecords request: an
-// API error as refusal, a failed dial as not sent (no attempt counted),
-// anything else (a connection lost mid-request, a timeout) as retriable.
+// API error as refusal (answered with HTTP 502, 503 or 504, the service
+// unavailable), anything else as awsbatch.TransportErr does: a failed
+// dial not sent (no attempt counted), a connection lost mid-request or
+// no answer in time the service unavailable.
 func requestErr(stream string, err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
-		return refusal(stream, api.ErrorCode(), api.ErrorMessage())
+		r := refusal(stream, api.ErrorCode(), api.ErrorMessage())
+		if awsbatch.Unavailable(err) && !sinks.IsPermanent(r) {
+			return sinks.Unavailable(r)
+		}
+		return r
 	}
 	return awsbatch.TransportErr(service.Prefix, err)
 }

@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.Kinesalite(t)
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true, Outage: true,
 			MaxPayload: 700 << 10,
 			Why: map[string]string{
 				"MaxPayload": "a Kinesis record is at most 1 MiB, and the JSON envelope holds the payload in base64, a third larger",
@@ -89,6 +89,8 @@ func TestConformance(t *testing.T) {
 				},
 				BreakTransient: e.proxy.Break,
 				Restart:        e.proxy.Restart,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})

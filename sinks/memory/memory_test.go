@@ -24,6 +24,7 @@ func TestConformance(t *testing.T) {
 		Features: sinktest.Features{
 			Poison:    true,
 			Transient: true,
+			Outage:    true,
 			Why: map[string]string{
 				"Partitions": "the memory sink keeps one ordered list; it has no partitions",
 				"Restart":    "the memory sink has no connection or backend process to drop or restart",
@@ -39,8 +40,13 @@ func setup(t *testing.T) *sinktest.Env {
 		require.NoError(t, s.Close(context.Background()))
 		require.Empty(t, s.Violations(), "the suite sent one key from two concurrent Sends")
 	})
-	var broken atomic.Bool
+	var broken, down atomic.Bool
 	s.SetFail(func(m sinks.Message) error {
+		if down.Load() {
+			// What a network sink reports when its destination refuses
+			// connections: nothing was sent.
+			return sinks.NotSent(errors.New("memory: destination down (sinktest Down)"))
+		}
 		if broken.Load() {
 			return errors.New("memory: backend unavailable (sinktest BreakTransient)")
 		}
@@ -76,6 +82,8 @@ func setup(t *testing.T) *sinktest.Env {
 			broken.Store(true)
 			return func() { broken.Store(false) }
 		},
+		Down: func() error { down.Store(true); return nil },
+		Up:   func() error { down.Store(false); return nil },
 	}
 }
 

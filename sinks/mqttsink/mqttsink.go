@@ -471,7 +471,10 @@ func (s *Sink) publish(ctx context.Context, c *conn, m sinks.Message) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrNoPuback, ctx.Err())
 	case pctx.Err() != nil:
-		return fmt.Errorf("%w: the connection dropped before it came", ErrNoPuback)
+		// The PUBLISH went out and the broker's connection dropped
+		// before its answer: the broker may have the message, and a
+		// dropped connection says the broker, not the message, failed.
+		return sinks.Unavailable(fmt.Errorf("%w: the connection dropped before it came", ErrNoPuback))
 	}
 	return fmt.Errorf("outbox: mqtt: publish: %w", err)
 }

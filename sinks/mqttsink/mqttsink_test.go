@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	b := broker(t)
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			Why: map[string]string{"Partitions": "an MQTT topic has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t, b)
@@ -45,6 +45,8 @@ func TestConformance(t *testing.T) {
 				BreakTransient: e.proxy.Break,
 				// The sink's connection is cut (through the proxy).
 				Restart: e.proxy.Restart,
+				Down:    e.proxy.Down,
+				Up:      e.proxy.Up,
 			}
 		},
 	})

@@ -563,21 +563,29 @@ func (s *Sink) ackErr(ctx context.Context, subject string, err error) error {
 		if errors.Is(lerr, jetstream.ErrStreamNotFound) {
 			return sinks.Permanent(fmt.Errorf("%w for subject %q", ErrNoStream, subject))
 		}
+		// The stream exists (or JetStream does not answer either): the
+		// stream, not the message, is unavailable.
 		if lerr != nil {
-			return fmt.Errorf("outbox: nats: no response from a stream for subject %q, and looking it up failed: %w", subject, lerr)
+			return sinks.Unavailable(fmt.Errorf("outbox: nats: no response from a stream for subject %q, and looking it up failed: %w", subject, lerr))
 		}
-		return fmt.Errorf("outbox: nats: no response from stream %q for subject %q (leader election?): %w", name, subject, err)
+		return sinks.Unavailable(fmt.Errorf("outbox: nats: no response from stream %q for subject %q (leader election?): %w", name, subject, err))
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeMessageTooLarge:
 		return sinks.Permanent(fmt.Errorf("%w: %w", ErrTooLarge, err))
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStreamMismatch:
 		return sinks.Permanent(fmt.Errorf("outbox: nats: subject %q is not stored by stream %q: %w", subject, s.cfg.Stream, err))
+	case errors.As(err, &apiErr) && apiErr.Code == 503:
+		// JetStream answers 503 when it is unavailable as a whole
+		// (temporarily unavailable, not enabled, no quorum).
+		return sinks.Unavailable(fmt.Errorf("outbox: nats: JetStream unavailable: %w", err))
 	case errors.As(err, &apiErr):
 		// Stream full with discard new, storage failures, cluster
 		// trouble: the server may take it later.
 		return fmt.Errorf("outbox: nats: stream refused the message: %w", err)
 	case errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, nats.ErrConnectionClosed):
-		return fmt.Errorf("%w: %w", ErrNoAck, err)
+		// Published, and no ack came before the timeout or the
+		// connection went: the server may have it.
+		return sinks.Unavailable(fmt.Errorf("%w: %w", ErrNoAck, err))
 	}
 	return fmt.Errorf("outbox: nats: %w", err)
 }

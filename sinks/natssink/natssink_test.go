@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -15,7 +16,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Dedup: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true, Dedup: true,
 			Why: map[string]string{"Partitions": "a JetStream stream has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t)
@@ -40,6 +41,8 @@ func TestConformance(t *testing.T) {
 				// The sink's connection is cut (through the proxy); the
 				// shared server is never restarted.
 				Restart: e.proxy.Restart,
+				Down:    e.proxy.Down,
+				Up:      e.proxy.Up,
 			}
 		},
 	})
@@ -279,4 +282,21 @@ func TestParseURL(t *testing.T) {
 		_, err := ParseURL(raw)
 		require.ErrorContains(t, err, want, raw)
 	}
+}
+
+// JetStream unavailable as a whole (503), and a publish whose ack did not
+// come, wrap sinks.ErrUnavailable; other refusals of the stream do not.
+func TestOutageClassification(t *testing.T) {
+	t.Parallel()
+	s := &Sink{}
+	for _, err := range []error{
+		&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"},
+		jetstream.ErrAsyncPublishTimeout, nats.ErrDisconnected,
+	} {
+		got := s.ackErr(t.Context(), "s", err)
+		require.ErrorIs(t, got, sinks.ErrUnavailable, "%v", err)
+		require.False(t, sinks.IsPermanent(got))
+	}
+	full := &jetstream.APIError{Code: 400, ErrorCode: 10077, Description: "maximum messages exceeded"}
+	require.NotErrorIs(t, s.ackErr(t.Context(), "s", full), sinks.ErrUnavailable)
 }

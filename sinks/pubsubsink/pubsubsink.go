@@ -280,7 +280,9 @@ func message(m sinks.Message, topic string) (*pubsub.Message, error) {
 // message the publisher never sent (its key paused by an earlier failure)
 // is not attempted; InvalidArgument and NotFound (no such topic) are
 // permanent; Unavailable with no live connection and a failed last dial
-// was not sent; everything else is retried.
+// was not sent (sinks.NotSent); Unavailable on a live connection and
+// DeadlineExceeded say the service as a whole did not answer
+// (sinks.Unavailable); everything else is retried.
 func (s *Sink) classify(topic string, err error) error {
 	var paused pubsub.ErrPublishingPaused
 	if errors.As(err, &paused) {
@@ -299,8 +301,11 @@ func (s *Sink) classify(topic string, err error) error {
 		return sinks.Permanent(e)
 	case codes.Unavailable:
 		if s.dials.unreachable() {
-			return fmt.Errorf("%w (not sent: no connection to %s): %w", e, s.cfg.Endpoint, sinks.ErrNotAttempted)
+			return sinks.NotSent(fmt.Errorf("%w (no connection to %s)", e, s.cfg.Endpoint))
 		}
+		return sinks.Unavailable(e)
+	case codes.DeadlineExceeded:
+		return sinks.Unavailable(e)
 	}
 	return e
 }

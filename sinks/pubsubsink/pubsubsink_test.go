@@ -127,7 +127,7 @@ func delivered(m *pstest.Message) sinktest.Delivered {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			Why: map[string]string{"Partitions": "a Pub/Sub topic has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t)
@@ -160,6 +160,8 @@ func TestConformance(t *testing.T) {
 				},
 				BreakTransient: e.proxy.Break,
 				Restart:        e.proxy.Restart,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})

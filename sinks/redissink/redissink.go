@@ -30,10 +30,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/redis/go-redis/v9"
 
@@ -357,10 +360,25 @@ func retriableReply(msg string) bool {
 	return slices.Contains(retriableReplies, code)
 }
 
+// unavailableReplies are the error reply prefixes that say the server
+// (or the cluster) as a whole takes no writes now, whatever the entry:
+// loading its data set, a replica whose master is down, a cluster that
+// is down or resharding, a script blocking the server, too few replicas
+// for min-replicas-to-write. They wrap sinks.ErrUnavailable.
+var unavailableReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS"}
+
+func unavailableReply(msg string) bool {
+	code, _, _ := strings.Cut(msg, " ")
+	return slices.Contains(unavailableReplies, code)
+}
+
 // replyErr classifies the server's refusal of one entry.
 func replyErr(stream, msg string) error {
 	err := fmt.Errorf("%w: XADD %q: %s", ErrReply, stream, msg)
-	if retriableReply(msg) {
+	switch {
+	case unavailableReply(msg):
+		return sinks.Unavailable(err)
+	case retriableReply(msg):
 		return err
 	}
 	return sinks.Permanent(err)
@@ -370,12 +388,33 @@ func replyErr(stream, msg string) error {
 // reply refusing the call, such as BUSY, LOADING, OOM or READONLY, cannot
 // be pinned on one entry, and the relay's max attempts bound it; a lost
 // connection may have added some entries, which the relay adds again
-// under the same id). A failed dial sent nothing.
+// under the same id). A failed dial sent nothing (sinks.NotSent); a
+// connection lost or silent with the call on it, and the replies of
+// unavailableReplies, say the server is unavailable (sinks.Unavailable).
 func (s *Sink) callErr(err error) error {
-	if sinks.Unreached(err) || errors.Is(err, redis.ErrPoolTimeout) {
-		return sinks.NotSent(fmt.Errorf("outbox: redis: %w", err))
+	e := fmt.Errorf("outbox: redis: %w", err)
+	var reply redis.Error
+	switch {
+	case sinks.Unreached(err) || errors.Is(err, redis.ErrPoolTimeout):
+		return sinks.NotSent(e)
+	case errors.As(err, &reply):
+		if unavailableReply(reply.Error()) {
+			return sinks.Unavailable(e)
+		}
+		return e
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrClosed):
+		return e
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), isTimeout(err):
+		return sinks.Unavailable(e)
 	}
-	return fmt.Errorf("outbox: redis: %w", err)
+	return e
+}
+
+// isTimeout reports a network timeout (no answer within read_timeout).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // slot is the Redis Cluster hash slot of key (CRC16 of the key or of its

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +21,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			Why: map[string]string{"Partitions": "a Redis stream has no partitions"}},
 		Setup: func(t *testing.T) *sinktest.Env {
 			e := setup(t)
@@ -68,6 +71,8 @@ func TestConformance(t *testing.T) {
 				// server is never stopped or reconfigured.
 				BreakTransient: e.proxy.Break,
 				Restart:        e.proxy.Restart,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})
@@ -239,4 +244,26 @@ func TestParseURL(t *testing.T) {
 		_, err := ParseURL(raw)
 		require.ErrorContains(t, err, want, raw)
 	}
+}
+
+// The replies that say the server as a whole takes no writes, and a
+// connection lost with the call on it, wrap sinks.ErrUnavailable; a
+// failed dial is not sent; other refusals say nothing of the server.
+func TestOutageClassification(t *testing.T) {
+	t.Parallel()
+	for _, msg := range []string{"LOADING Redis is loading the dataset in memory", "MASTERDOWN Link with MASTER is down",
+		"CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request during rehashing of slot", "BUSY Redis is busy running a script",
+		"NOREPLICAS Not enough good replicas to write"} {
+		err := replyErr("s", msg)
+		require.ErrorIs(t, err, sinks.ErrUnavailable, msg)
+		require.False(t, sinks.IsPermanent(err), msg)
+	}
+	for _, msg := range []string{"OOM command not allowed", "READONLY You can't write against a read only replica", "ERR wrong number"} {
+		require.NotErrorIs(t, replyErr("s", msg), sinks.ErrUnavailable, msg)
+	}
+	s := &Sink{}
+	require.ErrorIs(t, s.callErr(fmt.Errorf("read: %w", io.EOF)), sinks.ErrUnavailable)
+	require.True(t, sinks.IsNotSent(s.callErr(&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED})))
+	require.NotErrorIs(t, s.callErr(context.Canceled), sinks.ErrUnavailable)
+	require.False(t, sinks.IsNotSent(s.callErr(context.Canceled)))
 }

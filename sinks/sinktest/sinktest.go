@@ -10,7 +10,10 @@
 // sinks.ErrClosed; per-message outcomes land on the right index of a
 // *sinks.BatchError, a poison message is Permanent and stops only its own
 // key (later messages of that key are sinks.ErrNotAttempted); a broken
-// backend yields retriable errors and Sends recover once it is back; and,
+// backend yields retriable errors and Sends recover once it is back; a
+// destination that is down is reported as an outage (sinks.NotSent or
+// sinks.ErrUnavailable on every message), not as failures of the messages,
+// so that the relay counts no attempt and opens its outage breaker; and,
 // for partitioned backends, one key always lands on one partition.
 //
 // It lives outside the sink packages so that every backend is held to the
@@ -26,6 +29,7 @@
 //		sinktest.Run(t, sinktest.Harness{
 //			Features: sinktest.Features{
 //				Partitions: true, Poison: true, Transient: true, Restart: true,
+//				Outage: true,
 //			},
 //			Setup: func(t *testing.T) *sinktest.Env {
 //				// Connect to the real backend (skip, or fail under CI=true,
@@ -49,14 +53,32 @@
 //
 // Set a Features flag to false when the backend cannot support the check,
 // and say why in Features.Why under the flag's name ("Partitions",
-// "Poison", "Transient", "Restart"): the reason is printed in t.Skip, and
+// "Poison", "Transient", "Restart", "Outage"): the reason is printed in t.Skip, and
 // Run fails when it is missing, so that a skipped check is always a
 // decision somebody wrote down.
 //
-// The Transient and Restart subtests run one after the other and never
-// alongside the other subtests of the same Run, since breaking or
-// restarting a backend may affect every destination on it. All other
-// subtests call t.Parallel.
+// The Transient, Restart and Outage subtests run one after the other and never
+// alongside the other subtests of the same Run, since breaking,
+// restarting or stopping a backend may affect every destination on it.
+// All other subtests call t.Parallel.
+//
+// # Outages
+//
+// The Outage subtest takes the destination down with Env.Down (stop the
+// throwaway server, the broker or the receiver, or close a proxy in front
+// of it so that connections are refused), sends a batch over several keys
+// and keyless messages with a context of OutageTimeout, and requires
+// every message's outcome to say "the destination is down": retriable,
+// and either marked sinks.NotSent (nothing left the relay: a refused
+// connection, an unresolvable host, no connection before the context
+// ended) or wrapping sinks.ErrUnavailable (sent without an answer, or the
+// destination answered that it is unavailable). A later message of a key
+// whose earlier message failed may instead be the bare
+// sinks.ErrNotAttempted. A plain retriable error fails the check: the
+// relay would count an attempt for every message of the batch and back
+// each row off, instead of leaving the batch untouched and probing the
+// destination until it is back. After Env.Up, Sends must deliver the
+// batch again (possibly after a few retriable failures).
 //
 // The large-payload check sends LargePayloadSize bytes, 1 MiB less 64 KiB,
 // so that the message and its headers fit under Kafka's default 1 MiB
@@ -100,6 +122,7 @@ type Features struct {
 	Poison     bool // Env.Poison is set
 	Transient  bool // Env.BreakTransient is set
 	Restart    bool // Env.Restart is set
+	Outage     bool // Env.Down and Env.Up are set
 	// Dedup says the backend drops a message whose id it already stored
 	// (NATS JetStream's duplicate window): StableIDOnRetry then checks
 	// that the resend succeeds and is not stored a second time, instead
@@ -135,6 +158,12 @@ type Env struct {
 	BreakTransient func() (restore func())
 	// Restart drops the sink's connections or restarts the backend; later Sends must recover (possibly after a few failed, retriable attempts).
 	Restart func() error
+	// Down takes the destination down as a whole (the server stopped, its
+	// port refusing connections) until Up; see the package doc, Outages.
+	Down func() error
+	// Up brings the destination back after Down; the suite also calls it
+	// when the test ends, so a second call must be harmless.
+	Up func() error
 }
 
 // Harness adapts one sink to the suite.
@@ -155,6 +184,10 @@ const (
 	// RecoverTimeout bounds how long Sends may keep failing after the
 	// backend was restored or restarted.
 	RecoverTimeout = 45 * time.Second
+	// OutageTimeout bounds the Send made while the destination is down: a
+	// sink may wait for a connection until its context ends, and must then
+	// report the outage.
+	OutageTimeout = 3 * time.Second
 	// LargePayloadSize is the size of the large payload (see package doc).
 	LargePayloadSize = 1<<20 - 64<<10
 )
@@ -166,7 +199,7 @@ func Run(t *testing.T, h Harness) {
 	for _, f := range []struct {
 		name string
 		on   bool
-	}{{"Partitions", h.Features.Partitions}, {"Poison", h.Features.Poison}, {"Transient", h.Features.Transient}, {"Restart", h.Features.Restart}} {
+	}{{"Partitions", h.Features.Partitions}, {"Poison", h.Features.Poison}, {"Transient", h.Features.Transient}, {"Restart", h.Features.Restart}, {"Outage", h.Features.Outage}} {
 		if !f.on && strings.TrimSpace(h.Features.Why[f.name]) == "" {
 			t.Fatalf("sinktest: Features.%s is false but Features.Why[%q] is empty: write down why the backend cannot support it", f.name, f.name)
 		}
@@ -209,6 +242,7 @@ func Run(t *testing.T, h Harness) {
 	// fault never overlaps another subtest of this Run.
 	t.Run("TransientThenRecover", func(t *testing.T) { testTransient(t, h) })
 	t.Run("RecoverAfterRestart", func(t *testing.T) { testRestart(t, h) })
+	t.Run("OutageNotAttempted", func(t *testing.T) { testOutage(t, h) })
 }
 
 // Msg returns a message with a fresh random UUID as ID, CreatedAt now and
@@ -628,6 +662,68 @@ func testRestart(t *testing.T, h Harness) {
 	checkOrderPerKey(t, got, known(before, msgs[0], msgs[1]))
 }
 
+// testOutage checks that a sink reports a destination that is down as an
+// outage (see the package doc, Outages) and delivers once it is back.
+func testOutage(t *testing.T, h Harness) {
+	if skip(t, h, "Outage") {
+		return
+	}
+	env, ctx := setup(t, h)
+	require.NotNil(t, env.Down, "Features.Outage is true but Env.Down is nil")
+	require.NotNil(t, env.Up, "Features.Outage is true but Env.Up is nil")
+	topic := env.Topic("outage")
+	// The sink is connected when the destination goes down, as a running
+	// relay's is.
+	warm := Msg(topic, "o1", 1, []byte("before the outage"))
+	require.NoError(t, env.Sink.Send(ctx, []sinks.Message{warm}))
+	collect(ctx, t, env, known(warm), warm.ID)
+
+	require.NoError(t, env.Down(), "Env.Down")
+	var once sync.Once
+	var upErr error
+	up := func() error { once.Do(func() { upErr = env.Up() }); return upErr }
+	t.Cleanup(func() { _ = up() }) // the destination comes back even when the test fails early
+
+	msgs := []sinks.Message{
+		Msg(topic, "o1", 2, []byte("o1 a")),
+		Msg(topic, "o2", 3, []byte("o2 a")),
+		Msg(topic, "", 4, []byte("keyless a")),
+		Msg(topic, "o1", 5, []byte("o1 b")),
+		Msg(topic, "o3", 6, []byte("o3 a")),
+		Msg(topic, "o2", 7, []byte("o2 b")),
+		Msg(topic, "", 8, []byte("keyless b")),
+	}
+	err := within(t, OutageTimeout+PromptTimeout, "Send while the destination is down", func() error {
+		sctx, cancel := context.WithTimeout(ctx, OutageTimeout)
+		defer cancel()
+		return env.Sink.Send(sctx, msgs)
+	})
+	require.Error(t, err, "Send must fail while the destination is down")
+	failedKey := map[string]bool{}
+	for i, m := range msgs {
+		e := sinks.Outcome(err, i, len(msgs))
+		require.Error(t, e, "message %d reported delivered while the destination is down", i)
+		require.False(t, sinks.IsPermanent(e), "message %d: an outage was reported permanent: %v", i, e)
+		switch {
+		case sinks.IsNotSent(e), errors.Is(e, sinks.ErrUnavailable):
+		case m.Key != "" && failedKey[m.Key] && errors.Is(e, sinks.ErrNotAttempted):
+		default:
+			t.Fatalf("message %d (key %q): the destination is down, yet its failure does not say so: "+
+				"mark it sinks.NotSent (nothing was sent) or wrap sinks.ErrUnavailable (sent without an answer, or the destination said it is unavailable); got %T: %v", i, m.Key, e, e)
+		}
+		failedKey[m.Key] = true
+	}
+
+	require.NoError(t, up(), "Env.Up")
+	sendUntilDelivered(ctx, t, env, msgs)
+	k := known(append([]sinks.Message{warm}, msgs...)...)
+	got := collect(ctx, t, env, k, ids(msgs)...)
+	for _, m := range msgs {
+		checkMessage(t, first(got, m.ID), m)
+	}
+	checkOrderPerKey(t, got, k)
+}
+
 // --- helpers ---
 
 // setup returns a fresh Env and a context that bounds the subtest.
@@ -653,6 +749,7 @@ func skip(t *testing.T, h Harness, feature string) bool {
 		"Poison":     h.Features.Poison,
 		"Transient":  h.Features.Transient,
 		"Restart":    h.Features.Restart,
+		"Outage":     h.Features.Outage,
 	}[feature]
 	if !on {
 		t.Skipf("sinktest: backend does not support %s: %s", feature, h.Features.Why[feature])

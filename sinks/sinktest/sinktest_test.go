@@ -39,6 +39,8 @@ func TestSuiteCatchesBrokenSinks(t *testing.T) {
 		{"rewrite-id", "SendOne", "unknown id"},
 		{"drop-seq", "SendOne", "position (Seq)"},
 		{"empty-delivers", "EmptyBatch", "an empty batch delivered something"},
+		{"outage-plain", "OutageNotAttempted", "its failure does not say so"},
+		{"outage-permanent", "OutageNotAttempted", "an outage was reported permanent"},
 		{"no-reason", "", `Features.Why["Restart"] is empty`},
 	}
 	for _, tc := range cases {
@@ -72,7 +74,7 @@ func TestBrokenSink(t *testing.T) {
 		delete(why, "Restart")
 	}
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Why: why},
+		Features: sinktest.Features{Poison: true, Transient: true, Outage: true, Why: why},
 		Setup:    func(t *testing.T) *sinktest.Env { return brokenEnv(t, broken) },
 	})
 }
@@ -102,8 +104,18 @@ func (w *wrapped) Close(ctx context.Context) error {
 func brokenEnv(t *testing.T, broken string) *sinktest.Env {
 	s := memory.New()
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	var down atomic.Bool
+	var down, out atomic.Bool
 	s.SetFail(func(m sinks.Message) error {
+		if out.Load() {
+			err := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+			switch broken {
+			case "outage-plain":
+				return err // retriable, but says nothing of the destination
+			case "outage-permanent":
+				return sinks.Permanent(err)
+			}
+			return sinks.NotSent(err)
+		}
 		if down.Load() {
 			err := errors.New("backend down")
 			if broken == "transient-permanent" {
@@ -203,6 +215,8 @@ func brokenEnv(t *testing.T, broken string) *sinktest.Env {
 			down.Store(true)
 			return func() { down.Store(false) }
 		},
+		Down: func() error { out.Store(true); return nil },
+		Up:   func() error { out.Store(false); return nil },
 	}
 }
 

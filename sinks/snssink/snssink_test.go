@@ -25,7 +25,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.StartGoAWS(t)
 	sinktest.Run(t, sinktest.Harness{
-		Features: sinktest.Features{Poison: true, Transient: true, Restart: true,
+		Features: sinktest.Features{Poison: true, Transient: true, Restart: true, Outage: true,
 			MaxPayload: 190 << 10, NoEmptyPayload: true,
 			Why: map[string]string{
 				"Partitions":     "an SNS topic has no partitions",
@@ -84,6 +84,8 @@ func TestConformance(t *testing.T) {
 				},
 				BreakTransient: e.proxy.Break,
 				Restart:        e.proxy.Restart,
+				Down:           e.proxy.Down,
+				Up:             e.proxy.Up,
 			}
 		},
 	})

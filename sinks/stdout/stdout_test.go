@@ -34,6 +34,7 @@ func TestConformance(t *testing.T) {
 				"Partitions": "a byte stream has no partitions",
 				"Poison":     "every message can be written as a JSON line (any payload bytes fit in base64), so there is nothing the writer can refuse",
 				"Restart":    "the sink holds no connection: each Send writes to the same io.Writer, so there is nothing to drop or reconnect",
+				"Outage":     "the destination is a local io.Writer: there is no remote destination that can be down as a whole",
 			},
 		},
 		Setup: setup,

@@ -181,6 +181,8 @@ func TestSinkOutageHTTP(t *testing.T) {
 
 // TestSinkOutageKafka keeps the broker up but makes it answer every produce
 // request with NOT_ENOUGH_REPLICAS (retriable), through kfake's ControlKey.
+// The sink reports that code as the destination unavailable, and across
+// the keys of a batch it opens the breaker: no attempt is counted.
 func TestSinkOutageKafka(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
@@ -190,5 +192,6 @@ func TestSinkOutageKafka(t *testing.T) {
 		down:       func() { k.failOn.Store(int32(kerr.NotEnoughReplicas.Code)) },
 		up:         func() { k.failOn.Store(0) },
 		deliveries: k.deliveries,
+		breaks:     true,
 	})
 }

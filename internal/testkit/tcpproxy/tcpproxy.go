@@ -20,7 +20,9 @@ type Proxy struct {
 	conns  map[net.Conn]bool
 	broken bool
 	closed bool
-	wg     sync.WaitGroup
+	// restore ends the Break made by Down.
+	restore func()
+	wg      sync.WaitGroup
 }
 
 // New starts a proxy to target (host:port) on a free loopback port; it is
@@ -122,6 +124,30 @@ func (p *Proxy) Break() (restore func()) {
 		p.wg.Add(1)
 		go p.accept(nl)
 	}
+}
+
+// Down breaks the proxy (see Break) until Up: the destination behind it
+// is down as a whole, as sinktest's Env.Down wants it. It returns nil, to
+// fit Env.Down.
+func (p *Proxy) Down() error {
+	restore := p.Break()
+	p.mu.Lock()
+	p.restore = restore
+	p.mu.Unlock()
+	return nil
+}
+
+// Up restores the proxy after Down; without a Down before it, it does
+// nothing. It returns nil, to fit Env.Up.
+func (p *Proxy) Up() error {
+	p.mu.Lock()
+	restore := p.restore
+	p.restore = nil
+	p.mu.Unlock()
+	if restore != nil {
+		restore()
+	}
+	return nil
 }
 
 // Close stops the proxy and cuts its connections.

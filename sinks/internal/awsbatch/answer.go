@@ -3,8 +3,10 @@ package awsbatch
 import (
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
@@ -40,14 +42,33 @@ func (s Service) Refusal(dest, code, msg string) error {
 }
 
 // RequestErr classifies the failure of a whole batch request: an API
-// error by its code (as Refusal), a failed dial as not sent, anything
-// else (a connection lost mid-request, a timeout) as retriable.
+// error by its code (as Refusal; answered with HTTP 502, 503 or 504, the
+// service unavailable, sinks.Unavailable), anything else as TransportErr
+// does.
 func (s Service) RequestErr(dest string, err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
-		return s.Refusal(dest, api.ErrorCode(), api.ErrorMessage())
+		refusal := s.Refusal(dest, api.ErrorCode(), api.ErrorMessage())
+		if Unavailable(err) && !sinks.IsPermanent(refusal) {
+			return sinks.Unavailable(refusal)
+		}
+		return refusal
 	}
 	return TransportErr(s.Prefix, err)
+}
+
+// Unavailable reports whether err is an answer of HTTP 502, 503 or 504:
+// the service, or what stands in front of it, is down.
+func Unavailable(err error) bool {
+	var re *smithyhttp.ResponseError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.HTTPStatusCode() {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 // Outcomes returns the error of each entry of req, in order, nil for an

@@ -333,12 +333,18 @@ func checkGroupChars(s string) error {
 }
 
 // TransportErr classifies a request's failure that is not an answer of
-// the service: a failed dial or name lookup as not sent (wrapping
-// sinks.ErrNotAttempted), anything else (a connection lost mid-request, a
-// timeout) as retriable. errPrefix starts the message ("outbox: sqs").
+// the service: a failed dial or name lookup as not sent (sinks.NotSent);
+// the caller's context ended as a plain retriable error; anything else (a
+// connection lost mid-request, no answer within the SDK's timeout) as the
+// service unavailable (sinks.Unavailable, retriable: the request may have
+// arrived). errPrefix starts the message ("outbox: sqs").
 func TransportErr(errPrefix string, err error) error {
-	if sinks.Unreached(err) {
-		return sinks.NotSent(fmt.Errorf("%s: %w", errPrefix, err))
+	err = fmt.Errorf("%s: %w", errPrefix, err)
+	switch {
+	case sinks.Unreached(err):
+		return sinks.NotSent(err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
 	}
-	return fmt.Errorf("%s: %w", errPrefix, err)
+	return sinks.Unavailable(err)
 }
