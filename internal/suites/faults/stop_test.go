@@ -45,7 +45,10 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 			// another of the relay's (a heartbeat's, between its round trips).
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
 			 AND query LIKE '%c.message_id, c.topic%'`, app).Scan(&n))
-		return n > 0, "no claim transaction open yet; the relay's sessions:\n" + sessions(t, pool, app) + "\n" + p.logs.tail(10)
+		if n > 0 {
+			return true, ""
+		}
+		return false, "no claim transaction open yet; the relay's sessions:\n" + sessions(t, pool, app) + "\n" + p.logs.tail(10)
 	})
 	return p, func() int { return count(t, pool, schema, "messages") }
 }
@@ -85,7 +88,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 // and the start of the last statement), to say where a relay waits.
 func sessions(t *testing.T, pool *pgxpool.Pool, app string) string {
 	rows, err := pool.Query(context.Background(),
-		`SELECT state, coalesce(wait_event_type || ':' || wait_event, ''), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+		`SELECT coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, ''), left(regexp_replace(coalesce(query, ''), '\s+', ' ', 'g'), 90)
 		 FROM pg_stat_activity WHERE application_name = $1 ORDER BY backend_start`, app)
 	require.NoError(t, err)
 	var b strings.Builder
