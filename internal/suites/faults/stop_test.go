@@ -41,10 +41,12 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		var n int
 		require.NoError(t, pool.QueryRow(context.Background(),
-			// The claim's transaction (its last statement the claim), not
-			// another of the relay's (a heartbeat's, between its round trips).
+			// The claim's transaction (its last statement the claim, in its
+			// plain or priority form: pg_stat_activity keeps the first
+			// 1 kB of a statement), not another of the relay's (a
+			// heartbeat's, between its round trips).
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
-			 AND query LIKE '%c.message_id, c.topic%'`, app).Scan(&n))
+			 AND (query LIKE '%c.message_id, c.topic%' OR query LIKE '%WITH pl AS MATERIALIZED%')`, app).Scan(&n))
 		if n > 0 {
 			return true, ""
 		}
