@@ -359,32 +359,7 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 	// to 8 %, relay CPU −2 to −11 %.
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return fmt.Errorf("outbox: http: POST %s: %w", t.display, cerr)
-		}
-		if errors.Is(rctx.Err(), context.DeadlineExceeded) {
-			return sinks.Unavailable(fmt.Errorf("outbox: http: POST %s: no answer within the timeout (%s): %w", t.display, s.cfg.Timeout, err))
-		}
-		// url.Error repeats the full URL, which may hold a token; keep
-		// only the cause.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		err = fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
-		switch {
-		case errors.Is(err, ErrBlockedAddress):
-			// The name resolved to a non-public address: it may resolve
-			// to a public one again, and the message gets its attempts
-			// before the dead-letter table.
-			return err
-		case sinks.Unreached(err) || isTLSFailure(err):
-			// No connection, so no request: the receiver got nothing.
-			return sinks.NotSent(err)
-		}
-		// The connection broke with the request on it: the receiver may
-		// have it.
-		return sinks.Unavailable(err)
+		return s.transportErr(ctx, rctx, t, err)
 	}
 	bodyTimer := time.AfterFunc(bodyReadTimeout, cancelReq)
 	defer bodyTimer.Stop()
@@ -410,6 +385,39 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 		return sinks.Unavailable(failed)
 	}
 	return failed
+}
+
+// transportErr classifies a request that got no answer (err, from the
+// transport; rctx is the request's own context, ctx the Send's): not sent
+// when no connection was made, unavailable when the connection broke or
+// the answer did not come in time, as is when the Send itself ended.
+func (s *Sink) transportErr(ctx, rctx context.Context, t *target, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("outbox: http: POST %s: %w", t.display, cerr)
+	}
+	if errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return sinks.Unavailable(fmt.Errorf("outbox: http: POST %s: no answer within the timeout (%s): %w", t.display, s.cfg.Timeout, err))
+	}
+	// url.Error repeats the full URL, which may hold a token; keep
+	// only the cause.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	err = fmt.Errorf("outbox: http: POST %s: %w", t.display, err)
+	switch {
+	case errors.Is(err, ErrBlockedAddress):
+		// The name resolved to a non-public address: it may resolve
+		// to a public one again, and the message gets its attempts
+		// before the dead-letter table.
+		return err
+	case sinks.Unreached(err) || isTLSFailure(err):
+		// No connection, so no request: the receiver got nothing.
+		return sinks.NotSent(err)
+	}
+	// The connection broke with the request on it: the receiver may
+	// have it.
+	return sinks.Unavailable(err)
 }
 
 // isTLSFailure reports whether err is a failed TLS handshake: a
