@@ -67,9 +67,12 @@ func BenchmarkTouchedAt(b *testing.B) {
 	b.ReportMetric(float64(plain.Microseconds())/n, "µs/msg-without")
 	b.ReportMetric(float64(with.Microseconds())/n, "µs/msg-touched")
 	b.ReportMetric(float64(with)/float64(plain), "touched/without")
+	// The HOT share needs this connection's statistics flushed
+	// (pg_stat_force_next_flush, Postgres 15); without it, it is left out.
 	var upd, hot int64
 	if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
-		b.Fatal(err)
+		b.Logf("no HOT share: %v", err)
+		return
 	}
 	if err := conn.QueryRow(context.WithoutCancel(ctx), "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'inbox_keys'", schema).Scan(&upd, &hot); err != nil {
 		b.Fatal(err)
