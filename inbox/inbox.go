@@ -21,7 +21,8 @@
 //
 // The tables live in a schema of the consumer's choosing: Migrate creates
 // them under an advisory lock, Script prints them as plain SQL. Prune
-// removes processed ids older than a retention window, in small batches.
+// removes processed ids older than a retention window, and optionally the
+// marks of keys idle for longer than another, in small batches.
 //
 // Cost: one statement per message (one per batch with HandleBatch), which
 // records the id and checks and advances the key's mark together.
@@ -176,6 +177,8 @@ type Inbox struct {
 	one    string // the statement for one message
 	batch  string // the statement for a batch (pgx arrays)
 	prune  string
+	// pruneKeys removes a batch of idle keys' rows.
+	pruneKeys string
 }
 
 // New returns an Inbox for cfg.
@@ -196,13 +199,15 @@ func New(cfg Config) (*Inbox, error) {
 	// else is written) and, for a new keyed message, advances the key's
 	// mark, returning the mark it found. ON CONFLICT DO UPDATE locks the
 	// key's row, so consumers racing on one key take turns, and reads the
-	// latest committed mark, not the statement's snapshot.
+	// latest committed mark, not the statement's snapshot. It stamps the
+	// row's touched_at for PruneConfig.KeyWindow: the row is rewritten
+	// anyway, and touched_at has no index, so the update stays HOT.
 	one := `WITH ins AS (
     INSERT INTO ` + msgs + ` (message_id, key, seq) VALUES ($1::uuid, $2::text, $3::bigint)
     ON CONFLICT DO NOTHING RETURNING 1
 ), k AS (
     INSERT INTO ` + keys + ` AS k (key, mark) SELECT $2::text, $3::bigint FROM ins WHERE $2::text <> '' AND $3::bigint > 0
-    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark)
+    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
     RETURNING prev
 )
 SELECT EXISTS (SELECT FROM ins), coalesce((SELECT prev FROM k), 0)`
@@ -217,7 +222,7 @@ SELECT EXISTS (SELECT FROM ins), coalesce((SELECT prev FROM k), 0)`
 ), k AS (
     INSERT INTO ` + keys + ` AS k (key, mark)
     SELECT key, max(seq) FROM ins WHERE key <> '' AND seq > 0 GROUP BY key ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark)
+    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
     RETURNING key, prev
 )
 SELECT (SELECT coalesce(array_agg(message_id::text), '{}') FROM ins), (SELECT coalesce(array_agg(key), '{}') FROM k), (SELECT coalesce(array_agg(prev), '{}') FROM k)`
@@ -226,7 +231,20 @@ SELECT (SELECT coalesce(array_agg(message_id::text), '{}') FROM ins), (SELECT co
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM ` + msgs + ` m USING gone WHERE m.message_id = gone.message_id`
-	return &Inbox{cfg: cfg, schema: cfg.Schema, one: one, batch: batch, prune: prune}, nil
+	// Keys idle for longer than the window, walked in key order from a
+	// cursor (the primary key's index: touched_at has none, see above), a
+	// batch at a time; a key a consumer holds (it is advancing the mark)
+	// or another Prune holds is skipped, and a key touched since the
+	// statement's snapshot fails the recheck of FOR UPDATE.
+	pruneKeys := `WITH gone AS (
+    SELECT key FROM ` + keys + ` WHERE key > $1::text AND touched_at < now() - $2::bigint * interval '1 millisecond'
+    ORDER BY key LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), del AS (
+    DELETE FROM ` + keys + ` k USING gone WHERE k.key = gone.key RETURNING k.key
+)
+SELECT count(*), coalesce(max(key), '') FROM del`
+	return &Inbox{cfg: cfg, schema: cfg.Schema, one: one, batch: batch, prune: prune, pruneKeys: pruneKeys}, nil
 }
 
 // Schema returns the schema of the inbox tables.
@@ -461,52 +479,108 @@ type PruneConfig struct {
 	// Required (no default: it must outlast the longest time a broker may
 	// redeliver a message, which only the operator knows).
 	Window time.Duration
-	// BatchSize is how many ids one statement removes, each batch in its
-	// own short transaction, so that pruning never holds many row locks or
-	// one long transaction. Default 1000.
+	// KeyWindow is how long a key's mark is kept after the key's last new
+	// message; the marks of keys idle for longer are removed. Default 0:
+	// marks are kept forever (one row per key ever seen). Otherwise it must
+	// be at least Window, so that a key's mark outlives its ids. Once a
+	// key's mark is removed the key starts over: its next message is
+	// processed whatever its position, so a message of the key that was
+	// never processed and arrives later (below the old mark) is applied,
+	// not reported as out of order, and a redelivery whose id was pruned
+	// too is applied again.
+	KeyWindow time.Duration
+	// BatchSize is how many ids, or keys, one statement removes, each
+	// batch in its own short transaction, so that pruning never holds many
+	// row locks or one long transaction. Default 1000.
 	BatchSize int
-	// MaxBatches bounds the batches of one call. Default 0: until nothing
-	// older than Window is left.
+	// MaxBatches bounds the batches of one call, for the ids and for the
+	// keys each. Default 0: until nothing older than the window is left.
 	MaxBatches int
 }
 
-// Prune removes processed ids older than cfg.Window, in batches of
-// cfg.BatchSize, and returns how many it removed. Run it periodically
-// (every few minutes) from one consumer or a cron job; concurrent calls
-// skip each other's rows. A redelivery of a pruned id is no longer
-// recognised as a duplicate: a keyed message at or below its key's mark is
-// reported as out of order (never applied twice silently), an unkeyed one
-// is processed again. The keys' marks are kept (one row per key).
-func (in *Inbox) Prune(ctx context.Context, db Beginner, cfg PruneConfig) (int64, error) {
+// Pruned is what one Prune call removed.
+type Pruned struct {
+	// Messages is the processed ids removed (older than Window).
+	Messages int64
+	// Keys is the keys' marks removed (idle for longer than KeyWindow).
+	Keys int64
+}
+
+// Prune removes processed ids older than cfg.Window and, when
+// cfg.KeyWindow is set, the marks of keys idle for longer than it, in
+// batches of cfg.BatchSize, and returns how many of each it removed (also
+// when it fails part way). Run it periodically (every few minutes) from
+// one consumer or a cron job; concurrent calls skip each other's rows.
+//
+// A redelivery of a pruned id is no longer recognised as a duplicate: a
+// keyed message at or below its key's mark is reported as out of order
+// (never applied twice silently), an unkeyed one is processed again. A
+// redelivery of a message whose key's mark is pruned too is processed
+// again, like an unkeyed one (see PruneConfig.KeyWindow).
+//
+// The keys are walked once per call in key order, along the primary key:
+// a batch's statement reads past the keys that are not idle, so a call
+// reads the whole key table once.
+func (in *Inbox) Prune(ctx context.Context, db Beginner, cfg PruneConfig) (Pruned, error) {
+	var done Pruned
 	if cfg.Window <= 0 {
-		return 0, errors.New("outbox: inbox: prune: Window: must be positive")
+		return done, errors.New("outbox: inbox: prune: Window: must be positive")
+	}
+	if cfg.KeyWindow < 0 || (cfg.KeyWindow > 0 && cfg.KeyWindow < cfg.Window) {
+		return done, fmt.Errorf("outbox: inbox: prune: KeyWindow: %s is shorter than Window (%s): a key's mark must outlive its ids", cfg.KeyWindow, cfg.Window)
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 1000
 	}
 	if cfg.BatchSize < 0 {
-		return 0, errors.New("outbox: inbox: prune: BatchSize: must not be negative")
+		return done, errors.New("outbox: inbox: prune: BatchSize: must not be negative")
 	}
-	var total int64
 	for b := 0; cfg.MaxBatches == 0 || b < cfg.MaxBatches; b++ {
-		tx, err := db.Begin(ctx)
+		var n int64
+		err := in.inTx(ctx, db, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, in.prune, cfg.Window.Milliseconds(), cfg.BatchSize)
+			n = tag.RowsAffected()
+			return err
+		})
 		if err != nil {
-			return total, fmt.Errorf("outbox: inbox: prune: %w", err)
+			return done, fmt.Errorf("outbox: inbox: prune: %w", err)
 		}
-		tag, err := tx.Exec(ctx, in.prune, cfg.Window.Milliseconds(), cfg.BatchSize)
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		if err != nil {
-			_ = tx.Rollback(ctx)
-			return total, fmt.Errorf("outbox: inbox: prune: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(cfg.BatchSize) {
+		done.Messages += n
+		if n < int64(cfg.BatchSize) {
 			break
 		}
 	}
-	return total, nil
+	if cfg.KeyWindow == 0 {
+		return done, nil
+	}
+	after := ""
+	for b := 0; cfg.MaxBatches == 0 || b < cfg.MaxBatches; b++ {
+		var n int64
+		err := in.inTx(ctx, db, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, in.pruneKeys, after, cfg.KeyWindow.Milliseconds(), cfg.BatchSize).Scan(&n, &after)
+		})
+		if err != nil {
+			return done, fmt.Errorf("outbox: inbox: prune keys: %w", err)
+		}
+		done.Keys += n
+		if n < int64(cfg.BatchSize) {
+			break
+		}
+	}
+	return done, nil
+}
+
+// inTx runs fn in a transaction of its own and commits it.
+func (in *Inbox) inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 func (m Message) check() error {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
@@ -305,7 +306,7 @@ func TestPrune(t *testing.T) {
 	require.ErrorContains(t, err, "Window")
 	n, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
-	require.EqualValues(t, len(old), n)
+	require.Equal(t, inbox.Pruned{Messages: int64(len(old))}, n, "no KeyWindow: the marks are kept")
 
 	// What a redelivery after the window means: the fresh id is still a
 	// duplicate; a pruned keyed one is reported out of order (not applied
@@ -338,11 +339,14 @@ func TestMigrateAndScript(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	total := 0
+	var appliers int
 	for _, v := range applied {
-		total += len(v)
+		if len(v) > 0 {
+			appliers++
+			require.Equal(t, []int{1, 2}, v)
+		}
 	}
-	require.Equal(t, 1, total, "one caller applies the migration, the others find it done: %v", applied)
+	require.Equal(t, 1, appliers, "one caller applies the migrations, the others find them done: %v", applied)
 
 	script, err := inbox.Script("consumer")
 	require.NoError(t, err)
@@ -423,3 +427,160 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	return ctx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Key marks idle for longer than KeyWindow are removed in small batches;
+// a key a consumer is advancing, or another Prune holds, is skipped; a
+// pruned key starts over.
+func TestPruneKeys(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	keysT, msgsT := pgx.Identifier{e.schema, "inbox_keys"}.Sanitize(), pgx.Identifier{e.schema, "inbox_messages"}.Sanitize()
+	run := func(m inbox.Message) inbox.Outcome {
+		t.Helper()
+		o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		return o
+	}
+	// age makes keys (and their messages) idle for two days.
+	age := func(keys ...string) {
+		t.Helper()
+		_, err := e.pool.Exec(ctx, "UPDATE "+keysT+" SET touched_at = now() - interval '2 days' WHERE key = ANY($1)", keys)
+		require.NoError(t, err)
+		_, err = e.pool.Exec(ctx, "UPDATE "+msgsT+" SET processed_at = now() - interval '2 days' WHERE key = ANY($1)", keys)
+		require.NoError(t, err)
+	}
+	left := func() []string {
+		t.Helper()
+		rows, err := e.pool.Query(ctx, "SELECT key FROM "+keysT+" ORDER BY key")
+		require.NoError(t, err)
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ks
+	}
+	day := 24 * time.Hour
+
+	_, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: time.Hour})
+	require.ErrorContains(t, err, "KeyWindow")
+	_, err = e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: -day})
+	require.ErrorContains(t, err, "KeyWindow")
+
+	// The statement that advances a mark stamps the key's touched_at.
+	first := msg("a", 10)
+	run(first)
+	age("a")
+	var idle bool
+	run(msg("a", 11))
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT touched_at < now() - interval '1 day' FROM "+keysT+" WHERE key = 'a'").Scan(&idle))
+	require.False(t, idle, "a new message touches its key")
+
+	old := map[string]inbox.Message{}
+	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+		old[k] = msg(k, 10)
+		if k == "a" {
+			old[k] = first
+		}
+		if k != "a" {
+			run(old[k])
+		}
+	}
+	run(msg("z", 10)) // z stays busy
+	age("a", "b", "c", "d", "e", "f")
+
+	// Small batches: one batch of 2 removes 2 ids and 2 marks, the first
+	// keys in key order.
+	n, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: day, BatchSize: 2, MaxBatches: 1})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Pruned{Messages: 2, Keys: 2}, n)
+	require.Equal(t, []string{"c", "d", "e", "f", "z"}, left())
+
+	// A consumer advancing idle key c holds its row: Prune skips it, and
+	// does not wait for it.
+	held, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer held.Rollback(ctx) //nolint:errcheck // test cleanup
+	o, err := e.in.Accept(ctx, held, msg("c", 12))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Processed, o)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err = e.in.Prune(pctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: day, BatchSize: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n.Keys, "d, e and f")
+	require.Equal(t, []string{"c", "z"}, left())
+	require.NoError(t, held.Commit(ctx))
+	n, err = e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: day})
+	require.NoError(t, err)
+	require.Zero(t, n.Keys, "c was touched by the consumer's commit")
+
+	// What removing a mark means. A fresh message of a pruned key is
+	// processed, even below the old mark (it is no longer known as out
+	// of order); a redelivery whose id was pruned too is applied again;
+	// a key whose mark is kept still reports one.
+	require.Equal(t, inbox.Processed, run(msg("b", 20)))
+	require.Equal(t, inbox.Processed, run(msg("d", 5)))
+	require.Equal(t, inbox.Processed, run(old["e"]))
+	_, err = e.in.Run(ctx, e.pool, msg("z", 5), e.apply(msg("z", 5)))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder)
+	_, err = e.in.Run(ctx, e.pool, msg("d", 4), e.apply(msg("d", 4)))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder, "d's new mark applies")
+
+	// Concurrent prunes skip each other's rows: together they remove each
+	// idle key once, without an error.
+	var many []string
+	for i := range 300 {
+		k := fmt.Sprintf("m%03d", i)
+		many = append(many, k)
+		run(msg(k, int64(i+1)))
+	}
+	age(many...)
+	var wg sync.WaitGroup
+	var total, ids atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			n, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: day, KeyWindow: day, BatchSize: 10})
+			assert.NoError(t, err)
+			total.Add(n.Keys)
+			ids.Add(n.Messages)
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 300, total.Load())
+	require.EqualValues(t, 300, ids.Load())
+	require.Equal(t, []string{"b", "c", "d", "e", "z"}, left())
+}
+
+// An inbox created before touched_at (version 1) upgrades in place: its
+// keys keep their marks and count as touched at the upgrade.
+func TestMigrateAddsTouchedAt(t *testing.T) {
+	t.Parallel()
+	pool := inboxtest.Pool(t)
+	ctx := t.Context()
+	schema := "inbox_v1_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	script, err := inbox.Script(schema)
+	require.NoError(t, err)
+	v1, _, ok := strings.Cut(script, "\n-- 002_")
+	require.True(t, ok, "the script has a second migration")
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = conn.Conn().PgConn().Exec(ctx, v1+"\nCOMMIT;").ReadAll()
+	conn.Release()
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".inbox_keys (key, mark) VALUES ('acct', 7)")
+	require.NoError(t, err)
+
+	applied, err := inbox.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, applied)
+	var fresh bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT touched_at > now() - interval '1 minute' FROM "+schema+".inbox_keys WHERE key = 'acct'").Scan(&fresh))
+	require.True(t, fresh)
+	in, err := inbox.New(inbox.Config{Schema: schema})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	_, err = in.Accept(ctx, tx, msg("acct", 5))
+	require.ErrorIs(t, err, inbox.ErrOutOfOrder, "the mark survived the upgrade")
+}

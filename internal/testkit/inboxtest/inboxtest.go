@@ -6,6 +6,7 @@ package inboxtest
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,3 +83,64 @@ func Effects(t testing.TB, pool *pgxpool.Pool, schema string) []Applied {
 	}
 	return out
 }
+
+// Accounts creates schema's accounts table (id text, balance bigint) with
+// one row per key, balance 0: the benchmarks' effect is an UPDATE of one.
+func Accounts(t testing.TB, pool *pgxpool.Pool, schema string, keys []string) {
+	t.Helper()
+	ctx := context.Background()
+	table := pgx.Identifier{schema, "accounts"}.Sanitize()
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatalf("accounts table: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (id) SELECT unnest($1::text[])", keys); err != nil {
+		t.Fatalf("accounts: %v", err)
+	}
+}
+
+// Credit adds amount to account key's balance in tx: one UPDATE, the
+// effect of a message in the benchmarks.
+func Credit(ctx context.Context, tx pgx.Tx, schema, key string, amount int64) error {
+	_, err := tx.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "accounts"}.Sanitize()+" SET balance = balance + $1 WHERE id = $2", amount, key)
+	return err
+}
+
+// Balance returns the sum of schema's account balances.
+func Balance(t testing.TB, pool *pgxpool.Pool, schema string) int64 {
+	t.Helper()
+	var sum int64
+	if err := pool.QueryRow(context.Background(), "SELECT coalesce(sum(balance), 0)::bigint FROM "+pgx.Identifier{schema, "accounts"}.Sanitize()).Scan(&sum); err != nil {
+		t.Fatalf("balance: %v", err)
+	}
+	return sum
+}
+
+// Counted returns a pool like pool whose statements are counted (every
+// query and exec, BEGIN and COMMIT included), closed when the test ends.
+func Counted(t testing.TB, pool *pgxpool.Pool) (*pgxpool.Pool, *Statements) {
+	t.Helper()
+	cfg := pool.Config().Copy()
+	st := &Statements{}
+	cfg.ConnConfig.Tracer = st
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("counted pool: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p, st
+}
+
+// Statements counts the statements a pool sends (a pgx.QueryTracer).
+type Statements struct{ n atomic.Int64 }
+
+// N returns the statements sent so far.
+func (s *Statements) N() int64 { return s.n.Load() }
+
+// TraceQueryStart counts one statement.
+func (s *Statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.n.Add(1)
+	return ctx
+}
+
+// TraceQueryEnd does nothing.
+func (s *Statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
