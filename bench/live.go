@@ -186,7 +186,7 @@ type backendCPU struct {
 	mu           sync.Mutex
 	last         map[int]time.Duration
 	query        map[int]string // each backend's last statement seen (not BEGIN or COMMIT)
-	gone         time.Duration // last-seen CPU of the backends that ended
+	gone         time.Duration  // last-seen CPU of the backends that ended
 	live         int
 	stop         chan struct{}
 	done         chan struct{}
