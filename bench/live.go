@@ -769,14 +769,15 @@ func (b *bench) profileLive(ctx context.Context) error {
 	}
 	defer lr.stop()
 	type result struct {
-		st  *liveStats
-		err error
+		st    *liveStats
+		notes []string
+		err   error
 	}
 	done := make(chan result, 1)
 	go func() {
 		// Warm-up 1s, then the window the profile covers.
-		st, _, _, _, err := b.liveRate(ctx, lr, recv, "discard", rate, seconds*time.Second)
-		done <- result{st, err}
+		st, _, _, notes, err := b.liveRate(ctx, lr, recv, "discard", rate, seconds*time.Second)
+		done <- result{st, notes, err}
 	}()
 	time.Sleep(time.Second)
 	prof := fmt.Sprintf("%s/profile-live-%d.pprof", b.cfg.outDir, rate)
@@ -813,6 +814,10 @@ func (b *bench) profileLive(ctx context.Context) error {
 	fmt.Fprintf(&out, "Profile: %s, %d s (`go tool pprof -http : %s` to browse it).\n\n", prof, seconds, prof)
 	fmt.Fprintf(&out, "In the window (profiling on): %.0f msg/s delivered; relay %.0f µs CPU a message (%.3f of a core), its database sessions %.0f µs (%.3f of a core); %.2f relay transactions and %.3f batches a message.\n\n",
 		st.Achieved, st.RelayCPUUs, st.RelayCores, st.DBCPUUs, st.DBCores, st.TxPerMsg, st.BatchesPerMsg)
+	for _, n := range res.notes {
+		fmt.Fprintf(&out, "- %s\n", n)
+	}
+	fmt.Fprintln(&out)
 	for _, mode := range [][]string{{"-top"}, {"-top", "-cum"}} {
 		args := append([]string{"tool", "pprof", "-nodecount=25"}, mode...)
 		args = append(args, prof)
