@@ -13,6 +13,9 @@
 //     rates (1,000, 50 and 5,000 a second; the writers' achieved rate says
 //     whether they kept up) and at the writers' full speed, through the
 //     HTTP sink and through Kafka;
+//   - live rates: one relay's CPU and its database sessions' CPU per
+//     message at 100, 1,000 and 5,000 msg/s and idle, against its own
+//     100k drain's per-message cost in the same run;
 //   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
 //     with per-key order checked on the output;
 //   - River and Watermill's SQL subscriber draining the same backlog.
@@ -27,7 +30,7 @@
 //	BENCH_WORKERS     the relay's --workers, and the raw loops' connections (default 2)
 //	BENCH_N           backlog size (default 1,000,000, quick 200,000)
 //	BENCH_KEYS        distinct keys in the backlog (default 1,000; scaling adds a one-key backlog)
-//	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,scaling,together,rebalance,peers,brokers
+//	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,live,scaling,together,rebalance,peers,brokers
 //	BENCH_AMQP_URL    RabbitMQ (default amqp://guest:guest@127.0.0.1:5672/); "off" skips
 //	BENCH_NATS_URL    NATS with JetStream for the brokers group (default nats://127.0.0.1:4222); "off" skips
 //	BENCH_REDIS_URL   Redis for the brokers group (default redis://127.0.0.1:6379/0); "off" skips
@@ -37,7 +40,8 @@
 //	BENCH_BASE_BIN    together group: also run this (baseline) binary, alternating
 //	BENCH_SINKS       together group: sinks (default discard,kafka)
 //	BENCH_OUT         results directory (default results)
-//	BENCH_PROFILE=1   instead of benchmarking, profile the relay (see profile.go)
+//	BENCH_PROFILE=1   instead of benchmarking, profile the relay's drain (see profile.go)
+//	BENCH_PROFILE=live  instead of benchmarking, a 20 s CPU profile of the relay binary at 100 msg/s (live.go)
 //	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
 //
 // Nothing here is pass/fail: targets are printed next to the figures.
@@ -212,8 +216,11 @@ func run() error {
 	}
 	defer b.close()
 
-	if os.Getenv("BENCH_PROFILE") == "1" {
+	switch os.Getenv("BENCH_PROFILE") {
+	case "1":
 		return b.profile(ctx)
+	case "live":
+		return b.profileLive(ctx)
 	}
 
 	started := time.Now()
@@ -242,6 +249,11 @@ func run() error {
 	}
 	if cfg.want("latency") {
 		if err := b.latencies(ctx); err != nil {
+			return err
+		}
+	}
+	if cfg.want("live") {
+		if err := b.live(ctx); err != nil {
 			return err
 		}
 	}
@@ -318,7 +330,7 @@ func render(path string) error {
 		}
 	}
 	for _, r := range rows {
-		if r.Group != "writertax" && r.Group != "idle" { // not divided by raw SQL
+		if r.Group != "writertax" && r.Group != "idle" && r.Group != "live" { // not divided by raw SQL
 			r.Ratio, r.RatioBest = 0, 0
 		}
 		rep.add(r)

@@ -41,6 +41,8 @@ type row struct {
 	OrderOK    string      `json:"per_key_order,omitempty"`
 	Mode       string      `json:"mode,omitempty"`
 	Note       string      `json:"note,omitempty"`
+	// Live rows (live.go).
+	Live *liveStats `json:"live,omitempty"`
 }
 
 func (r *row) addRun(rate, rss float64) {
@@ -110,7 +112,7 @@ type report struct {
 
 func (rep *report) add(r *row) {
 	switch {
-	case r.Group == "writertax" || r.Group == "idle":
+	case r.Group == "writertax" || r.Group == "idle" || r.Group == "live":
 		// Divided by the plain table of the same run (writertax.go).
 	case rep.RawRate > 0 && r.Rate > 0 && !strings.HasPrefix(r.Name, "raw SQL"):
 		r.Ratio = r.Rate / rep.RawRate
@@ -180,6 +182,7 @@ func (rep *report) markdown() string {
 		{"latency", "Steady-state latency (commit returned in the writer → request received by the webhook receiver, or record fetched by an independent Kafka consumer)", "Targets: p99 ≤ 10 ms at 50/s and 1,000/s, HTTP and Kafka, with the writers keeping up (commits/s achieved = offered); p99 ≤ 25 ms at 5,000/s."},
 		{"scaling", "Scaling (relay processes started and lane-balanced on an empty outbox; backlog committed in one transaction; time to empty)", "Target: aggregate throughput never below one process."},
 		{"together", "Relays started together on a full backlog (clock from the processes' start; default lease settings)", "Target: N = 2, 4, 16 each ≥ 0.9 × one relay of the same binary in the same run (see each row's note); rebalance ≤ 200 ms."},
+		{"live", "Live rates: one relay (binary, default settings) at the rates services run, against its own 100k drain in the same run", "Targets (issue 36): at 1,000 msg/s relay CPU and database-session CPU per message each ≤ 6 × the drain's per-message cost, p99 ≤ 10 ms; at 100 msg/s each ≤ 40 ×, p99 ≤ 10 ms; idle ≤ 0.01 of a core each. CPU from /proc: the relay process, and its database backends (application_name outbox-relay*); transactions from pg_stat_database of a database of the group's own, the writers' commits and the bench's own queries taken out; batches from the relay's /metrics (claims that returned rows; empty claims and wake-ups are not exported)."},
 		{"peers", "Peers (same Postgres, same message count and size)", "Target: faster than every peer."},
 		{"brokers", "NATS JetStream and Redis Streams against their raw publishers (alternating raw, relay per run; the relay rows' notes give the ratio)", "Target: ≥ 0.8 × the raw publisher."},
 	}
@@ -202,6 +205,8 @@ func (rep *report) markdown() string {
 			for _, r := range rs {
 				fmt.Fprintf(&b, "| %s | %d | %.1f | %s | %s |\n", r.Name, r.Processes, r.Rate, fmtMS(r.P50), orDash(r.Note))
 			}
+		case "live":
+			liveTable(&b, rs)
 		case "latency":
 			b.WriteString("| workload | messages/run | payload B | keys | batch | workers × procs | runs | commits/s achieved | p50 ms | p95 ms | p99 ms | max ms | notes |\n")
 			b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -242,4 +247,38 @@ func (rep *report) markdown() string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+func liveTable(b *strings.Builder, rs []*row) {
+	b.WriteString("| sink | load | msg/s delivered | relay CPU µs/msg | DB sessions CPU µs/msg | × drain (relay / DB) | relay cores | DB cores | relay tx/msg | relay tx/s | statements/msg | batches/msg | DB sessions | p50 ms | p99 ms | notes |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	us := func(v float64) string {
+		if v == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
+	per := func(v float64) string {
+		if v == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.3g", v)
+	}
+	for _, r := range rs {
+		l := r.Live
+		if l == nil {
+			fmt.Fprintf(b, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | – | %s |\n", r.Name, orDash(r.Note))
+			continue
+		}
+		x := "1 (yardstick)"
+		switch {
+		case l.RelayX > 0 || l.DBX > 0:
+			x = fmt.Sprintf("**%.0f× / %.0f×**", l.RelayX, l.DBX)
+		case l.Offered == 0 && l.Messages == 0:
+			x = "–"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f | %s | %s | %d | %s | %s | %s |\n",
+			l.Sink, l.Load, fmtRate(l.Achieved), us(l.RelayCPUUs), us(l.DBCPUUs), x, l.RelayCores, l.DBCores,
+			per(l.TxPerMsg), l.TxPerS, per(l.StmtPerMsg), per(l.BatchesPerMsg), l.DBSessions, fmtMS(r.P50), fmtMS(r.P99), orDash(r.Note))
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,9 +40,26 @@ type Server struct {
 	ln  net.Listener
 }
 
+// Option adds to what the admin listener serves.
+type Option func(mux *http.ServeMux)
+
+// WithPprof serves the Go runtime's profiles (net/http/pprof) under
+// /debug/pprof/. Off unless asked for (run --pprof): a profile costs the
+// relay CPU while it is taken, and the listener has no authentication.
+// A CPU profile may last up to the listener's write timeout (30s).
+func WithPprof() Option {
+	return func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+}
+
 // Start listens on addr and serves in the background. A non-nil console
 // serves /api/ and /ui/ (and / redirects to /ui/).
-func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logger, console http.Handler) (*Server, error) {
+func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logger, console http.Handler, opts ...Option) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: admin-addr: %w", err)
@@ -70,6 +88,9 @@ func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logge
 		mux.Handle("/ui/", console)
 		mux.Handle("/ui", console)
 		mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
+	}
+	for _, o := range opts {
+		o(mux)
 	}
 	s := &Server{ln: ln, srv: &http.Server{
 		Handler:           mux,

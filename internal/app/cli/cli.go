@@ -287,6 +287,7 @@ type runOptions struct {
 	adminAddr       string
 	adminTokenFile  string
 	adminReadToken  bool
+	pprof           bool
 	consoleSample   time.Duration
 	consoleFailing  time.Duration
 	metricsInterval time.Duration
@@ -363,6 +364,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
 	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez, /readyz and the operator console (/ui, /api/v1) (empty disables)")
 	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
+	f.BoolVar(&o.pprof, "pprof", false, "also serve the Go runtime's profiles (net/http/pprof) under /debug/pprof/ on the admin listener, without authentication: for profiling, not for production")
 	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
 	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
 	f.DurationVar(&o.consoleFailing, "console-failing-after", console.DefaultFailingAfter, "how long messages of a topic or route may have been failing before the console's overview shows a banner")
@@ -388,6 +390,9 @@ func (o runOptions) check() error {
 	}
 	if o.heartbeat < 0 || o.drainTimeout < 0 || o.retryInitial < 0 {
 		return usagef("outbox: heartbeat, drain-timeout and retry-initial must not be negative")
+	}
+	if o.pprof && o.adminAddr == "" {
+		return usagef("outbox: pprof: needs the admin listener (--admin-addr)")
 	}
 	if o.maxConns < 0 {
 		return usagef("outbox: max-conns: must not be negative (0: what the configuration needs, plus one)")
@@ -628,7 +633,11 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); sampler.Run(sampleCtx) }()
 	stops = append(stops, func() { stopSampling(); <-sampled })
-	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con)
+	var opts []adminhttp.Option
+	if o.pprof {
+		opts = append(opts, adminhttp.WithPprof())
+	}
+	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con, opts...)
 	if err != nil {
 		return stop, &usageError{err}
 	}

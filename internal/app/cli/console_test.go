@@ -28,6 +28,7 @@ func TestAdminTokenFileErrors(t *testing.T) {
 		{[]string{"--admin-token-file", write("bad", "ops\n", 0o600)}, "line 1: want name:token"},
 		{[]string{"--admin-token-file", write("open", "ops:0123456789abcdef0123\n", 0o644)}, "is readable by other users (mode -rw-r--r--): chmod 600 it"},
 		{[]string{"--admin-read-token"}, "admin-read-token: needs --admin-token-file"},
+		{[]string{"--pprof", "--admin-addr", ""}, "pprof: needs the admin listener"},
 		{[]string{"--admin-token-file", good, "--console-sample-interval", "0s"}, "console-sample-interval: must be positive"},
 	}
 	for _, c := range cases {

@@ -1,0 +1,836 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// The live group: what one relay costs at the rates services run, against
+// what it costs per message draining a backlog, in the same run and the
+// same relay process. CPU is read from /proc for the relay process and
+// for its database backends (found in pg_stat_activity by the relay's
+// application_name; Postgres must run on this host).
+
+// liveDrainN is the backlog of the live group's yardstick drain.
+const liveDrainN = 100_000
+
+// liveStats is one row of the live group.
+type liveStats struct {
+	Sink           string  `json:"sink"`
+	Load           string  `json:"load"`
+	Offered        float64 `json:"offered_per_s,omitempty"`
+	Achieved       float64 `json:"achieved_per_s,omitempty"` // messages delivered per second in the window
+	WindowS        float64 `json:"window_s"`
+	Messages       int64   `json:"messages_in_window"`
+	RelayCPUUs     float64 `json:"relay_cpu_us_per_msg,omitempty"`
+	DBCPUUs        float64 `json:"db_cpu_us_per_msg,omitempty"`
+	RelayX         float64 `json:"relay_x_drain,omitempty"`
+	DBX            float64 `json:"db_x_drain,omitempty"`
+	RelayCores     float64 `json:"relay_cores"`
+	DBCores        float64 `json:"db_cores"`
+	TxPerMsg       float64 `json:"relay_tx_per_msg,omitempty"`
+	TxPerS         float64 `json:"relay_tx_per_s"`
+	StmtPerMsg     float64 `json:"statements_per_msg,omitempty"` // all sessions of the database, writers' included
+	BatchesPerMsg  float64 `json:"batches_per_msg,omitempty"`
+	MsgsPerBatch   float64 `json:"msgs_per_batch,omitempty"`
+	DBSessions     int     `json:"db_sessions"`
+	WriterCommits  int64   `json:"writer_commits_in_window,omitempty"`
+	LatencyMatched int     `json:"latency_messages,omitempty"`
+}
+
+// liveSnap is what the live group reads at each end of a window.
+type liveSnap struct {
+	at        time.Time
+	relayCPU  time.Duration
+	dbCPU     time.Duration
+	sessions  int
+	each      map[int]time.Duration // CPU of each live backend
+	xacts     int64
+	stmts     int64 // -1: pg_stat_statements not available
+	published float64
+	batches   float64
+	own       int64 // the bench's own transactions on the live database so far
+}
+
+// liveDB is the live group's database of its own: pg_stat_database then
+// counts only the relay's transactions, the writers' and the bench's
+// own queries on it (counted and taken out), not those of whoever else
+// uses the server.
+type liveDB struct {
+	name, url string
+	pool      *pgxpool.Pool // the bench's queries on it (application_name bench-live)
+	ownXacts  atomic.Int64  // transactions the bench ran on pool
+	pgss      bool          // pg_stat_statements readable in it
+	pgssWhy   string
+}
+
+const liveSchema = "outbox"
+
+func (b *bench) openLiveDB(ctx context.Context, what string) (*liveDB, func(), error) {
+	d := &liveDB{name: fmt.Sprintf("%s%s_%d", schemaPrefix, what, os.Getpid())}
+	if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{d.name}.Sanitize()); err != nil {
+		return nil, nil, fmt.Errorf("create a database of its own: %w", err)
+	}
+	drop := func() {
+		_, _ = b.pool.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
+	}
+	u, err := url.Parse(b.cfg.databaseURL)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	u.Path = "/" + d.name
+	d.url = u.String()
+	pc, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	pc.MaxConns = 2
+	pc.ConnConfig.RuntimeParams["application_name"] = "bench-live"
+	if d.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		drop()
+		return nil, nil, err
+	}
+	cleanup := func() { d.pool.Close(); drop() }
+	if _, err := migrations.Apply(ctx, d.pool, liveSchema); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if _, err := d.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		d.pgssWhy = shorten(err.Error())
+	} else if _, err := d.pool.Exec(ctx, "SELECT 1 FROM pg_stat_statements LIMIT 1"); err != nil {
+		d.pgssWhy = shorten(err.Error())
+	} else {
+		d.pgss = true
+	}
+	return d, cleanup, nil
+}
+
+// exec runs one statement on the live database, counting its transaction.
+func (d *liveDB) exec(ctx context.Context, sql string, args ...any) error {
+	d.ownXacts.Add(1)
+	_, err := d.pool.Exec(ctx, sql, args...)
+	return err
+}
+
+// empty reports whether the outbox is empty (one counted transaction).
+func (d *liveDB) empty(ctx context.Context) (bool, error) {
+	d.ownXacts.Add(1)
+	var e bool
+	err := d.pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+migrations.Ident(liveSchema)+".messages)").Scan(&e)
+	return e, err
+}
+
+// waitLanes waits until the relay owns all 256 lanes.
+func (d *liveDB) waitLanes(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var n int
+		d.ownXacts.Add(1)
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.Ident(liveSchema)+".lanes WHERE owner IS NOT NULL AND lease_until > now()").Scan(&n); err != nil {
+			return err
+		}
+		if n == 256 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of 256 lanes owned after %s", n, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// procCPU is the CPU time (utime + stime) of process pid, from /proc.
+func procCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const clkTck = 100 // USER_HZ
+	return time.Duration(ut+st) * time.Second / clkTck, nil
+}
+
+// backendCPU follows the CPU time of a database's backends whose
+// application_name starts with a prefix. It samples every 250ms so that
+// a backend that ends between two snapshots loses at most that much.
+type backendCPU struct {
+	b            *bench
+	db, app      string
+	mu           sync.Mutex
+	last         map[int]time.Duration
+	query        map[int]string // each backend's last statement seen (not BEGIN or COMMIT)
+	gone         time.Duration  // last-seen CPU of the backends that ended
+	live         int
+	stop         chan struct{}
+	done         chan struct{}
+	warnedUnread bool
+}
+
+func (b *bench) followBackends(db, app string) *backendCPU {
+	c := &backendCPU{b: b, db: db, app: app, last: map[int]time.Duration{}, query: map[int]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-t.C:
+				_ = c.sample(context.Background())
+			}
+		}
+	}()
+	return c
+}
+
+func (c *backendCPU) close() { close(c.stop); <-c.done }
+
+// sample reads the backends' pids (from the bench's own database, so as
+// not to count in the measured one) and their CPU times.
+func (c *backendCPU) sample(ctx context.Context) error {
+	rows, err := c.b.pool.Query(ctx, "SELECT pid, left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 60) FROM pg_stat_activity WHERE datname = $1 AND starts_with(application_name, $2)", c.db, c.app)
+	if err != nil {
+		return err
+	}
+	type session struct {
+		PID   int32
+		Query string
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowToStructByPos[session])
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[int]bool{}
+	for _, sess := range pids {
+		p := sess.PID
+		if q := sess.Query; q != "" && q != "COMMIT" && q != "BEGIN" {
+			c.query[int(p)] = q
+		}
+		cpu, err := procCPU(int(p))
+		if err != nil {
+			if !c.warnedUnread && !errors.Is(err, os.ErrNotExist) {
+				c.warnedUnread = true
+				c.b.log.Warn("cannot read a database backend's CPU from /proc (is Postgres on this host?)", "pid", p, "error", err)
+			}
+			continue
+		}
+		seen[int(p)] = true
+		c.last[int(p)] = cpu
+	}
+	for p, cpu := range c.last {
+		if !seen[p] {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err != nil {
+				c.gone += cpu
+				delete(c.last, p)
+			}
+		}
+	}
+	c.live = len(seen)
+	return nil
+}
+
+// total is the CPU time of every backend seen so far, sampled now, and
+// each live one's.
+func (c *backendCPU) total(ctx context.Context) (time.Duration, map[int]time.Duration, error) {
+	if err := c.sample(ctx); err != nil {
+		return 0, nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.gone
+	each := map[int]time.Duration{}
+	for p, cpu := range c.last {
+		t += cpu
+		each[p] = cpu
+	}
+	return t, each, nil
+}
+
+// sessions describes the backends' CPU between two snapshots, most first:
+// pid, CPU in ms, and the last statement each was seen running.
+func (c *backendCPU) sessions(s0, s1 liveSnap) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	type use struct {
+		pid int
+		cpu time.Duration
+	}
+	var us []use
+	for p, cpu := range s1.each {
+		us = append(us, use{p, cpu - s0.each[p]})
+	}
+	sort.Slice(us, func(i, j int) bool { return us[i].cpu > us[j].cpu })
+	var parts []string
+	for _, u := range us {
+		q := c.query[u.pid]
+		if q == "" {
+			q = "?"
+		}
+		parts = append(parts, fmt.Sprintf("%d ms `%s`", u.cpu.Milliseconds(), strings.ReplaceAll(q, "|", "/")))
+	}
+	return "database sessions' CPU in the window (last statement seen): " + strings.Join(parts, ", ")
+}
+
+// scrapeMetrics sums the samples of the named metrics (all label sets)
+// on a relay's /metrics.
+func scrapeMetrics(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	got := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		name := l[:strings.IndexAny(l, "{ ")]
+		if !want[name] {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+		if err == nil {
+			got[name] += v
+		}
+	}
+	return got, sc.Err()
+}
+
+const (
+	metricPublished = "outbox_relay_messages_published_total"
+	// Observed once per claim that returned rows (relayprom's Batch hook):
+	// empty claims are not exported.
+	metricBatches = "outbox_relay_claim_duration_seconds_count"
+)
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// liveRelay is the relay process of the live group and what follows its
+// cost.
+type liveRelay struct {
+	p     *relayProc
+	admin string
+	db    *liveDB
+	be    *backendCPU
+}
+
+// startLiveRelay starts the relay binary with default settings (the
+// bench's --workers and --batch-size, the defaults unless BENCH_WORKERS
+// says otherwise) on the live database, its admin listener on a free
+// port, and waits until it owns every lane and answers on /metrics.
+func (b *bench) startLiveRelay(ctx context.Context, d *liveDB, sinkURL string, extra ...string) (*liveRelay, error) {
+	lr, err := b.spawnLiveRelay(ctx, d, sinkURL, extra...)
+	if err != nil {
+		return nil, err
+	}
+	if err := lr.ready(ctx); err != nil {
+		lr.stop()
+		return nil, err
+	}
+	return lr, nil
+}
+
+// spawnLiveRelay starts the relay and returns at once.
+func (b *bench) spawnLiveRelay(ctx context.Context, d *liveDB, sinkURL string, extra ...string) (*liveRelay, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--database-url", d.url, "--admin-addr", addr}, extra...)
+	p, err := b.startRelay(ctx, liveSchema, sinkURL, nil, args...)
+	if err != nil {
+		return nil, err
+	}
+	return &liveRelay{p: p, admin: addr, db: d, be: b.followBackends(d.name, "outbox-relay")}, nil
+}
+
+// ready waits until the relay owns every lane and answers on /metrics.
+func (lr *liveRelay) ready(ctx context.Context) error {
+	d, p, addr := lr.db, lr.p, lr.admin
+	if err := d.waitLanes(ctx, 20*time.Second); err != nil {
+		return fmt.Errorf("%w; relay stderr: %s", err, p.stderr)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := scrapeMetrics(ctx, addr, metricPublished); err == nil {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("relay's /metrics on %s: %w; relay stderr: %s", addr, err, p.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (lr *liveRelay) stop() { lr.be.close(); lr.p.stop() }
+
+func (lr *liveRelay) snap(ctx context.Context, b *bench) (liveSnap, error) {
+	s := liveSnap{at: time.Now(), stmts: -1}
+	var err error
+	if s.relayCPU, err = lr.p.CPUTime(); err != nil {
+		return s, fmt.Errorf("relay CPU: %w", err)
+	}
+	if s.dbCPU, s.each, err = lr.be.total(ctx); err != nil {
+		return s, fmt.Errorf("backends' CPU: %w", err)
+	}
+	s.sessions = len(s.each)
+	if err := b.pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", lr.db.name).Scan(&s.xacts); err != nil {
+		return s, err
+	}
+	if lr.db.pgss {
+		lr.db.ownXacts.Add(1)
+		if err := lr.db.pool.QueryRow(ctx, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&s.stmts); err != nil {
+			s.stmts = -1
+		}
+	}
+	s.own = lr.db.ownXacts.Load()
+	m, err := scrapeMetrics(ctx, lr.admin, metricPublished, metricBatches)
+	if err != nil {
+		return s, err
+	}
+	s.published, s.batches = m[metricPublished], m[metricBatches]
+	return s, nil
+}
+
+// fill computes st's per-message figures from two snapshots; writers is
+// how many transactions the writers committed between them (the bench's
+// own are in the snapshots).
+func (st *liveStats) fill(s0, s1 liveSnap, writers int64) {
+	others := writers + s1.own - s0.own
+	el := s1.at.Sub(s0.at).Seconds()
+	st.WindowS = el
+	n := int64(s1.published - s0.published)
+	st.Messages = n
+	relay, db := (s1.relayCPU - s0.relayCPU).Seconds(), (s1.dbCPU - s0.dbCPU).Seconds()
+	st.RelayCores, st.DBCores = relay/el, db/el
+	st.DBSessions = s1.sessions
+	tx := float64(s1.xacts - s0.xacts - others)
+	st.TxPerS = tx / el
+	if n > 0 {
+		st.Achieved = float64(n) / el
+		st.RelayCPUUs, st.DBCPUUs = relay*1e6/float64(n), db*1e6/float64(n)
+		st.TxPerMsg = tx / float64(n)
+		st.BatchesPerMsg = (s1.batches - s0.batches) / float64(n)
+		if b := s1.batches - s0.batches; b > 0 {
+			st.MsgsPerBatch = float64(n) / b
+		}
+		if s0.stmts >= 0 && s1.stmts >= 0 {
+			st.StmtPerMsg = float64(s1.stmts-s0.stmts) / float64(n)
+		}
+	}
+}
+
+// liveRates are the offered rates of the live group.
+var liveRates = []float64{100, 1000, 5000}
+
+// live runs the live group into the discard sink and into Kafka (kfake).
+func (b *bench) live(ctx context.Context) error {
+	d, cleanup, err := b.openLiveDB(ctx, "live")
+	if err != nil {
+		r := &row{Group: "live", Name: "live"}
+		r.addNote("%v", err)
+		b.rep.add(r)
+		return nil
+	}
+	defer cleanup()
+	recv, err := newReceiver()
+	if err != nil {
+		return err
+	}
+	defer recv.close()
+	for _, sink := range []string{"discard", "kafka"} {
+		if err := b.liveSink(ctx, d, recv, sink); err != nil {
+			b.log.Warn("live group failed", "sink", sink, "error", err)
+			r := &row{Group: "live", Name: sink, Live: &liveStats{Sink: sink, Load: "failed"}}
+			r.addNote("%v", shorten(err.Error()))
+			b.rep.add(r)
+		}
+	}
+	return nil
+}
+
+func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink string) error {
+	sinkURL, stopSink := "discard", func() {}
+	if sink == "kafka" {
+		u, stop, err := b.kafkaConsumer(ctx, recv)
+		if err != nil {
+			return err
+		}
+		sinkURL, stopSink = u, stop
+	}
+	defer stopSink()
+	// The yardstick: a backlog of 100k, loaded and vacuumed before the
+	// relay starts (as the drain rows do), drained by the process that
+	// then serves the live rates; from the process's start (its CPU and
+	// its backends' at 0) to the outbox seen empty (polled every 10ms).
+	recv.reset(0)
+	if err := d.exec(ctx, b.backlogSQL(liveSchema, liveDrainN, b.cfg.keys)); err != nil {
+		return err
+	}
+	if err := d.exec(ctx, "VACUUM ANALYZE "+migrations.Ident(liveSchema)+".messages"); err != nil {
+		return err
+	}
+	b.checkpoint(ctx)
+	s0 := liveSnap{own: d.ownXacts.Load()}
+	if err := b.pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&s0.xacts); err != nil {
+		return err
+	}
+	lr, err := b.spawnLiveRelay(ctx, d, sinkURL)
+	if err != nil {
+		return err
+	}
+	defer lr.stop()
+	s0.at = lr.p.Started()
+	window := 30 * time.Second
+	if b.cfg.quick {
+		window = 10 * time.Second
+	}
+	pgssNote := "statements: pg_stat_statements not available (" + d.pgssWhy + "); transactions from pg_stat_database"
+	if d.pgss {
+		pgssNote = "statements: pg_stat_statements calls of every session of the database, the writers' included"
+	}
+	add := func(st *liveStats, p50, p99 float64, notes ...string) {
+		r := &row{Group: "live", Name: sink + ", " + st.Load, Live: st, Messages: int(st.Messages), PayloadBytes: b.cfg.payload,
+			Keys: b.cfg.keys, Batch: b.cfg.batch, Workers: b.cfg.workers, Processes: 1, Runs: 1, P50: p50, P99: p99}
+		for _, n := range notes {
+			r.addNote("%s", n)
+		}
+		b.rep.add(r)
+		b.log.Info("live", "sink", sink, "load", st.Load, "msg_per_s", int(st.Achieved), "relay_us_per_msg", int(st.RelayCPUUs),
+			"db_us_per_msg", int(st.DBCPUUs), "relay_x", st.RelayX, "db_x", st.DBX, "relay_cores", st.RelayCores, "db_cores", st.DBCores,
+			"tx_per_msg", st.TxPerMsg, "batches_per_msg", st.BatchesPerMsg, "p50_ms", p50, "p99_ms", p99)
+	}
+	drain := &liveStats{Sink: sink, Load: fmt.Sprintf("draining %dk (yardstick)", liveDrainN/1000)}
+	for {
+		e, err := d.empty(ctx)
+		if err != nil {
+			return err
+		}
+		if e {
+			break
+		}
+		if !lr.p.Alive() {
+			return fmt.Errorf("relay exited: %s", lr.p.stderr)
+		}
+		if time.Since(s0.at) > 5*time.Minute {
+			return fmt.Errorf("backlog not drained in 5 min; relay stderr: %s", lr.p.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The last batch's metrics are recorded after its commit.
+	for range 200 {
+		if m, err := scrapeMetrics(ctx, lr.admin, metricPublished); err == nil && m[metricPublished] >= liveDrainN {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s1, err := lr.snap(ctx, b)
+	if err != nil {
+		return err
+	}
+	drain.fill(s0, s1, 0)
+	if sink == "kafka" && !recv.waitCount(ctx, liveDrainN, 30*time.Second) {
+		return fmt.Errorf("kafka consumer got %d of %d drained messages", recv.count.Load(), liveDrainN)
+	}
+	if err := lr.ready(ctx); err != nil {
+		return err
+	}
+	add(drain, 0, 0, fmt.Sprintf("%d messages loaded and vacuumed before the relay started; clock and CPU from the process's start (start-up included) to the outbox seen empty", liveDrainN),
+		"transactions per message may count the drain's last ones only partly (a backend reports to pg_stat_database at most once a second)", lr.be.sessions(s0, s1))
+
+	// Idle: nothing written. Settle first (the drain's stats, autovacuum).
+	time.Sleep(3 * time.Second)
+	s0, err = lr.snap(ctx, b)
+	if err != nil {
+		return err
+	}
+	time.Sleep(window)
+	s1, err = lr.snap(ctx, b)
+	if err != nil {
+		return err
+	}
+	idle := &liveStats{Sink: sink, Load: "idle"}
+	idle.fill(s0, s1, 0)
+	add(idle, 0, 0, fmt.Sprintf("%s with nothing written; cores = CPU seconds per second", window.Round(time.Second)),
+		"transactions/s from pg_stat_database lag up to 10 s for idle backends", lr.be.sessions(s0, s1))
+
+	for _, rate := range liveRates {
+		st, p50, p99, notes, err := b.liveRate(ctx, lr, recv, sink, rate, window)
+		if err != nil {
+			return fmt.Errorf("%.0f msg/s: %w", rate, err)
+		}
+		if drain.RelayCPUUs > 0 {
+			st.RelayX = st.RelayCPUUs / drain.RelayCPUUs
+		}
+		if drain.DBCPUUs > 0 {
+			st.DBX = st.DBCPUUs / drain.DBCPUUs
+		}
+		add(st, p50, p99, append(notes, pgssNote)...)
+	}
+	return nil
+}
+
+// liveWriters is how many application connections offer the live load.
+const liveWriters = 16
+
+// liveRate offers rate single-message transactions a second, open loop,
+// for 1s of warm-up, the window, and 0.5s after it; the window's
+// snapshots are taken while the load runs. Latency covers every message
+// of the run (Kafka only: the discard sink has no consumer).
+func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sink string, rate float64, window time.Duration) (*liveStats, float64, float64, []string, error) {
+	const warm, tail = time.Second, 500 * time.Millisecond
+	total := warm + window + tail
+	capacity := int(rate*total.Seconds()) + 1
+	recv.reset(capacity)
+	commits := make([]atomic.Int64, capacity)
+	pc, err := pgxpool.ParseConfig(lr.db.url)
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	pc.MaxConns, pc.MinConns = liveWriters, liveWriters
+	pc.ConnConfig.RuntimeParams["application_name"] = "bench-writer"
+	app, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	defer app.Close()
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: liveSchema})
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	// Open the connections before the clock starts (their transactions
+	// are not in any window).
+	if err := app.Ping(ctx); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	var (
+		next, written atomic.Int64
+		wg            sync.WaitGroup
+		errOnce       sync.Once
+		werr          error
+	)
+	period := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	end := start.Add(total)
+	for range liveWriters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := next.Add(1) - 1
+				due := start.Add(time.Duration(i) * period)
+				if i >= int64(capacity) || due.After(end) || time.Now().After(end) {
+					// Open loop, but not past the end: writers that fell
+					// behind leave the rest unwritten.
+					return
+				}
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				}
+				err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+					return w.Write(ctx, tx, outbox.Message{Topic: "bench", Key: fmt.Sprintf("key-%d", i%int64(b.cfg.keys)), Payload: payloadGo(i, b.cfg.payload)})
+				})
+				if err != nil {
+					errOnce.Do(func() { werr = err })
+					return
+				}
+				commits[i].Store(time.Now().UnixNano())
+				written.Add(1)
+			}
+		}()
+	}
+	st := &liveStats{Sink: sink, Load: fmt.Sprintf("%.0f msg/s", rate), Offered: rate}
+	time.Sleep(time.Until(start.Add(warm)))
+	s0, err := lr.snap(ctx, b)
+	w0 := written.Load()
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	time.Sleep(time.Until(start.Add(warm + window)))
+	s1, err := lr.snap(ctx, b)
+	w1 := written.Load()
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if werr != nil {
+		return nil, 0, 0, nil, werr
+	}
+	st.WriterCommits = w1 - w0
+	st.fill(s0, s1, st.WriterCommits)
+	n := written.Load()
+	notes := []string{fmt.Sprintf("%d writers offering single-message transactions open loop; %d committed in %s (%.0f/s); window %s in the middle of it",
+		liveWriters, n, elapsed.Round(100*time.Millisecond), float64(n)/elapsed.Seconds(), window), fmt.Sprintf("%d writer commits in the window taken out of the transactions", st.WriterCommits),
+		lr.be.sessions(s0, s1)}
+	if sink != "kafka" {
+		// Wait for delivery all the same, so the next rate starts clean.
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			if e, err := lr.db.empty(ctx); err == nil && e {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return st, 0, 0, notes, nil
+	}
+	if !recv.waitCount(ctx, n, 30*time.Second) {
+		return nil, 0, 0, nil, fmt.Errorf("kafka consumer got %d of %d", recv.count.Load(), n)
+	}
+	var lat []float64
+	for i := range capacity {
+		c, a := commits[i].Load(), recv.arrivals[i].Load()
+		if c == 0 || a == 0 {
+			continue
+		}
+		lat = append(lat, max(0, float64(a-c)/1e6))
+	}
+	if len(lat) == 0 {
+		return st, 0, 0, notes, nil
+	}
+	sort.Float64s(lat)
+	st.LatencyMatched = len(lat)
+	if v := recv.orderViolations(); v > 0 {
+		notes = append(notes, fmt.Sprintf("%d per-key order violations", v))
+	}
+	return st, percentile(lat, 50), percentile(lat, 99), notes, nil
+}
+
+// profileLive (BENCH_PROFILE=live) takes a 20 s CPU profile of the relay
+// binary (run --pprof) relaying 100 single-message transactions a second
+// into the discard sink, and prints the top 25 functions by flat and by
+// cumulative time. Output goes to results/profile-live-100.{pprof,md}.
+func (b *bench) profileLive(ctx context.Context) error {
+	const rate, seconds = 100, 20
+	if err := os.MkdirAll(b.cfg.outDir, 0o755); err != nil {
+		return err
+	}
+	d, cleanup, err := b.openLiveDB(ctx, "liveprof")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	recv, err := newReceiver()
+	if err != nil {
+		return err
+	}
+	defer recv.close()
+	lr, err := b.startLiveRelay(ctx, d, "discard", "--pprof")
+	if err != nil {
+		return err
+	}
+	defer lr.stop()
+	type result struct {
+		st    *liveStats
+		notes []string
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// Warm-up 1s, then the window the profile covers.
+		st, _, _, notes, err := b.liveRate(ctx, lr, recv, "discard", rate, seconds*time.Second)
+		done <- result{st, notes, err}
+	}()
+	time.Sleep(time.Second)
+	prof := fmt.Sprintf("%s/profile-live-%d.pprof", b.cfg.outDir, rate)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", lr.admin, seconds), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("relay's /debug/pprof/profile: %s (a relay binary without run --pprof?)", resp.Status)
+	}
+	f, err := os.Create(prof)
+	if err != nil {
+		return err
+	}
+	if _, err := f.ReadFrom(resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	res := <-done
+	if res.err != nil {
+		return res.err
+	}
+	var out strings.Builder
+	st := res.st
+	fmt.Fprintf(&out, "# CPU profile of the relay at %d msg/s (discard sink, default settings)\n\n", rate)
+	fmt.Fprintf(&out, "Profile: %s, %d s (`go tool pprof -http : %s` to browse it).\n\n", prof, seconds, prof)
+	fmt.Fprintf(&out, "In the window (profiling on): %.0f msg/s delivered; relay %.0f µs CPU a message (%.3f of a core), its database sessions %.0f µs (%.3f of a core); %.2f relay transactions and %.3f batches a message.\n\n",
+		st.Achieved, st.RelayCPUUs, st.RelayCores, st.DBCPUUs, st.DBCores, st.TxPerMsg, st.BatchesPerMsg)
+	for _, n := range res.notes {
+		fmt.Fprintf(&out, "- %s\n", n)
+	}
+	fmt.Fprintln(&out)
+	for _, mode := range [][]string{{"-top"}, {"-top", "-cum"}} {
+		args := append([]string{"tool", "pprof", "-nodecount=25"}, mode...)
+		args = append(args, prof)
+		cmd := exec.CommandContext(ctx, "go", args...)
+		top, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, top)
+		}
+		fmt.Fprintf(&out, "## go tool pprof %s\n\n```\n%s```\n\n", strings.Join(mode, " "), top)
+	}
+	fmt.Println(out.String())
+	return os.WriteFile(fmt.Sprintf("%s/profile-live-%d.md", b.cfg.outDir, rate), []byte(out.String()), 0o644)
+}
