@@ -140,6 +140,11 @@ const (
 	watchFull     = 10 * time.Millisecond
 	watchFullRate = 6000 // rows per second
 	watchLinger   = 250 * time.Millisecond
+	// watchTrickle is the longest interval between the looks of a
+	// trickle (rows that come farther apart than watchFast, within
+	// watchLinger of each other): a row waits at most about this long for
+	// its look.
+	watchTrickle = 5 * time.Millisecond
 	// notifyGap is the least time between two NOTIFYs of the watcher:
 	// wake-ups closer than that are merged (a busy relay is not waiting
 	// for them anyway).
@@ -325,6 +330,9 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		return err
 	}
 	if err := k.w.Join(ctx, pc, k.s); err != nil {
+		return err
+	}
+	if err := k.w.PrepareLooks(ctx, pc); err != nil {
 		return err
 	}
 	connected()

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,9 @@ type Waker struct {
 	notify           stmt
 	triggerState     stmt
 	join, others     stmt
+	// prepared is the session PrepareLooks set up (nil: none): its looks
+	// go out as one statement each.
+	prepared atomic.Pointer[pgx.Conn]
 }
 
 // NewWaker renders the wake-up statements for schema s.
@@ -168,17 +172,40 @@ func Pooled(ctx context.Context, c *pgx.Conn) (bool, error) {
 // the outbox is empty).
 func (w *Waker) NewestID(ctx context.Context, c *pgx.Conn) (int64, error) {
 	var id int64
-	err := look(ctx, c, w.newest.sql, nil, &id)
+	err := w.look(ctx, c, w.newest.sql, nil, &id)
 	return id, err
 }
 
-// look runs one of the watcher's looks on c, in a transaction of its own
-// planned without sequential scans (see NoSeqScan), in one round trip:
-// BEGIN, the setting, the look and COMMIT. (Not a session setting: behind
+// noSeqScanSession is NoSeqScan for a whole session.
+const noSeqScanSession = "SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false), set_config('jit', 'off', false)"
+
+// PrepareLooks sets c's session up for the watcher's looks (NoSeqScan's
+// settings for the session, not each transaction), so that each look is
+// one statement instead of BEGIN, the settings, the look and COMMIT: at
+// 100 messages a second the looks were most of the relay's database
+// time. Only for a session of its own that is never given back to a pool,
+// and never through a transaction-pooling proxy (the settings would stay
+// on a backend that others then use). The session must run read committed
+// (the relay's pool sets default_transaction_isolation).
+func (w *Waker) PrepareLooks(ctx context.Context, c *pgx.Conn) error {
+	if _, err := c.Exec(ctx, noSeqScanSession); err != nil {
+		return err
+	}
+	w.prepared.Store(c)
+	return nil
+}
+
+// look runs one of the watcher's looks on c, planned without sequential
+// scans (see NoSeqScan): alone on a session PrepareLooks set up, else in
+// a transaction of its own, in one round trip: BEGIN, the setting, the
+// look and COMMIT. (Not a session setting: behind
 // a transaction-pooling proxy it would stay on a server connection that
 // others then use.) An error leaves c in a failed transaction: the
 // watcher gives its session up on any error.
-func look(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
+func (w *Waker) look(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
+	if w.prepared.Load() == c {
+		return c.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
 	b := &pgx.Batch{}
 	b.Queue(Begin)
 	b.Queue(NoSeqScan)
@@ -205,7 +232,7 @@ func (w *Waker) NewRows(ctx context.Context, c *pgx.Conn, seen int64, gaps []int
 	if gaps == nil {
 		gaps = []int64{}
 	}
-	err := look(ctx, c, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span}), &n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
+	err := w.look(ctx, c, w.newRows.sql, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span}), &n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
 	return n, err
 }
 
@@ -235,7 +262,7 @@ func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) 
 	var d Due
 	var next pgtype.Timestamptz
 	var last pgtype.Int8
-	err := look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since, "table": w.table}), &d.Now, &d.Since, &d.Lanes, &next, &last)
+	err := w.look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since, "table": w.table}), &d.Now, &d.Since, &d.Lanes, &next, &last)
 	d.LastID = last.Int64
 	if next.Valid && next.InfinityModifier == pgtype.Finite {
 		d.Next = next.Time
