@@ -165,13 +165,19 @@ func TestRebalanceAppliesOnce(t *testing.T) {
 				handle := c.Handle
 				c.Handle = func(ctx context.Context, tx pgx.Tx, r kafka.Message) error {
 					// The first consumer waits, in the middle of its
-					// records, for the second to join.
+					// records, for the second to join and take some (a
+					// second that started was not yet in the group: the
+					// first took all 300 in 0.3 s once); after 15 s it
+					// goes on, and the test says the second took none.
 					if n == 0 && applied[0].Load() == 30 {
 						select {
 						case <-secondStarted:
 						case <-ctx.Done():
 							return ctx.Err()
 						}
+						joined, stop := context.WithTimeout(ctx, 15*time.Second)
+						testkit.Poll(joined, 5*time.Millisecond, func() bool { return applied[1].Load() > 0 })
+						stop()
 					}
 					applied[n].Add(1)
 					return handle(ctx, tx, r)
