@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -17,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
@@ -585,13 +588,23 @@ func pick(rng *rand.Rand, slots []string, n int, paused *sync.Map) []string {
 
 // terminateBackends ends every session of this test's relays, found by the
 // application_name they were given (other tests' relays are untouched).
+// When the server has no connection slot left for the test's own session
+// (53300: the suites share the machine's server), it tries again for up
+// to 10 s: the fault is the test's, not the relays'.
 func terminateBackends(ctx context.Context, pool *pgxpool.Pool, app string) (int64, error) {
 	var n int64
-	err := pool.QueryRow(ctx, `
+	var err error
+	tries, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	testkit.Poll(tries, 50*time.Millisecond, func() bool {
+		err = pool.QueryRow(ctx, `
 SELECT count(*) FROM (
     SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
     WHERE application_name = $1 AND pid <> pg_backend_pid()
 ) t WHERE ok`, app).Scan(&n)
+		var pe *pgconn.PgError
+		return !errors.As(err, &pe) || pe.Code != "53300"
+	})
 	return n, err
 }
 
