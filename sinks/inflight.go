@@ -41,6 +41,15 @@ func (f *Inflight) Close(ctx context.Context) error {
 	return Wait(ctx, &f.wg)
 }
 
+// Shut is Close for a sink's Close: its error, when ctx ended first,
+// says so after errPrefix ("outbox: sqs").
+func (f *Inflight) Shut(ctx context.Context, errPrefix string) error {
+	if err := f.Close(ctx); err != nil {
+		return fmt.Errorf("%s: close: in-flight sends still running: %w", errPrefix, err)
+	}
+	return nil
+}
+
 // Wait waits for wg, or for ctx to end, whichever comes first; it returns
 // ctx's error in the second case.
 func Wait(ctx context.Context, wg *sync.WaitGroup) error {

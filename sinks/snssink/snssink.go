@@ -116,12 +116,7 @@ func (s *Sink) Healthy(ctx context.Context) error {
 
 // Close refuses new Sends and waits for in-flight ones or ctx. It is
 // idempotent.
-func (s *Sink) Close(ctx context.Context) error {
-	if err := s.inflight.Close(ctx); err != nil {
-		return fmt.Errorf("outbox: sns: close: in-flight sends still running: %w", err)
-	}
-	return nil
-}
+func (s *Sink) Close(ctx context.Context) error { return s.inflight.Shut(ctx, "outbox: sns") }
 
 // Send publishes msgs in rounds (see package awsbatch). See sinks.Sink
 // for the contract.

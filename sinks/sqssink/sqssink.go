@@ -130,12 +130,7 @@ func (s *Sink) Healthy(ctx context.Context) error {
 
 // Close refuses new Sends and waits for in-flight ones or ctx. It is
 // idempotent.
-func (s *Sink) Close(ctx context.Context) error {
-	if err := s.inflight.Close(ctx); err != nil {
-		return fmt.Errorf("outbox: sqs: close: in-flight sends still running: %w", err)
-	}
-	return nil
-}
+func (s *Sink) Close(ctx context.Context) error { return s.inflight.Shut(ctx, "outbox: sqs") }
 
 // Send sends msgs in rounds (see package awsbatch): each round holds at
 // most one message of each key (the key's next one) and every keyless
