@@ -44,9 +44,12 @@ func startStuckRelay(t *testing.T, drain time.Duration) (*relayProc, func() int)
 			// The claim's transaction (its last statement the claim, in its
 			// plain or priority form: pg_stat_activity keeps the first
 			// 1 kB of a statement), not another of the relay's (a
-			// heartbeat's, between its round trips).
+			// heartbeat's, between its round trips), held for a while: a
+			// claim that found nothing (before the relay had lanes) sits
+			// idle in transaction for a moment too, until its COMMIT.
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
-			 AND (query LIKE '%c.message_id, c.topic%' OR query LIKE '%WITH pl AS MATERIALIZED%')`, app).Scan(&n))
+			 AND (query LIKE '%c.message_id, c.topic%' OR query LIKE '%WITH pl AS MATERIALIZED%')
+			 AND state_change < clock_timestamp() - interval '500 milliseconds'`, app).Scan(&n))
 		if n > 0 {
 			return true, ""
 		}
