@@ -353,11 +353,27 @@ func (s *Set) Live() error {
 // process look dead. When every route's destination is down, the error
 // names each.
 func (s *Set) Ready(ctx context.Context) error {
+	_, err := s.Readiness(ctx)
+	return err
+}
+
+// Degraded describes the routes whose destination is down (see
+// Relay.State) or whose sink reports itself unhealthy, one a line, while
+// the Set is ready; "" when none is.
+func (s *Set) Degraded(ctx context.Context) string {
+	degraded, _ := s.Readiness(ctx)
+	return degraded
+}
+
+// Readiness is Ready and Degraded in one pass (each asks every sink that
+// can tell whether it is healthy): err when the Set is not ready, else
+// degraded ("" when every route delivers).
+func (s *Set) Readiness(ctx context.Context) (degraded string, err error) {
 	var down []error
 	routes := 0
 	for _, r := range s.relays {
 		if err := r.readyToClaim(ctx); err != nil {
-			return routeErr(r, err)
+			return "", routeErr(r, err)
 		}
 		if _, ok := r.sink.(noRoute); ok || r.src.router() {
 			continue // no destination of its own
@@ -367,29 +383,13 @@ func (s *Set) Ready(ctx context.Context) error {
 			down = append(down, routeErr(r, err))
 		}
 	}
-	if routes > 0 && len(down) == routes {
-		return errors.Join(down...)
+	switch {
+	case len(down) == 0:
+		return "", nil
+	case len(down) == routes:
+		return "", errors.Join(down...)
 	}
-	return nil
-}
-
-// Degraded describes the routes whose destination is down (see
-// Relay.State) or whose sink reports itself unhealthy, one a line, while
-// others deliver; "" when none is.
-func (s *Set) Degraded(ctx context.Context) string {
-	var down []error
-	for _, r := range s.relays {
-		if _, ok := r.sink.(noRoute); ok || r.src.router() {
-			continue
-		}
-		if err := r.destinationUp(ctx); err != nil {
-			down = append(down, routeErr(r, err))
-		}
-	}
-	if len(down) == 0 {
-		return ""
-	}
-	return errors.Join(down...).Error()
+	return errors.Join(down...).Error(), nil
 }
 
 // routeErr names r's route in err when the Set has several.

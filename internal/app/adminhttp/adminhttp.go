@@ -30,8 +30,9 @@ type Checker interface {
 // Degrader is a Checker that can be ready while part of its job is not
 // done (*relay.Set: a route whose destination is down while others
 // deliver). /readyz then answers 200 with "degraded" and the reasons.
+// Readiness answers Ready's question and that one in one pass.
 type Degrader interface {
-	Degraded(ctx context.Context) string
+	Readiness(ctx context.Context) (degraded string, err error)
 }
 
 // Server is a running admin listener.
@@ -72,14 +73,17 @@ func Start(addr string, gatherer prometheus.Gatherer, c Checker, log *slog.Logge
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		err := c.Ready(ctx)
-		if d, ok := c.(Degrader); ok && err == nil {
-			if why := d.Degraded(ctx); why != "" {
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.Header().Set("Cache-Control", "no-store")
-				fmt.Fprintf(w, "degraded:\n%s\n", why)
-				return
-			}
+		d, ok := c.(Degrader)
+		if !ok {
+			answer(w, c.Ready(ctx))
+			return
+		}
+		why, err := d.Readiness(ctx)
+		if err == nil && why != "" {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			fmt.Fprintf(w, "degraded:\n%s\n", why)
+			return
 		}
 		answer(w, err)
 	})
