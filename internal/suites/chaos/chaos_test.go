@@ -209,14 +209,7 @@ func TestChaosFanOut(t *testing.T) {
 }
 
 func runChaos(t *testing.T, p plan) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED: %v", err)
-		}
-		seed = v
-	}
+	seed := chaosSeed(t)
 	t.Logf("chaos %s form, seed %d (CHAOS_SEED=%d reproduces the random choices)", p.name, seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0xC4A05))
 	// A plan that restarts PostgreSQL runs on a throwaway server of its
@@ -584,6 +577,21 @@ func pick(rng *rand.Rand, slots []string, n int, paused *sync.Map) []string {
 	}
 	rng.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
 	return cand[:min(n, len(cand))]
+}
+
+// chaosSeed is the seed of a chaos test's random choices: CHAOS_SEED when
+// set (to reproduce a run), else the clock.
+func chaosSeed(t *testing.T) uint64 {
+	t.Helper()
+	s := os.Getenv("CHAOS_SEED")
+	if s == "" {
+		return uint64(time.Now().UnixNano())
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("CHAOS_SEED: %v", err)
+	}
+	return v
 }
 
 // terminateBackends ends every session of this test's relays, found by the

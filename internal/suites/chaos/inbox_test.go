@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,14 +45,7 @@ func TestChaosInbox(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the inbox chaos test in -short mode: it runs relay processes for about 20 s")
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED: %v", err)
-		}
-		seed = v
-	}
+	seed := chaosSeed(t)
 	t.Logf("seed %d (CHAOS_SEED reproduces the random choices)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x1B0C))
 	messages, writeFor := int64(4_000), 10*time.Second

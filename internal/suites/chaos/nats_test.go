@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -32,14 +31,7 @@ func TestChaosNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the NATS chaos test in -short mode: it runs relay processes for about 30 s")
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED: %v", err)
-		}
-		seed = v
-	}
+	seed := chaosSeed(t)
 	t.Logf("seed %d (CHAOS_SEED reproduces the random choices)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x4A75))
 	// The short form runs in make test; CHAOS_LONG=1 writes more.
