@@ -117,29 +117,9 @@ func (e *testEnv) topic(suffix string) string {
 }
 
 // receiveOnce receives at most n messages of the queue subscribed to
-// topic without waiting, one per call, and deletes each (see the SQS
-// sink's tests for why one at a time and uncancelled).
+// topic without waiting, and deletes them (throwaway.GoAWS.Take).
 func (e *testEnv) receiveOnce(topic string, n int) ([]types.Message, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	url := e.srv.QueueURL(topic)
-	var out []types.Message
-	for len(out) < n {
-		res, err := e.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),
-			MaxNumberOfMessages: 1, MessageAttributeNames: []string{"All"}})
-		if err != nil {
-			return out, fmt.Errorf("receive: %w", err)
-		}
-		if len(res.Messages) == 0 {
-			break
-		}
-		m := res.Messages[0]
-		if _, err := e.sqs.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
-			return out, fmt.Errorf("delete: %w", err)
-		}
-		out = append(out, m)
-	}
-	return out, nil
+	return e.srv.Take(e.sqs, e.srv.QueueURL(topic), n)
 }
 
 // receive reads n messages of the queue subscribed to topic, or fails when

@@ -126,37 +126,9 @@ func (e *testEnv) receive(ctx context.Context, topic string, n int) ([]types.Mes
 }
 
 // receiveOnce receives at most n messages of the queue of topic without
-// waiting, and deletes them. It takes one message per call and deletes it
-// before the next: goaws v0.4.5 marks a message of a FIFO group that is
-// locked (one of its messages received and not yet deleted) as received
-// without returning it, which would hide it for the visibility timeout;
-// and a few receives of 10 messages at once failed reading their answer
-// ("use of closed network connection", seen twice in about twenty runs of
-// the package, never with one message). Its requests are not cancelled:
-// a receive cut short after the server answered would hide its messages.
+// waiting, and deletes them (throwaway.GoAWS.Take).
 func (e *testEnv) receiveOnce(topic string, n int) ([]types.Message, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	url := e.srv.QueueURL(topic)
-	const max = 1
-	var out []types.Message
-	for len(out) < n {
-		res, err := e.admin.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),
-			MaxNumberOfMessages: max, MessageAttributeNames: []string{"All"}})
-		if err != nil {
-			return out, fmt.Errorf("receive: %w", err)
-		}
-		for _, m := range res.Messages {
-			if _, err := e.admin.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
-				return out, fmt.Errorf("delete: %w", err)
-			}
-			out = append(out, m)
-		}
-		if len(res.Messages) == 0 {
-			break
-		}
-	}
-	return out, nil
+	return e.srv.Take(e.admin, e.srv.QueueURL(topic), n)
 }
 
 // delivered turns a received message back into what was sent.

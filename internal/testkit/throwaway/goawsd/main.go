@@ -46,7 +46,7 @@ func main() {
 		AccountID:        *account,
 		EnableDuplicates: true, // FIFO deduplication by MessageDeduplicationId
 		QueueAttributeDefaults: app.EnvQueueAttributes{
-			VisibilityTimeout:  30,
+			VisibilityTimeout:  VisibilitySeconds,
 			MaximumMessageSize: 262144,
 		},
 	}
