@@ -44,7 +44,7 @@ test: services vet ## the whole test suite, with -race (what CI runs)
 chaos: services build ## long chaos run (kills relays, restarts a throwaway Postgres)
 	CHAOS_LONG=1 $(GO_TEST) -timeout 150m -run 'Chaos' -v ./internal/suites/chaos/
 
-faults: services build ## long fault-injection runs (30 s outages, 5M backlog)
+faults: services build ## long fault-injection runs (60 s outages, or FAULTS_OUTAGE=10m; 5M backlog)
 	FAULTS_LONG=1 $(GO_TEST) -timeout 60m -v ./internal/suites/faults/
 
 bench: services build ## benchmark suite (BENCH_QUICK=1 for a short run)

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"testing"
 	"time"
@@ -16,14 +17,18 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 )
 
-// outageLength is how long the sink stays down: 5s by default, 30s with
-// FAULTS_LONG=1.
+// outageLength is how long the sink stays down: 5s by default, 60s with
+// FAULTS_LONG=1, or FAULTS_OUTAGE (a Go duration: FAULTS_OUTAGE=10m for
+// an afternoon's outage in ten minutes).
 //
 // The outage tests measure it in the applications' writes, outageWrites,
 // not in wall-clock time.
 func outageLength() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("FAULTS_OUTAGE")); err == nil && d > 0 {
+		return d
+	}
 	if long() {
-		return 30 * time.Second
+		return 60 * time.Second
 	}
 	return 5 * time.Second
 }
