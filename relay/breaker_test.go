@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
@@ -178,4 +181,47 @@ func routeRelay(t *testing.T, set *relay.Set, name string) *relay.Relay {
 	}
 	t.Fatalf("no route %q", name)
 	return nil
+}
+
+// One fan-out destination down opens its own breaker only: the router
+// goes on copying, the other destination delivers everything meanwhile,
+// and the down destination's copies count no attempt and are delivered
+// in key order once it is back.
+func TestFanOutDestinationDownLeavesTheOthers(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	router, kcfg, hcfg := e.fanOutConfigs()
+	hcfg.MaxAttempts = 2
+	ksink, hsink := memory.New(), memory.New()
+	var down atomic.Bool
+	down.Store(true)
+	hsink.SetFail(func(sinks.Message) error {
+		if down.Load() {
+			return sinks.NotSent(errors.New("connection refused"))
+		}
+		return nil
+	})
+	e.start(router, nil)
+	e.start(kcfg, ksink)
+	hook, _ := e.start(hcfg, hsink)
+	var msgs []outbox.Message
+	for i := range 200 {
+		msgs = append(msgs, msg("orders.created", fmt.Sprintf("o%d", i%8), strconv.Itoa(i)))
+	}
+	e.write(msgs...)
+
+	hook.AwaitSignal(t, signalBound, relay.SigOutage, 0, func(v int) bool { return v == 1 })
+	require.NoError(t, ksink.WaitFor(waitCtx(t, 20*time.Second), 200), "the other destination delivers meanwhile")
+	require.Zero(t, hsink.Len())
+	var attempts int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		`SELECT coalesce(max(attempts), 0) FROM `+e.table("deliveries")).Scan(&attempts))
+	require.Zero(t, attempts, "a copy counted an attempt while its destination was down")
+
+	closed := hook.SignalCount(relay.SigOutage)
+	down.Store(false)
+	hook.AwaitSignal(t, signalBound, relay.SigOutage, closed, func(v int) bool { return v == 0 })
+	require.NoError(t, hsink.WaitFor(waitCtx(t, 20*time.Second), 200))
+	checkOrder(t, hsink.Delivered())
+	require.Zero(t, e.count("dead_letters"))
 }
