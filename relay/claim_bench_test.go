@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +74,74 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 				}
 				if n == 0 {
 					b.Fatal("claimed nothing")
+				}
+				if err := tx.Rollback(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClaimBesideBacklog measures what another route's backlog costs
+// a route's claim: routes share the outbox table, so a claim over all of
+// a worker's lanes (a woken worker's at least once a second, and every
+// safety-net poll's) walks past the other route's rows in each lane. The
+// route "audit" has 2 messages in each lane; "orders" (whose destination
+// is down, say) has 0 to 200k. BEGIN, the audit claim over this worker's
+// half of the lanes, scan, ROLLBACK.
+func BenchmarkClaimBesideBacklog(b *testing.B) {
+	for _, backlog := range []int{0, 10_000, 50_000, 200_000} {
+		b.Run(fmt.Sprintf("other=%d", backlog), func(b *testing.B) {
+			pool, schema := pgtest.Schema(b)
+			ctx := context.Background()
+			s := migrations.Ident(schema)
+			for _, q := range []string{
+				`INSERT INTO ` + s + `.messages (topic, key, payload)
+SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $1::int) g`,
+				// Written after the backlog: each lane's audit rows are
+				// behind the other route's.
+				`INSERT INTO ` + s + `.messages (topic, key, payload)
+SELECT 'audit', NULL, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 512 + 0 * $1::int) g`,
+				`INSERT INTO ` + s + `.lanes (route, lane, owner, lease_until)
+SELECT 'audit', g, 'me', now() + interval '1 hour' FROM generate_series(0, 255) g WHERE $1::int >= 0
+ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + interval '1 hour'`,
+			} {
+				if _, err := pool.Exec(ctx, q, backlog); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.messages`); err != nil {
+				b.Fatal(err)
+			}
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Release()
+			st, err := store.NewSchema(schema)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e := store.NewEngine(st, store.Outbox, "audit", false)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				batch := &pgx.Batch{}
+				var prio bool
+				n := 0
+				e.QueueClaim(batch, store.ClaimParams{
+					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
+					Limit: 500, LaneLimit: 500, MaxBytes: DefaultBatchBytes, Topics: likePatterns([]string{"audit"}),
+				}, &prio, func(store.ClaimedRow) error { n++; return nil })
+				if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+					b.Fatal(err)
+				}
+				if n != 256 {
+					b.Fatalf("claimed %d audit messages, want 256", n)
 				}
 				if err := tx.Rollback(ctx); err != nil {
 					b.Fatal(err)
