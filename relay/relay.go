@@ -89,6 +89,10 @@ type totals struct {
 	// LaneClaims counts the claims that visited only the lanes a wake-up
 	// named (the others visited every lane of their worker).
 	LaneClaims atomic.Int64
+	// EmptyClaims counts the claims that found nothing.
+	EmptyClaims atomic.Int64
+	// Wakeups counts the wake-ups the relay received.
+	Wakeups atomic.Int64
 }
 
 // StatsSnapshot is a copy of a relay's running totals (Relay.Stats).
@@ -100,6 +104,12 @@ type StatsSnapshot struct {
 	// LaneClaims are the Claims that visited only the lanes a wake-up
 	// named; the others visited every lane of their worker.
 	LaneClaims int64
+	// EmptyClaims are the Claims that found nothing to deliver.
+	EmptyClaims int64
+	// Wakeups counts the wake-ups the relay received (from the watcher,
+	// a notification, the WAL stream, or Wake), each naming lanes that
+	// may have rows or every lane.
+	Wakeups int64
 }
 
 // New returns a relay that reads the outbox through pool and publishes to
@@ -205,6 +215,7 @@ func (r *Relay) Stats() StatsSnapshot {
 		Retried: r.stats.Retried.Load(), DeadLettered: r.stats.DeadLettered.Load(),
 		Batches: r.stats.Batches.Load(), CommitFailures: r.stats.CommitFailures.Load(),
 		Claims: r.stats.Claims.Load(), LaneClaims: r.stats.LaneClaims.Load(),
+		EmptyClaims: r.stats.EmptyClaims.Load(), Wakeups: r.stats.Wakeups.Load(),
 	}
 }
 

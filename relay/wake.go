@@ -36,7 +36,10 @@ func (r *Relay) wakeWorker(w int) {
 }
 
 // Wake makes every worker look for work now (as a notification does).
-func (r *Relay) Wake() { r.wakeAll() }
+func (r *Relay) Wake() {
+	r.stats.Wakeups.Add(1)
+	r.wakeAll()
+}
 
 // WakeupHooks is implemented by hooks that want to know how the process
 // learns of new rows. Wakeup is called when that changes: source is "wal"
@@ -67,6 +70,7 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Lo
 
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
 func (r *Relay) wakeSet(lanes laneSet) {
+	r.stats.Wakeups.Add(1)
 	if lanes.empty() {
 		r.wakeAll()
 		return

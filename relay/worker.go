@@ -446,6 +446,7 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, bu
 		return nil, err
 	}
 	if len(batch) == 0 {
+		r.stats.EmptyClaims.Add(1)
 		if _, err = pc.Exec(hard, "COMMIT"); err != nil {
 			return nil, fmt.Errorf("outbox: commit: %w", err)
 		}

@@ -112,6 +112,7 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 		Hooks: m.Hooks("", "memory"), Logger: log,
 	})
 	require.NoError(t, err)
+	reg.MustRegister(relayprom.NewStatsCollector(func() []*relay.Relay { return []*relay.Relay{r} }))
 	srv, err := adminhttp.Start("127.0.0.1:0", reg, r, log, nil)
 	require.NoError(t, err)
 	defer srv.Close(ctx)
@@ -134,6 +135,15 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 		return value(t, reg, "outbox_relay_pending_messages", nil) == 0 && value(t, reg, "outbox_relay_dead_letters", nil) == 1
 	}, "backlog gauges after the drain")
 	require.Equal(t, 0.0, value(t, reg, "outbox_relay_oldest_pending_age_seconds", nil))
+	// The claims: at least one a batch, and, once drained, the workers'
+	// 20 ms safety polls find nothing.
+	batches := value(t, reg, "outbox_relay_batch_size_messages", nil)
+	eventually(t, func() bool { return value(t, reg, "outbox_relay_empty_claims_total", nil) > 0 }, "empty claims")
+	empty := value(t, reg, "outbox_relay_empty_claims_total", nil) // read first: both only grow
+	claims := value(t, reg, "outbox_relay_claims_total", map[string]string{"lanes": "all"}) +
+		value(t, reg, "outbox_relay_claims_total", map[string]string{"lanes": "named"})
+	require.GreaterOrEqual(t, claims, batches+empty)
+	require.GreaterOrEqual(t, value(t, reg, "outbox_relay_wakeups_total", nil), 0.0)
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	require.Empty(t, problems, "metric names follow Prometheus conventions")

@@ -513,7 +513,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	reg.MustRegister(relayprom.NewHealthCollector(relays, 2*time.Second))
+	reg.MustRegister(relayprom.NewHealthCollector(relays, 2*time.Second), relayprom.NewStatsCollector(relaysOf(relays)))
 	for _, cfg := range planned {
 		g.log.Info("relaying", "route", cfg.Route, "topics", cfg.Topics, "sink", describe(routes, cfg.Route).sinkName)
 	}

@@ -274,6 +274,15 @@ type runner interface {
 	Ready(ctx context.Context) error
 }
 
+// relaysOf returns the relays that x runs (a Set's, or x itself).
+func relaysOf(x runner) func() []*relay.Relay {
+	if set, ok := x.(*relay.Set); ok {
+		return set.Relays
+	}
+	r := x.(*relay.Relay)
+	return func() []*relay.Relay { return []*relay.Relay{r} }
+}
+
 // newRelays builds the relays of the routes on their opened sinks.
 func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single bool, hooks func(string) relay.Hooks) (runner, error) {
 	if !single {
