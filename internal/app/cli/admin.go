@@ -39,11 +39,7 @@ func newStatus(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return writeJSON(g.stdout, st)
-			}
-			printStatus(g.stdout, st)
-			return nil
+			return show(g.stdout, asJSON, st, printStatus)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -199,6 +195,16 @@ func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// show writes v to out as indented JSON when asJSON, else as print
+// renders it for a terminal.
+func show[T any](out io.Writer, asJSON bool, v T, print func(io.Writer, T)) error {
+	if asJSON {
+		return writeJSON(out, v)
+	}
+	print(out, v)
+	return nil
 }
 
 // selectionFlags are shared by dlq list, replay and purge.
@@ -475,11 +481,7 @@ skipped with the reason. Skips do not change the exit status (0).`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return writeJSON(g.stdout, res)
-			}
-			printReplay(g.stdout, res)
-			return nil
+			return show(g.stdout, asJSON, res, printReplay)
 		},
 	}
 	sel.add(cmd, true)

@@ -290,17 +290,27 @@ type shown struct {
 }
 
 func (c *Console) apiShow(w http.ResponseWriter, r *http.Request) {
+	id, dls, ok := c.deadLettersOf(w, r)
+	if ok {
+		writeJSON(w, http.StatusOK, shown{ID: id, DeadLetters: dls})
+	}
+}
+
+// deadLettersOf reads the dead letters of the message the path names;
+// when it cannot, it answers the request with the error and reports
+// false.
+func (c *Console) deadLettersOf(w http.ResponseWriter, r *http.Request) (int64, []operator.DeadLetter, bool) {
 	id, err := pathID(r)
 	if err != nil {
 		c.failErr(w, r, err)
-		return
+		return 0, nil, false
 	}
 	dls, err := c.cfg.Admin.Show(r.Context(), id)
 	if err != nil {
 		c.failErr(w, r, err)
-		return
+		return 0, nil, false
 	}
-	writeJSON(w, http.StatusOK, shown{ID: id, DeadLetters: dls})
+	return id, dls, true
 }
 
 // decode reads a JSON body strictly: unknown fields and trailing data are

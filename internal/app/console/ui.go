@@ -525,14 +525,8 @@ type deadLetterView struct {
 }
 
 func (c *Console) uiDeadLetter(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r)
-	if err != nil {
-		c.failErr(w, r, err)
-		return
-	}
-	dls, err := c.cfg.Admin.Show(r.Context(), id)
-	if err != nil {
-		c.failErr(w, r, err)
+	id, dls, ok := c.deadLettersOf(w, r)
+	if !ok {
 		return
 	}
 	views := make([]deadLetterView, len(dls))

@@ -55,13 +55,5 @@ func (s *Server) Dir() string { return s.dir }
 // persistence file) and waits for it to exit. It is a no-op when the
 // server is not running.
 func (s *Server) Stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	<-done
+	s.end(syscall.SIGTERM)
 }

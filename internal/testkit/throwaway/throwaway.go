@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -157,7 +158,11 @@ func (s *Server) Start() {
 
 // Kill kills the server (SIGKILL) and waits for it to exit. It is a no-op
 // when the server is not running.
-func (s *Server) Kill() {
+func (s *Server) Kill() { s.end(syscall.SIGKILL) }
+
+// end sends the running server sig and waits for it to exit; a no-op
+// when it is not running.
+func (s *Server) end(sig syscall.Signal) {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
 	s.cmd = nil
@@ -165,7 +170,7 @@ func (s *Server) Kill() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
+	_ = cmd.Process.Signal(sig)
 	<-done
 }
 
