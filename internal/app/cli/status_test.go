@@ -220,10 +220,11 @@ func TestStatusShowsRateLimitedAndDegraded(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var st struct {
 		Relays []struct {
-			ID, State                  string
-			LimitedSince, FailingSince *string `json:"limited_since"`
-			LimitCause                 string  `json:"limit_cause"`
-			LastError                  string  `json:"last_error"`
+			ID, State    string
+			LimitedSince *string `json:"limited_since"`
+			FailingSince *string `json:"failing_since"`
+			LimitCause   string  `json:"limit_cause"`
+			LastError    string  `json:"last_error"`
 		} `json:"relays"`
 		Routes []struct {
 			Route, State  string
@@ -237,8 +238,11 @@ func TestStatusShowsRateLimitedAndDegraded(t *testing.T) {
 	require.Len(t, st.Relays, 3)
 	require.Equal(t, "rate_limited", st.Relays[0].State)
 	require.Equal(t, "rate limit 50/s (burst 50)", st.Relays[0].LimitCause)
+	require.NotNil(t, st.Relays[0].LimitedSince)
+	require.Nil(t, st.Relays[0].FailingSince)
 	require.Equal(t, "degraded", st.Relays[1].State)
 	require.Equal(t, "http: 500 Internal Server Error: key k7", st.Relays[1].LastError)
+	require.NotNil(t, st.Relays[1].FailingSince)
 	require.Len(t, st.Routes, 2)
 	require.Equal(t, "mail", st.Routes[0].Route)
 	require.Equal(t, "rate_limited", st.Routes[0].State)
