@@ -153,7 +153,9 @@ func (s *strain) settled(failed int, err error) {
 }
 
 // failingLocked reports whether the current failing streak lasts: it ends
-// once a window passed since its latest failure with a delivery in it.
+// once a window passed since its latest failure and a batch delivered
+// without a failure since (an idle route stays failing: its failed
+// messages still wait, or are dead letters).
 func (s *strain) failingLocked(now time.Time) bool {
 	return !s.failingSince.IsZero() && !(s.deliveredAt.After(s.failedAt) && now.Sub(s.failedAt) >= s.window)
 }

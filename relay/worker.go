@@ -558,11 +558,10 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 // waitRate waits until the rate limit lets n messages go, and records in
 // the route's strain a wait that had to wait.
 func (r *Relay) waitRate(ctx context.Context, n int) error {
-	if r.limiter.Tokens() >= float64(n) {
-		return r.limiter.WaitN(ctx, n)
+	if r.limiter.Tokens() < float64(n) {
+		r.strain.waitBegins(r.rateCause)
+		defer r.strain.waitEnds()
 	}
-	r.strain.waitBegins(r.rateCause)
-	defer r.strain.waitEnds()
 	return r.limiter.WaitN(ctx, n)
 }
 
