@@ -55,7 +55,9 @@ func (m multiHooks) Outage(open bool, since time.Time, cause error) {
 	}
 }
 
-// RouteState is a route's delivery state as its breaker sees it.
+// RouteState is a route's delivery state: what its outage breaker says
+// (Open), whether it waits for a rate limit (Limited) and whether its
+// messages fail (Failing). Health names the worst of them.
 type RouteState struct {
 	// Open: the destination was found unavailable; the route claims one
 	// message at a time, as a probe, until one gets through.
@@ -69,6 +71,24 @@ type RouteState struct {
 	// PausedUntil: the destination asked the route to wait (a 429 with
 	// Retry-After); it claims nothing before then.
 	PausedUntil time.Time
+
+	// Limited: within the last heartbeat interval (Config.Heartbeat) the
+	// route waited for its rate limit (Config.RateLimit: a batch that had
+	// to wait for it) or for its destination, which asked it to slow down
+	// (a Retry-After: see PausedUntil). LimitedSince is when it started
+	// waiting, and a heartbeat interval without a wait ends it;
+	// LimitCause says what it waits for: "rate limit 50/s (burst 50)", or
+	// the error that carried the Retry-After.
+	Limited      bool
+	LimitedSince time.Time
+	LimitCause   error
+	// Failing: messages of the route failed and counted an attempt
+	// (retried or dead-lettered) since FailingSince, the first failure
+	// of the streak; LastError is the latest. A heartbeat interval with
+	// deliveries and no failure ends it.
+	Failing      bool
+	FailingSince time.Time
+	LastError    error
 }
 
 // breaker is a route's outage breaker, shared by its workers.
@@ -212,22 +232,22 @@ func (b *breaker) pause(d time.Duration) {
 
 // slowDown is how long a batch's answer asks the whole route to wait: the
 // longest sinks.RetryAfter of a message that failed retriably (a 429 with
-// Retry-After, a broker's throttle), 0 when none did.
-func slowDown(sendErr error, n int) time.Duration {
+// Retry-After, a broker's throttle), 0 when none did; cause is the error
+// that asked for it.
+func slowDown(sendErr error, n int) (d time.Duration, cause error) {
 	if sendErr == nil {
-		return 0
+		return 0, nil
 	}
-	var d time.Duration
 	for i := range n {
 		err := sinks.Outcome(sendErr, i, n)
 		if err == nil || sinks.IsPermanent(err) {
 			continue
 		}
-		if ra, ok := sinks.RetryAfter(err); ok {
-			d = max(d, ra)
+		if ra, ok := sinks.RetryAfter(err); ok && ra > d {
+			d, cause = ra, err
 		}
 	}
-	return d
+	return d, cause
 }
 
 // abandon ends a probe that neither claimed nor published (the database

@@ -34,11 +34,15 @@ const (
 	SigSchemaHold   = sigSchemaHold
 	SigOutage       = sigOutage
 	SigProbed       = sigProbed
+	SigRouteState   = sigRouteState
 
 	// The bits of SigMembersHeard's value.
 	HeardFreed = heardFreed
 	HeardAsked = heardAsked
 )
+
+// HealthLevel numbers a RouteState.Health as SigRouteState's value does.
+func HealthLevel(health string) int { return healthLevel(health) }
 
 // SignalCount returns how many times r announced sig so far: a mark for
 // AwaitSignal.

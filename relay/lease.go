@@ -107,8 +107,8 @@ type leaserConfig struct {
 	starved  func() (time.Duration, bool)
 	inFlight func() int64
 	wakeAll  func()
-	// outage is the route's outage breaker's state, which the heartbeat
-	// records for operators (nil: always delivering).
+	// outage is the route's delivery state, which the heartbeat records
+	// for operators (nil: always delivering).
 	outage func() RouteState
 }
 
@@ -470,15 +470,26 @@ func (l *leaser) registration() store.Heartbeat {
 	h := store.Heartbeat{Hostname: host, PID: pid, Version: l.version, InFlight: l.inFlight(), Pooled: l.pooled,
 		ConfigHash: l.confHash, ConfigSummary: l.confSummary}
 	if l.outage != nil {
-		if st := l.outage(); st.Open {
+		st := l.outage()
+		if st.Open {
 			h.DownSince, h.DownCause, h.DownProbes = st.Since, downCause(st.Cause), st.Probes
 		}
+		if st.Limited {
+			h.LimitedSince, h.LimitCause = st.LimitedSince, downCause(st.LimitCause)
+		}
+		if st.Failing {
+			h.FailingSince, h.LastError = st.FailingSince, downCause(st.LastError)
+		}
+		if sh, ok := l.hooks.(RouteStateHooks); ok {
+			sh.RouteState(st)
+		}
+		l.sig.emit(sigRouteState, healthLevel(st.Health()))
 	}
 	return h
 }
 
-// maxDownCause bounds, in characters, the cause of an outage that the
-// heartbeat records.
+// maxDownCause bounds, in characters, the cause of an outage (and a
+// route's limit cause and last error) that the heartbeat records.
 const maxDownCause = 500
 
 // downCause is the text of an outage's cause as the relays table keeps

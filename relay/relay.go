@@ -48,6 +48,11 @@ type Relay struct {
 	// limiter bounds the route's deliveries (Config.RateLimit); nil: no
 	// limit.
 	limiter *rate.Limiter
+	// rateCause is what the route's strain says it waits for when the
+	// limiter makes it wait.
+	rateCause error
+	// strain records the route's waits and failures (see strain).
+	strain *strain
 
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
@@ -155,7 +160,8 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		laneLimit: cfg.BatchSize,
 		rules:     rules{retry: cfg.retryPolicy(), hold: cfg.OnDeadLetter == OnDeadLetterHold},
 	}
-	r.settler = &settler{log: r.log, hooks: cfg.Hooks, stats: &r.stats, archive: cfg.Archive, park: cfg.RetryMax}
+	r.strain = newStrain(cfg.Heartbeat)
+	r.settler = &settler{log: r.log, hooks: cfg.Hooks, stats: &r.stats, archive: cfg.Archive, park: cfg.RetryMax, strain: r.strain}
 	if sinks.IsKeySerial(sink) {
 		lanes := keySerialLanes
 		if b, ok := sinks.As[sinks.BatchLanes](sink); ok && b.BatchLanes() > 0 {
@@ -175,6 +181,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig, r.wakeWorker)
 	if cfg.RateLimit > 0 {
 		r.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.RateBurst)
+		r.rateCause = fmt.Errorf("rate limit %g/s (burst %d)", cfg.RateLimit, cfg.RateBurst)
 	}
 	return r, nil
 }
@@ -193,8 +200,15 @@ func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
 }
 
 // State returns the route's delivery state: whether its destination is
-// down as a whole (see OutageHooks).
-func (r *Relay) State() RouteState { return r.brk.State() }
+// down as a whole (see OutageHooks), whether it waits for a rate limit,
+// whether its messages fail (RouteState.Health says which of these
+// wins). Each heartbeat records it in the relays table (see
+// operator.Status) and hands it to RouteStateHooks.
+func (r *Relay) State() RouteState {
+	st := r.brk.State()
+	r.strain.fill(&st)
+	return st
+}
 
 // ID returns the relay's id.
 func (r *Relay) ID() string { return r.cfg.ID }

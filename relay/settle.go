@@ -204,6 +204,8 @@ type settler struct {
 	// before its next attempt (see apart.park).
 	park    time.Duration
 	failing failingLog
+	// strain learns of the failures (see strain).
+	strain *strain
 }
 
 // settle carries s out in the claim's transaction on pc, commits it, and
@@ -231,8 +233,12 @@ func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch 
 		st.stats.CommitFailures.Add(1)
 		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
-	if len(s.retries.IDs)+len(s.dead.IDs) > 0 {
+	failed := len(s.retries.IDs) + len(s.dead.IDs)
+	if failed > 0 {
 		st.failing.add(st.log, len(s.retries.IDs), len(s.dead.IDs), s.untouched, ev.SendErr)
+	}
+	if st.strain != nil && (failed > 0 || len(s.delivered) > 0) {
+		st.strain.settled(failed, firstFailure(ev.SendErr))
 	}
 	st.stats.Delivered.Add(int64(len(s.delivered)))
 	st.stats.Retried.Add(int64(len(s.retries.IDs)))

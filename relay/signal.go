@@ -44,11 +44,14 @@ const (
 	sigOutage // it opened (value 1) or closed (value 0)
 	sigProbed // a probe found the destination still down (value: how many so far)
 
+	// The leaser.
+	sigRouteState // a heartbeat recorded the route's state (value: healthLevel)
+
 	numSignals
 )
 
 var signalNames = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle", "schema hold", "outage", "probed"}
+	"elected", "following", "WAL", "polling", "watcher idle", "schema hold", "outage", "probed", "route state"}
 
 func (s signal) String() string {
 	if s < numSignals {

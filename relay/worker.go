@@ -274,8 +274,9 @@ func (w *worker) landed(f *flight) bool {
 		return true
 	}
 	r.brk.landed(w.id, f.probe, wentThrough, nil)
-	if d := slowDown(f.ev.SendErr, len(f.batch)); d > 0 {
+	if d, cause := slowDown(f.ev.SendErr, len(f.batch)); d > 0 {
 		r.brk.pause(d)
+		r.strain.paused(time.Now().Add(d), cause)
 	}
 	w.bo.Reset()
 	w.overlap = f.sinkBound()
@@ -529,7 +530,7 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 	if r.limiter != nil {
 		// The rows stay locked in the claim's transaction meanwhile, as
 		// they would while a slow sink takes them.
-		if err := r.limiter.WaitN(hard, len(batch)); err != nil {
+		if err := r.waitRate(hard, len(batch)); err != nil {
 			return settlement{}, fmt.Errorf("outbox: waiting for the rate limit: batch rolled back: %w", err)
 		}
 	}
@@ -553,6 +554,16 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), cause)
 	}
 	return decide(batch, ev.SendErr, r.rules), nil
+}
+
+// waitRate waits until the rate limit lets n messages go, and records in
+// the route's strain a wait that had to wait.
+func (r *Relay) waitRate(ctx context.Context, n int) error {
+	if r.limiter.Tokens() < float64(n) {
+		r.strain.waitBegins(r.rateCause)
+		defer r.strain.waitEnds()
+	}
+	return r.limiter.WaitN(ctx, n)
 }
 
 // send hands batch to the sink within PublishTimeout and records the

@@ -65,6 +65,16 @@ type Heartbeat struct {
 	DownSince  time.Time
 	DownCause  string
 	DownProbes int
+	// Limited says the route waits for its rate limit or its destination:
+	// since LimitedSince (the zero time while it does not), for
+	// LimitCause.
+	LimitedSince time.Time
+	LimitCause   string
+	// Failing says the route's messages fail: since FailingSince (the
+	// zero time while they do not), the latest with LastError (redacted
+	// and bounded).
+	FailingSince time.Time
+	LastError    string
 }
 
 // heartbeatArgs are the named arguments of the heartbeat statement.
@@ -73,9 +83,16 @@ func heartbeatArgs(h Heartbeat) pgx.NamedArgs {
 		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
 		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
 		"down_since": nil, "down_cause": nil, "down_probes": 0,
+		"limited_since": nil, "limited_cause": nil, "failing_since": nil, "last_error": nil,
 	}
 	if !h.DownSince.IsZero() {
 		a["down_since"], a["down_cause"], a["down_probes"] = h.DownSince, h.DownCause, h.DownProbes
+	}
+	if !h.LimitedSince.IsZero() {
+		a["limited_since"], a["limited_cause"] = h.LimitedSince, h.LimitCause
+	}
+	if !h.FailingSince.IsZero() {
+		a["failing_since"], a["last_error"] = h.FailingSince, h.LastError
 	}
 	return a
 }
@@ -337,16 +354,19 @@ ON CONFLICT DO NOTHING`)
 
 	l.heartbeat = newStmt(`
 INSERT INTO ` + relays + ` (id, hostname, pid, version, route, in_flight, backend_pid, backend_start, config_hash, config_summary,
-    down_since, down_cause, down_probes)
+    down_since, down_cause, down_probes, limited_since, limited_cause, failing_since, last_error)
 SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
        CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
        @config_hash, @config_summary,
-       @down_since::timestamptz, @down_cause::text, @down_probes::int
+       @down_since::timestamptz, @down_cause::text, @down_probes::int,
+       @limited_since::timestamptz, @limited_cause::text, @failing_since::timestamptz, @last_error::text
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
-    down_since = EXCLUDED.down_since, down_cause = EXCLUDED.down_cause, down_probes = EXCLUDED.down_probes`)
+    down_since = EXCLUDED.down_since, down_cause = EXCLUDED.down_cause, down_probes = EXCLUDED.down_probes,
+    limited_since = EXCLUDED.limited_since, limited_cause = EXCLUDED.limited_cause,
+    failing_since = EXCLUDED.failing_since, last_error = EXCLUDED.last_error`)
 
 	// Heartbeats are written with the database's now(); one in the future
 	// was written by hand (or the server's clock stepped back). It is set

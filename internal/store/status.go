@@ -135,17 +135,30 @@ type Relay struct {
 	DownSince  time.Time
 	DownCause  string
 	DownProbes int
+	// LimitedSince is when the relay's route started waiting for its rate
+	// limit or its destination (a Retry-After), bounded by the database's
+	// clock; the zero time when it did not wait within its last heartbeat
+	// interval. LimitCause says what it waits for.
+	LimitedSince time.Time
+	LimitCause   string
+	// FailingSince is the first failure of the relay's current streak of
+	// failing messages, bounded by the database's clock; the zero time
+	// while they do not fail. LastError is the latest failure.
+	FailingSince time.Time
+	LastError    string
 }
 
 func (s Schema) relaysSQL() string {
 	// A heartbeat in the future counts as now (relays reap such a row a
-	// lease TTL later). least ignores NULL: down_since is NULL while the
-	// route delivers.
+	// lease TTL later). The since columns are NULL while their state
+	// does not hold.
 	return `
 SELECT r.id, r.hostname, r.pid, r.version, least(r.started_at, now()), least(r.heartbeat_at, now()), r.route,
        (SELECT count(*) FROM ` + s.Table("lanes") + ` l WHERE l.owner = r.id AND l.lease_until > now())::int, r.in_flight,
        r.config_hash, r.config_summary,
-       CASE WHEN r.down_since IS NOT NULL THEN least(r.down_since, now()) END, coalesce(r.down_cause, ''), r.down_probes
+       CASE WHEN r.down_since IS NOT NULL THEN least(r.down_since, now()) END, coalesce(r.down_cause, ''), r.down_probes,
+       CASE WHEN r.limited_since IS NOT NULL THEN least(r.limited_since, now()) END, coalesce(r.limited_cause, ''),
+       CASE WHEN r.failing_since IS NOT NULL THEN least(r.failing_since, now()) END, coalesce(r.last_error, '')
 FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
 }
 
@@ -153,10 +166,11 @@ FROM ` + s.Table("relays") + ` r ORDER BY r.route, r.id`
 func (s Schema) Relays(ctx context.Context, q Querier) ([]Relay, error) {
 	return collect(ctx, q, s.relaysSQL(), nil, func(r pgx.CollectableRow) (Relay, error) {
 		var x Relay
-		var started, beat, down pgtype.Timestamptz
+		var started, beat, down, limited, failing pgtype.Timestamptz
 		err := r.Scan(&x.ID, &x.Hostname, &x.PID, &x.Version, &started, &beat, &x.Route, &x.Lanes, &x.InFlight, &x.ConfigHash, &x.Config,
-			&down, &x.DownCause, &x.DownProbes)
+			&down, &x.DownCause, &x.DownProbes, &limited, &x.LimitCause, &failing, &x.LastError)
 		x.StartedAt, x.HeartbeatAt, x.DownSince = finiteOrZero(started), finiteOrZero(beat), finiteOrZero(down)
+		x.LimitedSince, x.FailingSince = finiteOrZero(limited), finiteOrZero(failing)
 		return x, err
 	})
 }

@@ -28,7 +28,8 @@ type Status struct {
 	FanOut []RouteStatus `json:"fan_out"`
 	Relays []RelayStatus `json:"relays"`
 	// Routes is the delivery state of every route registered relays
-	// serve, by route: whether its destination is down.
+	// serve, by route: whether its destination is down, it waits for a
+	// rate limit, its messages fail.
 	Routes []RouteHealth `json:"route_health"`
 	Lanes  []LaneStatus  `json:"lanes"`
 	// FreeLanes is how many lanes, over all routes, no live relay works
@@ -170,63 +171,141 @@ type RelayStatus struct {
 	// does not register them.
 	ConfigHash string `json:"config_hash"`
 	Config     string `json:"config"`
-	// Delivery is what the relay's outage breaker says of its route's
-	// destination at its last heartbeat (see RouteHealth).
+	// Delivery is the relay's route's state at its last heartbeat (see
+	// RouteHealth).
 	Delivery
 }
 
-// Route delivery states (Delivery.State).
+// Route delivery states (Delivery.State), from the best. A relay in
+// several states reports the worst: DestinationDown, then RateLimited,
+// then Degraded.
 const (
-	// Delivering: the relay delivers (or has nothing to deliver).
+	// Delivering is the healthy state: the relay delivers (or has nothing
+	// to deliver).
 	Delivering = "delivering"
+	// Degraded: the relay delivers, but messages of its route failed and
+	// counted an attempt (retried or dead-lettered) since the first
+	// failure of the streak (FailingSince); a heartbeat interval with
+	// deliveries and no failure makes it healthy again.
+	Degraded = "degraded"
+	// RateLimited: within its last heartbeat interval the relay waited
+	// for its route's rate limit (run --rate-limit) or for its
+	// destination, which asked it to slow down (a Retry-After), since
+	// LimitedSince.
+	RateLimited = "rate_limited"
 	// DestinationDown: the relay found its route's destination down as a
 	// whole (its outage breaker is open) and claims only one message at
 	// a time, as a probe, until one gets through.
 	DestinationDown = "destination_down"
 )
 
-// Delivery is the state of a route's delivery as a relay's outage breaker
-// sees it (docs/guarantees.md, "Sink outages cost no attempts"), written
-// with each heartbeat. A relay of a version that does not report it
-// reads as delivering.
+// Delivery is the state of a route's delivery as a relay sees it
+// (docs/operations.md, "Route health"), written with each heartbeat:
+// whether its outage breaker is open (docs/guarantees.md, "Sink outages
+// cost no attempts"), whether it waits for a rate limit, whether its
+// messages fail. A relay of a version that does not report a state reads
+// as not in it.
 type Delivery struct {
-	// State is Delivering or DestinationDown.
+	// State is the worst state that holds: DestinationDown, RateLimited,
+	// Degraded, or else Delivering.
 	State string `json:"state"`
 	// DownSince is when the destination was found down, bounded by the
-	// database's clock (null while delivering).
+	// database's clock (null while it is not).
 	DownSince *time.Time `json:"down_since"`
 	// DownCause is the error that found it down, or the latest probe's
-	// (redacted by the sink, at most 500 characters; "" while delivering).
+	// (redacted by the sink, at most 500 characters; "" while it is not).
 	DownCause string `json:"down_cause"`
 	// DownProbes counts the probes that found it still down.
 	DownProbes int `json:"down_probes"`
+	// LimitedSince is when the route started waiting for its rate limit
+	// or its destination (null while it does not), and LimitCause says
+	// what for: "rate limit 50/s (burst 50)", or the error that carried
+	// the Retry-After.
+	LimitedSince *time.Time `json:"limited_since"`
+	LimitCause   string     `json:"limit_cause"`
+	// FailingSince is the first failure of the route's current streak of
+	// failing messages (null while they do not fail), and LastError the
+	// latest (redacted by the sink, at most 500 characters).
+	FailingSince *time.Time `json:"failing_since"`
+	LastError    string     `json:"last_error"`
 }
 
 // Down reports whether the destination is down.
 func (d Delivery) Down() bool { return d.State == DestinationDown }
 
+// Since is when the state (State) began; nil while delivering.
+func (d Delivery) Since() *time.Time {
+	switch d.State {
+	case DestinationDown:
+		return d.DownSince
+	case RateLimited:
+		return d.LimitedSince
+	case Degraded:
+		return d.FailingSince
+	}
+	return nil
+}
+
+// Cause says why the route is in its state; "" while delivering.
+func (d Delivery) Cause() string {
+	switch d.State {
+	case DestinationDown:
+		return d.DownCause
+	case RateLimited:
+		return d.LimitCause
+	case Degraded:
+		return d.LastError
+	}
+	return ""
+}
+
+// state is the worst state d's fields say holds.
+func (d Delivery) state() string {
+	switch {
+	case d.DownSince != nil:
+		return DestinationDown
+	case d.LimitedSince != nil:
+		return RateLimited
+	case d.FailingSince != nil:
+		return Degraded
+	}
+	return Delivering
+}
+
 // RouteHealth is the delivery state of one route that registered relays
-// serve: down when one of them finds its destination down (the earliest
-// such relay's since and cause, the most probes any of them counted).
+// serve, the worst of its relays' (DestinationDown when one of them finds
+// its destination down, and so on). For each state it holds the earliest
+// since of its relays in it, with that relay's cause, and the most
+// probes any of them counted.
 type RouteHealth struct {
 	Route string `json:"route"`
 	// Relays registered for the route, and how many of them find its
-	// destination down.
-	Relays     int `json:"relays"`
-	RelaysDown int `json:"relays_down"`
+	// destination down, wait for a rate limit, see messages fail.
+	Relays        int `json:"relays"`
+	RelaysDown    int `json:"relays_down"`
+	RelaysLimited int `json:"relays_rate_limited"`
+	RelaysFailing int `json:"relays_degraded"`
 	Delivery
 }
 
 func relayStatus(r store.Relay) RelayStatus {
 	s := RelayStatus{ID: r.ID, Hostname: r.Hostname, PID: r.PID, Version: r.Version, StartedAt: r.StartedAt,
-		HeartbeatAt: r.HeartbeatAt, Route: r.Route, Lanes: r.Lanes, InFlight: r.InFlight, ConfigHash: r.ConfigHash, Config: r.Config,
-		Delivery: Delivery{State: Delivering}}
+		HeartbeatAt: r.HeartbeatAt, Route: r.Route, Lanes: r.Lanes, InFlight: r.InFlight, ConfigHash: r.ConfigHash, Config: r.Config}
+	d := &s.Delivery
 	if !r.DownSince.IsZero() {
-		since := r.DownSince
-		s.Delivery = Delivery{State: DestinationDown, DownSince: &since, DownCause: r.DownCause, DownProbes: r.DownProbes}
+		d.DownSince, d.DownCause, d.DownProbes = ptr(r.DownSince), r.DownCause, r.DownProbes
 	}
+	if !r.LimitedSince.IsZero() {
+		d.LimitedSince, d.LimitCause = ptr(r.LimitedSince), r.LimitCause
+	}
+	if !r.FailingSince.IsZero() {
+		d.FailingSince, d.LastError = ptr(r.FailingSince), r.LastError
+	}
+	d.State = d.state()
 	return s
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // routeHealth sums the relays' delivery states per route, by route.
 func routeHealth(relays []RelayStatus) []RouteHealth {
@@ -239,20 +318,39 @@ func routeHealth(relays []RelayStatus) []RouteHealth {
 			at[r.Route] = i
 			out = append(out, RouteHealth{Route: r.Route, Delivery: Delivery{State: Delivering}})
 		}
-		h := &out[i]
-		h.Relays++
-		if !r.Down() {
-			continue
-		}
-		h.RelaysDown++
-		probes := max(h.DownProbes, r.DownProbes)
-		if !h.Down() || r.DownSince.Before(*h.DownSince) {
-			h.Delivery = r.Delivery
-		}
-		h.DownProbes = probes
+		out[i].add(r.Delivery)
 	}
 	return out
 }
+
+// add merges the delivery state of one more relay of the route into h.
+func (h *RouteHealth) add(r Delivery) {
+	h.Relays++
+	d := &h.Delivery
+	if r.DownSince != nil {
+		h.RelaysDown++
+		if earlier(r.DownSince, d.DownSince) {
+			d.DownSince, d.DownCause = r.DownSince, r.DownCause
+		}
+		d.DownProbes = max(d.DownProbes, r.DownProbes)
+	}
+	if r.LimitedSince != nil {
+		h.RelaysLimited++
+		if earlier(r.LimitedSince, d.LimitedSince) {
+			d.LimitedSince, d.LimitCause = r.LimitedSince, r.LimitCause
+		}
+	}
+	if r.FailingSince != nil {
+		h.RelaysFailing++
+		if earlier(r.FailingSince, d.FailingSince) {
+			d.FailingSince, d.LastError = r.FailingSince, r.LastError
+		}
+	}
+	d.State = d.state()
+}
+
+// earlier reports whether a is before b, a nil b being after everything.
+func earlier(a, b *time.Time) bool { return b == nil || a.Before(*b) }
 
 // MixedRoute is a route whose registered relays run different
 // configurations: allowed during a rolling change (run

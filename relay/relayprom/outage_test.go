@@ -53,3 +53,41 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// route_state says, for each state, 1 when the route is in it at the
+// last heartbeat: delivering before any, then the worst state that holds.
+func TestRouteState(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := relayprom.New(reg, "test")
+	h, ok := m.Hooks("orders", "http").(relay.RouteStateHooks)
+	require.True(t, ok, "the route hooks observe the route's state")
+	state := func() map[string]float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() != "outbox_relay_route_state" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "state" {
+						got[l.GetValue()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return got
+	}
+	require.Equal(t, map[string]float64{"delivering": 1, "degraded": 0, "rate_limited": 0, "destination_down": 0}, state())
+	h.RouteState(relay.RouteState{Failing: true, Limited: true})
+	require.Equal(t, map[string]float64{"delivering": 0, "degraded": 0, "rate_limited": 1, "destination_down": 0}, state())
+	h.RouteState(relay.RouteState{Failing: true})
+	require.Equal(t, map[string]float64{"delivering": 0, "degraded": 1, "rate_limited": 0, "destination_down": 0}, state())
+	h.RouteState(relay.RouteState{Open: true, Failing: true})
+	require.Equal(t, map[string]float64{"delivering": 0, "degraded": 0, "rate_limited": 0, "destination_down": 1}, state())
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	require.Empty(t, problems)
+}

@@ -36,6 +36,7 @@ type Metrics struct {
 	cycleErrors   *prometheus.CounterVec
 	destDown      *prometheus.GaugeVec
 	outages       *prometheus.CounterVec
+	routeState    *prometheus.GaugeVec
 	publishDur    *prometheus.HistogramVec
 	latency       *prometheus.HistogramVec
 	batchSize     *prometheus.HistogramVec
@@ -92,6 +93,9 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		outages: newCounterVec("destination_outages_total",
 			"Times the route's outage breaker opened.",
 			"route", "sink"),
+		routeState: newGaugeVec("route_state",
+			"1 for the route's state at this process's last heartbeat, 0 for the others: delivering (healthy), degraded (messages failed and counted attempts within a heartbeat interval), rate_limited (it waited for its rate limit or a Retry-After within a heartbeat interval) or destination_down (its outage breaker is open); the worst that holds.",
+			"route", "sink", "state"),
 		publishDur: newHistogramVec("publish_duration_seconds",
 			"Time the sink took to accept or reject a batch.",
 			latencyBuckets, "route", "sink"),
@@ -152,7 +156,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	})
 	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
-		m.destDown, m.outages, m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
+		m.destDown, m.outages, m.routeState, m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
 		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors, buildInfo)
 	return m
 }
@@ -177,7 +181,9 @@ func (m *Metrics) Hooks(route, sink string) relay.Hooks {
 	for _, r := range []string{"retriable", "permanent", "timeout"} {
 		m.publishErrors.WithLabelValues(route, sink, r)
 	}
-	return &routeHooks{m: m, route: route, sink: sink}
+	h := &routeHooks{m: m, route: route, sink: sink}
+	h.RouteState(relay.RouteState{}) // delivering until a heartbeat says otherwise
+	return h
 }
 
 type routeHooks struct {
@@ -236,6 +242,21 @@ func (h *routeHooks) Outage(open bool, _ time.Time, _ error) {
 		return
 	}
 	h.m.destDown.WithLabelValues(h.route, h.sink).Set(0)
+}
+
+// routeStates are the values of route_state's state label.
+var routeStates = []string{relay.RouteDelivering, relay.RouteDegraded, relay.RouteRateLimited, relay.RouteDestinationDown}
+
+// RouteState implements relay.RouteStateHooks.
+func (h *routeHooks) RouteState(st relay.RouteState) {
+	now := st.Health()
+	for _, s := range routeStates {
+		v := 0.0
+		if s == now {
+			v = 1
+		}
+		h.m.routeState.WithLabelValues(h.route, h.sink, s).Set(v)
+	}
 }
 
 // CycleError implements relay.CycleErrorHooks.

@@ -101,14 +101,11 @@ func printStatus(out io.Writer, st operator.Status) {
 		if !r.HeartbeatAt.IsZero() {
 			beat = st.Now.Sub(r.HeartbeatAt).Round(time.Millisecond).String() + " ago"
 		}
-		dest := "delivering"
-		if r.Down() {
-			dest = "down for " + max(st.Now.Sub(*r.DownSince), 0).Round(time.Second).String()
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat, dest)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Route, r.Hostname, r.PID, r.Version, r.Lanes, r.InFlight, beat, destination(st.Now, r.Delivery))
 	}
 	_ = tw.Flush()
 	printOutages(out, st)
+	printStrain(out, st)
 	if len(st.Lanes) > 0 {
 		fmt.Fprintln(out)
 		fmt.Fprintln(tw, "LANES OF ROUTE\tRELAYS\tWORKED\tUNWORKED\tMISSING ROWS")
@@ -153,6 +150,35 @@ func printOutages(out io.Writer, st operator.Status) {
 	}
 	if down {
 		fmt.Fprintln(out, "(a route whose destination is down claims one message at a time, as a probe, until one gets through; its messages count no attempt meanwhile)")
+	}
+}
+
+// destination is a relay's DESTINATION cell: delivering, or its state
+// and for how long.
+func destination(now time.Time, d operator.Delivery) string {
+	since := d.Since()
+	if since == nil {
+		return operator.Delivering
+	}
+	what := map[string]string{operator.DestinationDown: "down", operator.RateLimited: "rate limited", operator.Degraded: "degraded"}[d.State]
+	return what + " for " + max(now.Sub(*since), 0).Round(time.Second).String()
+}
+
+// printStrain says, for each relay whose route waits for a rate limit or
+// sees messages fail (and whose destination is not down: printOutages
+// said so), since when and why.
+func printStrain(out io.Writer, st operator.Status) {
+	for _, r := range st.Relays {
+		if r.Down() || r.Since() == nil {
+			continue
+		}
+		what := "rate limited"
+		if r.State == operator.Degraded {
+			what = "degraded (messages fail and count attempts)"
+		}
+		fmt.Fprintf(out, "NOTE: route %s, relay %s: %s since %s (%s ago): %s\n",
+			showRoute(r.Route), r.ID, what, r.Since().UTC().Format(time.RFC3339), max(st.Now.Sub(*r.Since()), 0).Round(time.Second),
+			oneLine(r.Cause(), 500))
 	}
 }
 

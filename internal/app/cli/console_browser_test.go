@@ -373,7 +373,8 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 // finds that destination down; its heartbeat records it, and the console's
 // overview shows it in a browser: a "destination down" badge on the
 // billing route, since when, the probes and the cause, and a banner,
-// while the orders route shows "delivering".
+// while the orders route shows "delivering"; a mail route that waits for
+// its rate limit shows "rate limited", since when and the limit.
 func TestConsoleShowsDestinationDownInBrowser(t *testing.T) {
 	b := browser(t)
 	pool, _, w := e2e(t)
@@ -391,7 +392,11 @@ routes:
   - name: billing
     topics: ["billing.*"]
     sink: %s
-`, srv.Base(), closed)), 0o600))
+  - name: mail
+    topics: ["mail.*"]
+    sink: %s/mail
+    rate-limit: 1
+`, srv.Base(), closed, srv.Base())), 0o600))
 	addr := freeAddr(t)
 	runCtx, stop := context.WithCancel(context.Background())
 	logs := &syncWriter{}
@@ -411,6 +416,9 @@ routes:
 		require.NoError(t, w.Write(bg, tx,
 			outbox.Message{Topic: "orders.placed", Key: fmt.Sprintf("c%d", i%3), Payload: []byte(`{}`)},
 			outbox.Message{Topic: "billing.invoiced", Key: fmt.Sprintf("c%d", i%3), Payload: []byte(`{}`)}))
+	}
+	for i := range 60 { // a minute at the mail route's rate limit: it stays rate limited while the test looks
+		require.NoError(t, w.Write(bg, tx, outbox.Message{Topic: "mail.sent", Key: fmt.Sprintf("m%d", i%3), Payload: []byte(`{}`)}))
 	}
 	require.NoError(t, tx.Commit(bg))
 
@@ -439,4 +447,25 @@ routes:
 	color := eval[string](b, `getComputedStyle(document.querySelector('`+badge+`')).backgroundColor`)
 	require.Equal(t, "rgb(180, 35, 24)", color, "the badge stands out (the console's danger colour)")
 	require.Contains(t, b.text(`#banner`), "Route billing: destination down for")
+
+	// The mail route waits for its rate limit (1 message a second): a
+	// heartbeat records it, and the overview shows it.
+	limited := `#route-health tr[data-route="mail"] .badge.limited`
+	shown = assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
+			last.Store("overview: " + err.Error())
+			return false
+		}
+		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(limited), chromedp.AtLeast(0)))
+		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
+		return err == nil && len(n) == 1
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(t, shown, "the mail route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+	require.Equal(t, "rate limited", b.text(limited))
+	row = b.text(`#route-health tr[data-route="mail"]`)
+	require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+(ms|s) ago\)`, row, "since when")
+	require.Contains(t, row, "rate limit 1/s (burst 1)", "the cause")
+	require.NotContains(t, b.text(`#banner`), "mail", "a rate-limited route is no alarm")
 }

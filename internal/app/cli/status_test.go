@@ -189,3 +189,66 @@ func TestStatusShowsDestinationDown(t *testing.T) {
 	require.Equal(t, 1, st.Routes[0].RelaysDown)
 	require.Equal(t, "delivering", st.Routes[1].State)
 }
+
+// Issue 37: status shows a relay whose route waits for its rate limit,
+// and one whose messages fail, with since when and why (what their
+// heartbeats record), in text and JSON; a route in both is rate limited.
+func TestStatusShowsRateLimitedAndDegraded(t *testing.T) {
+	pool, schema := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL())
+	t.Setenv("OUTBOX_SCHEMA", schema)
+	s := migrations.Ident(schema)
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+s+`.relays (id, hostname, pid, version, route, backend_pid,
+    limited_since, limited_cause, failing_since, last_error) VALUES
+    ('r-mail', 'h', 1, 'v', 'mail', 1, now() - interval '2 minutes', 'rate limit 50/s (burst 50)', NULL, NULL),
+    ('r-orders', 'h', 2, 'v', 'orders', 2, NULL, NULL, now() - interval '3 minutes', 'http: 500 Internal Server Error: key k7'),
+    ('r-orders-2', 'h', 3, 'v', 'orders', 3, now() - interval '1 minute', 'http: 429 (retry after 1s)', now() - interval '1 minute', 'http: 429 (retry after 1s)')`)
+	require.NoError(t, err)
+
+	code, out, stderr := run(t, "status")
+	require.Equal(t, 0, code, stderr)
+	t.Log(out)
+	require.Regexp(t, `(?m)^r-mail\s+mail\s.*\srate limited for 2m\d+s$`, out)
+	require.Regexp(t, `(?m)^r-orders\s+orders\s.*\sdegraded for 3m\d+s$`, out)
+	require.Regexp(t, `(?m)^r-orders-2\s+orders\s.*\srate limited for 1m\d+s$`, out)
+	require.Regexp(t, `NOTE: route "mail", relay r-mail: rate limited since \S+ \(2m\d+s ago\): rate limit 50/s \(burst 50\)\n`, out)
+	require.Regexp(t, `NOTE: route "orders", relay r-orders: degraded \(messages fail and count attempts\) since \S+ \(3m\d+s ago\): `+
+		`http: 500 Internal Server Error: key k7\n`, out)
+	require.NotContains(t, out, "destination down")
+
+	code, out, stderr = run(t, "status", "--json")
+	require.Equal(t, 0, code, stderr)
+	var st struct {
+		Relays []struct {
+			ID, State    string
+			LimitedSince *string `json:"limited_since"`
+			FailingSince *string `json:"failing_since"`
+			LimitCause   string  `json:"limit_cause"`
+			LastError    string  `json:"last_error"`
+		} `json:"relays"`
+		Routes []struct {
+			Route, State  string
+			FailingSince  *string `json:"failing_since"`
+			LastError     string  `json:"last_error"`
+			RelaysLimited int     `json:"relays_rate_limited"`
+			RelaysFailing int     `json:"relays_degraded"`
+		} `json:"route_health"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Len(t, st.Relays, 3)
+	require.Equal(t, "rate_limited", st.Relays[0].State)
+	require.Equal(t, "rate limit 50/s (burst 50)", st.Relays[0].LimitCause)
+	require.NotNil(t, st.Relays[0].LimitedSince)
+	require.Nil(t, st.Relays[0].FailingSince)
+	require.Equal(t, "degraded", st.Relays[1].State)
+	require.Equal(t, "http: 500 Internal Server Error: key k7", st.Relays[1].LastError)
+	require.NotNil(t, st.Relays[1].FailingSince)
+	require.Len(t, st.Routes, 2)
+	require.Equal(t, "mail", st.Routes[0].Route)
+	require.Equal(t, "rate_limited", st.Routes[0].State)
+	orders := st.Routes[1]
+	require.Equal(t, "rate_limited", orders.State, "the worst of its relays")
+	require.Equal(t, 1, orders.RelaysLimited)
+	require.Equal(t, 2, orders.RelaysFailing)
+	require.Equal(t, "http: 500 Internal Server Error: key k7", orders.LastError, "the earliest failing relay's")
+}

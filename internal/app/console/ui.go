@@ -288,36 +288,55 @@ type retryErrorRow struct {
 // routeHealthRow is a row of the overview's "delivery per route".
 type routeHealthRow struct {
 	operator.RouteHealth
-	// Since is when its destination was found down, and For how long
-	// ago that was ("" while it delivers).
-	Since, For string
+	// Since is when its state began, and For how long ago that was (""
+	// while it delivers); Badge is its state for people, Class the
+	// badge's class.
+	Since, For, Badge, Class string
 }
 
-// routeHealth lays out the routes' delivery states, the routes whose
-// destination is down first, with a banner line for each of those.
+// badges are the states' badges, from the worst, with their classes.
+var badges = []struct{ state, text, class string }{
+	{operator.DestinationDown, "destination down", "down"},
+	{operator.RateLimited, "rate limited", "limited"},
+	{operator.Degraded, "degraded", "degraded"},
+	{operator.Delivering, "delivering", "ok"},
+}
+
+// routeHealth lays out the routes' delivery states, the worst first, with
+// a banner line for each route whose destination is down.
 func routeHealth(st operator.Status) ([]routeHealthRow, []string) {
 	rows := make([]routeHealthRow, len(st.Routes))
 	var banners []string
 	for i, h := range st.Routes {
-		rows[i] = routeHealthRow{RouteHealth: h}
-		if !h.Down() {
+		rows[i] = routeHealthRow{RouteHealth: h, Badge: h.State, Class: "ok"}
+		for _, b := range badges {
+			if b.state == h.State {
+				rows[i].Badge, rows[i].Class = b.text, b.class
+			}
+		}
+		from := h.Delivery.Since()
+		if from == nil {
 			continue
 		}
-		rows[i].Since = h.DownSince.UTC().Format("2006-01-02 15:04:05Z")
-		rows[i].For = age(since(st.Now, *h.DownSince))
-		banners = append(banners, fmt.Sprintf("Route %s: destination down for %s (%d probes): %s",
-			cmpOr(h.Route, "(default)"), rows[i].For, h.DownProbes, oneLine(h.DownCause, 200)))
-	}
-	slices.SortStableFunc(rows, func(a, b routeHealthRow) int {
-		if a.Down() != b.Down() {
-			if a.Down() {
-				return -1
-			}
-			return 1
+		rows[i].Since = from.UTC().Format("2006-01-02 15:04:05Z")
+		rows[i].For = age(since(st.Now, *from))
+		if h.Down() {
+			banners = append(banners, fmt.Sprintf("Route %s: destination down for %s (%d probes): %s",
+				cmpOr(h.Route, "(default)"), rows[i].For, h.DownProbes, oneLine(h.DownCause, 200)))
 		}
-		return 0
-	})
+	}
+	slices.SortStableFunc(rows, func(a, b routeHealthRow) int { return badness(b.State) - badness(a.State) })
 	return rows, banners
+}
+
+// badness orders the states: the worst highest.
+func badness(state string) int {
+	for i, b := range badges {
+		if b.state == state {
+			return len(badges) - i
+		}
+	}
+	return 0
 }
 
 // ago is how long before now t was, for a table cell.

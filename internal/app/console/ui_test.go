@@ -247,3 +247,25 @@ func TestRouteHealth(t *testing.T) {
 	require.Equal(t, 200, r.Status)
 	require.Contains(t, string(r.Body), "destination_down")
 }
+
+// Issue 37: the overview shows a rate-limited route and a degraded one
+// (a badge each, since when, the cause), after the routes whose
+// destination is down and before the ones that deliver; neither gets a
+// banner.
+func TestRouteHealthRateLimitedAndDegraded(t *testing.T) {
+	e := setup(t)
+	e.exec(`INSERT INTO {s}.relays (id, hostname, pid, version, route, backend_pid, limited_since, limited_cause, failing_since, last_error) VALUES
+    ('r-orders', 'h', 1, 'v', 'orders', 1, NULL, NULL, NULL, NULL),
+    ('r-mail', 'h', 2, 'v', 'mail', 2, now() - interval '2 minutes', 'rate limit 50/s (burst 50)', NULL, NULL),
+    ('r-billing', 'h', 3, 'v', 'billing', 3, NULL, NULL, now() - interval '4 minutes', 'HTTP 500: key k7')`)
+
+	r := e.do("GET", "/ui/", nil)
+	require.Equal(t, 200, r.Status)
+	home := string(r.Body)
+	require.Regexp(t, `<tr data-route="mail">.*<span class="badge limited">rate limited</span>.*\(2m\d\ds ago\)</span></td><td>—</td><td>1 of 1 rate limited</td><td class="err">rate limit 50/s \(burst 50\)</td>`, home)
+	require.Regexp(t, `<tr data-route="billing">.*<span class="badge degraded">degraded</span>.*\(4m\d\ds ago\)</span></td><td>—</td><td>1 of 1 degraded</td><td class="err">HTTP 500: key k7</td>`, home)
+	require.NotContains(t, home, `id="banner"`)
+	mail, billing, orders := strings.Index(home, `data-route="mail"`), strings.Index(home, `data-route="billing"`), strings.Index(home, `data-route="orders"`)
+	require.Less(t, mail, billing, "rate limited before degraded")
+	require.Less(t, billing, orders, "degraded before delivering")
+}
