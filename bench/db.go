@@ -238,8 +238,11 @@ func (b *bench) awaitHorizon(ctx context.Context) string {
 // the middle of this one (it did, and made 1M-message drains take 8 s
 // instead of 4.5 s). It needs superuser or pg_checkpoint; without them
 // runs are just noisier.
-func (b *bench) checkpoint(ctx context.Context) {
-	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil && !b.warnedCheckpoint {
+func (b *bench) checkpoint(ctx context.Context) { b.checkpointOn(ctx, b.pool) }
+
+// checkpointOn is checkpoint on the server of pool.
+func (b *bench) checkpointOn(ctx context.Context, pool *pgxpool.Pool) {
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil && !b.warnedCheckpoint {
 		b.warnedCheckpoint = true
 		b.log.Warn("CHECKPOINT before measuring failed; runs will be noisier", "error", err)
 	}

@@ -35,6 +35,7 @@ const liveDrainN = 100_000
 
 // liveStats is one row of the live group.
 type liveStats struct {
+	Set            string  `json:"set,omitempty"` // the liveSet's label; empty on the shared server
 	Sink           string  `json:"sink"`
 	Load           string  `json:"load"`
 	Offered        float64 `json:"offered_per_s,omitempty"`
@@ -77,6 +78,7 @@ type liveSnap struct {
 // uses the server.
 type liveDB struct {
 	name, url string
+	admin     *pgxpool.Pool // the bench's queries on its server outside it (pg_stat_*, CHECKPOINT)
 	pool      *pgxpool.Pool // the bench's queries on it (application_name bench-live)
 	ownXacts  atomic.Int64  // transactions the bench ran on pool
 	pgss      bool          // pg_stat_statements readable in it
@@ -85,15 +87,17 @@ type liveDB struct {
 
 const liveSchema = "outbox"
 
-func (b *bench) openLiveDB(ctx context.Context, what string) (*liveDB, func(), error) {
-	d := &liveDB{name: fmt.Sprintf("%s%s_%d", schemaPrefix, what, os.Getpid())}
-	if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{d.name}.Sanitize()); err != nil {
+// openLiveDB creates and migrates the database of a set of live rows on
+// the set's server.
+func (b *bench) openLiveDB(ctx context.Context, set *liveSet, what string) (*liveDB, func(), error) {
+	d := &liveDB{name: fmt.Sprintf("%s%s_%d", schemaPrefix, what, os.Getpid()), admin: set.admin}
+	if _, err := d.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{d.name}.Sanitize()); err != nil {
 		return nil, nil, fmt.Errorf("create a database of its own: %w", err)
 	}
 	drop := func() {
-		_, _ = b.pool.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
+		_, _ = d.admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
 	}
-	u, err := url.Parse(b.cfg.databaseURL)
+	u, err := url.Parse(set.url)
 	if err != nil {
 		drop()
 		return nil, nil, err
@@ -182,6 +186,7 @@ func procCPU(pid int) (time.Duration, error) {
 // a backend that ends between two snapshots loses at most that much.
 type backendCPU struct {
 	b            *bench
+	admin        *pgxpool.Pool // on the database's server, outside the database
 	db, app      string
 	mu           sync.Mutex
 	last         map[int]time.Duration
@@ -193,8 +198,8 @@ type backendCPU struct {
 	warnedUnread bool
 }
 
-func (b *bench) followBackends(db, app string) *backendCPU {
-	c := &backendCPU{b: b, db: db, app: app, last: map[int]time.Duration{}, query: map[int]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+func (b *bench) followBackends(admin *pgxpool.Pool, db, app string) *backendCPU {
+	c := &backendCPU{b: b, admin: admin, db: db, app: app, last: map[int]time.Duration{}, query: map[int]string{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		t := time.NewTicker(250 * time.Millisecond)
@@ -216,7 +221,7 @@ func (c *backendCPU) close() { close(c.stop); <-c.done }
 // sample reads the backends' pids (from the bench's own database, so as
 // not to count in the measured one) and their CPU times.
 func (c *backendCPU) sample(ctx context.Context) error {
-	rows, err := c.b.pool.Query(ctx, "SELECT pid, left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 60) FROM pg_stat_activity WHERE datname = $1 AND starts_with(application_name, $2)", c.db, c.app)
+	rows, err := c.admin.Query(ctx, "SELECT pid, left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 60) FROM pg_stat_activity WHERE datname = $1 AND starts_with(application_name, $2)", c.db, c.app)
 	if err != nil {
 		return err
 	}
@@ -302,7 +307,8 @@ func (c *backendCPU) sessions(s0, s1 liveSnap) string {
 }
 
 // scrapeMetrics sums the samples of the named metrics (all label sets)
-// on a relay's /metrics.
+// on a relay's /metrics. A name with labels, as exposed
+// (`name{label="value"}`), is that series alone.
 func scrapeMetrics(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
@@ -328,13 +334,17 @@ func scrapeMetrics(ctx context.Context, addr string, names ...string) (map[strin
 		if l == "" || l[0] == '#' {
 			continue
 		}
-		name := l[:strings.IndexAny(l, "{ ")]
-		if !want[name] {
+		sp := strings.LastIndexByte(l, ' ')
+		name, series := l[:strings.IndexAny(l, "{ ")], l[:max(sp, 0)]
+		v, err := strconv.ParseFloat(l[sp+1:], 64)
+		if err != nil {
 			continue
 		}
-		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
-		if err == nil {
+		if want[name] {
 			got[name] += v
+		}
+		if series != name && want[series] {
+			got[series] += v
 		}
 	}
 	return got, sc.Err()
@@ -393,7 +403,7 @@ func (b *bench) spawnLiveRelay(ctx context.Context, d *liveDB, sinkURL string, e
 	if err != nil {
 		return nil, err
 	}
-	return &liveRelay{p: p, admin: addr, db: d, be: b.followBackends(d.name, "outbox-relay")}, nil
+	return &liveRelay{p: p, admin: addr, db: d, be: b.followBackends(d.admin, d.name, "outbox-relay")}, nil
 }
 
 // ready waits until the relay owns every lane and answers on /metrics.
@@ -425,7 +435,7 @@ func (lr *liveRelay) snap(ctx context.Context, b *bench) (liveSnap, error) {
 		return s, fmt.Errorf("backends' CPU: %w", err)
 	}
 	s.sessions = len(s.each)
-	if err := b.pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", lr.db.name).Scan(&s.xacts); err != nil {
+	if err := lr.db.admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", lr.db.name).Scan(&s.xacts); err != nil {
 		return s, err
 	}
 	if lr.db.pgss {
@@ -474,33 +484,68 @@ func (st *liveStats) fill(s0, s1 liveSnap, writers int64) {
 // liveRates are the offered rates of the live group.
 var liveRates = []float64{100, 1000, 5000}
 
-// live runs the live group into the discard sink and into Kafka (kfake).
+// live runs the live group into the discard sink and into Kafka (kfake),
+// on the shared server and, with BENCH_LIVE_WAL, on a throwaway logical
+// cluster (livewal.go). The sets of one sink run one after the other
+// before the next sink's, so that a slow patch of the machine hits the
+// sets alike.
 func (b *bench) live(ctx context.Context) error {
-	d, cleanup, err := b.openLiveDB(ctx, "live")
-	if err != nil {
-		r := &row{Group: "live", Name: "live"}
-		r.addNote("%v", err)
-		b.rep.add(r)
-		return nil
+	var sets []*liveSet
+	if b.cfg.liveWAL != "only" {
+		sets = append(sets, b.sharedLiveSet())
 	}
-	defer cleanup()
+	if b.cfg.liveWAL != "" {
+		logical, closeCluster, err := b.logicalLiveSets(ctx)
+		if err != nil {
+			b.liveFailed(&liveSet{label: "throwaway cluster, wal_level = logical"}, "live", err)
+		} else {
+			defer closeCluster()
+			sets = append(sets, logical...)
+		}
+	}
+	var ready []*liveSet
+	for _, set := range sets {
+		what := "live"
+		if set.wakeup != "" {
+			what += "_" + set.wakeup
+		}
+		d, cleanup, err := b.openLiveDB(ctx, set, what)
+		if err != nil {
+			b.liveFailed(set, "live", err)
+			continue
+		}
+		defer cleanup()
+		set.db = d
+		ready = append(ready, set)
+	}
 	recv, err := newReceiver()
 	if err != nil {
 		return err
 	}
 	defer recv.close()
 	for _, sink := range []string{"discard", "kafka"} {
-		if err := b.liveSink(ctx, d, recv, sink); err != nil {
-			b.log.Warn("live group failed", "sink", sink, "error", err)
-			r := &row{Group: "live", Name: sink, Live: &liveStats{Sink: sink, Load: "failed"}}
-			r.addNote("%v", shorten(err.Error()))
-			b.rep.add(r)
+		for _, set := range ready {
+			if err := b.liveSink(ctx, set, recv, sink); err != nil {
+				b.liveFailed(set, sink, err)
+			}
 		}
 	}
 	return nil
 }
 
-func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink string) error {
+// liveFailed adds the row that says why a set's rows of a sink (or all of
+// them) are missing.
+func (b *bench) liveFailed(set *liveSet, sink string, err error) {
+	b.log.Warn("live group failed", "set", set.label, "sink", sink, "error", err)
+	r := &row{Group: "live", Name: set.rowName(sink, "failed"), Live: &liveStats{Set: set.label, Sink: sink, Load: "failed"}}
+	r.addNote("%v", shorten(err.Error()))
+	b.rep.add(r)
+}
+
+// liveSink runs a set's rows of one sink: the drain yardstick, idle, and
+// each of liveRates, all with one relay process.
+func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink string) error {
+	d := set.db
 	sinkURL, stopSink := "discard", func() {}
 	if sink == "kafka" {
 		u, stop, err := b.kafkaConsumer(ctx, recv)
@@ -521,12 +566,12 @@ func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink st
 	if err := d.exec(ctx, "VACUUM ANALYZE "+migrations.Ident(liveSchema)+".messages"); err != nil {
 		return err
 	}
-	b.checkpoint(ctx)
+	b.checkpointOn(ctx, d.admin)
 	s0 := liveSnap{own: d.ownXacts.Load()}
-	if err := b.pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&s0.xacts); err != nil {
+	if err := d.admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&s0.xacts); err != nil {
 		return err
 	}
-	lr, err := b.spawnLiveRelay(ctx, d, sinkURL)
+	lr, err := b.spawnLiveRelay(ctx, d, sinkURL, set.relayArgs()...)
 	if err != nil {
 		return err
 	}
@@ -540,16 +585,21 @@ func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink st
 	if d.pgss {
 		pgssNote = "statements: pg_stat_statements calls of every session of the database, the writers' included"
 	}
-	add := func(st *liveStats, p50, p99 float64, notes ...string) {
-		r := &row{Group: "live", Name: sink + ", " + st.Load, Live: st, Messages: int(st.Messages), PayloadBytes: b.cfg.payload,
+	add := func(st *liveStats, p50, p99 float64, notes ...string) error {
+		if err := lr.checkWakeup(ctx, set); err != nil {
+			return fmt.Errorf("%s: %w", st.Load, err)
+		}
+		st.Set = set.label
+		r := &row{Group: "live", Name: set.rowName(sink, st.Load), Live: st, Messages: int(st.Messages), PayloadBytes: b.cfg.payload,
 			Keys: b.cfg.keys, Batch: b.cfg.batch, Workers: b.cfg.workers, Processes: 1, Runs: 1, P50: p50, P99: p99}
 		for _, n := range notes {
 			r.addNote("%s", n)
 		}
 		b.rep.add(r)
-		b.log.Info("live", "sink", sink, "load", st.Load, "msg_per_s", int(st.Achieved), "relay_us_per_msg", int(st.RelayCPUUs),
+		b.log.Info("live", "set", set.label, "sink", sink, "load", st.Load, "msg_per_s", int(st.Achieved), "relay_us_per_msg", int(st.RelayCPUUs),
 			"db_us_per_msg", int(st.DBCPUUs), "relay_x", st.RelayX, "db_x", st.DBX, "relay_cores", st.RelayCores, "db_cores", st.DBCores,
 			"tx_per_msg", st.TxPerMsg, "batches_per_msg", st.BatchesPerMsg, "p50_ms", p50, "p99_ms", p99)
+		return nil
 	}
 	drain := &liveStats{Sink: sink, Load: fmt.Sprintf("draining %dk (yardstick)", liveDrainN/1000)}
 	for {
@@ -586,8 +636,10 @@ func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink st
 	if err := lr.ready(ctx); err != nil {
 		return err
 	}
-	add(drain, 0, 0, fmt.Sprintf("%d messages loaded and vacuumed before the relay started; clock and CPU from the process's start (start-up included) to the outbox seen empty", liveDrainN),
-		"transactions per message may count the drain's last ones only partly (a backend reports to pg_stat_database at most once a second)", lr.be.sessions(s0, s1))
+	if err := add(drain, 0, 0, fmt.Sprintf("%d messages loaded and vacuumed before the relay started; clock and CPU from the process's start (start-up included) to the outbox seen empty", liveDrainN),
+		"transactions per message may count the drain's last ones only partly (a backend reports to pg_stat_database at most once a second)", lr.be.sessions(s0, s1)); err != nil {
+		return err
+	}
 
 	// Idle: nothing written. Settle first (the drain's stats, autovacuum).
 	time.Sleep(3 * time.Second)
@@ -602,8 +654,10 @@ func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink st
 	}
 	idle := &liveStats{Sink: sink, Load: "idle"}
 	idle.fill(s0, s1, 0)
-	add(idle, 0, 0, fmt.Sprintf("%s with nothing written; cores = CPU seconds per second", window.Round(time.Second)),
-		"transactions/s from pg_stat_database lag up to 10 s for idle backends", lr.be.sessions(s0, s1))
+	if err := add(idle, 0, 0, fmt.Sprintf("%s with nothing written; cores = CPU seconds per second", window.Round(time.Second)),
+		"transactions/s from pg_stat_database lag up to 10 s for idle backends", lr.be.sessions(s0, s1)); err != nil {
+		return err
+	}
 
 	for _, rate := range liveRates {
 		st, p50, p99, notes, err := b.liveRate(ctx, lr, recv, sink, rate, window)
@@ -616,7 +670,9 @@ func (b *bench) liveSink(ctx context.Context, d *liveDB, recv *receiver, sink st
 		if drain.DBCPUUs > 0 {
 			st.DBX = st.DBCPUUs / drain.DBCPUUs
 		}
-		add(st, p50, p99, append(notes, pgssNote)...)
+		if err := add(st, p50, p99, append(notes, pgssNote)...); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -756,7 +812,7 @@ func (b *bench) profileLive(ctx context.Context) error {
 	if err := os.MkdirAll(b.cfg.outDir, 0o755); err != nil {
 		return err
 	}
-	d, cleanup, err := b.openLiveDB(ctx, "liveprof")
+	d, cleanup, err := b.openLiveDB(ctx, b.sharedLiveSet(), "liveprof")
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,8 @@
 //	BENCH_BASE_BIN    together group: also run this (baseline) binary, alternating
 //	BENCH_SINKS       together group: sinks (default discard,kafka)
 //	BENCH_OUT         results directory (default results)
+//	BENCH_LIVE_WAL    live group: 1 adds its rows on a throwaway cluster with wal_level = logical,
+//	                  relay --wakeup wal and --wakeup poll (livewal.go); "only" runs just those
 //	BENCH_PROFILE=1   instead of benchmarking, profile the relay's drain (see profile.go)
 //	BENCH_PROFILE=live  instead of benchmarking, a 20 s CPU profile of the relay binary at 100 msg/s (live.go)
 //	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
@@ -91,6 +93,7 @@ type config struct {
 	idleSettle  time.Duration // idle row: wait after the relays registered
 	idleWindow  time.Duration // idle row: measurement window (and idle spell)
 	wmCap       time.Duration // time cap for Watermill's default (slow) adapter
+	liveWAL     string        // BENCH_LIVE_WAL: "", "1" or "only"
 }
 
 func loadConfig() (config, error) {
@@ -106,6 +109,7 @@ func loadConfig() (config, error) {
 		redisURL:    envOr("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
 		relayBin:    os.Getenv("BENCH_RELAY_BIN"),
 		outDir:      envOr("BENCH_OUT", "results"),
+		liveWAL:     os.Getenv("BENCH_LIVE_WAL"),
 	}
 	if c.quick {
 		c.runs, c.n, c.scaleN, c.httpN, c.amqpN = 1, 200_000, 100_000, 100_000, 50_000
@@ -151,6 +155,13 @@ func loadConfig() (config, error) {
 		c.scaleN, c.httpN, c.amqpN = min(c.scaleN, c.n), min(c.httpN, c.n), min(c.amqpN, c.n)
 		c.hotN = min(c.hotN, c.n)
 		c.brokerN = min(c.brokerN, c.n)
+	}
+	switch c.liveWAL {
+	case "", "1", "only":
+	case "0":
+		c.liveWAL = ""
+	default:
+		return c, fmt.Errorf("BENCH_LIVE_WAL: want 1 or only, got %q", c.liveWAL)
 	}
 	if v := os.Getenv("BENCH_BROKER_N"); v != "" {
 		if c.brokerN, err = strconv.Atoi(v); err != nil || c.brokerN < 1000 {
@@ -303,7 +314,7 @@ func run() error {
 
 func commandLine(cfg config) string {
 	var env []string
-	for _, k := range []string{"BENCH_QUICK", "BENCH_RUNS", "BENCH_N", "BENCH_KEYS", "BENCH_ONLY"} {
+	for _, k := range []string{"BENCH_QUICK", "BENCH_RUNS", "BENCH_N", "BENCH_KEYS", "BENCH_ONLY", "BENCH_LIVE_WAL"} {
 		if v := os.Getenv(k); v != "" {
 			env = append(env, k+"="+v)
 		}

@@ -249,7 +249,35 @@ func (rep *report) markdown() string {
 	return b.String()
 }
 
+// liveTable writes the live rows, one table per set of rows (livewal.go),
+// in the order the sets first appear.
 func liveTable(b *strings.Builder, rs []*row) {
+	var sets []string
+	bySet := map[string][]*row{}
+	for _, r := range rs {
+		set := ""
+		if r.Live != nil {
+			set = r.Live.Set
+		}
+		if _, ok := bySet[set]; !ok {
+			sets = append(sets, set)
+		}
+		bySet[set] = append(bySet[set], r)
+	}
+	for i, set := range sets {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		if set != "" {
+			fmt.Fprintf(b, "**On a %s** (the same rows; the relay's own yardstick drain of this set):\n\n", set)
+		} else if len(sets) > 1 {
+			b.WriteString("**On the shared server (DATABASE_URL), the relay's default --wakeup auto:**\n\n")
+		}
+		liveSetTable(b, bySet[set])
+	}
+}
+
+func liveSetTable(b *strings.Builder, rs []*row) {
 	b.WriteString("| sink | load | msg/s delivered | relay CPU µs/msg | DB sessions CPU µs/msg | × drain (relay / DB) | relay cores | DB cores | relay tx/msg | relay tx/s | statements/msg | batches/msg | DB sessions | p50 ms | p99 ms | notes |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	us := func(v float64) string {

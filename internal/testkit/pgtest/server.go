@@ -19,18 +19,25 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-// Instance is a throwaway PostgreSQL server of one test, made by Server.
+// Instance is a throwaway PostgreSQL server of one test, made by Server,
+// or of a program that is not a test (a benchmark), made by Start.
 // A test that restarts, stops, kills or reconfigures a server uses one of
 // these, never the shared server at URL(): other tests, and other people,
 // are using that one.
 type Instance struct {
-	proc  *testproc.Instance
-	pgCtl string
-	data  string
-	log   string
-	url   string
-	port  int
+	proc   *testproc.Instance
+	pgCtl  string
+	data   string
+	log    string
+	url    string
+	port   int
+	inited time.Duration // initdb's time
+	ready  time.Duration // from the start of initdb to accepting connections
 }
+
+// ErrUnavailable is returned (wrapped) by Start when this machine cannot
+// run a throwaway server: no initdb and pg_ctl, or not Linux.
+var ErrUnavailable = errors.New("throwaway PostgreSQL unavailable")
 
 // Server starts a PostgreSQL server of its own for the test: initdb into a
 // temporary directory, pg_ctl start on a free loopback port, trust
@@ -51,17 +58,54 @@ func Server(t testing.TB) *Instance {
 // "wal_level = logical".
 func ServerConf(t testing.TB, conf ...string) *Instance {
 	t.Helper()
-	bin, err := pgBin()
-	if err != nil {
-		Unavailable(t, "a throwaway PostgreSQL server needs initdb and pg_ctl: %v "+
-			"(Debian: apt-get install postgresql; or set TEST_PG_BIN to their directory)", err)
-	}
-	proc, err := testproc.New(t, "outbox-pgtest-", "postgres")
-	if errors.Is(err, testproc.ErrUnsupported) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := start(ctx, t.Logf, conf)
+	if errors.Is(err, ErrUnavailable) {
 		Unavailable(t, "%v", err)
 	}
 	if err != nil {
-		t.Fatalf("throwaway PostgreSQL: %v", err)
+		t.Fatalf("%v", err)
+	}
+	t.Logf("throwaway PostgreSQL on 127.0.0.1:%d in %s (initdb %s, ready after %s)", s.port, s.proc.Dir,
+		s.inited.Round(time.Millisecond), s.ready.Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("throwaway PostgreSQL log (tail):\n%s", testproc.Tail(s.log, 30))
+		}
+		// No shutdown checkpoint to wait for: the whole directory goes.
+		if err := s.Close(); err != nil {
+			t.Errorf("throwaway PostgreSQL: %v", err)
+		}
+	})
+	return s
+}
+
+// Start is ServerConf for a program that is not a test: it starts a
+// throwaway server with the extra postgresql.conf lines conf, the same
+// way, and returns once it accepts connections. The server is the
+// caller's to Close; one left behind by a process that died is reaped by
+// the next Start or Server. Errors wrap ErrUnavailable when this machine
+// cannot run one.
+func Start(ctx context.Context, conf ...string) (*Instance, error) {
+	return start(ctx, nil, conf)
+}
+
+// start makes the instance directory, runs initdb and starts the server;
+// on error nothing of it is left. logf (nil: silent) hears of stale
+// instances reaped.
+func start(ctx context.Context, logf func(string, ...any), conf []string) (*Instance, error) {
+	bin, err := pgBin()
+	if err != nil {
+		return nil, fmt.Errorf("%w: a throwaway PostgreSQL server needs initdb and pg_ctl: %v "+
+			"(Debian: apt-get install postgresql; or set TEST_PG_BIN to their directory)", ErrUnavailable, err)
+	}
+	proc, err := testproc.Create("outbox-pgtest-", "postgres", logf)
+	if errors.Is(err, testproc.ErrUnsupported) {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
 	}
 	s := &Instance{
 		proc:  proc,
@@ -69,49 +113,52 @@ func ServerConf(t testing.TB, conf ...string) *Instance {
 		data:  filepath.Join(proc.Dir, "data"),
 		log:   filepath.Join(proc.Dir, "postgres.log"),
 	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	if err := s.init(ctx, bin, conf); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+	}
+	s.url = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
+	return s, nil
+}
+
+// init runs initdb, writes the configuration and starts the server on a
+// free port.
+func (s *Instance) init(ctx context.Context, bin string, conf []string) error {
+	begin := time.Now()
 	if out, err := s.run(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres",
 		"--auth=trust", "--encoding=UTF8", "--no-locale", "--no-sync"); err != nil {
-		t.Fatalf("throwaway PostgreSQL: initdb: %v\n%s", err, out)
+		return fmt.Errorf("initdb: %v\n%s", err, out)
 	}
-	inited := time.Since(start)
+	s.inited = time.Since(begin)
 	// A port free a moment ago may be taken by the time the server binds
 	// it: try another.
 	for attempt := 1; ; attempt++ {
+		var err error
 		if s.port, err = testproc.FreePort(); err != nil {
-			t.Fatalf("throwaway PostgreSQL: free port: %v", err)
+			return fmt.Errorf("free port: %w", err)
 		}
 		lines := fmt.Sprintf("\n# throwaway test server (internal/testkit/pgtest)\nport = %d\nlisten_addresses = '127.0.0.1'\n"+
-			"unix_socket_directories = '%s'\nfsync = off\nfull_page_writes = off\n", s.port, proc.Dir)
+			"unix_socket_directories = '%s'\nfsync = off\nfull_page_writes = off\n", s.port, s.proc.Dir)
 		for _, c := range conf {
 			lines += c + "\n"
 		}
 		if err := appendFile(filepath.Join(s.data, "postgresql.auto.conf"), lines); err != nil {
-			t.Fatalf("throwaway PostgreSQL: %v", err)
+			return err
 		}
 		if err = s.Start(ctx); err == nil {
 			break
 		}
 		if attempt == 3 || !strings.Contains(testproc.Tail(s.log, 20), "could not bind") {
-			t.Fatalf("throwaway PostgreSQL: %v", err)
+			return err
 		}
 	}
-	s.url = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-	t.Logf("throwaway PostgreSQL on 127.0.0.1:%d in %s (initdb %s, ready after %s)", s.port, proc.Dir,
-		inited.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("throwaway PostgreSQL log (tail):\n%s", testproc.Tail(s.log, 30))
-		}
-		// No shutdown checkpoint to wait for: the whole directory goes.
-		if err := s.Kill(); err != nil {
-			t.Errorf("throwaway PostgreSQL: %v", err)
-		}
-	})
-	return s
+	s.ready = time.Since(begin)
+	return nil
 }
+
+// Close kills the server (SIGKILL: no shutdown checkpoint to wait for)
+// and removes its directory.
+func (s *Instance) Close() error { return s.proc.Remove() }
 
 // URL is the server's connection URL (user postgres, database postgres).
 func (s *Instance) URL() string { return s.url }

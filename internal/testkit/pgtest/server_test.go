@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -62,6 +63,39 @@ func TestServer(t *testing.T) {
 		return // the server did not start: nothing to check
 	}
 	_, err := os.Stat(dir)
+	require.True(t, os.IsNotExist(err), "server directory %s left behind: %v", dir, err)
+	require.Empty(t, testproc.ProcessesIn(dir), "server processes left behind")
+}
+
+// TestStart runs a throwaway server the way a program that is not a test
+// does (the benchmark's live rows on a logical cluster): the extra
+// configuration lines take effect, and Close leaves nothing behind.
+func TestStart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, "wal_level = logical")
+	if errors.Is(err, ErrUnavailable) {
+		Unavailable(t, "%v", err)
+	}
+	require.NoError(t, err)
+	dir := s.proc.Dir
+	closed := false
+	defer func() {
+		if !closed {
+			_ = s.Close()
+		}
+	}()
+	c, err := pgx.Connect(ctx, s.URL())
+	require.NoError(t, err)
+	var level string
+	require.NoError(t, c.QueryRow(ctx, "SHOW wal_level").Scan(&level))
+	require.NoError(t, c.Close(ctx))
+	require.Equal(t, "logical", level)
+
+	closed = true
+	require.NoError(t, s.Close())
+	_, err = os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "server directory %s left behind: %v", dir, err)
 	require.Empty(t, testproc.ProcessesIn(dir), "server processes left behind")
 }

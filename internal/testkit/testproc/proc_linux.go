@@ -4,6 +4,7 @@ package testproc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -24,7 +25,7 @@ import (
 // port programs, epmd) or forked from a daemon.
 const markerVar = "OUTBOX_TESTPROC"
 
-// ownerFile in an instance directory names the test process that owns it:
+// ownerFile in an instance directory names the process that owns it:
 // "pid starttime", starttime from /proc/<pid>/stat (pids are reused).
 const ownerFile = "owner"
 
@@ -46,7 +47,26 @@ type Instance struct {
 // the test's own user.
 func New(t testing.TB, prefix, runAs string) (*Instance, error) {
 	t.Helper()
-	reapStale(t, prefix)
+	in, err := Create(prefix, runAs, t.Logf)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() {
+		if err := in.Remove(); err != nil {
+			t.Errorf("throwaway server in %s: %v", in.Dir, err)
+		}
+	})
+	return in, nil
+}
+
+// Create is New for a caller that is not a test (a benchmark): the
+// instance is the caller's to Remove. Instances of prefix whose owning
+// process is gone are reaped first; logf (nil: silent) says so.
+func Create(prefix, runAs string, logf func(format string, args ...any)) (*Instance, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	reapStale(prefix, logf)
 	var cred *syscall.Credential
 	if runAs != "" && os.Geteuid() == 0 {
 		u, err := user.Lookup(runAs)
@@ -62,27 +82,36 @@ func New(t testing.TB, prefix, runAs string) (*Instance, error) {
 		return nil, err
 	}
 	in := &Instance{Dir: dir, cred: cred}
-	t.Cleanup(func() {
-		if err := in.KillAll(); err != nil {
-			t.Errorf("throwaway server in %s: %v", dir, err)
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			t.Errorf("removing %s: %v", dir, err)
-		}
-	})
-	self, err := procStart(os.Getpid())
-	if err != nil {
+	if err := in.own(); err != nil {
+		_ = in.Remove()
 		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(fmt.Sprintf("%d %s\n", os.Getpid(), self)), 0o644); err != nil {
-		return nil, err
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return nil, err
-		}
 	}
 	return in, nil
+}
+
+// own writes the owner file (this process) and hands the directory to the
+// instance's user.
+func (in *Instance) own() error {
+	self, err := procStart(os.Getpid())
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(in.Dir, ownerFile), []byte(fmt.Sprintf("%d %s\n", os.Getpid(), self)), 0o644); err != nil {
+		return err
+	}
+	if in.cred != nil {
+		return os.Chown(in.Dir, int(in.cred.Uid), int(in.cred.Gid))
+	}
+	return nil
+}
+
+// Remove kills every process of the instance and removes its directory.
+func (in *Instance) Remove() error {
+	err := in.KillAll()
+	if rerr := os.RemoveAll(in.Dir); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("removing %s: %w", in.Dir, rerr))
+	}
+	return err
 }
 
 // Command returns a command that runs as the instance's user, in the
@@ -204,9 +233,8 @@ func procStart(pid int) (string, error) {
 }
 
 // reapStale kills the processes of, and removes, instance directories
-// whose owning test process is gone.
-func reapStale(t testing.TB, prefix string) {
-	t.Helper()
+// whose owning process is gone.
+func reapStale(prefix string, logf func(format string, args ...any)) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 	for _, dir := range dirs {
 		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
@@ -219,16 +247,16 @@ func reapStale(t testing.TB, prefix string) {
 			continue
 		}
 		if now, err := procStart(pid); err == nil && now == start {
-			continue // its test process is still running
+			continue // its process is still running
 		}
 		err = killAll(dir)
 		if err == nil {
 			err = os.RemoveAll(dir)
 		}
 		if err != nil {
-			t.Logf("reaping %s, left by test process %d: %v", dir, pid, err)
+			logf("reaping %s, left by process %d: %v", dir, pid, err)
 		} else {
-			t.Logf("reaped %s, left by test process %d", dir, pid)
+			logf("reaped %s, left by process %d", dir, pid)
 		}
 	}
 }

@@ -16,6 +16,14 @@ type Instance struct {
 // New returns ErrUnsupported outside Linux.
 func New(t testing.TB, prefix, runAs string) (*Instance, error) { return nil, ErrUnsupported }
 
+// Create returns ErrUnsupported outside Linux.
+func Create(prefix, runAs string, logf func(format string, args ...any)) (*Instance, error) {
+	return nil, ErrUnsupported
+}
+
+// Remove is not supported outside Linux.
+func (in *Instance) Remove() error { return ErrUnsupported }
+
 // Command is not supported outside Linux.
 func (in *Instance) Command(name string, args []string, env []string, drop ...string) *exec.Cmd {
 	panic(ErrUnsupported)
