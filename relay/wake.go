@@ -378,6 +378,10 @@ type gapList []gap
 type gap struct {
 	id    int64
 	until time.Time
+	// reported: the WAL stream reported the id's commit (addIDs), so a
+	// row is expected there; other gaps are ids the looks passed, which
+	// may never be used.
+	reported bool
 }
 
 // ids drops the gaps that expired and returns the others' ids.
@@ -423,12 +427,18 @@ func (g *gapList) keepNewest() {
 	}
 }
 
-// addIDs records ids to look for (keeping the newest maxGaps).
+// addIDs records the ids of reported rows to look for (keeping the
+// newest maxGaps).
 func (g *gapList) addIDs(ids []int64, now time.Time) {
 	for _, id := range ids {
-		*g = append(*g, gap{id: id, until: now.Add(gapTTL)})
+		*g = append(*g, gap{id: id, until: now.Add(gapTTL), reported: true})
 	}
 	g.keepNewest()
+}
+
+// reported reports whether a reported row is still looked for.
+func (g gapList) reported(now time.Time) bool {
+	return slices.ContainsFunc(g, func(x gap) bool { return x.reported && now.Before(x.until) })
 }
 
 // add records the ids missing between seen and the ids a look found

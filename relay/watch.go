@@ -38,6 +38,7 @@ type watch struct {
 	// without a report or a row, then stops looking.
 	streaming  bool
 	walRowsAt  time.Time // the stream's last report
+	walNewest  int64     // the newest id the stream reported
 	walRetry   time.Duration
 	walAgain   time.Time // when to try the WAL again
 	walStarted time.Time
@@ -225,6 +226,9 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		// looked for by id. (Most reported rows below it were found by a
 		// look before their report came: those are not looked for again.)
 		k.walMu.Lock()
+		for _, id := range k.walIDs {
+			w.walNewest = max(w.walNewest, id)
+		}
 		if w.seen >= 0 {
 			w.gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > w.seen || w.recent.has(id, now) }), now)
 		}
@@ -399,6 +403,8 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 		w.interval = min(2*w.interval, max(w.interval, watchTrickle))
 	}
 	found := id > w.seen || filled
+	// Every row committed past the last look was read (see caughtUp).
+	whole := id-w.seen < store.NewRowsLimit
 	w.seen = id
 	w.lastLook = now
 	w.nextPoll = k.now().Add(w.interval)
@@ -407,10 +413,25 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 		// look again soon, once.
 		w.nextPoll = k.now().Add(walRecheck)
 	}
-	if w.streaming && now.Sub(w.walRowsAt) >= watchLinger && now.Sub(w.lastRows) >= watchLinger {
+	if w.streaming && w.caughtUp(now, whole) {
 		w.polling = false // until the stream reports rows again
 	}
 	return nil
+}
+
+// caughtUp reports whether the looks, while the WAL stream runs, have
+// found what it reported: every reported row seen (the newest reported id
+// passed, by a look that read every row past the one before, and no
+// reported row below it still looked for), so the next look can wait for
+// the next report. Rows that committed meanwhile are in a report of
+// their own. Otherwise the looks stop once neither a report nor a row has
+// come for watchLinger (a reported row claimed and deleted before any
+// look saw it, say).
+func (w *watch) caughtUp(now time.Time, whole bool) bool {
+	if now.Sub(w.walRowsAt) >= watchLinger && now.Sub(w.lastRows) >= watchLinger {
+		return true
+	}
+	return whole && w.seen >= w.walNewest && !w.gaps.reported(now)
 }
 
 // paced is the interval of the next look after one at now found rows up

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -67,7 +68,7 @@ func NewWaker(s Schema) *Waker {
 		// missing at an earlier look, which a transaction that took its
 		// id before another one's but committed after it fills later.
 		newRows: newStmt(`WITH n AS MATERIALIZED (
-    SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id > @seen ORDER BY m.id LIMIT 10000
+    SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id > @seen ORDER BY m.id LIMIT ` + strconv.Itoa(NewRowsLimit) + `
 ), g AS MATERIALIZED (
     SELECT m.id, m.lane FROM ` + s.Table("messages") + ` m WHERE m.id = ANY(@gaps::bigint[])
 )
@@ -219,6 +220,10 @@ func (w *Waker) look(ctx context.Context, c *pgx.Conn, sql string, args []any, d
 // those within span of the highest (the caller looks for gaps only
 // there), the lanes of the rows past seen (of the first 10,000) and of
 // the rows found among the gaps, and the ids of the gaps that were found.
+// NewRowsLimit is the most new rows one look reads: a look whose newest
+// row is less than this far past seen read every row committed past it.
+const NewRowsLimit = 10000
+
 type NewRows struct {
 	Newest     int64
 	IDs        []int64
