@@ -299,11 +299,12 @@ func TestRecoversAfterBrokerClosesConnection(t *testing.T) {
 	}
 }
 
-// TestConnectionLossMidBatch closes the connection while two senders
-// stream batches back to back, and checks on every batch what the relay
-// relies on: nothing reported delivered is missing, failures are
-// retriable, and a message after a failed one of its key was never
-// delivered in that call.
+// TestConnectionLossMidBatch closes the connection (rabbitmqctl
+// close_connection: 320 CONNECTION_FORCED) while two senders stream
+// batches back to back, and checks on every batch what the relay relies
+// on: nothing reported delivered is missing, failures say the broker is
+// down (not sent, or unavailable), and a message after a failed one of
+// its key was never delivered in that call.
 func TestConnectionLossMidBatch(t *testing.T) {
 	t.Parallel()
 	needRabbitmqctl(t)
@@ -416,6 +417,7 @@ func TestConnectionLossMidBatch(t *testing.T) {
 				require.True(t, gate.Blocked(m), "not attempted, but no earlier message of its key failed")
 				notAttempted[m.ID] = true
 			default:
+				require.ErrorIs(t, oe, sinks.ErrUnavailable, "a message on a connection the broker closed")
 				gate.Fail(m)
 			}
 		}
@@ -631,8 +633,10 @@ func TestBrokerRestart(t *testing.T) {
 
 // TestBrokerMemoryAlarm sets the broker's memory watermark near zero so it
 // blocks every publisher, and checks that Send still returns within its
-// deadline with retriable errors (the client library's socket writes ignore
-// contexts), and that it delivers again once the alarm clears. The alarm is
+// deadline (the client library's socket writes ignore contexts), that
+// every failure says the broker is down (not sent, or unavailable: a
+// connection closed under a stuck write, no confirm within the publish
+// timeout), and that it delivers again once the alarm clears. The alarm is
 // broker-wide, so the broker is a throwaway node of the test's own
 // (amqptest.Server).
 func TestBrokerMemoryAlarm(t *testing.T) {
@@ -663,14 +667,31 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	err = e.sink.Send(ctx, batch)
 	took := time.Since(start)
 	require.Error(t, err)
-	for i := range batch {
-		require.False(t, sinks.IsPermanent(sinks.Outcome(err, i, len(batch))))
-	}
+	requireOutage(t, err, len(batch))
 	// The bound is the publish timeout plus the grace for a stuck write,
 	// with 3s more so that a loaded machine under -race stays inside it: a
 	// Send that ignored its timeout would block as long as the alarm lasts.
 	require.Less(t, took, 2*time.Second+stuckGrace+3*time.Second, "Send overran its publish timeout")
 	t.Logf("blocked Send returned after %s: %v", took, err)
+
+	// The stuck write made the sink close its connection. On the new one
+	// the broker reads up to the first publish and then stops reading, so
+	// a few small messages are written out and their confirms never come:
+	// no confirm within the publish timeout says the broker is
+	// unavailable. (Whether connection.blocked reaches the sink before
+	// the deadline varies from run to run: the outcome is not sent then.)
+	small := msgs(topic, 5, 0, 10)
+	err = e.sink.Send(ctx, small)
+	require.Error(t, err)
+	requireOutage(t, err, len(small))
+	timedOut := 0
+	for i := range small {
+		if oe := sinks.Outcome(err, i, len(small)); errors.Is(oe, ErrNotConfirmed) && errors.Is(oe, context.DeadlineExceeded) {
+			require.ErrorIs(t, oe, sinks.ErrUnavailable)
+			timedOut++
+		}
+	}
+	t.Logf("small Send under the alarm: %d of %d without a confirm in time: %v", timedOut, len(small), err)
 
 	_, err = broker.Ctl(ctlCtx, restoreArgs...)
 	require.NoError(t, err, "restoring the memory watermark")
@@ -683,6 +704,20 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "no delivery after the alarm cleared: %v", err)
 	}
 	require.NoError(t, e.sink.Healthy(ctx))
+}
+
+// requireOutage requires every message of a failed batch of n to say the
+// broker is down (not sent, or unavailable), or to be a later message of
+// a key that did: what opens the relay's outage breaker.
+func requireOutage(t *testing.T, err error, n int) {
+	t.Helper()
+	for i := range n {
+		oe := sinks.Outcome(err, i, n)
+		if oe == nil || errors.Is(oe, sinks.ErrNotAttempted) || errors.Is(oe, sinks.ErrUnavailable) {
+			continue
+		}
+		require.Failf(t, "a failure that does not say the broker is down", "message %d: %v", i, oe)
+	}
 }
 
 // BenchmarkSend measures one Send of 500 messages of 200 B to a durable
