@@ -217,7 +217,7 @@ func TestMissingExchangeIsRetriable(t *testing.T) {
 	e := setup(t)
 	topic := e.topic("x")
 	restore := e.breakExchange()
-	batch := msgs(topic, 20, 3, 10)
+	batch := sinktest.Batch(topic, 20, 3, 10)
 	err := e.sink.Send(context.Background(), batch)
 	require.Error(t, err)
 	for i := range batch {
@@ -265,7 +265,7 @@ func TestRecoversAfterBrokerClosesConnection(t *testing.T) {
 	e := setup(t)
 	topic := e.topic("r")
 	ctx := context.Background()
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 5, 2, 10)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 5, 2, 10)))
 	e.mustRead(5)
 
 	require.NoError(t, e.restartConn())
@@ -275,7 +275,7 @@ func TestRecoversAfterBrokerClosesConnection(t *testing.T) {
 	var delivered []string
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		batch := msgs(topic, 10, 3, 10)
+		batch := sinktest.Batch(topic, 10, 3, 10)
 		err := e.sink.Send(ctx, batch)
 		for i, m := range batch {
 			oe := sinks.Outcome(err, i, len(batch))
@@ -334,7 +334,7 @@ func TestConnectionLossMidBatch(t *testing.T) {
 					return
 				default:
 				}
-				batch := msgs(topic, 300, 50, 200)
+				batch := sinktest.Batch(topic, 300, 50, 200)
 				for i := range batch {
 					batch[i].Key = fmt.Sprintf("g%d-%s", g, batch[i].Key) // senders never share a key
 				}
@@ -444,7 +444,7 @@ func TestSendWhileDisconnectedFailsRetriably(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close(context.Background())) }()
 	start := time.Now()
-	err = s.Send(context.Background(), msgs("t", 3, 1, 1))
+	err = s.Send(context.Background(), sinktest.Batch("t", 3, 1, 1))
 	require.ErrorIs(t, err, ErrNotConnected)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.False(t, sinks.IsPermanent(err))
@@ -460,7 +460,7 @@ func TestCancelledContext(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := e.sink.Send(ctx, msgs(e.topic("c"), 3, 1, 1))
+	err := e.sink.Send(ctx, sinktest.Batch(e.topic("c"), 3, 1, 1))
 	require.ErrorIs(t, err, context.Canceled)
 }
 
@@ -468,12 +468,12 @@ func TestCloseAndHealth(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	require.NoError(t, e.sink.Send(ctx, msgs(e.topic("h"), 1, 0, 1)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(e.topic("h"), 1, 0, 1)))
 	require.NoError(t, e.sink.Healthy(ctx))
 	require.NoError(t, e.sink.Send(ctx, nil))
 	require.NoError(t, e.sink.Close(ctx))
 	require.NoError(t, e.sink.Close(ctx))
-	require.ErrorIs(t, e.sink.Send(ctx, msgs(e.topic("h"), 1, 0, 1)), sinks.ErrClosed)
+	require.ErrorIs(t, e.sink.Send(ctx, sinktest.Batch(e.topic("h"), 1, 0, 1)), sinks.ErrClosed)
 	require.ErrorIs(t, e.sink.Healthy(ctx), sinks.ErrClosed)
 }
 
@@ -488,7 +488,7 @@ func TestPassiveExchangeCheck(t *testing.T) {
 		PublishTimeout: time.Second, ReconnectInitial: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close(context.Background())) }()
-	err = s.Send(context.Background(), msgs("t", 1, 0, 1))
+	err = s.Send(context.Background(), sinktest.Batch("t", 1, 0, 1))
 	require.ErrorIs(t, err, ErrNotConnected)
 	require.ErrorContains(t, err, "NOT_FOUND")
 	require.ErrorContains(t, s.Healthy(context.Background()), "NOT_FOUND")
@@ -551,7 +551,7 @@ func TestBrokerRestart(t *testing.T) {
 	// and keeps what failed (in order) for the next call.
 	send := func(refill bool) error {
 		for refill && len(pending) < 1000 {
-			m := msgs(topic, 1, 0, 200)[0]
+			m := sinktest.Batch(topic, 1, 0, 200)[0]
 			m.Key = fmt.Sprintf("k%d", next%20)
 			next++
 			sent[m.Key] = append(sent[m.Key], m.ID)
@@ -645,7 +645,7 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	e := setup(t, onBroker(broker), withConfig(func(c *Config) { c.PublishTimeout = 2 * time.Second }))
 	topic := e.topic("alarm")
 	ctx := context.Background()
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 10, 2, 10)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 10, 2, 10)))
 	e.mustRead(10)
 
 	ctlCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
@@ -662,7 +662,7 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 
 	// Keyless, so 512 messages (10 MB) go out per round: more than the
 	// socket buffers hold, so writes block.
-	batch := msgs(topic, 2000, 0, 20_000)
+	batch := sinktest.Batch(topic, 2000, 0, 20_000)
 	start := time.Now()
 	err = e.sink.Send(ctx, batch)
 	took := time.Since(start)
@@ -680,7 +680,7 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	// no confirm within the publish timeout says the broker is
 	// unavailable. (Whether connection.blocked reaches the sink before
 	// the deadline varies from run to run: the outcome is not sent then.)
-	small := msgs(topic, 5, 0, 10)
+	small := sinktest.Batch(topic, 5, 0, 10)
 	err = e.sink.Send(ctx, small)
 	require.Error(t, err)
 	requireOutage(t, err, len(small))
@@ -697,7 +697,7 @@ func TestBrokerMemoryAlarm(t *testing.T) {
 	require.NoError(t, err, "restoring the memory watermark")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := e.sink.Send(ctx, msgs(topic, 10, 2, 10))
+		err := e.sink.Send(ctx, sinktest.Batch(topic, 10, 2, 10))
 		if err == nil {
 			break
 		}
@@ -738,7 +738,7 @@ func BenchmarkSend(b *testing.B) {
 			b.SetBytes(500 * 200)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := e.sink.Send(context.Background(), msgs(topic, 500, keys, 200)); err != nil {
+				if err := e.sink.Send(context.Background(), sinktest.Batch(topic, 500, keys, 200)); err != nil {
 					b.Fatal(err)
 				}
 			}

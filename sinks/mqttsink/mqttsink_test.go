@@ -212,12 +212,12 @@ func TestUnreachableIsNotAttempted(t *testing.T) {
 	e := setup(t, broker(t), withConfig(func(c *Config) { c.PublishTimeout = 300 * time.Millisecond }))
 	ctx := context.Background()
 	topic := e.topic("down")
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 1, 1, 10)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 10)))
 	restore := e.proxy.Break()
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() (bool, string) {
 		return e.sink.Healthy(ctx) != nil, "the sink still reports a connection"
 	})
-	batch := msgs(topic, 20, 4, 10)
+	batch := sinktest.Batch(topic, 20, 4, 10)
 	err := e.sink.Send(ctx, batch)
 	require.Error(t, err)
 	for i := range batch {

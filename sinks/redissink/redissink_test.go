@@ -154,7 +154,7 @@ func TestTrimming(t *testing.T) {
 	e := setup(t, withConfig(func(c *Config) { c.Stream = "{topic}"; c.MaxLen = 10 }))
 	topic := e.topic("maxlen")
 	for range 30 {
-		require.NoError(t, e.sink.Send(ctx, msgs(topic, 100, 3, 8)))
+		require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 100, 3, 8)))
 	}
 	n, err := e.rdb.XLen(ctx, topic).Result()
 	require.NoError(t, err)
@@ -166,7 +166,7 @@ func TestTrimming(t *testing.T) {
 	old := fmt.Sprintf("%d-0", time.Now().Add(-time.Hour).UnixMilli())
 	require.NoError(t, e2.rdb.XAdd(ctx, &redis.XAddArgs{Stream: topic, ID: old, Values: []any{"id", "old"}}).Err())
 	for range 200 { // MINID ~ trims whole macro nodes: fill one past the old entry
-		require.NoError(t, e2.sink.Send(ctx, msgs(topic, 1, 1, 8)))
+		require.NoError(t, e2.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 8)))
 	}
 	first, err := e2.rdb.XRangeN(ctx, topic, "-", "+", 1).Result()
 	require.NoError(t, err)
@@ -180,9 +180,9 @@ func TestDisconnectedIsNotAttempted(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	topic := e.topic("down")
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 1, 1, 1)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 1)))
 	restore := e.proxy.Break()
-	batch := msgs(topic, 3, 2, 1)
+	batch := sinktest.Batch(topic, 3, 2, 1)
 	var err error
 	for range 3 { // a pooled connection cut under a Send is an attempt
 		if err = e.sink.Send(ctx, batch); sinks.Outcome(err, 0, 3) != nil && isNotAttempted(err, 3) {
@@ -324,10 +324,10 @@ func TestServerRefusalsAreUnavailable(t *testing.T) {
 			e := setup(t, onServer(srv.URL()))
 			ctx := context.Background()
 			topic := e.topic("refused")
-			require.NoError(t, e.sink.Send(ctx, msgs(topic, 1, 1, 1)), "before the refusal")
+			require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 1)), "before the refusal")
 			restore := c.refuse(t, ctx, srv, e.rdb)
 
-			batch := msgs(topic, 4, 2, 1) // keys k0 and k1
+			batch := sinktest.Batch(topic, 4, 2, 1) // keys k0 and k1
 			err := e.sink.Send(ctx, batch)
 			for i := range batch {
 				oe := sinks.Outcome(err, i, len(batch))
