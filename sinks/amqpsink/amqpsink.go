@@ -539,8 +539,9 @@ func (s *Sink) acquire(ctx context.Context) (*pubChannel, error) {
 				return pc, nil
 			}
 			if !cs.c.IsClosed() {
+				// No channel, so nothing of the batch was sent.
 				<-s.sem
-				return nil, fmt.Errorf("outbox: amqp: open channel: %w", err)
+				return nil, sinks.NotSent(fmt.Errorf("outbox: amqp: open channel: %w", err))
 			}
 			wake, lastErr = cs.done, err
 		}
@@ -654,17 +655,17 @@ func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 		rounds[r] = append(rounds[r], i)
 	}
 
-	pc, err := s.acquire(ctx)
+	// Blocked before and after acquire: a blocked broker reads nothing
+	// from the connection, not even the channel.open that acquire may
+	// send (and that waits for its answer past ctx).
+	err := s.blockedErr()
+	var pc *pubChannel
 	if err == nil {
-		s.mu.Lock()
-		if reason := s.blocked; reason != "" {
-			// The broker reads no publish of any publisher: nothing
-			// is sent.
-			err = sinks.NotSent(fmt.Errorf("%w: %s", ErrBlocked, reason))
-		}
-		s.mu.Unlock()
-		if err != nil {
-			s.release(pc, true)
+		pc, err = s.acquire(ctx)
+		if err == nil {
+			if err = s.blockedErr(); err != nil {
+				s.release(pc, true)
+			}
 		}
 	}
 	if err != nil {
@@ -691,6 +692,18 @@ func (s *Sink) send(ctx context.Context, msgs []sinks.Message) error {
 	}
 	s.release(pc, b.broken == nil)
 	return be.Err()
+}
+
+// blockedErr reports, marked not sent, that the broker blocks the
+// connection (connection.blocked: a memory or disk alarm): it reads no
+// publish of any publisher, so nothing would be sent.
+func (s *Sink) blockedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blocked == "" {
+		return nil
+	}
+	return sinks.NotSent(fmt.Errorf("%w: %s", ErrBlocked, s.blocked))
 }
 
 // batch is the state of one Send.
@@ -899,10 +912,24 @@ func (b *batch) settle(fl []inflight, returned map[int]amqp.Return, timeout erro
 				b.be.Errs[i] = sinks.Unavailable(ErrNacked)
 			}
 		default:
-			b.be.Errs[i] = fmt.Errorf("%w: no confirm within the publish timeout or ctx: %w", ErrNotConfirmed, timeout)
+			b.be.Errs[i] = unconfirmed(timeout)
 		}
 		b.gate.Fail(m)
 	}
+}
+
+// unconfirmed is the error of a message whose confirm had not come when
+// the wait ended with timeout (ctx's error). Past the deadline (the
+// publish timeout, or the caller's), the broker did not answer in time:
+// the destination unavailable, as a timeout is for every sink, and the
+// message may have been enqueued. A cancelled wait says nothing of the
+// broker.
+func unconfirmed(timeout error) error {
+	err := fmt.Errorf("%w: no confirm within the publish timeout or ctx: %w", ErrNotConfirmed, timeout)
+	if errors.Is(timeout, context.DeadlineExceeded) {
+		return sinks.Unavailable(err)
+	}
+	return err
 }
 
 // unstick runs when the Send's context ends. If a publish call is in
@@ -928,23 +955,36 @@ func (b *batch) unstick() {
 	}
 }
 
-// channelErr explains a failed publish or a lost channel, preferring the
-// broker's close reason.
 // lost marks err, the failure of a message that went out on b's channel,
 // as the destination unavailable (sinks.Unavailable) when the connection
-// is gone (or its socket failed): the broker stopped answering, and may have the message. A
-// channel the broker closed on a live connection (an exchange that does
-// not exist) leaves err as it is.
+// is gone (or its socket failed), or when the broker closed it for a
+// reason of its own (see brokerClose): the broker stopped answering, and
+// may have the message. A channel the broker closed on a live connection
+// for the message's sake (an exchange that does not exist, a message over
+// the broker's size limit) leaves err as it is.
 func (b *batch) lost(err error) error {
 	var oe *net.OpError
+	var ae *amqp.Error
 	// The socket's own error comes first when the write fails before the
 	// library's reader has seen the connection go.
-	if b.pc.cs.c.IsClosed() || errors.As(err, &oe) || errors.Is(err, io.EOF) {
+	if b.pc.cs.c.IsClosed() || errors.As(err, &oe) || errors.Is(err, io.EOF) ||
+		errors.As(err, &ae) && brokerClose(ae.Code) {
 		return sinks.Unavailable(err)
 	}
 	return err
 }
 
+// brokerClose reports whether a close with code says the broker, not a
+// message, is at fault: 320 CONNECTION_FORCED (an operator or the broker
+// closed the connection: shutdown, rabbitmqctl close_connection) and 506
+// RESOURCE_ERROR (the broker lacks the resources: memory, disk, file
+// handles).
+func brokerClose(code int) bool {
+	return code == amqp.ConnectionForced || code == amqp.ResourceError
+}
+
+// channelErr explains a failed publish or a lost channel, preferring the
+// broker's close reason.
 func (b *batch) channelErr(err error) error {
 	if b.pc.dead() && b.pc.closeErr != nil {
 		if b.pc.closeErr.Code == amqp.NotFound {

@@ -158,12 +158,7 @@ func (c Config) withDefaults() Config {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}
-	if c.ReconnectInitial == 0 {
-		c.ReconnectInitial = DefaultReconnectInitial
-	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectInitial)
-	}
+	c.ReconnectInitial, c.ReconnectMax = sinkconf.ReconnectDefaults(c.ReconnectInitial, c.ReconnectMax, DefaultReconnectInitial, DefaultReconnectMax)
 	if c.Channels == 0 {
 		c.Channels = DefaultChannels
 	}
@@ -208,22 +203,13 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("outbox: amqp: declare_exchange: must be %q or %q, got %q", DeclareNone, DeclarePassive, redact.URL(c.DeclareExchange))
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"publish_timeout", c.PublishTimeout},
-		{"dial_timeout", c.DialTimeout},
-		{"heartbeat", c.Heartbeat},
-		{"reconnect_initial", c.ReconnectInitial},
-		{"reconnect_max", c.ReconnectMax},
-	} {
-		if d.v < 0 {
-			return fmt.Errorf("outbox: amqp: %s: must not be negative, got %s", d.name, d.v)
-		}
+	if err := sinkconf.CheckDurations("amqp", sinkconf.Dur("publish_timeout", c.PublishTimeout),
+		sinkconf.Dur("dial_timeout", c.DialTimeout), sinkconf.Dur("heartbeat", c.Heartbeat),
+		sinkconf.Dur("reconnect_initial", c.ReconnectInitial), sinkconf.Dur("reconnect_max", c.ReconnectMax)); err != nil {
+		return err
 	}
-	if c.ReconnectMax != 0 && c.ReconnectMax < c.ReconnectInitial {
-		return fmt.Errorf("outbox: amqp: reconnect_max: %s is less than reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+	if err := sinkconf.CheckReconnect("amqp", c.ReconnectInitial, c.ReconnectMax); err != nil {
+		return err
 	}
 	if c.Channels < 0 || c.Channels > 2047 {
 		return fmt.Errorf("outbox: amqp: channels: must be between 1 and 2047, got %d", c.Channels)

@@ -18,8 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/amqptest"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
-	"github.com/outbox-relay/outbox-relay/sinks"
-	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 func TestMain(m *testing.M) {
@@ -246,19 +244,6 @@ func needRabbitmqctl(tb testing.TB) {
 
 // msgs returns n messages of ~size bytes on topic, keys cycling over keys
 // ("" when keys is 0).
-func msgs(topic string, n, keys, size int) []sinks.Message {
-	out := make([]sinks.Message, n)
-	for i := range out {
-		key := ""
-		if keys > 0 {
-			key = fmt.Sprintf("k%d", i%keys)
-		}
-		payload := make([]byte, size)
-		copy(payload, fmt.Sprintf("payload-%d-", i))
-		out[i] = sinktest.Msg(topic, key, int64(i+1), payload)
-	}
-	return out
-}
 
 func headerString(d amqp.Delivery, name string) string {
 	v, _ := d.Headers[name].(string)

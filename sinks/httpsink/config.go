@@ -169,19 +169,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("outbox: http: secrets[%d]: %w", i, err)
 		}
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"timeout", c.Timeout},
-		{"dial_timeout", c.DialTimeout},
-		{"tls_handshake_timeout", c.TLSHandshakeTimeout},
-		{"response_header_timeout", c.ResponseHeaderTimeout},
-		{"max_retry_after", c.MaxRetryAfter},
-	} {
-		if d.v < 0 {
-			return fmt.Errorf("outbox: http: %s: must not be negative, got %s", d.name, d.v)
-		}
+	if err := sinkconf.CheckDurations("http", sinkconf.Dur("timeout", c.Timeout), sinkconf.Dur("dial_timeout", c.DialTimeout),
+		sinkconf.Dur("tls_handshake_timeout", c.TLSHandshakeTimeout), sinkconf.Dur("response_header_timeout", c.ResponseHeaderTimeout),
+		sinkconf.Dur("max_retry_after", c.MaxRetryAfter)); err != nil {
+		return err
 	}
 	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) {
 		return fmt.Errorf("outbox: http: rate_limit: must be a number of requests a second, 0 (none) or more, got %v", c.RateLimit)

@@ -95,18 +95,15 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	stream, err := sinkconf.ParseTemplate(cfg.Stream)
+	stream, log, err := awsbatch.Start("kinesis", "stream", cfg.Stream, logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: kinesis: stream: %w", err)
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		return nil, err
 	}
 	client, err := newClient(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Sink{cfg: cfg, stream: stream, client: client, log: logger.With("sink", "kinesis")}, nil
+	return &Sink{cfg: cfg, stream: stream, client: client, log: log}, nil
 }
 
 // newClient builds the Kinesis client: the SDK's default chain for the

@@ -12,6 +12,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 // BenchmarkSend is one Send of 500 messages of 200 bytes over 100 keys
@@ -27,7 +28,7 @@ func BenchmarkSend(b *testing.B) {
 	var sinkRate, rawRate float64
 	b.Run("sink", func(b *testing.B) {
 		e := setup(b, br, direct(), withConfig(func(c *Config) { c.Topic = "{topic}" }))
-		batch := msgs(e.topic("bench"), 500, 100, 200)
+		batch := sinktest.Batch(e.topic("bench"), 500, 100, 200)
 		for b.Loop() {
 			if err := e.sink.Send(ctx, batch); err != nil {
 				b.Fatal(err)
@@ -58,7 +59,7 @@ func BenchmarkSend(b *testing.B) {
 		if err := cm.AwaitConnection(actx); err != nil {
 			b.Fatal(err)
 		}
-		batch := msgs(testkit.RandName("t")+"/bench", 500, 100, 200)
+		batch := sinktest.Batch(testkit.RandName("t")+"/bench", 500, 100, 200)
 		pubs := make([]*paho.Publish, len(batch))
 		for i, m := range batch {
 			pubs[i] = &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: &paho.PublishProperties{

@@ -126,12 +126,7 @@ func (c Config) withDefaults() Config {
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
 	}
-	if c.ReconnectInitial == 0 {
-		c.ReconnectInitial = DefaultReconnectInitial
-	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectInitial)
-	}
+	c.ReconnectInitial, c.ReconnectMax = sinkconf.ReconnectDefaults(c.ReconnectInitial, c.ReconnectMax, DefaultReconnectInitial, DefaultReconnectMax)
 	return c
 }
 
@@ -165,30 +160,17 @@ func (c Config) Validate() error {
 	if b.hasPassword && c.Password != "" {
 		return errors.New("outbox: mqtt: password: set both in the url and as a field; set one")
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-		max  time.Duration
-	}{
-		{"keepalive", c.KeepAlive, 65535 * time.Second},
-		{"session_expiry", c.SessionExpiry, (1<<32 - 1) * time.Second},
-		{"publish_timeout", c.PublishTimeout, 0},
-		{"connect_timeout", c.ConnectTimeout, 0},
-		{"reconnect_initial", c.ReconnectInitial, 0},
-		{"reconnect_max", c.ReconnectMax, 0},
-	} {
-		if d.v < 0 {
-			return fmt.Errorf("outbox: mqtt: %s: must not be negative, got %s", d.name, d.v)
-		}
-		if d.max > 0 && d.v > d.max {
-			return fmt.Errorf("outbox: mqtt: %s: at most %s, got %s", d.name, d.max, d.v)
-		}
+	if err := sinkconf.CheckDurations("mqtt", sinkconf.Dur("keepalive", c.KeepAlive).AtMost(65535*time.Second),
+		sinkconf.Dur("session_expiry", c.SessionExpiry).AtMost((1<<32-1)*time.Second),
+		sinkconf.Dur("publish_timeout", c.PublishTimeout), sinkconf.Dur("connect_timeout", c.ConnectTimeout),
+		sinkconf.Dur("reconnect_initial", c.ReconnectInitial), sinkconf.Dur("reconnect_max", c.ReconnectMax)); err != nil {
+		return err
 	}
 	if c.KeepAlive%time.Second != 0 || c.SessionExpiry%time.Second != 0 {
 		return errors.New("outbox: mqtt: keepalive, session_expiry: whole seconds")
 	}
-	if c.ReconnectMax != 0 && c.ReconnectMax < c.ReconnectInitial {
-		return fmt.Errorf("outbox: mqtt: reconnect_max: %s is less than reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+	if err := sinkconf.CheckReconnect("mqtt", c.ReconnectInitial, c.ReconnectMax); err != nil {
+		return err
 	}
 	plain := ""
 	if !b.tls {

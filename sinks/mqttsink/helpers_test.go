@@ -19,7 +19,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
-	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
@@ -212,20 +211,6 @@ func delivered(p *paho.Publish) sinktest.Delivered {
 	d.ID, d.Key = d.Headers[PropID], d.Headers[PropKey]
 	d.Seq, _ = strconv.ParseInt(d.Headers[PropSeq], 10, 64)
 	return d
-}
-
-func msgs(topic string, n, keys, size int) []sinks.Message {
-	out := make([]sinks.Message, n)
-	for i := range out {
-		key := ""
-		if keys > 0 {
-			key = fmt.Sprintf("k%d", i%keys)
-		}
-		payload := make([]byte, size)
-		copy(payload, fmt.Sprintf("payload-%d-", i))
-		out[i] = sinktest.Msg(topic, key, int64(i+1), payload)
-	}
-	return out
 }
 
 func writeFile(path, body string) error { return os.WriteFile(path, []byte(body), 0o644) }

@@ -5,8 +5,10 @@
 // success reason code (0x00, or 0x10 "no matching subscribers": the
 // broker took the message). A PUBACK with an error reason code fails the
 // message: not authorized (0x87), topic name invalid (0x90), packet too
-// large (0x95) and payload format invalid (0x99) are permanent, the
-// others retriable. The message id, position and key travel as the user
+// large (0x95) and payload format invalid (0x99) are permanent; quota
+// exceeded (0x97), server unavailable (0x88), server busy (0x89) and
+// server shutting down (0x8B) say the broker takes nothing now
+// (sinks.Unavailable); the others are retriable. The message id, position and key travel as the user
 // properties outbox-id, outbox-seq and outbox-key, next to the
 // application's headers; the payload goes as it is.
 //
@@ -77,13 +79,43 @@ func (e *PubackError) Error() string {
 }
 
 // Permanent reports whether the broker will refuse the message whatever
-// the number of tries.
+// the number of tries: not authorized (0x87), topic name invalid (0x90),
+// packet too large (0x95), payload format invalid (0x99).
 func (e *PubackError) Permanent() bool {
 	switch e.ReasonCode {
 	case 0x87, 0x90, 0x95, 0x99:
 		return true
 	}
 	return false
+}
+
+// Unavailable reports whether the reason code says the broker takes no
+// message from this client now, whatever the message: quota exceeded
+// (0x97, the one such code MQTT 5 lists for a PUBACK), and server
+// unavailable (0x88), server busy (0x89) and server shutting down (0x8B),
+// which it lists for CONNACK and DISCONNECT and which mean the same in a
+// PUBACK from a broker that sends them there.
+func (e *PubackError) Unavailable() bool {
+	switch e.ReasonCode {
+	case 0x88, 0x89, 0x8B, 0x97:
+		return true
+	}
+	return false
+}
+
+// classified is e as the relay must see it: permanent (ErrTooLarge for
+// 0x95), the destination unavailable, or a retriable failure of the
+// message.
+func (e *PubackError) classified() error {
+	switch {
+	case e.ReasonCode == 0x95:
+		return sinks.Permanent(fmt.Errorf("%w: %w", ErrTooLarge, e))
+	case e.Permanent():
+		return sinks.Permanent(e)
+	case e.Unavailable():
+		return sinks.Unavailable(e)
+	}
+	return e
 }
 
 func reasonName(rc byte) string {
@@ -94,6 +126,12 @@ func reasonName(rc byte) string {
 		return "implementation specific error"
 	case 0x87:
 		return "not authorized"
+	case 0x88:
+		return "server unavailable"
+	case 0x89:
+		return "server busy"
+	case 0x8B:
+		return "server shutting down"
 	case 0x90:
 		return "topic name invalid"
 	case 0x91:
@@ -452,13 +490,7 @@ func (s *Sink) publish(ctx context.Context, c *conn, m sinks.Message) error {
 		if pr.Properties != nil {
 			pe.Reason = pr.Properties.ReasonString
 		}
-		if pe.ReasonCode == 0x95 {
-			return sinks.Permanent(fmt.Errorf("%w: %w", ErrTooLarge, pe))
-		}
-		if pe.Permanent() {
-			return sinks.Permanent(pe)
-		}
-		return pe
+		return pe.classified()
 	case err == nil:
 		return nil
 	case errors.Is(err, autopaho.ConnectionDownError), errors.Is(err, session.ErrNoConnection):

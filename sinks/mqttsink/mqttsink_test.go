@@ -3,6 +3,7 @@ package mqttsink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -81,13 +82,36 @@ func TestPubackErrorIsPermanent(t *testing.T) {
 	require.ElementsMatch(t, []string{batch[0].ID, batch[3].ID}, []string{delivered(got[0]).ID, delivered(got[1]).ID})
 }
 
-// TestPubackClassification: reason codes 0x87, 0x90, 0x95 and 0x99 are
-// permanent, the others retriable.
+// TestPubackClassification: every PUBACK error code of MQTT 5 (3.4.2.1),
+// and the server-wide codes of CONNACK and DISCONNECT that a broker may
+// send in a PUBACK too: 0x87, 0x90, 0x95 and 0x99 are the message's and
+// permanent; 0x97, 0x88, 0x89 and 0x8B say the broker takes nothing now
+// (the relay's breaker opens on them across keys); the others are
+// retriable failures of the message.
 func TestPubackClassification(t *testing.T) {
 	t.Parallel()
-	for rc, perm := range map[byte]bool{0x80: false, 0x83: false, 0x87: true, 0x90: true, 0x91: false, 0x95: true, 0x97: false, 0x99: true} {
-		require.Equal(t, perm, (&PubackError{ReasonCode: rc}).Permanent(), "0x%02X", rc)
+	const permanent, unavailable, retriable = "permanent", "unavailable", "retriable"
+	for rc, want := range map[byte]string{
+		0x80: retriable, 0x83: retriable, 0x87: permanent, 0x90: permanent, 0x91: retriable,
+		0x97: unavailable, 0x99: permanent, // the PUBACK list
+		0x88: unavailable, 0x89: unavailable, 0x8B: unavailable, 0x95: permanent,
+	} {
+		pe := &PubackError{ReasonCode: rc}
+		err := pe.classified()
+		got := retriable
+		switch {
+		case sinks.IsPermanent(err):
+			got = permanent
+		case errors.Is(err, sinks.ErrUnavailable):
+			got = unavailable
+		}
+		require.Equal(t, want, got, "0x%02X: %v", rc, err)
+		require.Equal(t, want == permanent, pe.Permanent(), "0x%02X", rc)
+		require.Equal(t, want == unavailable, pe.Unavailable(), "0x%02X", rc)
+		require.ErrorAs(t, err, &pe)
+		require.NotContains(t, err.Error(), "unknown", "0x%02X has a name", rc)
 	}
+	require.ErrorIs(t, (&PubackError{ReasonCode: 0x95}).classified(), ErrTooLarge)
 }
 
 // TestTooLargeIsPermanent: a message over the broker's Maximum Packet
@@ -188,12 +212,12 @@ func TestUnreachableIsNotAttempted(t *testing.T) {
 	e := setup(t, broker(t), withConfig(func(c *Config) { c.PublishTimeout = 300 * time.Millisecond }))
 	ctx := context.Background()
 	topic := e.topic("down")
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 1, 1, 10)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 10)))
 	restore := e.proxy.Break()
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() (bool, string) {
 		return e.sink.Healthy(ctx) != nil, "the sink still reports a connection"
 	})
-	batch := msgs(topic, 20, 4, 10)
+	batch := sinktest.Batch(topic, 20, 4, 10)
 	err := e.sink.Send(ctx, batch)
 	require.Error(t, err)
 	for i := range batch {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 // BenchmarkSend is one Send of 500 messages over 4 keys (a lane-local
@@ -16,7 +18,7 @@ func BenchmarkSend(b *testing.B) {
 		b.Run("sink-"+ordering, func(b *testing.B) {
 			e := setup(b, direct(), withConfig(func(c *Config) { c.Ordering = ordering; c.Subject = "{topic}" }))
 			ctx := context.Background()
-			batch := msgs(e.topic("bench"), 500, 4, 200)
+			batch := sinktest.Batch(e.topic("bench"), 500, 4, 200)
 			for b.Loop() {
 				if err := e.sink.Send(ctx, batch); err != nil {
 					b.Fatal(err)
@@ -27,7 +29,7 @@ func BenchmarkSend(b *testing.B) {
 	}
 	b.Run("raw-async", func(b *testing.B) {
 		e := setup(b)
-		batch := msgs(e.topic("bench"), 500, 4, 200)
+		batch := sinktest.Batch(e.topic("bench"), 500, 4, 200)
 		for b.Loop() {
 			for _, m := range batch {
 				nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: nats.Header{HeaderMsgID: {m.ID}, HeaderKey: {m.Key}}}

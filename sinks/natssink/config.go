@@ -140,12 +140,7 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
 	}
-	if c.ReconnectInitial == 0 {
-		c.ReconnectInitial = DefaultReconnectInitial
-	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectInitial)
-	}
+	c.ReconnectInitial, c.ReconnectMax = sinkconf.ReconnectDefaults(c.ReconnectInitial, c.ReconnectMax, DefaultReconnectInitial, DefaultReconnectMax)
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
 	}
@@ -185,22 +180,13 @@ func (c Config) Validate() error {
 	} else if c.StreamSubjects != "" {
 		return errors.New("outbox: nats: stream_subjects: set, but create_stream is false")
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"publish_timeout", c.PublishTimeout},
-		{"dial_timeout", c.DialTimeout},
-		{"reconnect_initial", c.ReconnectInitial},
-		{"reconnect_max", c.ReconnectMax},
-		{"duplicate_window", c.DuplicateWindow},
-	} {
-		if d.v < 0 {
-			return fmt.Errorf("outbox: nats: %s: must not be negative, got %s", d.name, d.v)
-		}
+	if err := sinkconf.CheckDurations("nats", sinkconf.Dur("publish_timeout", c.PublishTimeout),
+		sinkconf.Dur("dial_timeout", c.DialTimeout), sinkconf.Dur("reconnect_initial", c.ReconnectInitial),
+		sinkconf.Dur("reconnect_max", c.ReconnectMax), sinkconf.Dur("duplicate_window", c.DuplicateWindow)); err != nil {
+		return err
 	}
-	if c.ReconnectMax != 0 && c.ReconnectMax < c.ReconnectInitial {
-		return fmt.Errorf("outbox: nats: reconnect_max: %s is less than reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+	if err := sinkconf.CheckReconnect("nats", c.ReconnectInitial, c.ReconnectMax); err != nil {
+		return err
 	}
 	switch c.Ordering {
 	case "", OrderingStrict, OrderingPipelined:

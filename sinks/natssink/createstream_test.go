@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 // createStreamEnv is a connection to the shared server for a test that
@@ -63,7 +64,7 @@ func TestCreateStream(t *testing.T) {
 		StreamSubjects: prefix + ".a.>, " + prefix + ".b.>", DuplicateWindow: 90 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	batch := append(msgs(prefix+".a.x", 3, 1, 10), msgs(prefix+".b.y", 2, 1, 10)...)
+	batch := append(sinktest.Batch(prefix+".a.x", 3, 1, 10), sinktest.Batch(prefix+".b.y", 2, 1, 10)...)
 	for i := range batch {
 		batch[i].ID = testkit.RandName("id")
 	}
@@ -96,7 +97,7 @@ func TestCreateStreamLeavesExistingStream(t *testing.T) {
 		Storage: jetstream.MemoryStorage, Duplicates: 30 * time.Second})
 	require.NoError(t, err)
 	s := newCreateStreamSink(t, Config{Stream: name, CreateStream: true, StreamSubjects: prefix + ".other.>"})
-	require.NoError(t, s.Send(ctx, msgs(prefix+".x", 2, 1, 10)))
+	require.NoError(t, s.Send(ctx, sinktest.Batch(prefix+".x", 2, 1, 10)))
 	st, err := js.Stream(ctx, name)
 	require.NoError(t, err)
 	info, err := st.Info(ctx)
@@ -115,7 +116,7 @@ func TestCreateStreamOffByDefault(t *testing.T) {
 	s := newCreateStreamSink(t, Config{Stream: name})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := s.Send(ctx, msgs(prefix+".x", 1, 1, 10))
+	err := s.Send(ctx, sinktest.Batch(prefix+".x", 1, 1, 10))
 	var be *sinks.BatchError
 	require.ErrorAs(t, err, &be)
 	require.ErrorIs(t, be.Errs[0], ErrNoStream)

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
 // BenchmarkSend is one Send of 500 messages (1,000 keys' worth of
@@ -15,7 +17,7 @@ func BenchmarkSend(b *testing.B) {
 	e := setup(b, direct(), withConfig(func(c *Config) { c.Stream = "{topic}" }))
 	ctx := context.Background()
 	topic := e.topic("bench")
-	batch := msgs(topic, 500, 4, 200)
+	batch := sinktest.Batch(topic, 500, 4, 200)
 	b.Run("sink", func(b *testing.B) {
 		for b.Loop() {
 			if err := e.sink.Send(ctx, batch); err != nil {

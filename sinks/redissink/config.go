@@ -123,13 +123,8 @@ func (c Config) Validate() error {
 	if c.MaxLen > 0 && c.MaxAge > 0 {
 		return errors.New("outbox: redis: maxlen: maxlen and max_age are exclusive (XADD takes one trimming strategy)")
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"publish_timeout", c.PublishTimeout}, {"dial_timeout", c.DialTimeout}} {
-		if d.v < 0 {
-			return fmt.Errorf("outbox: redis: %s: must not be negative, got %s", d.name, d.v)
-		}
+	if err := sinkconf.CheckDurations("redis", sinkconf.Dur("publish_timeout", c.PublishTimeout), sinkconf.Dur("dial_timeout", c.DialTimeout)); err != nil {
+		return err
 	}
 	plain := ""
 	if u.Scheme == "redis" {

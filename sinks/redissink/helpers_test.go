@@ -15,7 +15,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
-	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
 
@@ -152,18 +151,4 @@ func delivered(topic string, m redis.XMessage) sinktest.Delivered {
 		d.Payload = []byte{}
 	}
 	return d
-}
-
-func msgs(topic string, n, keys, size int) []sinks.Message {
-	out := make([]sinks.Message, n)
-	for i := range out {
-		key := ""
-		if keys > 0 {
-			key = fmt.Sprintf("k%d", i%keys)
-		}
-		payload := make([]byte, size)
-		copy(payload, fmt.Sprintf("payload-%d-", i))
-		out[i] = sinktest.Msg(topic, key, int64(i+1), payload)
-	}
-	return out
 }

@@ -350,10 +350,11 @@ func (s *Sink) appendEntry(args []any, m sinks.Message, names []string) ([]any, 
 	return args, names
 }
 
-// retriableReplies are the error reply prefixes of transient conditions;
-// every other refusal of an entry is permanent.
-var retriableReplies = []string{"OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN",
-	"CLUSTERDOWN", "MOVED", "ASK", "NOREPLICAS", "MISCONF", "NOSCRIPT"}
+// retriableReplies are the error reply prefixes of the other transient
+// refusals (a cluster redirect, a script the server no longer holds);
+// with unavailableReplies they are retried, and every other refusal of an
+// entry is permanent.
+var retriableReplies = []string{"MOVED", "ASK", "NOSCRIPT"}
 
 func retriableReply(msg string) bool {
 	code, _, _ := strings.Cut(msg, " ")
@@ -362,10 +363,13 @@ func retriableReply(msg string) bool {
 
 // unavailableReplies are the error reply prefixes that say the server
 // (or the cluster) as a whole takes no writes now, whatever the entry:
-// loading its data set, a replica whose master is down, a cluster that
-// is down or resharding, a script blocking the server, too few replicas
-// for min-replicas-to-write. They wrap sinks.ErrUnavailable.
-var unavailableReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS"}
+// out of memory under maxmemory (OOM), a replica (READONLY: the URL
+// names a replica, or a failover demoted the server), a failed save with
+// stop-writes-on-bgsave-error or a failed AOF write (MISCONF), loading
+// its data set, a replica whose master is down, a cluster that is down or
+// resharding, a script blocking the server, too few replicas for
+// min-replicas-to-write. They wrap sinks.ErrUnavailable.
+var unavailableReplies = []string{"OOM", "READONLY", "MISCONF", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS"}
 
 func unavailableReply(msg string) bool {
 	code, _, _ := strings.Cut(msg, " ")
@@ -385,8 +389,8 @@ func replyErr(stream, msg string) error {
 }
 
 // callErr classifies the failure of a whole script call: retriable (a
-// reply refusing the call, such as BUSY, LOADING, OOM or READONLY, cannot
-// be pinned on one entry, and the relay's max attempts bound it; a lost
+// reply refusing the call cannot be pinned on one entry, and the relay's
+// max attempts bound it; a lost
 // connection may have added some entries, which the relay adds again
 // under the same id). A failed dial sent nothing (sinks.NotSent); a
 // connection lost or silent with the call on it, and the replies of

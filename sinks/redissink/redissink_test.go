@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -14,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
 )
@@ -150,7 +154,7 @@ func TestTrimming(t *testing.T) {
 	e := setup(t, withConfig(func(c *Config) { c.Stream = "{topic}"; c.MaxLen = 10 }))
 	topic := e.topic("maxlen")
 	for range 30 {
-		require.NoError(t, e.sink.Send(ctx, msgs(topic, 100, 3, 8)))
+		require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 100, 3, 8)))
 	}
 	n, err := e.rdb.XLen(ctx, topic).Result()
 	require.NoError(t, err)
@@ -162,7 +166,7 @@ func TestTrimming(t *testing.T) {
 	old := fmt.Sprintf("%d-0", time.Now().Add(-time.Hour).UnixMilli())
 	require.NoError(t, e2.rdb.XAdd(ctx, &redis.XAddArgs{Stream: topic, ID: old, Values: []any{"id", "old"}}).Err())
 	for range 200 { // MINID ~ trims whole macro nodes: fill one past the old entry
-		require.NoError(t, e2.sink.Send(ctx, msgs(topic, 1, 1, 8)))
+		require.NoError(t, e2.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 8)))
 	}
 	first, err := e2.rdb.XRangeN(ctx, topic, "-", "+", 1).Result()
 	require.NoError(t, err)
@@ -176,9 +180,9 @@ func TestDisconnectedIsNotAttempted(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	topic := e.topic("down")
-	require.NoError(t, e.sink.Send(ctx, msgs(topic, 1, 1, 1)))
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 1)))
 	restore := e.proxy.Break()
-	batch := msgs(topic, 3, 2, 1)
+	batch := sinktest.Batch(topic, 3, 2, 1)
 	var err error
 	for range 3 { // a pooled connection cut under a Send is an attempt
 		if err = e.sink.Send(ctx, batch); sinks.Outcome(err, 0, 3) != nil && isNotAttempted(err, 3) {
@@ -253,17 +257,93 @@ func TestOutageClassification(t *testing.T) {
 	t.Parallel()
 	for _, msg := range []string{"LOADING Redis is loading the dataset in memory", "MASTERDOWN Link with MASTER is down",
 		"CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request during rehashing of slot", "BUSY Redis is busy running a script",
-		"NOREPLICAS Not enough good replicas to write"} {
+		"NOREPLICAS Not enough good replicas to write", "OOM command not allowed when used memory > 'maxmemory'.",
+		"READONLY You can't write against a read only replica.", "MISCONF Redis is configured to save RDB snapshots"} {
 		err := replyErr("s", msg)
 		require.ErrorIs(t, err, sinks.ErrUnavailable, msg)
 		require.False(t, sinks.IsPermanent(err), msg)
 	}
-	for _, msg := range []string{"OOM command not allowed", "READONLY You can't write against a read only replica", "ERR wrong number"} {
+	for _, msg := range []string{"MOVED 3999 127.0.0.1:6381", "NOSCRIPT No matching script"} {
+		err := replyErr("s", msg)
+		require.NotErrorIs(t, err, sinks.ErrUnavailable, msg)
+		require.False(t, sinks.IsPermanent(err), msg)
+	}
+	for _, msg := range []string{"WRONGTYPE Operation against a key holding the wrong kind of value", "ERR wrong number"} {
 		require.NotErrorIs(t, replyErr("s", msg), sinks.ErrUnavailable, msg)
+		require.True(t, sinks.IsPermanent(replyErr("s", msg)), msg)
 	}
 	s := &Sink{}
 	require.ErrorIs(t, s.callErr(fmt.Errorf("read: %w", io.EOF)), sinks.ErrUnavailable)
 	require.True(t, sinks.IsNotSent(s.callErr(&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED})))
 	require.NotErrorIs(t, s.callErr(context.Canceled), sinks.ErrUnavailable)
 	require.False(t, sinks.IsNotSent(s.callErr(context.Canceled)))
+}
+
+// TestServerRefusalsAreUnavailable makes a throwaway server refuse every
+// write in the three ways an operator meets most (out of memory under
+// maxmemory, a replica, a failed save with stop-writes-on-bgsave-error)
+// and checks that the sink reports each as the destination unavailable
+// for every key of a batch, so that the relay's breaker opens instead of
+// spending attempts; once the server takes writes again, the same batch
+// is delivered. The shared server is never reconfigured.
+func TestServerRefusalsAreUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		reply string
+		// refuse makes the server refuse writes and returns what undoes it.
+		refuse func(t *testing.T, ctx context.Context, srv *throwaway.Server, rdb *redis.Client) (restore []any)
+	}{
+		{"OOM", func(t *testing.T, ctx context.Context, _ *throwaway.Server, rdb *redis.Client) []any {
+			require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "1").Err())
+			return []any{"CONFIG", "SET", "maxmemory", "0"}
+		}},
+		{"READONLY", func(t *testing.T, ctx context.Context, _ *throwaway.Server, rdb *redis.Client) []any {
+			// A replica of a master that is not there (nothing listens on
+			// port 1 of loopback): the server stays up, read only.
+			require.NoError(t, rdb.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+			return []any{"REPLICAOF", "NO", "ONE"}
+		}},
+		{"MISCONF", func(t *testing.T, ctx context.Context, srv *throwaway.Server, rdb *redis.Client) []any {
+			// A save point makes a failed save stop writes; the save
+			// fails because the server's directory is gone (the
+			// throwaway's own, and dir cannot be changed at run time).
+			require.NoError(t, rdb.ConfigSet(ctx, "save", "3600 1").Err())
+			require.NoError(t, os.RemoveAll(srv.Dir()))
+			require.NoError(t, rdb.BgSave(ctx).Err())
+			testkit.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+				info, err := rdb.Info(ctx, "persistence").Result()
+				return err == nil && strings.Contains(info, "rdb_bgsave_in_progress:0") &&
+					strings.Contains(info, "rdb_last_bgsave_status:err"), "waiting for the save to fail"
+			})
+			return []any{"CONFIG", "SET", "stop-writes-on-bgsave-error", "no"}
+		}},
+	} {
+		t.Run(c.reply, func(t *testing.T) {
+			t.Parallel()
+			srv := throwaway.Redis(t)
+			e := setup(t, onServer(srv.URL()))
+			ctx := context.Background()
+			topic := e.topic("refused")
+			require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 1)), "before the refusal")
+			restore := c.refuse(t, ctx, srv, e.rdb)
+
+			batch := sinktest.Batch(topic, 4, 2, 1) // keys k0 and k1
+			err := e.sink.Send(ctx, batch)
+			for i := range batch {
+				oe := sinks.Outcome(err, i, len(batch))
+				if i >= 2 { // a later message of a refused key
+					require.ErrorIs(t, oe, sinks.ErrNotAttempted)
+					continue
+				}
+				require.ErrorIs(t, oe, sinks.ErrUnavailable, "message %d", i)
+				require.ErrorContains(t, oe, c.reply, "message %d", i)
+				require.False(t, sinks.IsPermanent(oe))
+			}
+
+			require.NoError(t, e.rdb.Do(ctx, restore...).Err())
+			require.NoError(t, e.sink.Send(ctx, batch), "after the server takes writes again")
+			_, err = e.read(ctx, topic, 5)
+			require.NoError(t, err)
+		})
+	}
 }

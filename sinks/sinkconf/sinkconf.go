@@ -1,9 +1,11 @@
 // Package sinkconf holds the configuration plumbing every sink shares:
 // Secret, a string that never prints; TLS, the one TLS section of every
 // sink that dials a broker, with its URL parameters; Template, a
-// destination name built from a message; and Params, the table of a sink URL's
+// destination name built from a message; Params, the table of a sink URL's
 // query parameters, which both parses them (an unknown or repeated
-// parameter is an error naming it) and renders them back for Redacted.
+// parameter is an error naming it) and renders them back for Redacted;
+// and the checks and defaults of durations (CheckDurations,
+// ReconnectDefaults, CheckReconnect), so that every sink words them alike.
 //
 // It holds no sink and knows no scheme: each sink package declares its
 // own table with the parameter names its users write.

@@ -259,6 +259,24 @@ func Msg(topic, key string, seq int64, payload []byte) sinks.Message {
 	}
 }
 
+// Batch returns n messages for topic with positions 1 to n, spread over
+// keys keys ("k0", "k1", …, message i under key i mod keys; no key when
+// keys is 0), each with a payload of size bytes that starts with
+// "payload-i-" (cut to size) and is zero after it.
+func Batch(topic string, n, keys, size int) []sinks.Message {
+	out := make([]sinks.Message, n)
+	for i := range out {
+		key := ""
+		if keys > 0 {
+			key = fmt.Sprintf("k%d", i%keys)
+		}
+		payload := make([]byte, size)
+		copy(payload, fmt.Sprintf("payload-%d-", i))
+		out[i] = Msg(topic, key, int64(i+1), payload)
+	}
+	return out
+}
+
 // NewID returns a random version 4 UUID in its canonical text form.
 func NewID() string {
 	var b [16]byte

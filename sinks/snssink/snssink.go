@@ -68,19 +68,16 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	topic, err := sinkconf.ParseTemplate(cfg.TopicARN)
+	topic, log, err := awsbatch.Start("sns", "topic_arn", cfg.TopicARN, logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sns: topic_arn: %w", err)
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		return nil, err
 	}
 	client, err := newClient(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
 	layout := awsbatch.Layout{Service: "SNS", Invalid: ErrInvalid, Base64: cfg.BodyEncoding == "base64", MaxBytes: cfg.MaxMessageBytes}
-	return &Sink{cfg: cfg, topic: topic, layout: layout, client: client, log: logger.With("sink", "sns")}, nil
+	return &Sink{cfg: cfg, topic: topic, layout: layout, client: client, log: log}, nil
 }
 
 // newClient builds the SNS client: the SDK's default chain for the region

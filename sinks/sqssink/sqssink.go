@@ -77,19 +77,16 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	queue, err := sinkconf.ParseTemplate(cfg.QueueURL)
+	queue, log, err := awsbatch.Start("sqs", "queue_url", cfg.QueueURL, logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sqs: queue_url: %w", err)
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+		return nil, err
 	}
 	client, err := newClient(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
 	layout := awsbatch.Layout{Service: "SQS", Invalid: ErrInvalid, Base64: cfg.BodyEncoding == "base64", MaxBytes: cfg.MaxMessageBytes}
-	return &Sink{cfg: cfg, queue: queue, layout: layout, client: client, log: logger.With("sink", "sqs")}, nil
+	return &Sink{cfg: cfg, queue: queue, layout: layout, client: client, log: log}, nil
 }
 
 // newClient builds the SQS client: the SDK's default chain for the region

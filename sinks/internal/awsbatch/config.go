@@ -3,6 +3,7 @@ package awsbatch
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -68,6 +69,21 @@ func (o Options) Validate(sink string, largest int) error {
 		return fmt.Errorf("outbox: %s: publish_timeout: must not be negative, got %s", sink, o.PublishTimeout)
 	}
 	return nil
+}
+
+// Start is how each sink's New begins once its Config is validated and
+// defaulted: it parses dest, the destination template of the field named
+// field ("queue_url"), and returns it with logger (one that discards when
+// nil) naming the sink.
+func Start(sink, field, dest string, logger *slog.Logger) (sinkconf.Template, *slog.Logger, error) {
+	t, err := sinkconf.ParseTemplate(dest)
+	if err != nil {
+		return sinkconf.Template{}, nil, fmt.Errorf("outbox: %s: %s: %w", sink, field, err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return t, logger.With("sink", sink), nil
 }
 
 // AWSConfig loads the SDK's configuration for a client: the SDK's default
