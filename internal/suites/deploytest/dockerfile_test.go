@@ -334,7 +334,11 @@ func TestDockerfileBuildStep(t *testing.T) {
 
 	goBin := goTool(t)
 	const version = "v0.0.0-deploytest"
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// A bound, not a measure: on a machine whose build cache has never
+	// seen CGO_ENABLED=0 and -trimpath, the step compiles the standard
+	// library and every dependency again, and beside the rest of the
+	// suite under -race that took over 10 minutes on 2 cores.
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", script)
 	cmd.Dir = root(t)
