@@ -82,20 +82,27 @@ func heartbeatArgs(h Heartbeat) pgx.NamedArgs {
 	a := pgx.NamedArgs{
 		"hostname": h.Hostname, "pid": h.PID, "version": h.Version, "in_flight": h.InFlight, "pooled": h.Pooled,
 		"config_hash": h.ConfigHash, "config_summary": h.ConfigSummary,
-		"down_since": nil, "down_cause": nil, "down_probes": 0,
-		"limited_since": nil, "limited_cause": nil, "failing_since": nil, "last_error": nil,
+		"down_for": nil, "down_cause": nil, "down_probes": 0,
+		"limited_for": nil, "limited_cause": nil, "failing_for": nil, "last_error": nil,
 	}
+	// Each since goes as an age, in microseconds, which the statement
+	// takes from now(): the relay sends durations, never times of its own
+	// clock (a host whose clock is off must not move them).
 	if !h.DownSince.IsZero() {
-		a["down_since"], a["down_cause"], a["down_probes"] = h.DownSince, h.DownCause, h.DownProbes
+		a["down_for"], a["down_cause"], a["down_probes"] = age(h.DownSince), h.DownCause, h.DownProbes
 	}
 	if !h.LimitedSince.IsZero() {
-		a["limited_since"], a["limited_cause"] = h.LimitedSince, h.LimitCause
+		a["limited_for"], a["limited_cause"] = age(h.LimitedSince), h.LimitCause
 	}
 	if !h.FailingSince.IsZero() {
-		a["failing_since"], a["last_error"] = h.FailingSince, h.LastError
+		a["failing_for"], a["last_error"] = age(h.FailingSince), h.LastError
 	}
 	return a
 }
+
+// age is how long ago t was, in microseconds, on the relay's monotonic
+// clock.
+func age(t time.Time) int64 { return max(time.Since(t), 0).Microseconds() }
 
 // OtherConfig is a live relay of the route registered with another
 // configuration than the asking relay's.
@@ -359,8 +366,9 @@ SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
        CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
        @config_hash, @config_summary,
-       @down_since::timestamptz, @down_cause::text, @down_probes::int,
-       @limited_since::timestamptz, @limited_cause::text, @failing_since::timestamptz, @last_error::text
+       now() - @down_for::bigint * interval '1 microsecond', @down_cause::text, @down_probes::int,
+       now() - @limited_for::bigint * interval '1 microsecond', @limited_cause::text,
+       now() - @failing_for::bigint * interval '1 microsecond', @last_error::text
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
