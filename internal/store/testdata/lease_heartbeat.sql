@@ -4,8 +4,9 @@ SELECT @relay, @hostname, @pid, @version, @route, @in_flight,
        CASE WHEN @pooled::bool THEN 0 ELSE pg_backend_pid() END,
        CASE WHEN @pooled::bool THEN NULL ELSE a.backend_start END,
        @config_hash, @config_summary,
-       @down_since::timestamptz, @down_cause::text, @down_probes::int,
-       @limited_since::timestamptz, @limited_cause::text, @failing_since::timestamptz, @last_error::text
+       now() - @down_for::bigint * interval '1 microsecond', @down_cause::text, @down_probes::int,
+       now() - @limited_for::bigint * interval '1 microsecond', @limited_cause::text,
+       now() - @failing_for::bigint * interval '1 microsecond', @last_error::text
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
