@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
@@ -36,50 +37,64 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 					b.Fatal(err)
 				}
 			}
-			if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.lanes (route, lane, owner, lease_until)
-SELECT '', g, 'me', now() + interval '1 hour' FROM generate_series(0, 255) g
-ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + interval '1 hour'`); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.messages`); err != nil {
-				b.Fatal(err)
-			}
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Release()
-			st, err := store.NewSchema(schema)
-			if err != nil {
-				b.Fatal(err)
-			}
-			e := store.NewEngine(st, store.Outbox, "", false)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				tx, err := conn.Begin(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				// As the relay does: the priority probe pipelined with the
-				// claim, every row scanned.
-				batch := &pgx.Batch{}
-				var prio bool
-				n := 0
-				e.QueueClaim(batch, store.ClaimParams{
+			// As the relay does: the priority probe pipelined with the
+			// claim.
+			claims(b, pool, schema, "", func(i int) store.ClaimParams {
+				return store.ClaimParams{
 					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
 					Limit: 500, MaxBytes: DefaultBatchBytes, Priority: c.priority,
-				}, &prio, func(store.ClaimedRow) error { n++; return nil })
-				if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-					b.Fatal(err)
 				}
+			}, func(n int) {
 				if n == 0 {
 					b.Fatal("claimed nothing")
 				}
-				if err := tx.Rollback(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 		})
+	}
+}
+
+// claims gives every lane of route to relay "me", vacuums the outbox of
+// schema and runs b.N claims with the params of each on one connection:
+// BEGIN, the claim, every row scanned (check is told how many),
+// ROLLBACK.
+func claims(b *testing.B, pool *pgxpool.Pool, schema, route string, params func(i int) store.ClaimParams, check func(n int)) {
+	ctx := context.Background()
+	s := migrations.Ident(schema)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.lanes (route, lane, owner, lease_until)
+SELECT $1, g, 'me', now() + interval '1 hour' FROM generate_series(0, 255) g
+ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + interval '1 hour'`, route); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.messages`); err != nil {
+		b.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	st, err := store.NewSchema(schema)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := store.NewEngine(st, store.Outbox, route, false)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		batch := &pgx.Batch{}
+		var prio bool
+		n := 0
+		e.QueueClaim(batch, params(i), &prio, func(store.ClaimedRow) error { n++; return nil })
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			b.Fatal(err)
+		}
+		check(n)
+		if err := tx.Rollback(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -96,57 +111,26 @@ func BenchmarkClaimBesideBacklog(b *testing.B) {
 			pool, schema := pgtest.Schema(b)
 			ctx := context.Background()
 			s := migrations.Ident(schema)
-			for _, q := range []string{
-				`INSERT INTO ` + s + `.messages (topic, key, payload)
-SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $1::int) g`,
-				// Written after the backlog: each lane's audit rows are
-				// behind the other route's.
-				`INSERT INTO ` + s + `.messages (topic, key, payload)
-SELECT 'audit', NULL, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 512 + 0 * $1::int) g`,
-				`INSERT INTO ` + s + `.lanes (route, lane, owner, lease_until)
-SELECT 'audit', g, 'me', now() + interval '1 hour' FROM generate_series(0, 255) g WHERE $1::int >= 0
-ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + interval '1 hour'`,
-			} {
-				if _, err := pool.Exec(ctx, q, backlog); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.messages`); err != nil {
+			if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
+SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $1::int) g`, backlog); err != nil {
 				b.Fatal(err)
 			}
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
+			// Written after the backlog: each lane's audit rows are behind
+			// the other route's.
+			if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
+SELECT 'audit', NULL, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 512) g`); err != nil {
 				b.Fatal(err)
 			}
-			defer conn.Release()
-			st, err := store.NewSchema(schema)
-			if err != nil {
-				b.Fatal(err)
-			}
-			e := store.NewEngine(st, store.Outbox, "audit", false)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				tx, err := conn.Begin(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				batch := &pgx.Batch{}
-				var prio bool
-				n := 0
-				e.QueueClaim(batch, store.ClaimParams{
+			claims(b, pool, schema, "audit", func(i int) store.ClaimParams {
+				return store.ClaimParams{
 					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
 					Limit: 500, LaneLimit: 500, MaxBytes: DefaultBatchBytes, Topics: likePatterns([]string{"audit"}),
-				}, &prio, func(store.ClaimedRow) error { n++; return nil })
-				if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-					b.Fatal(err)
 				}
+			}, func(n int) {
 				if n != 256 {
 					b.Fatalf("claimed %d audit messages, want 256", n)
 				}
-				if err := tx.Rollback(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 		})
 	}
 }
