@@ -42,14 +42,14 @@ type delivery struct {
 type receiver struct {
 	url string
 
-	failing  atomic.Bool
+	failing  atomic.Pointer[hold] // set while the receiver answers 503
 	rejected atomic.Int64
 	// poison, when set and poisoning, says which messages the receiver
 	// refuses for good (422: the relay dead-letters them at once).
 	poison    func(tag string) bool
 	poisoning atomic.Bool
 	poisoned  atomic.Int64
-	stallEnd  atomic.Int64 // unix nanos; requests before it are held until then
+	holding   atomic.Pointer[hold] // set while the receiver stalls
 	stalled   atomic.Int64
 
 	mu  sync.Mutex
@@ -65,17 +65,17 @@ func newReceiver(t *testing.T) *receiver {
 }
 
 func (rc *receiver) serve(r *testkit.Request) (int, string) {
-	if end := rc.stallEnd.Load(); end != 0 {
-		if d := time.Until(time.Unix(0, end)); d > 0 {
-			// A consumer that is slow to answer: the request is processed
-			// (recorded) after the stall even if the relay gave up on it,
-			// as a real consumer would.
-			rc.stalled.Add(1)
-			time.Sleep(d)
-		}
+	if h := rc.holding.Load(); h != nil {
+		// A consumer that is slow to answer: the request is processed
+		// (recorded) after the stall even if the relay gave up on it,
+		// as a real consumer would.
+		rc.stalled.Add(1)
+		h.caught.Do(func() { close(h.first) })
+		<-h.release
 	}
-	if rc.failing.Load() {
+	if f := rc.failing.Load(); f != nil {
 		rc.rejected.Add(1)
+		f.caught.Do(func() { close(f.first) })
 		return http.StatusServiceUnavailable, "receiver outage (chaos test)"
 	}
 	d := delivery{id: r.Header.Get("webhook-id")}
@@ -112,24 +112,47 @@ func (rc *receiver) serve(r *testkit.Request) (int, string) {
 	return http.StatusNoContent, ""
 }
 
-// outage makes the receiver answer 503 to everything for d.
-func (rc *receiver) outage(ctx context.Context, d time.Duration) {
-	rc.failing.Store(true)
-	defer rc.failing.Store(false)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
+// hold is one fault window of the receiver (an outage or a stall). Its
+// length counts from the first request it catches, so a window that opens
+// while every relay happens to be restarting still catches traffic: a
+// fault that met no request would prove nothing.
+type hold struct {
+	caught  sync.Once
+	first   chan struct{} // closed by the first request caught
+	release chan struct{} // closed when the window ends
 }
 
-// stall holds every request for the next d before accepting it: longer
-// than the relays' publish timeout, so their sends time out although the
-// receiver goes on to process the messages.
-func (rc *receiver) stall(ctx context.Context, d time.Duration) {
-	rc.stallEnd.Store(time.Now().Add(d).UnixNano())
+func newHold() *hold { return &hold{first: make(chan struct{}), release: make(chan struct{})} }
+
+// window waits for h's first request (at most a minute), then for d.
+func (h *hold) window(ctx context.Context, d time.Duration) {
+	select {
+	case <-h.first:
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+	}
 	sleepCtx(ctx, d)
+}
+
+// outage makes the receiver answer 503 to everything for d, counted from
+// the first request it rejects.
+func (rc *receiver) outage(ctx context.Context, d time.Duration) {
+	h := newHold()
+	rc.failing.Store(h)
+	defer rc.failing.Store(nil)
+	h.window(ctx, d)
+}
+
+// stall holds every request for d, counted from the first request it
+// holds, before accepting it: longer than the relays' publish timeout, so
+// their sends time out although the receiver goes on to process the
+// messages.
+func (rc *receiver) stall(ctx context.Context, d time.Duration) {
+	h := newHold()
+	rc.holding.Store(h)
+	h.window(ctx, d)
+	rc.holding.Store(nil)
+	close(h.release)
 }
 
 // snapshot returns the deliveries so far and the malformed requests.
