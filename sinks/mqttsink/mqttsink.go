@@ -21,8 +21,10 @@
 // with backoff. Nothing is queued while disconnected: a Send waits for
 // the connection (up to its deadline) and reports what it could not send
 // as sinks.ErrNotAttempted, so an unreachable broker costs no attempts.
-// A message whose PUBACK was lost with the connection is retriable (it may
-// have arrived: consumers deduplicate on outbox-id).
+// A message whose PUBACK was lost with the connection, or did not come
+// within the publish timeout while the broker held the connection, says
+// the broker failed (sinks.Unavailable); it may have arrived, and
+// consumers deduplicate on outbox-id.
 package mqttsink
 
 import (
@@ -500,6 +502,12 @@ func (s *Sink) publish(ctx context.Context, c *conn, m sinks.Message) error {
 		// Maximum QoS of 0): the broker's configuration, not the
 		// message, is at fault; the message waits for it to change.
 		return sinks.NotSent(fmt.Errorf("outbox: mqtt: publish: %w", err))
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The broker holds the connection and answers nothing within
+		// the publish timeout: a hung or overloaded broker, not this
+		// message (the relay's breaker opens when it happens across
+		// keys; a lone key's counts its attempt).
+		return sinks.Unavailable(fmt.Errorf("%w within the publish timeout: %w", ErrNoPuback, ctx.Err()))
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrNoPuback, ctx.Err())
 	case pctx.Err() != nil:

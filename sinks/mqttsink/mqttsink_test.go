@@ -249,3 +249,36 @@ func TestCheckStartRefused(t *testing.T) {
 	e := setup(t, broker(t))
 	require.NoError(t, e.sink.CheckStart(ctx))
 }
+
+// TestHungBrokerIsUnavailable: a broker that keeps the connection open
+// and answers nothing (the proxy holds every byte) leaves the messages
+// of a Send without their PUBACK at the publish timeout: unavailable, so
+// the relay's breaker spends no attempts when it happens across keys.
+// Once the broker answers again, the same messages go out.
+func TestHungBrokerIsUnavailable(t *testing.T) {
+	t.Parallel()
+	e := setup(t, broker(t), withConfig(func(c *Config) { c.PublishTimeout = 500 * time.Millisecond }))
+	ctx := context.Background()
+	topic := e.topic("hung")
+	require.NoError(t, e.sink.Send(ctx, sinktest.Batch(topic, 1, 1, 10)))
+	resume := e.proxy.Hold()
+	batch := sinktest.Batch(topic, 8, 4, 10)
+	err := e.sink.Send(ctx, batch)
+	resume()
+	require.Error(t, err)
+	hung := 0
+	for i := range batch {
+		oe := sinks.Outcome(err, i, len(batch))
+		if oe == nil || errors.Is(oe, sinks.ErrNotAttempted) {
+			continue // a key's later message, not sent after its first failed
+		}
+		require.ErrorIs(t, oe, sinks.ErrUnavailable, "message %d", i)
+		require.ErrorIs(t, oe, ErrNoPuback, "message %d", i)
+		hung++
+	}
+	require.Positive(t, hung, "no message waited for its PUBACK")
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+		err := e.sink.Send(ctx, batch)
+		return err == nil, fmt.Sprint(err)
+	})
+}

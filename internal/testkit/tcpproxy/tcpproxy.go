@@ -1,11 +1,11 @@
 // Package tcpproxy is a loopback TCP proxy for tests: a sink connects to
 // the proxy instead of a shared server, and the test cuts the sink's
 // connections (Restart) or refuses them for a while (Break) without
-// touching the server, which other tests share.
+// touching the server, which other tests share, or holds every byte in
+// flight (Hold): a server that hangs without closing anything.
 package tcpproxy
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -22,6 +22,9 @@ type Proxy struct {
 	closed bool
 	// restore ends the Break made by Down.
 	restore func()
+	// held, while not nil, is closed when a Hold ends: no byte goes
+	// through until then.
+	held chan struct{}
 	wg      sync.WaitGroup
 }
 
@@ -76,7 +79,24 @@ func (p *Proxy) accept(ln net.Listener) {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src) // ends when either side goes away
+	buf := make([]byte, 32<<10)
+	for { // ends when either side goes away
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			held := p.held
+			p.mu.Unlock()
+			if held != nil {
+				<-held
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
@@ -150,6 +170,26 @@ func (p *Proxy) Up() error {
 	return nil
 }
 
+// Hold stops every byte in flight, both ways, on every connection (new
+// ones are accepted and held too), until the returned resume: the server
+// behind the proxy hangs while its connections stay open.
+func (p *Proxy) Hold() (resume func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+	held := p.held
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.held == held {
+			close(held)
+			p.held = nil
+		}
+	}
+}
+
 // Close stops the proxy and cuts its connections.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -160,6 +200,10 @@ func (p *Proxy) Close() {
 	p.closed = true
 	_ = p.ln.Close()
 	p.dropAll()
+	if p.held != nil {
+		close(p.held) // the held pipes find their connections closed
+		p.held = nil
+	}
 	p.mu.Unlock()
 	p.wg.Wait()
 }
