@@ -63,17 +63,20 @@ func (b *bench) drains(ctx context.Context) error {
 		sinksToRun = append(sinksToRun, drainSink{name: "discard, fan-out to 2 routes", n: cfg.scaleN,
 			note: "routes `all` (*) and `copy` (*, fanout: true), both discard: the router copies each message to both; rate = messages/s, each delivered twice",
 			setup: func(context.Context, int) (string, func() string, func(), error) {
-				f, err := os.CreateTemp("", "bench-fanout-*.yaml")
-				if err != nil {
-					return "", nil, nil, err
-				}
-				_, err = f.WriteString("routes:\n  - name: all\n    topics: [\"*\"]\n    sink: discard\n" +
+				return configFile("routes:\n  - name: all\n    topics: [\"*\"]\n    sink: discard\n" +
 					"  - name: copy\n    topics: [\"*\"]\n    sink: discard\n    fanout: true\n")
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-				return "config:" + f.Name(), nil, func() { os.Remove(f.Name()) }, err
 			}})
+		for _, isolated := range []bool{false, true} {
+			name, note, extra := "discard, 2 routes", "routes `bench` (bench) and `other` (other.*), both discard: each route reads the outbox itself", ""
+			if isolated {
+				name, note, extra = "discard, 2 routes, isolated", "the same routes with isolate-routes: the router copies each message to its route's copies, which the route claims", "isolate-routes: true\n"
+			}
+			sinksToRun = append(sinksToRun, drainSink{name: name, n: cfg.scaleN, note: note,
+				setup: func(context.Context, int) (string, func() string, func(), error) {
+					return configFile(extra + "routes:\n  - name: bench\n    topics: [bench]\n    sink: discard\n" +
+						"  - name: other\n    topics: [\"other.*\"]\n    sink: discard\n")
+				}})
+		}
 		sinksToRun = append(sinksToRun, drainSink{name: "discard, one hot key", n: cfg.hotN, keys: 1, limit: 60 * time.Second,
 			note: "every message in one lane: one worker does all the work", setup: func(context.Context, int) (string, func() string, func(), error) {
 				return "discard", nil, func() {}, nil
@@ -371,4 +374,19 @@ func (b *bench) amqpSetup(ctx context.Context, run int) (string, func() string, 
 		sep = "&"
 	}
 	return u + sep + "exchange=" + name, check, cleanup, nil
+}
+
+// configFile writes a relay config file of the given content for one
+// drain run: the sink argument that runs the relay with it, and the
+// cleanup that removes it.
+func configFile(content string) (string, func() string, func(), error) {
+	f, err := os.CreateTemp("", "bench-routes-*.yaml")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	_, err = f.WriteString(content)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return "config:" + f.Name(), nil, func() { os.Remove(f.Name()) }, err
 }

@@ -39,7 +39,7 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 			}
 			// As the relay does: the priority probe pipelined with the
 			// claim.
-			claims(b, pool, schema, "", func(i int) store.ClaimParams {
+			claims(b, pool, schema, store.Outbox, "", func(i int) store.ClaimParams {
 				return store.ClaimParams{
 					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
 					Limit: 500, MaxBytes: DefaultBatchBytes, Priority: c.priority,
@@ -53,11 +53,11 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 	}
 }
 
-// claims gives every lane of route to relay "me", vacuums the outbox of
-// schema and runs b.N claims with the params of each on one connection:
-// BEGIN, the claim, every row scanned (check is told how many),
-// ROLLBACK.
-func claims(b *testing.B, pool *pgxpool.Pool, schema, route string, params func(i int) store.ClaimParams, check func(n int)) {
+// claims gives every lane of route to relay "me", vacuums the outbox and
+// the copies of schema and runs b.N claims of source with the params of
+// each on one connection: BEGIN, the claim, every row scanned (check is
+// told how many), ROLLBACK.
+func claims(b *testing.B, pool *pgxpool.Pool, schema string, source store.Source, route string, params func(i int) store.ClaimParams, check func(n int)) {
 	ctx := context.Background()
 	s := migrations.Ident(schema)
 	if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.lanes (route, lane, owner, lease_until)
@@ -65,8 +65,10 @@ SELECT $1, g, 'me', now() + interval '1 hour' FROM generate_series(0, 255) g
 ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + interval '1 hour'`, route); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.messages`); err != nil {
-		b.Fatal(err)
+	for _, table := range []string{"messages", "deliveries"} {
+		if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.`+table); err != nil {
+			b.Fatal(err)
+		}
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -77,7 +79,7 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := store.NewEngine(st, store.Outbox, route, false)
+	e := store.NewEngine(st, source, route, false)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		tx, err := conn.Begin(ctx)
@@ -99,38 +101,58 @@ ON CONFLICT (route, lane) DO UPDATE SET owner = 'me', lease_until = now() + inte
 }
 
 // BenchmarkClaimBesideBacklog measures what another route's backlog costs
-// a route's claim: routes share the outbox table, so a claim over all of
-// a worker's lanes (a woken worker's at least once a second, and every
-// safety-net poll's) walks past the other route's rows in each lane. The
-// route "audit" has 2 messages in each lane; "orders" (whose destination
-// is down, say) has 0 to 200k. BEGIN, the audit claim over this worker's
-// half of the lanes, scan, ROLLBACK.
+// a route's claim. The route "audit" has 2 messages in each lane;
+// "orders" (whose destination is down, say) has 0 to 200k. BEGIN, the
+// audit claim over this worker's half of the lanes, scan, ROLLBACK.
+//
+// shared: the routes share the outbox table, so a claim over all of a
+// worker's lanes (a woken worker's at least once a second, and every
+// safety-net poll's) walks past the other route's rows in each lane.
+// isolated (SetConfig.IsolateRoutes): each route claims its own copies,
+// whose index leads with the route, and never reads the other's.
 func BenchmarkClaimBesideBacklog(b *testing.B) {
-	for _, backlog := range []int{0, 10_000, 50_000, 200_000} {
-		b.Run(fmt.Sprintf("other=%d", backlog), func(b *testing.B) {
-			pool, schema := pgtest.Schema(b)
-			ctx := context.Background()
-			s := migrations.Ident(schema)
-			if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
+	for _, isolated := range []bool{false, true} {
+		for _, backlog := range []int{0, 10_000, 50_000, 200_000} {
+			mode, source := "shared", store.Outbox
+			if isolated {
+				mode, source = "isolated", store.Copies
+			}
+			b.Run(fmt.Sprintf("%s/other=%d", mode, backlog), func(b *testing.B) {
+				pool, schema := pgtest.Schema(b)
+				ctx := context.Background()
+				s := migrations.Ident(schema)
+				if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
 SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, $1::int) g`, backlog); err != nil {
-				b.Fatal(err)
-			}
-			// Written after the backlog: each lane's audit rows are behind
-			// the other route's.
-			if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
+					b.Fatal(err)
+				}
+				// Written after the backlog: each lane's audit rows are
+				// behind the other route's.
+				if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.messages (topic, key, payload)
 SELECT 'audit', NULL, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 512) g`); err != nil {
-				b.Fatal(err)
-			}
-			claims(b, pool, schema, "audit", func(i int) store.ClaimParams {
-				return store.ClaimParams{
-					Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
-					Limit: 500, LaneLimit: 500, MaxBytes: DefaultBatchBytes, Topics: likePatterns([]string{"audit"}),
+					b.Fatal(err)
 				}
-			}, func(n int) {
-				if n != 256 {
-					b.Fatalf("claimed %d audit messages, want 256", n)
+				topics := likePatterns([]string{"audit"})
+				if isolated {
+					// As the router leaves them: every row copied to its
+					// route, the outbox empty.
+					if _, err := pool.Exec(ctx, `WITH m AS (DELETE FROM `+s+`.messages RETURNING *)
+INSERT INTO `+s+`.deliveries (route, id, message_id, topic, key, payload, headers, lane, created_at)
+SELECT m.topic, m.id, m.message_id, m.topic, m.key, m.payload, m.headers, m.lane, m.created_at FROM m`); err != nil {
+						b.Fatal(err)
+					}
+					topics = nil
 				}
+				claims(b, pool, schema, source, "audit", func(i int) store.ClaimParams {
+					return store.ClaimParams{
+						Relay: "me", Workers: 2, Worker: i % 2, Rotation: (i * 2) % 256,
+						Limit: 500, LaneLimit: 500, MaxBytes: DefaultBatchBytes, Topics: topics,
+					}
+				}, func(n int) {
+					if n != 256 {
+						b.Fatalf("claimed %d audit messages, want 256", n)
+					}
+				})
 			})
-		})
+		}
 	}
 }

@@ -41,6 +41,34 @@ func (r *Relay) Ready(ctx context.Context) error {
 	return r.destinationUp(ctx)
 }
 
+// Readiness is Ready, and what slows the route while it still delivers
+// ("" when nothing does): its rate limit or its failing messages (see
+// strained). A relay alone is never degraded by a destination that is
+// down: it is not ready.
+func (r *Relay) Readiness(ctx context.Context) (degraded string, err error) {
+	if err := r.Ready(ctx); err != nil {
+		return "", err
+	}
+	return r.strained(), nil
+}
+
+// strained says what slows the route while its destination is up: the
+// rate limit (or a Retry-After) it waits for, or messages failing since
+// when and why; "" when nothing does.
+func (r *Relay) strained() string {
+	st := r.State()
+	since := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	switch {
+	case st.Open:
+		return ""
+	case st.Limited:
+		return fmt.Sprintf("outbox: rate limited since %s: %v", since(st.LimitedSince), st.LimitCause)
+	case st.Failing:
+		return fmt.Sprintf("outbox: messages failing since %s: %v", since(st.FailingSince), st.LastError)
+	}
+	return ""
+}
+
 // readyToClaim is the part of Ready that concerns the relay and its
 // database, not where its messages go.
 func (r *Relay) readyToClaim(ctx context.Context) error {

@@ -3,13 +3,17 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
@@ -228,6 +232,23 @@ func TestSetReadyOverAllRoutes(t *testing.T) {
 		err := all.Ready(context.Background())
 		return err != nil && err.Error() == "route sick: outbox: sink: down\nroute ill: outbox: sink: down"
 	}, "every route sick makes the set unready")
+
+	// A route held to its rate limit delivers: the Set is ready, and
+	// says which route waits and for what (a schema of its own: the
+	// sets above would dead-letter its topic as unrouted).
+	e = setup(t)
+	slow := e.config()
+	slow.RateLimit, slow.RateBurst = 2, 1
+	limited, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
+		{Name: "fine", Topics: []string{"a"}, Sink: memory.New()},
+		{Name: "slow", Topics: []string{"s"}, Sink: memory.New(), Config: &slow},
+	}})
+	e.write(msg("s", "k1", "1"), msg("s", "k2", "2"), msg("s", "k3", "3"), msg("s", "k4", "4"))
+	eventually(t, 20*time.Second, func() bool {
+		return strings.HasPrefix(limited.Degraded(context.Background()), "route slow: outbox: rate limited since ")
+	}, "the rate-limited route is named: %q", limited.Degraded(context.Background()))
+	require.Contains(t, limited.Degraded(context.Background()), "rate limit 2/s (burst 1)")
+	require.NoError(t, limited.Ready(context.Background()))
 }
 
 type sickSink struct{ *memory.Sink }
@@ -242,4 +263,66 @@ func topics(msgs []sinks.Message) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// With IsolateRoutes every route takes the router's copies: a route whose
+// destination is down keeps its backlog among its own copies (the
+// deliveries table, indexed by route), so the outbox the other routes'
+// claims would walk holds none of it, and the other route delivers
+// meanwhile. Back up, the route delivers its backlog in key order.
+func TestSetIsolatedRoutesKeepABacklogApart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	orders, audit := memory.New(), memory.New()
+	var down atomic.Bool
+	down.Store(true)
+	orders.SetFail(func(sinks.Message) error {
+		if down.Load() {
+			return sinks.NotSent(errors.New("connection refused"))
+		}
+		return nil
+	})
+	sc := relay.SetConfig{Config: e.config(), IsolateRoutes: true, Routes: []relay.Route{
+		{Name: "orders", Topics: []string{"orders.*"}, Sink: orders},
+		{Name: "audit", Topics: []string{"audit.*"}, Sink: audit},
+	}}
+	cfgs, err := sc.Plan()
+	require.NoError(t, err)
+	require.Len(t, cfgs, 4, "orders, audit, the router, unrouted")
+	require.True(t, relay.Deliveries(cfgs[0]) && relay.Deliveries(cfgs[1]), "both routes take copies")
+	require.Equal(t, relay.RouterRoute, cfgs[2].Route)
+	sc.IsolateRoutes = false
+	plain, err := sc.Plan()
+	require.NoError(t, err)
+	require.Len(t, plain, 3, "without isolation the routes read the outbox: no router")
+	sc.IsolateRoutes = true
+
+	set, _, _ := e.startSet(sc)
+	var msgs []outbox.Message
+	for i := range 300 {
+		msgs = append(msgs, msg("orders.created", fmt.Sprintf("o%d", i%10), fmt.Sprintf("o%d-%d", i%10, i)))
+	}
+	e.write(msgs...)
+	msgs = msgs[:0]
+	for i := range 50 {
+		msgs = append(msgs, msg("audit.logged", fmt.Sprintf("a%d", i%5), fmt.Sprintf("a%d", i)))
+	}
+	e.write(msgs...)
+	require.NoError(t, audit.WaitFor(waitCtx(t, 20*time.Second), 50), "audit delivers beside the orders outage")
+	eventually(t, 20*time.Second, func() bool { return e.count("messages") == 0 },
+		"the router leaves no row in the outbox (%d left)", e.count("messages"))
+	var ordersCopies, others int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		"SELECT count(*) FILTER (WHERE route = 'orders'), count(*) FILTER (WHERE route <> 'orders') FROM "+e.table("deliveries")).
+		Scan(&ordersCopies, &others))
+	require.Equal(t, 300, ordersCopies, "the orders backlog waits among the orders copies")
+	require.Zero(t, others, "audit's copies are delivered")
+	require.Zero(t, orders.Len())
+	require.Zero(t, set.Relays()[0].Stats().Retried, "an outage spends no attempt")
+
+	down.Store(false)
+	require.NoError(t, orders.WaitFor(waitCtx(t, 60*time.Second), 300))
+	checkOrder(t, orders.Delivered())
+	checkOrder(t, audit.Delivered())
+	eventually(t, 20*time.Second, func() bool { return e.count("deliveries") == 0 }, "copies left")
 }

@@ -367,6 +367,9 @@ func TestRunRoutesConfigErrors(t *testing.T) {
 	code, _, stderr := run(t, "run", "--config", f, "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "not both")
+	code, _, stderr = run(t, "run", "--sink", "stdout", "--isolate-routes", "--database-url", "postgres://x@127.0.0.1:1/d")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "outbox: isolate-routes: isolates the routes of a routes table")
 }
 
 func TestRunCloudEventsOverHTTP(t *testing.T) {

@@ -162,7 +162,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		out = append(out, rt)
 	}
 	// Names, patterns, and how the routes share topics: relay.Set's rules.
-	if _, err := setConfig(out, nil, base, nil).Plan(); err != nil {
+	if _, err := setConfig(out, nil, base, false, nil).Plan(); err != nil {
 		return nil, &usageError{err}
 	}
 	for _, kind := range sinkKinds {
@@ -228,9 +228,9 @@ func fedRoutes(specs []routeSpec) []bool {
 }
 
 // setConfig is the relay.Set of the routes, on their opened sinks (nil:
-// not opened yet, enough to Plan).
-func setConfig(routes []route, opened []sinks.Sink, base relay.Config, hooks func(string) relay.Hooks) relay.SetConfig {
-	sc := relay.SetConfig{Config: base, Hooks: hooks}
+// not opened yet, enough to Plan), isolated or not (--isolate-routes).
+func setConfig(routes []route, opened []sinks.Sink, base relay.Config, isolate bool, hooks func(string) relay.Hooks) relay.SetConfig {
+	sc := relay.SetConfig{Config: base, Hooks: hooks, IsolateRoutes: isolate}
 	for i, rt := range routes {
 		r := rt.spec
 		r.Config = &routes[i].cfg
@@ -284,9 +284,9 @@ func relaysOf(x runner) func() []*relay.Relay {
 }
 
 // newRelays builds the relays of the routes on their opened sinks.
-func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single bool, hooks func(string) relay.Hooks) (runner, error) {
+func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single, isolate bool, hooks func(string) relay.Hooks) (runner, error) {
 	if !single {
-		return relay.NewSet(pool, setConfig(routes, opened, base, hooks))
+		return relay.NewSet(pool, setConfig(routes, opened, base, isolate, hooks))
 	}
 	cfg := routes[0].cfg
 	cfg.Hooks = hooks(cfg.Route)
