@@ -26,7 +26,7 @@ import (
 func TestAMQPOutage(t *testing.T) {
 	t.Parallel()
 	broker := amqptest.Server(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound())
 	defer cancel()
 	conn, err := amqp.Dial(broker.URL())
 	require.NoError(t, err)
@@ -67,7 +67,7 @@ func TestAMQPOutage(t *testing.T) {
 	upAt := time.Now()
 	p.publishedMore(100) // the writer goes on until the relay delivers again
 	written := w.stop()
-	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
+	eventually(t, drainBound(), 50*time.Millisecond, func() (bool, string) {
 		sample()
 		left := count(t, pool, schema, "messages")
 		return left == 0, fmt.Sprintf("%d pending", left)

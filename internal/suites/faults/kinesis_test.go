@@ -27,7 +27,7 @@ import (
 func TestKinesisOutage(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.Kinesalite(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound())
 	defer cancel()
 	ac, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion("us-east-1"),
 		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))

@@ -33,7 +33,7 @@ func TestMQTTOutage(t *testing.T) {
 		// for the subscriber; wait until the queue ran dry.
 		var got []delivery
 		n := -1
-		eventually(t, 60*time.Second, 500*time.Millisecond, func() (bool, string) {
+		eventually(t, drainBound(), 500*time.Millisecond, func() (bool, string) {
 			got = sub.deliveries()
 			done := len(got) == n
 			n = len(got)

@@ -38,7 +38,7 @@ func outageRun(t *testing.T, srv *throwaway.Server, sinkURL string) (written []s
 	upAt := time.Now()
 	p.publishedMore(100) // the writer goes on until the relay delivers again
 	written = w.stop()
-	eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
+	eventually(t, drainBound(), 50*time.Millisecond, func() (bool, string) {
 		left := count(t, pool, schema, "messages")
 		return left == 0, fmt.Sprintf("%d pending", left)
 	})
@@ -55,7 +55,7 @@ func outageRun(t *testing.T, srv *throwaway.Server, sinkURL string) (written []s
 func TestNATSOutage(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound())
 	defer cancel()
 	nc, err := nats.Connect(srv.URL())
 	require.NoError(t, err)
@@ -96,7 +96,7 @@ func TestNATSOutage(t *testing.T) {
 func TestRedisOutage(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.Redis(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound())
 	defer cancel()
 	written, _ := outageRun(t, srv, srv.URL()+"?dial_timeout=500ms")
 

@@ -33,6 +33,14 @@ func outageLength() time.Duration {
 	return 5 * time.Second
 }
 
+// drainBound bounds the drain after an outage: a minute, and the
+// outage's length twice over (the backlog of a 10-minute outage at the
+// writer's pace drains in minutes, not seconds).
+func drainBound() time.Duration { return time.Minute + 2*outageLength() }
+
+// runBound bounds a whole outage test.
+func runBound() time.Duration { return 5*time.Minute + 4*outageLength() }
+
 // outageWrites is how many messages the steady writer commits while a
 // sink is down: about outageLength() at the writer's pace.
 func outageWrites() int { return int(outageLength().Seconds() * steadyRate) }

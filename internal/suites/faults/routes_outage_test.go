@@ -107,7 +107,7 @@ routes:
 	var recovered time.Duration
 	// A bound for a loaded machine, not a measure: the backlog of a
 	// 10-second outage drains in a few seconds; the time is logged.
-	eventually(t, 3*time.Minute, 50*time.Millisecond, func() (bool, string) {
+	eventually(t, max(3*time.Minute, drainBound()), 50*time.Millisecond, func() (bool, string) {
 		sample()
 		left := pending()
 		recovered = time.Since(upAt)

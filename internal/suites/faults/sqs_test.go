@@ -32,7 +32,7 @@ import (
 func TestSQSOutage(t *testing.T) {
 	t.Parallel()
 	srv := throwaway.StartGoAWS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound())
 	defer cancel()
 	ac, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion("us-east-1"),
 		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
@@ -101,7 +101,7 @@ func receiveAll(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, queueURL
 // counted while the endpoint refused connections.
 func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() []delivery) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runBound()+3*time.Minute)
 	defer cancel()
 	pool, schema := pgtest.Schema(t)
 	cfg := outageConfig
@@ -136,7 +136,7 @@ func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() [
 	// for half a minute after coming back on a loaded machine (303 rows
 	// still pending after a minute in one CI run); the drain time is
 	// logged below.
-	eventually(t, 3*time.Minute, 50*time.Millisecond, func() (bool, string) {
+	eventually(t, max(3*time.Minute, drainBound()), 50*time.Millisecond, func() (bool, string) {
 		left := count(t, pool, schema, "messages")
 		return left == 0, fmt.Sprintf("%d pending", left)
 	})
