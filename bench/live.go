@@ -805,10 +805,19 @@ func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sin
 
 // profileLive (BENCH_PROFILE=live) takes a 20 s CPU profile of the relay
 // binary (run --pprof) relaying 100 single-message transactions a second
-// into the discard sink, and prints the top 25 functions by flat and by
-// cumulative time. Output goes to results/profile-live-100.{pprof,md}.
+// (BENCH_PROFILE_RATE to change it) into the discard sink, and prints the
+// top 25 functions by flat and by cumulative time. Output goes to
+// results/profile-live-<rate>.{pprof,md}.
 func (b *bench) profileLive(ctx context.Context) error {
-	const rate, seconds = 100, 20
+	const seconds = 20
+	rate := 100
+	if v := os.Getenv("BENCH_PROFILE_RATE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("BENCH_PROFILE_RATE: %q is not a positive number of messages a second", v)
+		}
+		rate = n
+	}
 	if err := os.MkdirAll(b.cfg.outDir, 0o755); err != nil {
 		return err
 	}
@@ -835,7 +844,7 @@ func (b *bench) profileLive(ctx context.Context) error {
 	done := make(chan result, 1)
 	go func() {
 		// Warm-up 1s, then the window the profile covers.
-		st, _, _, notes, err := b.liveRate(ctx, lr, recv, "discard", rate, seconds*time.Second)
+		st, _, _, notes, err := b.liveRate(ctx, lr, recv, "discard", float64(rate), seconds*time.Second)
 		done <- result{st, notes, err}
 	}()
 	time.Sleep(time.Second)

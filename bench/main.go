@@ -44,6 +44,7 @@
 //	                  relay --wakeup wal and --wakeup poll (livewal.go); "only" runs just those
 //	BENCH_PROFILE=1   instead of benchmarking, profile the relay's drain (see profile.go)
 //	BENCH_PROFILE=live  instead of benchmarking, a 20 s CPU profile of the relay binary at 100 msg/s (live.go)
+//	BENCH_PROFILE_RATE  the rate of BENCH_PROFILE=live, messages a second (default 100)
 //	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
 //
 // Nothing here is pass/fail: targets are printed next to the figures.
