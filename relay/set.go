@@ -78,6 +78,12 @@ type SetConfig struct {
 	// row): a backlog of 200k rows behind one route's outage makes the
 	// other routes' full claims tens of times slower. Default false.
 	IsolateRoutes bool
+	// ReadyOnEveryRoute makes Ready fail as soon as one route's
+	// destination is down. Default false: Ready fails only when every
+	// route's destination is down, and Degraded names the routes that are,
+	// so that one broken sink does not take the whole process out of
+	// service.
+	ReadyOnEveryRoute bool
 }
 
 // Set runs the relays of several routes in one process, on one pool, as
@@ -91,6 +97,9 @@ type Set struct {
 	pool   *pgxpool.Pool
 	schema string
 	log    *slog.Logger
+	// everyRoute: not ready when any route's destination is down
+	// (SetConfig.ReadyOnEveryRoute).
+	everyRoute bool
 }
 
 var routeName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -107,7 +116,7 @@ func NewSet(pool *pgxpool.Pool, c SetConfig) (*Set, error) {
 			return nil, fmt.Errorf("outbox: routes[%d].sink: required", i)
 		}
 	}
-	s := &Set{cfgs: cfgs, pool: pool, schema: cfgs[0].Schema, log: cfgs[0].Logger}
+	s := &Set{cfgs: cfgs, pool: pool, schema: cfgs[0].Schema, log: cfgs[0].Logger, everyRoute: c.ReadyOnEveryRoute}
 	for i, cfg := range cfgs {
 		var sink sinks.Sink // the router has none
 		switch {
@@ -367,8 +376,8 @@ func (s *Set) Live() error {
 // (see Relay.Ready), and at least one route's destination is up. A route
 // whose destination is down while others deliver leaves the Set ready but
 // degraded (see Degraded): one broken sink does not make the whole
-// process look dead. When every route's destination is down, the error
-// names each.
+// process look dead, unless SetConfig.ReadyOnEveryRoute asks for that.
+// When every route's destination is down, the error names each.
 func (s *Set) Ready(ctx context.Context) error {
 	_, err := s.Readiness(ctx)
 	return err
@@ -406,7 +415,7 @@ func (s *Set) Readiness(ctx context.Context) (degraded string, err error) {
 	switch {
 	case len(down) == 0 && len(strained) == 0:
 		return "", nil
-	case len(down) > 0 && len(down) == routes:
+	case len(down) > 0 && (len(down) == routes || s.everyRoute):
 		return "", errors.Join(down...)
 	}
 	return errors.Join(append(down, strained...)...).Error(), nil

@@ -223,6 +223,16 @@ func TestSetReadyOverAllRoutes(t *testing.T) {
 	require.NoError(t, set.Ready(context.Background()), "one route of two is sick: degraded, still ready")
 	require.NoError(t, set.Live())
 
+	// Asked to, the Set is not ready as soon as one route is down.
+	strict, _, _ := e.startSet(relay.SetConfig{Config: e.config(), ReadyOnEveryRoute: true, Routes: []relay.Route{
+		{Name: "fine", Topics: []string{"a"}, Sink: memory.New()},
+		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
+	}})
+	eventually(t, 20*time.Second, func() bool {
+		err := strict.Ready(context.Background())
+		return err != nil && err.Error() == "route sick: outbox: sink: down"
+	}, "one route down makes a Set that requires every route unready: %v", strict.Ready(context.Background()))
+
 	// Every route sick: not ready, each named.
 	all, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
 		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
@@ -244,11 +254,14 @@ func TestSetReadyOverAllRoutes(t *testing.T) {
 		{Name: "slow", Topics: []string{"s"}, Sink: memory.New(), Config: &slow},
 	}})
 	e.write(msg("s", "k1", "1"), msg("s", "k2", "2"), msg("s", "k3", "3"), msg("s", "k4", "4"))
+	var why string
+	var readyErr error
 	eventually(t, 20*time.Second, func() bool {
-		return strings.HasPrefix(limited.Degraded(context.Background()), "route slow: outbox: rate limited since ")
-	}, "the rate-limited route is named: %q", limited.Degraded(context.Background()))
-	require.Contains(t, limited.Degraded(context.Background()), "rate limit 2/s (burst 1)")
-	require.NoError(t, limited.Ready(context.Background()))
+		why, readyErr = limited.Readiness(context.Background())
+		return strings.HasPrefix(why, "route slow: outbox: rate limited since ")
+	}, "the rate-limited route is named: %q", why)
+	require.Contains(t, why, "rate limit 2/s (burst 1)")
+	require.NoError(t, readyErr)
 }
 
 type sickSink struct{ *memory.Sink }

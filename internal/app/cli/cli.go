@@ -293,6 +293,7 @@ type runOptions struct {
 	metricsInterval time.Duration
 	archive         bool
 	isolateRoutes   bool
+	readiness       string
 	archiveRetain   time.Duration
 	connectTimeout  time.Duration
 	onDeadLetter    string
@@ -358,6 +359,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "share a route's lanes with live relays that run another configuration of it (topics, sink, format, on-dead-letter, fan-out) during a rolling change; without it such a relay takes no lane and exits 2")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
 	f.BoolVar(&o.isolateRoutes, "isolate-routes", false, "feed every route of the routes table from the fan-out router's copies, so that a route's backlog (its destination down) never slows the other routes' claims; costs a copy of every message")
+	f.StringVar(&o.readiness, "readiness", readyAnyRoute, "with a routes table, when /readyz fails: "+readyAnyRoute+" (only when no route's destination is up; one route down answers 200 degraded) or "+readyEveryRoute+" (as soon as one route's destination is down)")
 	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for outbox-relay replay")
 	f.DurationVar(&o.archiveRetain, "archive-retention", 7*24*time.Hour, "how long archived messages are kept (whole days)")
 	f.DurationVar(&o.connectTimeout, "connect-timeout", 30*time.Second, "how long to wait for the database at start-up before exiting (and for a broker that refuses the sink's credentials)")
@@ -511,7 +513,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err != nil {
 		return err
 	}
-	relays, err := newRelays(pool, routes, opened, base, single, o.isolateRoutes, hooks)
+	relays, err := newRelays(pool, routes, opened, base, single, o.setFlags(), hooks)
 	if err != nil {
 		return &usageError{err}
 	}
@@ -555,6 +557,8 @@ func planRoutes(g *globals, o runOptions, base relay.Config) (routes []route, pl
 	switch {
 	case routes != nil && o.sink != "":
 		return nil, nil, false, usagef("outbox: sink: give either --sink or a routes table in the config file, not both")
+	case o.readiness != readyAnyRoute && o.readiness != readyEveryRoute:
+		return nil, nil, false, usagef("outbox: readiness: %q must be %s or %s", o.readiness, readyAnyRoute, readyEveryRoute)
 	case routes == nil && o.isolateRoutes:
 		return nil, nil, false, usagef("outbox: isolate-routes: isolates the routes of a routes table in the config file; with --sink there is one route")
 	case routes == nil:
@@ -577,7 +581,7 @@ func planRoutes(g *globals, o runOptions, base relay.Config) (routes []route, pl
 	}
 	planned = []relay.Config{base}
 	if !single {
-		if planned, err = setConfig(routes, nil, base, o.isolateRoutes, nil).Plan(); err != nil {
+		if planned, err = setConfig(routes, nil, base, o.setFlags(), nil).Plan(); err != nil {
 			return nil, nil, false, &usageError{err}
 		}
 	}

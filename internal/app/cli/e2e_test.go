@@ -370,6 +370,9 @@ func TestRunRoutesConfigErrors(t *testing.T) {
 	code, _, stderr = run(t, "run", "--sink", "stdout", "--isolate-routes", "--database-url", "postgres://x@127.0.0.1:1/d")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "outbox: isolate-routes: isolates the routes of a routes table")
+	code, _, stderr = run(t, "run", "--config", f, "--readiness", "some-routes", "--database-url", "postgres://x@127.0.0.1:1/d")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `outbox: readiness: "some-routes" must be any-route or every-route`)
 }
 
 func TestRunCloudEventsOverHTTP(t *testing.T) {

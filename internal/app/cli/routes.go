@@ -162,7 +162,7 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		out = append(out, rt)
 	}
 	// Names, patterns, and how the routes share topics: relay.Set's rules.
-	if _, err := setConfig(out, nil, base, false, nil).Plan(); err != nil {
+	if _, err := setConfig(out, nil, base, setFlags{}, nil).Plan(); err != nil {
 		return nil, &usageError{err}
 	}
 	for _, kind := range sinkKinds {
@@ -227,10 +227,26 @@ func fedRoutes(specs []routeSpec) []bool {
 	return relay.RouterFeeds(routes)
 }
 
+// The values of --readiness.
+const (
+	readyAnyRoute   = "any-route"
+	readyEveryRoute = "every-route"
+)
+
+// setFlags are the run options that concern the routes as a whole.
+type setFlags struct {
+	isolate    bool // --isolate-routes
+	everyRoute bool // --readiness every-route
+}
+
+func (o runOptions) setFlags() setFlags {
+	return setFlags{isolate: o.isolateRoutes, everyRoute: o.readiness == readyEveryRoute}
+}
+
 // setConfig is the relay.Set of the routes, on their opened sinks (nil:
-// not opened yet, enough to Plan), isolated or not (--isolate-routes).
-func setConfig(routes []route, opened []sinks.Sink, base relay.Config, isolate bool, hooks func(string) relay.Hooks) relay.SetConfig {
-	sc := relay.SetConfig{Config: base, Hooks: hooks, IsolateRoutes: isolate}
+// not opened yet, enough to Plan), with the options f.
+func setConfig(routes []route, opened []sinks.Sink, base relay.Config, f setFlags, hooks func(string) relay.Hooks) relay.SetConfig {
+	sc := relay.SetConfig{Config: base, Hooks: hooks, IsolateRoutes: f.isolate, ReadyOnEveryRoute: f.everyRoute}
 	for i, rt := range routes {
 		r := rt.spec
 		r.Config = &routes[i].cfg
@@ -284,9 +300,9 @@ func relaysOf(x runner) func() []*relay.Relay {
 }
 
 // newRelays builds the relays of the routes on their opened sinks.
-func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single, isolate bool, hooks func(string) relay.Hooks) (runner, error) {
+func newRelays(pool *pgxpool.Pool, routes []route, opened []sinks.Sink, base relay.Config, single bool, f setFlags, hooks func(string) relay.Hooks) (runner, error) {
 	if !single {
-		return relay.NewSet(pool, setConfig(routes, opened, base, isolate, hooks))
+		return relay.NewSet(pool, setConfig(routes, opened, base, f, hooks))
 	}
 	cfg := routes[0].cfg
 	cfg.Hooks = hooks(cfg.Route)
