@@ -49,7 +49,7 @@ throwaway_pg() {
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
   trap _throwaway_pg_cleanup EXIT
-  _as_pg "$_pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust --no-locale --no-sync >/dev/null
+  _as_pg "$_pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust --no-locale --encoding=UTF8 --no-sync >/dev/null
   _as_pg "$_pg_bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
     -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$dir -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null
   DB=postgres://postgres@127.0.0.1:$port/postgres
