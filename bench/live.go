@@ -529,6 +529,17 @@ func (b *bench) live(ctx context.Context) error {
 				b.liveFailed(set, sink, err)
 			}
 		}
+		if sink != "discard" {
+			continue
+		}
+		for _, set := range ready {
+			if set.wakeup == "wal" {
+				continue // the floor is a poller's
+			}
+			if err := b.liveFloor(ctx, set, recv, set.discardDrain); err != nil {
+				b.liveFailed(set, "raw SQL poll loop every 5 ms (floor)", err)
+			}
+		}
 	}
 	return nil
 }
@@ -635,6 +646,9 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 	}
 	if err := lr.ready(ctx); err != nil {
 		return err
+	}
+	if sink == "discard" {
+		set.discardDrain = drain
 	}
 	if err := add(drain, 0, 0, fmt.Sprintf("%d messages loaded and vacuumed before the relay started; clock and CPU from the process's start (start-up included) to the outbox seen empty", liveDrainN),
 		"transactions per message may count the drain's last ones only partly (a backend reports to pg_stat_database at most once a second)", lr.be.sessions(s0, s1)); err != nil {

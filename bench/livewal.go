@@ -25,6 +25,9 @@ type liveSet struct {
 	admin  *pgxpool.Pool // the bench's queries on the server outside the set's database
 	wakeup string        // the relay's --wakeup; empty leaves its default (auto)
 	db     *liveDB
+	// discardDrain is the set's drain row into discard: the floor rows'
+	// yardstick (livefloor.go).
+	discardDrain *liveStats
 }
 
 // sharedLiveSet is the set on the shared server (DATABASE_URL), the

@@ -212,6 +212,9 @@ func main() {
 }
 
 func run() error {
+	if child, err := floorChild(); child {
+		return err
+	}
 	if path := os.Getenv("BENCH_RENDER"); path != "" {
 		return render(path)
 	}
