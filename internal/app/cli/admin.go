@@ -677,13 +677,19 @@ func parseWhen(s string) (time.Time, time.Duration, error) {
 }
 
 // routeIsFed reports whether the config file's route name takes its
-// messages from the fan-out router's copies.
+// messages from the fan-out router's copies: every route does when the
+// file isolates its routes (isolate-routes).
 func routeIsFed(g *globals, name string) (bool, error) {
 	specs, _, err := decodeRouteSpecs(g)
 	if err != nil {
 		return false, err
 	}
 	fed := fedRoutes(specs)
+	if isolated, _ := strconv.ParseBool(g.file.values["isolate-routes"]); isolated && len(specs) > 1 {
+		for i := range fed {
+			fed[i] = true
+		}
+	}
 	for i, sp := range specs {
 		if sp.Name == name {
 			return fed[i], nil

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +52,22 @@ func TestConnBudget(t *testing.T) {
 	require.Equal(t, 4, workers)
 	_, _, err = connBudget(three, 7)
 	require.ErrorContains(t, err, "below the 8")
+}
+
+// A file that isolates its routes feeds every one of them from the
+// router's copies: an archive replay to one route goes to its copies.
+func TestRouteIsFedWhenIsolated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	routes := "routes:\n  - name: orders\n    topics: [\"orders.*\"]\n    sink: stdout\n  - name: users\n    topics: [\"users.*\"]\n    sink: stdout\n"
+	for _, c := range []struct {
+		head string
+		want bool
+	}{{"", false}, {"isolate-routes: true\n", true}} {
+		require.NoError(t, os.WriteFile(path, []byte(c.head+routes), 0o600))
+		fc, err := loadFile(path, map[string]bool{"isolate-routes": true})
+		require.NoError(t, err)
+		fed, err := routeIsFed(&globals{file: fc}, "users")
+		require.NoError(t, err)
+		require.Equal(t, c.want, fed, "config %q", c.head)
+	}
 }
