@@ -57,14 +57,20 @@ func (r *Relay) Readiness(ctx context.Context) (degraded string, err error) {
 // when and why; "" when nothing does.
 func (r *Relay) strained() string {
 	st := r.State()
-	since := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	say := func(what string, t time.Time, why error) string {
+		s := what + " since " + t.UTC().Format(time.RFC3339)
+		if why != nil {
+			s += ": " + why.Error()
+		}
+		return s
+	}
 	switch {
 	case st.Open:
 		return ""
 	case st.Limited:
-		return fmt.Sprintf("outbox: rate limited since %s: %v", since(st.LimitedSince), st.LimitCause)
+		return say("outbox: rate limited", st.LimitedSince, st.LimitCause)
 	case st.Failing:
-		return fmt.Sprintf("outbox: messages failing since %s: %v", since(st.FailingSince), st.LastError)
+		return say("outbox: messages failing", st.FailingSince, st.LastError)
 	}
 	return ""
 }
