@@ -25,7 +25,7 @@ type Proxy struct {
 	// held, while not nil, is closed when a Hold ends: no byte goes
 	// through until then.
 	held chan struct{}
-	wg      sync.WaitGroup
+	wg   sync.WaitGroup
 }
 
 // New starts a proxy to target (host:port) on a free loopback port; it is
