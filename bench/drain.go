@@ -193,10 +193,7 @@ func (b *bench) rawRun(ctx context.Context, r *row) error {
 		return err
 	}
 	defer pool.Close()
-	s := migrations.Ident(schema)
-	q := fmt.Sprintf(`DELETE FROM %s.messages WHERE id IN (
-    SELECT id FROM %s.messages ORDER BY id LIMIT %d FOR UPDATE SKIP LOCKED)
-RETURNING id, topic, key, payload, headers`, s, s, b.cfg.batch)
+	q := rawClaimSQL(schema, b.cfg.batch)
 	// Connect (and prepare) before the clock starts.
 	conns := make([]*pgxpool.Conn, b.cfg.workers)
 	for i := range conns {
@@ -374,6 +371,16 @@ func (b *bench) amqpSetup(ctx context.Context, run int) (string, func() string, 
 		sep = "&"
 	}
 	return u + sep + "exchange=" + name, check, cleanup, nil
+}
+
+// rawClaimSQL is the raw-SQL yardstick's statement on schema's outbox:
+// delete up to limit rows in id order, skipping locked ones, and return
+// them. No lanes, no order per key, no retries.
+func rawClaimSQL(schema string, limit int) string {
+	s := migrations.Ident(schema)
+	return fmt.Sprintf(`DELETE FROM %[1]s.messages WHERE id IN (
+    SELECT id FROM %[1]s.messages ORDER BY id LIMIT %[2]d FOR UPDATE SKIP LOCKED)
+RETURNING id, topic, key, payload, headers`, s, limit)
 }
 
 // configFile writes a relay config file of the given content for one

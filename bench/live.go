@@ -408,16 +408,20 @@ func (b *bench) spawnLiveRelay(ctx context.Context, d *liveDB, sinkURL string, e
 
 // ready waits until the relay owns every lane and answers on /metrics.
 func (lr *liveRelay) ready(ctx context.Context) error {
-	d, p, addr := lr.db, lr.p, lr.admin
-	if err := d.waitLanes(ctx, 20*time.Second); err != nil {
-		return fmt.Errorf("%w; relay stderr: %s", err, p.stderr)
+	if err := lr.db.waitLanes(ctx, 20*time.Second); err != nil {
+		return fmt.Errorf("%w; relay stderr: %s", err, lr.p.stderr)
 	}
+	return lr.answers(ctx)
+}
+
+// answers waits (up to 10 s) until the process answers on /metrics.
+func (lr *liveRelay) answers(ctx context.Context) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := scrapeMetrics(ctx, addr, metricPublished); err == nil {
+		if _, err := scrapeMetrics(ctx, lr.admin, metricPublished); err == nil {
 			return nil
 		} else if time.Now().After(deadline) {
-			return fmt.Errorf("relay's /metrics on %s: %w; relay stderr: %s", addr, err, p.stderr)
+			return fmt.Errorf("/metrics on %s: %w; the process's stderr: %s", lr.admin, err, lr.p.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -588,10 +592,7 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 	}
 	defer lr.stop()
 	s0.at = lr.p.Started()
-	window := 30 * time.Second
-	if b.cfg.quick {
-		window = 10 * time.Second
-	}
+	window := b.liveWindow()
 	pgssNote := "statements: pg_stat_statements not available (" + d.pgssWhy + "); transactions from pg_stat_database"
 	if d.pgss {
 		pgssNote = "statements: pg_stat_statements calls of every session of the database, the writers' included"
@@ -689,6 +690,14 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 		}
 	}
 	return nil
+}
+
+// liveWindow is how long each live row measures.
+func (b *bench) liveWindow() time.Duration {
+	if b.cfg.quick {
+		return 10 * time.Second
+	}
+	return 30 * time.Second
 }
 
 // liveWriters is how many application connections offer the live load.

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // The live group's floor: what the least a process can do to deliver a
@@ -66,9 +65,7 @@ func floorChild() (bool, error) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	s := migrations.Ident(schema)
-	q := `DELETE FROM ` + s + `.messages WHERE id IN (SELECT id FROM ` + s + `.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED)
-RETURNING id, topic, key, payload, headers`
+	q := rawClaimSQL(schema, 500)
 	tick := time.NewTicker(floorInterval)
 	defer tick.Stop()
 	for {
@@ -119,19 +116,10 @@ func (b *bench) liveFloor(ctx context.Context, set *liveSet, recv *receiver, dra
 	lr := &liveRelay{p: &relayProc{Relay: p, stderr: stderr}, admin: addr, db: set.db,
 		be: b.followBackends(set.db.admin, set.db.name, "outbox-relay")}
 	defer lr.stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := scrapeMetrics(ctx, addr, metricPublished); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			return fmt.Errorf("floor poller's /metrics on %s: %w; its stderr: %s", addr, err, stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := lr.answers(ctx); err != nil {
+		return fmt.Errorf("floor poller: %w", err)
 	}
-	window := 30 * time.Second
-	if b.cfg.quick {
-		window = 10 * time.Second
-	}
+	window := b.liveWindow()
 	for _, rate := range floorRates {
 		st, _, _, notes, err := b.liveRate(ctx, lr, recv, "discard", rate, window)
 		if err != nil {

@@ -191,7 +191,7 @@ func (b *bench) profile(ctx context.Context) error {
 		args      []any
 	}{
 		{"relay claim (worker 0, rotation 0)", claimSQL, claimArgs},
-		{"raw-SQL yardstick statement", fmt.Sprintf(`DELETE FROM %[1]s.messages WHERE id IN (SELECT id FROM %[1]s.messages ORDER BY id LIMIT %[2]d FOR UPDATE SKIP LOCKED) RETURNING id, topic, key, payload, headers`, migrations.Ident(schema), b.cfg.batch), nil},
+		{"raw-SQL yardstick statement", rawClaimSQL(schema, b.cfg.batch), nil},
 	} {
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "UPDATE "+migrations.Ident(schema)+".lanes SET owner = $1, lease_until = now() + interval '1 hour'", owner); err != nil {

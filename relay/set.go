@@ -235,12 +235,7 @@ func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[st
 // (rewriting their configurations in place) and returns the router's
 // configuration; false when no route needs one.
 func (c SetConfig) router(base Config, cfgs []Config) (Config, bool) {
-	fed := RouterFeeds(c.Routes)
-	if c.IsolateRoutes && len(c.Routes) > 1 {
-		for i := range fed {
-			fed[i] = true
-		}
-	}
+	fed := c.Feeds()
 	rcfg := base
 	rcfg.Route, rcfg.ID = RouterRoute, base.ID+"/"+RouterRoute
 	for i, f := range fed {
@@ -253,6 +248,19 @@ func (c SetConfig) router(base Config, cfgs []Config) (Config, bool) {
 		rc.deliveries, rc.Topics, rc.ExcludeTopics = true, nil, nil
 	}
 	return rcfg, len(rcfg.fanOut) > 0
+}
+
+// Feeds reports, route by route, whether the route takes its messages
+// from the fan-out router's copies: every route when IsolateRoutes holds
+// and there are two or more, else as RouterFeeds says.
+func (c SetConfig) Feeds() []bool {
+	fed := RouterFeeds(c.Routes)
+	if c.IsolateRoutes && len(c.Routes) > 1 {
+		for i := range fed {
+			fed[i] = true
+		}
+	}
+	return fed
 }
 
 // RouterFeeds reports, route by route, whether the route takes its

@@ -303,11 +303,13 @@ func TestSetIsolatedRoutesKeepABacklogApart(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, cfgs, 4, "orders, audit, the router, unrouted")
 	require.True(t, relay.Deliveries(cfgs[0]) && relay.Deliveries(cfgs[1]), "both routes take copies")
+	require.Equal(t, []bool{true, true}, sc.Feeds())
 	require.Equal(t, relay.RouterRoute, cfgs[2].Route)
 	sc.IsolateRoutes = false
 	plain, err := sc.Plan()
 	require.NoError(t, err)
 	require.Len(t, plain, 3, "without isolation the routes read the outbox: no router")
+	require.Equal(t, []bool{false, false}, sc.Feeds())
 	sc.IsolateRoutes = true
 
 	set, _, _ := e.startSet(sc)

@@ -684,12 +684,8 @@ func routeIsFed(g *globals, name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	fed := fedRoutes(specs)
-	if isolated, _ := strconv.ParseBool(g.file.values["isolate-routes"]); isolated && len(specs) > 1 {
-		for i := range fed {
-			fed[i] = true
-		}
-	}
+	isolated, _ := strconv.ParseBool(g.file.values["isolate-routes"])
+	fed := fedRoutes(specs, isolated)
 	for i, sp := range specs {
 		if sp.Name == name {
 			return fed[i], nil

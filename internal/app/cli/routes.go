@@ -218,13 +218,14 @@ func keyLine(m *yaml.Node, key string, def int) int {
 }
 
 // fedRoutes reports, route by route, whether the route takes its messages
-// from the fan-out router's copies (see relay.RouterFeeds).
-func fedRoutes(specs []routeSpec) []bool {
+// from the fan-out router's copies, isolated or not (see
+// relay.SetConfig.Feeds).
+func fedRoutes(specs []routeSpec, isolate bool) []bool {
 	routes := make([]relay.Route, len(specs))
 	for i, sp := range specs {
 		routes[i] = relay.Route{Name: sp.Name, Topics: sp.Topics, FanOut: sp.FanOut}
 	}
-	return relay.RouterFeeds(routes)
+	return relay.SetConfig{Routes: routes, IsolateRoutes: isolate}.Feeds()
 }
 
 // The values of --readiness.

@@ -19,7 +19,7 @@ func TestFedRoutes(t *testing.T) {
 		{Name: "audit", Topics: []string{"*.created"}, FanOut: true},
 		{Name: "lonely", Topics: []string{"metrics"}, FanOut: true},
 	}
-	require.Equal(t, []bool{true, true, true, false}, fedRoutes(specs))
+	require.Equal(t, []bool{true, true, true, false}, fedRoutes(specs, false))
 }
 
 func TestConnBudget(t *testing.T) {
