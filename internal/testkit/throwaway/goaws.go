@@ -47,8 +47,9 @@ func goawsdBinary() (string, []byte, error) {
 		_, file, _, _ := runtime.Caller(0)
 		src := filepath.Join(filepath.Dir(file), "goawsd")
 		h := sha256.New()
-		for _, f := range []string{"main.go", "batch.go", "go.mod", "go.sum"} {
-			b, err := os.ReadFile(filepath.Join(src, f))
+		files, _ := filepath.Glob(filepath.Join(src, "*.go"))
+		for _, f := range append(files, filepath.Join(src, "go.mod"), filepath.Join(src, "go.sum")) {
+			b, err := os.ReadFile(f)
 			if err != nil {
 				goawsBuild.err = err
 				return

@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/Admiral-Piett/goaws/app"
-	"github.com/Admiral-Piett/goaws/app/gosqs"
 	"github.com/Admiral-Piett/goaws/app/router"
 	"github.com/sirupsen/logrus"
 )
@@ -50,7 +49,7 @@ func main() {
 			MaximumMessageSize: 262144,
 		},
 	}
-	go gosqs.PeriodicTasks(time.Second, make(chan struct{}))
+	go sweep(time.Second, make(chan struct{}))
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(*port))
 	handler := withBatches(router.New())
