@@ -14,6 +14,13 @@
 #   go build -o /tmp/new ./cmd/outbox-relay      # this tree
 #   N=2 scripts/writers-beside-relay.sh /tmp/old /tmp/new
 #   NORELAY=1 N=1 scripts/writers-beside-relay.sh /tmp/new   # the outbox alone
+#   N=3 WAITS=1 scripts/writers-beside-relay.sh none /tmp/new   # alternated with the outbox alone
+#
+# "none" in place of a binary is a run with no relay, in the same cluster
+# as the others, so that the writers' rate beside a relay can be read
+# against theirs alone in one session. WAITS=1 also prints what the
+# writers' and the relay's sessions were waiting on, sampled every 10 ms
+# from pg_stat_activity (W: a writer, R: the relay; CPU: not waiting).
 #
 # Needs initdb/pg_ctl (Debian: postgresql) and pgbench; run as root, the
 # server runs as the OS user postgres.
@@ -29,7 +36,7 @@
 # plan at its sixth execution, from the statistics and the custom plans
 # it has seen; TestClaimPlanOnDeadRows forces the generic plan.
 set -euo pipefail
-DURATION=${DURATION:-8} N=${N:-2} AUTOVACUUM=${AUTOVACUUM:-off} NORELAY=${NORELAY:-0}
+DURATION=${DURATION:-8} N=${N:-2} AUTOVACUUM=${AUTOVACUUM:-off} NORELAY=${NORELAY:-0} WAITS=${WAITS:-0}
 [ $# -ge 1 ] || { echo "usage: $0 relay-binary..." >&2; exit 2; }
 . "$(dirname "$0")/throwaway-pg.sh"
 throwaway_pg writers-beside -c shared_buffers=128MB -c max_wal_size=1GB -c autovacuum=$AUTOVACUUM
@@ -57,7 +64,7 @@ run() {
   q "ANALYZE outbox.messages" >/dev/null
   q "DELETE FROM outbox.messages" >/dev/null
   q "CHECKPOINT" >/dev/null
-  if [ "$NORELAY" != 1 ]; then
+  if [ "$NORELAY" != 1 ] && [ "$b" != none ]; then
     DATABASE_URL=$DB "$b" run --sink discard --admin-addr '' --log-level warn &
     rpid=$!
     sleep 2
@@ -65,7 +72,19 @@ run() {
     r0=$(cpu_ms "$rpid"); b0=$(cpu_ms $sessions)
   fi
   q "SELECT pg_stat_statements_reset()" >/dev/null
+  q "SELECT pg_stat_reset_shared('wal')" >/dev/null
+  local wpid=""
+  if [ "$WAITS" = 1 ]; then
+    printf '%s \\watch 0.01\n' "SELECT coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, '-') || CASE WHEN application_name = 'pgbench' THEN ' W' ELSE ' R' END
+      FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (application_name = 'pgbench' OR application_name LIKE 'outbox-relay%')" |
+      timeout "$DURATION" psql -q -At "$DB" >"$dir/waits" 2>/dev/null &
+    wpid=$!
+  fi
   tps=$(pgbench -n -f "$dir/ins.sql" -c 16 -j 2 -T "$DURATION" "$DB" 2>&1 | grep -oP 'tps = \K[0-9.]+' | head -1)
+  if [ -n "$wpid" ]; then
+    wait "$wpid" || true
+    grep -v '^$' "$dir/waits" | sort | uniq -c | sort -rn | head -8 | awk -v n="$(grep -vc '^$' "$dir/waits")" '{printf "    %5.1f%%  %s %s\n", 100 * $1 / n, $2, $3}'
+  fi
   if [ -n "$rpid" ]; then
     r1=$(cpu_ms "$rpid"); b1=$(cpu_ms $sessions)
     kill "$rpid"; wait "$rpid" 2>/dev/null || true
@@ -75,6 +94,11 @@ run() {
        coalesce(round((sum(total_exec_time) / nullif(sum(calls), 0))::numeric, 3), 0),
        coalesce(round(sum(shared_blks_hit + shared_blks_read)::numeric / nullif(sum(rows), 0), 1), 0))
      FROM pg_stat_statements WHERE query LIKE '%c.found%'"
+  # The WAL the run wrote, per writer transaction, and how often it was
+  # flushed: the writers commit synchronously, so they wait for these.
+  q "SELECT format('%-20s WAL %s bytes, %s records, %s full-page images a writer tx; %s flushes/s', '',
+       round(wal_bytes / ($tps * $DURATION)), round(wal_records / ($tps * $DURATION), 2), round(wal_fpi / ($tps * $DURATION), 3),
+       round(wal_sync / $DURATION::numeric)) FROM pg_stat_wal"
 }
 echo "16 writers, ${DURATION}s a run, autovacuum=$AUTOVACUUM$([ "$NORELAY" = 1 ] && echo ', no relay')"
 for _ in $(seq "$N"); do

@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -496,6 +498,10 @@ func runChaos(t *testing.T, p plan) {
 	t.Logf("delivery: %d requests accepted, %d distinct messages, %d duplicates (%.2f%%); drained %s after the chaos; slowest relay exit after SIGTERM %s",
 		v.deliveries, v.unique, v.duplicates, v.dupPercent(), drained.Round(time.Millisecond), stopTook.Round(time.Millisecond))
 
+	if v.duplicates > 0 {
+		t.Logf("duplicates by second of the run, the 12 busiest (set beside the events above): %s", dupSeconds(log, start, 12))
+	}
+
 	// The faults must have happened, or the test proves nothing.
 	if kills == 0 {
 		t.Errorf("no relay was killed")
@@ -673,4 +679,28 @@ func killsWhileWriting(ctx context.Context, t *testing.T, rng *rand.Rand, pool *
 	drained = waitDrained(ctx, t, pool, c, 60*time.Second)
 	c.stopAll()
 	return ended.Load(), drained
+}
+
+// dupSeconds says in which seconds of the run (counted from start) the
+// receiver accepted its duplicates, the most the n busiest: what a
+// duplicate rate is made of, beside the run's events.
+func dupSeconds(log []delivery, start time.Time, n int) string {
+	seen := make(map[string]bool, len(log))
+	per := map[int]int{}
+	for _, d := range log {
+		if seen[d.id] && !d.at.IsZero() {
+			per[int(d.at.Sub(start).Seconds())]++
+		}
+		seen[d.id] = true
+	}
+	secs := slices.Collect(maps.Keys(per))
+	slices.SortFunc(secs, func(a, b int) int { return cmp.Or(per[b]-per[a], a-b) })
+	var b strings.Builder
+	for i, s := range secs[:min(n, len(secs))] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%ds: %d", s, per[s])
+	}
+	return b.String()
 }

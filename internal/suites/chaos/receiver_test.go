@@ -30,8 +30,9 @@ type payload struct {
 // delivery is one message the receiver accepted (answered 2xx), in arrival
 // order.
 type delivery struct {
-	id  string // webhook-id: the stable message id
-	key string // outbox-key header, decoded
+	id  string    // webhook-id: the stable message id
+	key string    // outbox-key header, decoded
+	at  time.Time // when the receiver accepted it (zero where not recorded)
 	payload
 }
 
@@ -78,7 +79,7 @@ func (rc *receiver) serve(r *testkit.Request) (int, string) {
 		f.caught.Do(func() { close(f.first) })
 		return http.StatusServiceUnavailable, "receiver outage (chaos test)"
 	}
-	d := delivery{id: r.Header.Get("webhook-id")}
+	d := delivery{id: r.Header.Get("webhook-id"), at: time.Now()}
 	var problem string
 	key, kerr := url.PathUnescape(r.Header.Get("outbox-key"))
 	d.key = key
