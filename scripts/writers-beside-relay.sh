@@ -38,6 +38,9 @@
 set -euo pipefail
 DURATION=${DURATION:-8} N=${N:-2} AUTOVACUUM=${AUTOVACUUM:-off} NORELAY=${NORELAY:-0} WAITS=${WAITS:-0}
 [ $# -ge 1 ] || { echo "usage: $0 relay-binary..." >&2; exit 2; }
+migrator=""
+for b in "$@"; do [ "$b" = none ] || migrator=${migrator:-$b}; done
+[ -n "$migrator" ] || { echo "$0: a relay binary is needed to create the schema" >&2; exit 2; }
 . "$(dirname "$0")/throwaway-pg.sh"
 throwaway_pg writers-beside -c shared_buffers=128MB -c max_wal_size=1GB -c autovacuum=$AUTOVACUUM
 cat >"$dir/ins.sql" <<'SQL'
@@ -56,7 +59,7 @@ cpu_ms() {
 run() {
   local b=$1 rpid="" sessions="" r0=0 b0=0 r1=0 b1=0 tps
   q "DROP SCHEMA IF EXISTS outbox CASCADE" >/dev/null 2>&1
-  DATABASE_URL=$DB "$b" migrate >/dev/null 2>&1
+  DATABASE_URL=$DB "$migrator" migrate >/dev/null 2>&1
   # Statistics of a small outbox (ten rows a lane), as autovacuum's
   # ANALYZE leaves them on a table that a relay keeps nearly empty: the
   # relay plans its claim with them.
