@@ -261,6 +261,24 @@ func (b *bench) countDead(ctx context.Context, schema string) (int64, error) {
 	return n, err
 }
 
+// drained waits up to scalingLimit for schema's outbox of n messages to
+// empty and returns when it did and how many were delivered: all n, or,
+// when the limit passed first, those delivered by then (the run is rated
+// on them and r says so).
+func (b *bench) drained(ctx context.Context, r *row, schema string, n int) (time.Time, int, error) {
+	end, err := b.waitEmpty(ctx, schema, scalingLimit)
+	if err == nil {
+		return end, n, nil
+	}
+	left, cerr := b.countMessages(ctx, schema)
+	if cerr != nil {
+		return time.Time{}, 0, err
+	}
+	delivered := n - int(left)
+	r.addNote("run %d: not empty after %s, rated on the %d delivered", len(r.Rates)+1, scalingLimit, delivered)
+	return time.Now(), delivered, nil
+}
+
 // waitEmpty polls until schema's outbox is empty and returns when it was
 // first seen empty.
 func (b *bench) waitEmpty(ctx context.Context, schema string, deadline time.Duration) (time.Time, error) {

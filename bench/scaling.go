@@ -112,16 +112,9 @@ func (b *bench) scalingRun(ctx context.Context, r *row, procs, keys, n int) erro
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	delivered := n
-	end, err := b.waitEmpty(ctx, schema, scalingLimit)
+	end, delivered, err := b.drained(ctx, r, schema, n)
 	if err != nil {
-		left, cerr := b.countMessages(ctx, schema)
-		if cerr != nil {
-			return err
-		}
-		end = time.Now()
-		delivered = n - int(left)
-		r.addNote("run %d: not empty after %s, rated on the %d delivered", len(r.Rates)+1, scalingLimit, delivered)
+		return err
 	}
 	el := end.Sub(start)
 	for _, p := range ps {
