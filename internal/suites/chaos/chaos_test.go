@@ -682,7 +682,7 @@ func killsWhileWriting(ctx context.Context, t *testing.T, rng *rand.Rand, pool *
 }
 
 // dupSeconds says in which seconds of the run (counted from start) the
-// receiver accepted its duplicates, the most the n busiest: what a
+// receiver accepted its duplicates, the n busiest of them: what a
 // duplicate rate is made of, beside the run's events.
 func dupSeconds(log []delivery, start time.Time, n int) string {
 	seen := make(map[string]bool, len(log))
