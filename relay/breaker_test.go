@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -16,7 +15,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
@@ -193,14 +191,7 @@ func TestFanOutDestinationDownLeavesTheOthers(t *testing.T) {
 	router, kcfg, hcfg := e.fanOutConfigs()
 	hcfg.MaxAttempts = 2
 	ksink, hsink := memory.New(), memory.New()
-	var down atomic.Bool
-	down.Store(true)
-	hsink.SetFail(func(sinks.Message) error {
-		if down.Load() {
-			return sinks.NotSent(errors.New("connection refused"))
-		}
-		return nil
-	})
+	down := refuseWhileDown(hsink)
 	e.start(router, nil)
 	e.start(kcfg, ksink)
 	hook, _ := e.start(hcfg, hsink)

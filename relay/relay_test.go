@@ -149,6 +149,21 @@ func claimedAgain(t testing.TB, r *relay.Relay, n int64) {
 	eventually(t, signalBound, func() bool { return r.Stats().Claims >= from+n }, "%d more claims", n)
 }
 
+// refuseWhileDown makes s refuse every message as a destination that is
+// down (a refused connection: not sent) until the returned switch is
+// set to false; it starts down.
+func refuseWhileDown(s *memory.Sink) *atomic.Bool {
+	down := new(atomic.Bool)
+	down.Store(true)
+	s.SetFail(func(sinks.Message) error {
+		if down.Load() {
+			return sinks.NotSent(errors.New("connection refused"))
+		}
+		return nil
+	})
+	return down
+}
+
 func waitCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,14 +286,7 @@ func TestSetIsolatedRoutesKeepABacklogApart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	orders, audit := memory.New(), memory.New()
-	var down atomic.Bool
-	down.Store(true)
-	orders.SetFail(func(sinks.Message) error {
-		if down.Load() {
-			return sinks.NotSent(errors.New("connection refused"))
-		}
-		return nil
-	})
+	down := refuseWhileDown(orders)
 	sc := relay.SetConfig{Config: e.config(), IsolateRoutes: true, Routes: []relay.Route{
 		{Name: "orders", Topics: []string{"orders.*"}, Sink: orders},
 		{Name: "audit", Topics: []string{"audit.*"}, Sink: audit},
