@@ -610,7 +610,7 @@ func oneLine(s string, max int) string {
 
 func newReplay(g *globals) *cobra.Command {
 	var from, to, topic, route string
-	var newIDs, dry bool
+	var newIDs, dry, isolated bool
 	cmd := &cobra.Command{
 		Use:   "replay",
 		Short: "Publish archived messages again (needs run --archive)",
@@ -618,7 +618,9 @@ func newReplay(g *globals) *cobra.Command {
 into the outbox, in their original order, so that consumers rebuilding their
 state receive them again. Messages keep their message id unless --new-ids is
 given. With --route, only the messages that route delivered are replayed, and
-only to that route (the routes are read from the config file).`,
+only to that route (the routes are read from the config file; when the relays
+isolate their routes, give --isolate-routes as they have it, or let
+OUTBOX_ISOLATE_ROUTES or the file's isolate-routes say it).`,
 		Example: `  outbox-relay replay --from 2026-11-01T00:00:00Z --topic orders --dry-run
   outbox-relay replay --from 24h
   outbox-relay replay --from 24h --route crm --config relay.yaml`,
@@ -627,7 +629,7 @@ only to that route (the routes are read from the config file).`,
 			sel := operator.ArchiveSelection{Topic: topic, NewIDs: newIDs, Route: route}
 			var err error
 			if route != "" {
-				if sel.ToRouteOnly, err = routeIsFed(g, route); err != nil {
+				if sel.ToRouteOnly, err = routeIsFed(g, route, isolated); err != nil {
 					return err
 				}
 			}
@@ -663,7 +665,11 @@ only to that route (the routes are read from the config file).`,
 	f.StringVar(&route, "route", "", "only what this route of the config file delivered, to this route only")
 	f.BoolVar(&newIDs, "new-ids", false, "give replayed messages fresh message ids")
 	f.BoolVar(&dry, "dry-run", false, "only count")
-	return cliOnly(cmd)
+	cliOnly(cmd)
+	// Not command-line only: it is the relays' setting, read like run reads
+	// it (flag, OUTBOX_ISOLATE_ROUTES, the file's isolate-routes).
+	f.BoolVar(&isolated, "isolate-routes", false, "the relays isolate their routes (run --isolate-routes): with --route, replay into that route's copies")
+	return cmd
 }
 
 // parseWhen accepts an RFC 3339 time or a duration before now (which the
@@ -678,13 +684,12 @@ func parseWhen(s string) (time.Time, time.Duration, error) {
 
 // routeIsFed reports whether the config file's route name takes its
 // messages from the fan-out router's copies: every route does when the
-// file isolates its routes (isolate-routes).
-func routeIsFed(g *globals, name string) (bool, error) {
+// relays isolate their routes (isolate-routes).
+func routeIsFed(g *globals, name string, isolated bool) (bool, error) {
 	specs, _, err := decodeRouteSpecs(g)
 	if err != nil {
 		return false, err
 	}
-	isolated, _ := strconv.ParseBool(g.file.values["isolate-routes"])
 	fed := fedRoutes(specs, isolated)
 	for i, sp := range specs {
 		if sp.Name == name {

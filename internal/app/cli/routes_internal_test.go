@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,20 +55,39 @@ func TestConnBudget(t *testing.T) {
 	require.ErrorContains(t, err, "below the 8")
 }
 
-// A file that isolates its routes feeds every one of them from the
-// router's copies: an archive replay to one route goes to its copies.
-func TestRouteIsFedWhenIsolated(t *testing.T) {
+// Archive replay to one route goes to its copies when the relays isolate
+// their routes; replay takes isolate-routes as run does: the flag, then
+// OUTBOX_ISOLATE_ROUTES, then the config file.
+func TestReplayReadsIsolateRoutesAsRunDoes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "relay.yaml")
 	routes := "routes:\n  - name: orders\n    topics: [\"orders.*\"]\n    sink: stdout\n  - name: users\n    topics: [\"users.*\"]\n    sink: stdout\n"
 	for _, c := range []struct {
-		head string
-		want bool
-	}{{"", false}, {"isolate-routes: true\n", true}} {
-		require.NoError(t, os.WriteFile(path, []byte(c.head+routes), 0o600))
-		fc, err := loadFile(path, map[string]bool{"isolate-routes": true})
-		require.NoError(t, err)
-		fed, err := routeIsFed(&globals{file: fc}, "users")
-		require.NoError(t, err)
-		require.Equal(t, c.want, fed, "config %q", c.head)
+		name, file, env string
+		args            []string
+		want            bool
+	}{
+		{name: "unset"},
+		{name: "file", file: "isolate-routes: true\n", want: true},
+		{name: "env", env: "true", want: true},
+		{name: "flag", args: []string{"--isolate-routes"}, want: true},
+		{name: "env over file", file: "isolate-routes: true\n", env: "false"},
+		{name: "flag over env", env: "false", args: []string{"--isolate-routes"}, want: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(path, []byte(c.file+routes), 0o600))
+			if c.env != "" {
+				t.Setenv("OUTBOX_ISOLATE_ROUTES", c.env)
+			}
+			g := &globals{stdout: io.Discard, stderr: io.Discard}
+			cmd, _, err := newRoot(g).Find([]string{"replay"})
+			require.NoError(t, err)
+			require.NoError(t, cmd.ParseFlags(append([]string{"--config", path, "--route", "users", "--from", "1h"}, c.args...)))
+			require.NoError(t, g.prepare(cmd))
+			isolated, err := cmd.Flags().GetBool("isolate-routes")
+			require.NoError(t, err)
+			fed, err := routeIsFed(g, "users", isolated)
+			require.NoError(t, err)
+			require.Equal(t, c.want, fed)
+		})
 	}
 }
