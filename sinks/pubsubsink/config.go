@@ -17,6 +17,9 @@ const (
 	DefaultTopic          = "{topic}"
 	DefaultEndpoint       = "pubsub.googleapis.com:443"
 	DefaultPublishTimeout = 30 * time.Second
+
+	DefaultReconnectInitial = 100 * time.Millisecond
+	DefaultReconnectMax     = 10 * time.Second
 )
 
 // Limits of the service that the sink checks before sending.
@@ -61,6 +64,15 @@ type Config struct {
 	CredentialsFile string `yaml:"credentials_file"`
 	// PublishTimeout bounds one Send. Default: 30s.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// ReconnectInitial is the first delay before redialing the endpoint
+	// after a failed dial or a lost connection; the delay grows (×1.6,
+	// with jitter) up to ReconnectMax and resets after a successful dial.
+	// While the client waits, Sends fail at once as not sent, so the
+	// delay bounds how long after the endpoint is back the relay sees it
+	// (gRPC's own default grows to 2 minutes). Default: 100ms.
+	ReconnectInitial time.Duration `yaml:"reconnect_initial"`
+	// ReconnectMax caps the delay between dial attempts. Default: 10s.
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
 }
 
 func (c Config) withDefaults() Config {
@@ -73,6 +85,7 @@ func (c Config) withDefaults() Config {
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
+	c.ReconnectInitial, c.ReconnectMax = sinkconf.ReconnectDefaults(c.ReconnectInitial, c.ReconnectMax, DefaultReconnectInitial, DefaultReconnectMax)
 	return c
 }
 
@@ -94,10 +107,11 @@ func (c Config) Validate() error {
 	if c.Insecure && c.CredentialsFile != "" {
 		return errors.New("outbox: pubsub: insecure: sends no credentials; credentials_file would be ignored")
 	}
-	if c.PublishTimeout < 0 {
-		return fmt.Errorf("outbox: pubsub: publish_timeout: must not be negative, got %s", c.PublishTimeout)
+	if err := sinkconf.CheckDurations("pubsub", sinkconf.Dur("publish_timeout", c.PublishTimeout),
+		sinkconf.Dur("reconnect_initial", c.ReconnectInitial), sinkconf.Dur("reconnect_max", c.ReconnectMax)); err != nil {
+		return err
 	}
-	return nil
+	return sinkconf.CheckReconnect("pubsub", c.ReconnectInitial, c.ReconnectMax)
 }
 
 // ParseURL parses a --sink URL such as
@@ -120,6 +134,8 @@ var params = sinkconf.NewParams("pubsub", "",
 	sinkconf.Bool("insecure", func(c *Config) *bool { return &c.Insecure }),
 	sinkconf.String("credentials_file", func(c *Config) *string { return &c.CredentialsFile }),
 	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
+	sinkconf.Duration("reconnect_initial", func(c *Config) *time.Duration { return &c.ReconnectInitial }),
+	sinkconf.Duration("reconnect_max", func(c *Config) *time.Duration { return &c.ReconnectMax }),
 )
 
 // Redacted returns the configuration as a --sink URL, for logs and error

@@ -44,6 +44,7 @@ import (
 	gax "github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -93,6 +94,15 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	opts := []option.ClientOption{
 		option.WithEndpoint(cfg.Endpoint),
 		option.WithGRPCDialOption(grpc.WithContextDialer(d.dial)),
+		// Redial on the sink's own backoff: gRPC's default grows to two
+		// minutes, so after a long outage the endpoint could be back for
+		// that long before a probe of the relay's breaker got through.
+		option.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{BaseDelay: cfg.ReconnectInitial, Multiplier: 1.6, Jitter: 0.2, MaxDelay: cfg.ReconnectMax},
+			// Zero would bound a dial by the current backoff delay (100 ms
+			// at first): too short for a TLS handshake far away.
+			MinConnectTimeout: minConnectTimeout,
+		})),
 	}
 	if cfg.Insecure {
 		opts = append(opts, option.WithoutAuthentication(),
@@ -109,6 +119,9 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 	return &Sink{cfg: cfg, topic: topic, client: client, dials: d, log: logger.With("sink", "pubsub"),
 		publishers: map[string]*pubsub.Publisher{}}, nil
 }
+
+// minConnectTimeout bounds one dial of the endpoint (gRPC's default).
+const minConnectTimeout = 20 * time.Second
 
 // never is a gax.Retryer that never retries.
 type never struct{}
@@ -316,9 +329,11 @@ func (s *Sink) classify(topic string, err error) error {
 type dialState struct {
 	live   atomic.Int64
 	failed atomic.Bool
+	dials  atomic.Int64 // attempts, for tests
 }
 
 func (d *dialState) dial(ctx context.Context, addr string) (net.Conn, error) {
+	d.dials.Add(1)
 	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		d.failed.Store(true)

@@ -248,6 +248,37 @@ func TestRefusedConnectionIsNotAttempted(t *testing.T) {
 	require.Eventually(t, func() bool { return e.sink.Send(ctx, batch) == nil }, 20*time.Second, 50*time.Millisecond)
 }
 
+// TestRedialsOnItsOwnBackoff: while the endpoint refuses connections the
+// client redials on reconnect_initial..reconnect_max, not on gRPC's
+// default that grows to two minutes (1 s, 1.6 s, 2.6 s, ...: 5 dials in
+// 20 s), so a long outage's end is seen within reconnect_max.
+func TestRedialsOnItsOwnBackoff(t *testing.T) {
+	t.Parallel()
+	e := setup(t, withConfig(func(c *Config) {
+		c.PublishTimeout = 3 * time.Second
+		c.ReconnectInitial, c.ReconnectMax = 50*time.Millisecond, 200*time.Millisecond
+	}))
+	ctx := context.Background()
+	topic := e.topic("redial")
+	require.NoError(t, e.sink.Send(ctx, []sinks.Message{sinktest.Msg(topic, "k", 1, []byte("x"))}))
+	restore := e.proxy.Break()
+	from := e.sink.dials.dials.Load()
+	// A Send makes the client see the connection gone; the dials that
+	// follow are the backoff's.
+	_ = e.sink.Send(ctx, []sinks.Message{sinktest.Msg(topic, "k", 2, []byte("y"))})
+	var dials int64
+	redialing := func() bool { dials = e.sink.dials.dials.Load() - from; return dials >= 12 }
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if !testkit.Poll(pctx, 20*time.Millisecond, redialing) {
+		t.Fatalf("%d dials in 20 s while the endpoint refused connections; want 12 on a 50-200 ms backoff", dials)
+	}
+	restore()
+	require.Eventually(t, func() bool {
+		return e.sink.Send(ctx, []sinks.Message{sinktest.Msg(topic, "k", 2, []byte("y"))}) == nil
+	}, 20*time.Second, 50*time.Millisecond)
+}
+
 func TestParseURL(t *testing.T) {
 	t.Parallel()
 	c, err := ParseURL("pubsub://my-project?topic=events.{topic}&endpoint=us-east1-pubsub.googleapis.com:443&credentials_file=/sa.json")
