@@ -219,6 +219,9 @@ func (s *Sink) run() {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = s.cfg.ReconnectInitial
 	b.MaxInterval = s.cfg.ReconnectMax
+	// Doubling with ±20 % jitter, as documented (the library's 1.5 and
+	// ±50 % would put a dial up to 1.5 × reconnect_max after the last).
+	b.Multiplier, b.RandomizationFactor = 2, 0.2
 	b.MaxElapsedTime = 0
 	b.Reset()
 	wait := func() bool {

@@ -28,7 +28,7 @@ const (
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultHeartbeat        = 10 * time.Second
 	DefaultReconnectInitial = 500 * time.Millisecond
-	DefaultReconnectMax     = 30 * time.Second
+	DefaultReconnectMax     = 10 * time.Second
 	DefaultChannels         = 8
 	// DefaultMaxMessageSize matches RabbitMQ's own default max_message_size
 	// (128 MiB).
@@ -115,7 +115,8 @@ type Config struct {
 	// connection was lost or a dial failed; it doubles (with jitter) up to
 	// ReconnectMax and resets after a successful dial. Default: 500ms.
 	ReconnectInitial time.Duration `yaml:"reconnect_initial"`
-	// ReconnectMax caps the delay between dial attempts. Default: 30s.
+	// ReconnectMax caps the delay between dial attempts, and so how long
+	// after an outage the sink takes to see the broker back. Default: 10s.
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
 	// Channels is the number of AMQP channels on the one connection, that
 	// is the number of Sends that publish at the same time; further Sends
