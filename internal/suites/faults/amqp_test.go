@@ -81,15 +81,21 @@ func TestAMQPOutage(t *testing.T) {
 	defer conn.Close()
 	ch, err = conn.Channel()
 	require.NoError(t, err)
+	// One consumer reads the queue in its order (a basic.get a message
+	// took most of an hour for a 10-minute outage's backlog).
+	require.NoError(t, ch.Qos(1000, 0, false))
+	ds, err := ch.Consume(name, "", true, true, false, false, nil)
+	require.NoError(t, err)
 	var got []delivery
 	for seen := map[string]bool{}; len(seen) < len(written); {
-		d, ok, err := ch.Get(name, true)
-		require.NoError(t, err)
-		if !ok {
+		select {
+		case d, ok := <-ds:
+			require.True(t, ok, "consumer closed after %d of %d messages", len(seen), len(written))
+			seen[string(d.Body)] = true
+			got = append(got, delivery{ID: d.MessageId, Payload: string(d.Body)})
+		case <-time.After(30 * time.Second): // a bound, not a measure: nothing more is coming
 			t.Fatalf("queue empty after %d of %d messages", len(seen), len(written))
 		}
-		seen[string(d.Body)] = true
-		got = append(got, delivery{ID: d.MessageId, Payload: string(d.Body)})
 	}
 	dups := checkAllDelivered(t, written, got)
 	checkKeyOrder(t, got)

@@ -3,7 +3,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/url"
 	"testing"
 	"time"
@@ -43,12 +42,11 @@ func TestSQSOutage(t *testing.T) {
 	})
 	_, err = client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String("orders.fifo"), Attributes: map[string]string{"FifoQueue": "true"}})
 	require.NoError(t, err)
-	queueURL := srv.QueueURL("orders.fifo")
 
 	sinkURL := "sqs://?" + url.Values{"queue_url": {srv.QueueURL("{topic}.fifo")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "protocol": {"query"}, "access_key_id": {"test"}, "secret_access_key": {"test"},
 		"publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, client, queueURL) })
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, "orders.fifo") })
 }
 
 // TestSNSOutage is TestSQSOutage for the SNS sink: it publishes to a
@@ -78,18 +76,19 @@ func TestSNSOutage(t *testing.T) {
 	require.NoError(t, err)
 	sinkURL := "sns://?" + url.Values{"topic_arn": {srv.TopicARN("{topic}")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "access_key_id": {"test"}, "secret_access_key": {"test"}, "publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, client, srv.QueueURL("orders")) })
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, "orders") })
 }
 
-// receiveAll reads (and deletes) every message of the queue
-// (throwaway.GoAWS.Take).
-func receiveAll(t *testing.T, srv *throwaway.GoAWS, client *sqs.Client, queueURL string) []delivery {
+// receiveAll takes every message of queue name, in queue order, in one
+// request (throwaway.GoAWS.TakeAll: a 10-minute outage's backlog is
+// hundreds of thousands of messages).
+func receiveAll(t *testing.T, srv *throwaway.GoAWS, name string) []delivery {
 	t.Helper()
-	ms, err := srv.Take(client, queueURL, math.MaxInt)
+	ms, err := srv.TakeAll(name)
 	require.NoError(t, err)
 	got := make([]delivery, 0, len(ms))
 	for _, m := range ms {
-		got = append(got, delivery{ID: aws.ToString(m.MessageAttributes["outbox-id"].StringValue), Payload: aws.ToString(m.Body)})
+		got = append(got, delivery{ID: m.Attributes["outbox-id"], Payload: m.Body})
 	}
 	return got
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/Admiral-Piett/goaws/app"
 )
 
-// withBatches answers PublishBatch (see publishBatch), and
+// withBatches answers TakePath (take.go), PublishBatch (see publishBatch), and
 // SendMessageBatch by running goaws' own SendMessage
 // once per entry, in entry order, and assembling the batch answer from
 // their answers: goaws v0.4.5 has SendMessageBatch but drops each entry's
@@ -22,6 +22,10 @@ import (
 // goaws' error code, as SQS reports per-entry failures.
 func withBatches(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == TakePath {
+			take(w, r)
+			return
+		}
 		if err := r.ParseForm(); err != nil {
 			next.ServeHTTP(w, r)
 			return

@@ -8,7 +8,8 @@
 // listener and every connection (clients are refused, as by a stopped
 // server); SIGUSR2 listens again on the same port, with the same queues.
 // Each state change is announced on stdout ("listening", "stopped").
-// It also answers the batch calls goaws lacks or gets wrong (batch.go).
+// It also answers the batch calls goaws lacks or gets wrong (batch.go),
+// and a whole queue's read-back for tests (take.go).
 package main
 
 import (
