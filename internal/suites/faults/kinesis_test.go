@@ -51,7 +51,7 @@ func TestKinesisOutage(t *testing.T) {
 // shard from its start in its order.
 func readStream(t *testing.T, client *kinesis.Client, stream string) []delivery {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), drainBound()) // a 10-minute outage's backlog is 240,000 records
 	defer cancel()
 	shards, err := client.ListShards(ctx, &kinesis.ListShardsInput{StreamName: aws.String(stream)})
 	require.NoError(t, err)

@@ -77,11 +77,21 @@ func TestNATSOutage(t *testing.T) {
 	require.NoError(t, err)
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
+	// An ordered consumer reads the stream in batches (a request a
+	// message took most of an hour for a 10-minute outage's backlog).
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
 	var got []delivery
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := stream.GetMsg(ctx, seq)
+	for uint64(len(got)) < info.State.Msgs {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
 		require.NoError(t, err)
-		got = append(got, delivery{ID: m.Header.Get("Nats-Msg-Id"), Payload: string(m.Data)})
+		n := 0
+		for m := range batch.Messages() {
+			got = append(got, delivery{ID: m.Headers().Get("Nats-Msg-Id"), Payload: string(m.Data())})
+			n++
+		}
+		require.NoError(t, batch.Error())
+		require.Positive(t, n, "the stream's read stalled at %d of %d messages", len(got), info.State.Msgs)
 	}
 	dups := checkAllDelivered(t, written, got)
 	checkKeyOrder(t, got)
