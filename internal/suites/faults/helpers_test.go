@@ -229,11 +229,11 @@ func checkAllDelivered(t testing.TB, want []string, got []delivery) (dups int) {
 			missing = append(missing, p)
 		}
 	}
-	if len(missing) > 0 {
-		if len(missing) > 10 {
-			missing = append(missing[:10], fmt.Sprintf("… %d more", len(missing)-10))
+	if n := len(missing); n > 0 {
+		if n > 10 {
+			missing = append(missing[:10], fmt.Sprintf("… %d more", n-10))
 		}
-		t.Fatalf("%d of %d committed messages never delivered: %v", len(missing), len(want), missing)
+		t.Fatalf("%d of %d committed messages never delivered: %v", n, len(want), missing)
 	}
 	for _, n := range seen {
 		if n > 1 {
