@@ -61,7 +61,7 @@ var fullURLs = map[string]string{
 	"mqtt+fields": "mqtt://m1?username=relay&password=" + secret,
 	"mqtts": "mqtts://m1:8883?tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=m" +
 		"&tls_insecure_skip_verify=true",
-	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true",
+	"pubsub+insecure": "pubsub://my-project?endpoint=127.0.0.1:8085&insecure=true&reconnect_initial=50ms&reconnect_max=2s",
 	"https": "https://user:" + secret + "@hooks.example.com/" + secret + "?secret=whsec_" + secret + "MfKQ9r8GKYqrTwjUPD8ILPZIo2La" +
 		"&content_type=text/plain&timeout=5s&dial_timeout=1s&tls_handshake_timeout=2s&response_header_timeout=3s" +
 		"&max_retry_after=1m&max_concurrency=8&rate_limit=12.5&rate_burst=4&retry_statuses=404,409&retry_4xx=true&allow_insecure_http=true&block_private_networks=true",
