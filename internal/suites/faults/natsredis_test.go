@@ -114,16 +114,17 @@ func TestRedisOutage(t *testing.T) {
 	defer rdb.Close()
 	// In pages: one XRANGE of a 10-minute outage's 240,000 entries
 	// outlasts the client's read timeout.
+	const page = 10_000
 	var got []delivery
 	for start := "-"; ; {
-		entries, err := rdb.XRangeN(ctx, "orders", start, "+", 10_000).Result()
+		entries, err := rdb.XRangeN(ctx, "orders", start, "+", page).Result()
 		require.NoError(t, err)
 		for _, e := range entries {
 			id, _ := e.Values["id"].(string)
 			payload, _ := e.Values["payload"].(string)
 			got = append(got, delivery{ID: id, Payload: payload})
 		}
-		if len(entries) < 10_000 {
+		if len(entries) < page {
 			break
 		}
 		start = "(" + entries[len(entries)-1].ID
