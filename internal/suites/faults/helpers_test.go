@@ -68,6 +68,22 @@ func (b *syncBuffer) Count(sub string) int {
 	return n
 }
 
+// matching returns the first n lines that contain sub, for failure
+// messages.
+func (b *syncBuffer) matching(sub string, n int) string {
+	var out []string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.Contains(l, sub) {
+			if len(out) == n {
+				out = append(out, "…")
+				break
+			}
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // tail returns the last n lines, for failure messages.
 func (b *syncBuffer) tail(n int) string {
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")

@@ -44,7 +44,7 @@ func TestKinesisOutage(t *testing.T) {
 	})
 	sinkURL := "kinesis://?" + url.Values{"stream": {"{topic}"}, "endpoint": {srv.URL()}, "drop_headers": {"true"},
 		"region": {"us-east-1"}, "access_key_id": {"test"}, "secret_access_key": {"test"}, "publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, srv.Kill, srv.Start, func() []delivery { return readStream(t, client, "orders") })
+	endpointOutage(t, sinkURL, srv.Kill, srv.Start, func([]string) []delivery { return readStream(t, client, "orders") })
 }
 
 // readStream reads every record of the stream, shard after shard, each

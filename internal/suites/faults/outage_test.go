@@ -167,7 +167,9 @@ func runOutage(t *testing.T, pool *pgxpool.Pool, schema string, rig outageRig) {
 	}
 	st := p.r.Stats()
 	if rig.breaks {
-		require.Zero(t, st.Retried, "an outage that opens the breaker counts no attempt")
+		require.Zero(t, st.Retried, "an outage that opens the breaker counts no attempt (the sink down from %s to %s); "+
+			"the relay's lines about the destination and its retries:\n%s\n%s", downAt.Format("15:04:05.000"), upAt.Format("15:04:05.000"),
+			p.logs.matching("destination", 20), p.logs.matching("retry scheduled", 20))
 	} else {
 		require.Positive(t, failedMsgs, "no message was retried: the outage was not seen")
 	}

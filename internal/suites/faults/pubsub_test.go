@@ -28,7 +28,7 @@ func TestPubSubOutage(t *testing.T) {
 	var restore func()
 	sinkURL := "pubsub://outbox-faults?" + url.Values{"endpoint": {proxy.Addr()}, "insecure": {"true"},
 		"publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, func() { restore = proxy.Break() }, func() { restore() }, func() []delivery {
+	endpointOutage(t, sinkURL, func() { restore = proxy.Break() }, func() { restore() }, func([]string) []delivery {
 		var got []delivery
 		for _, m := range srv.Messages() {
 			got = append(got, delivery{ID: m.Attributes["outbox-id"], Key: m.OrderingKey, Payload: string(m.Data)})

@@ -46,7 +46,7 @@ func TestSQSOutage(t *testing.T) {
 	sinkURL := "sqs://?" + url.Values{"queue_url": {srv.QueueURL("{topic}.fifo")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "protocol": {"query"}, "access_key_id": {"test"}, "secret_access_key": {"test"},
 		"publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, "orders.fifo") })
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func([]string) []delivery { return receiveAll(t, srv, "orders.fifo") })
 }
 
 // TestSNSOutage is TestSQSOutage for the SNS sink: it publishes to a
@@ -76,7 +76,7 @@ func TestSNSOutage(t *testing.T) {
 	require.NoError(t, err)
 	sinkURL := "sns://?" + url.Values{"topic_arn": {srv.TopicARN("{topic}")}, "endpoint": {srv.Endpoint()},
 		"region": {"us-east-1"}, "access_key_id": {"test"}, "secret_access_key": {"test"}, "publish_timeout": {"5s"}}.Encode()
-	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func() []delivery { return receiveAll(t, srv, "orders") })
+	endpointOutage(t, sinkURL, srv.Stop, srv.Start, func([]string) []delivery { return receiveAll(t, srv, "orders") })
 }
 
 // receiveAll takes every message of queue name, in queue order, in one
@@ -96,9 +96,10 @@ func receiveAll(t *testing.T, srv *throwaway.GoAWS, name string) []delivery {
 // endpointOutage runs the relay binary with sinkURL while a steady writer
 // writes to topic "orders", takes the endpoint down (down: its port
 // refuses connections) for outageLength() and brings it back (up), then
-// reads what arrived (read): nothing lost, per-key order kept, no attempt
+// reads what arrived (read, given the payloads written, for a read-back
+// that waits for them): nothing lost, per-key order kept, no attempt
 // counted while the endpoint refused connections.
-func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() []delivery) {
+func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func(written []string) []delivery) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), runBound()+3*time.Minute)
 	defer cancel()
@@ -144,7 +145,7 @@ func endpointOutage(t *testing.T, sinkURL string, down, up func(), read func() [
 	drained := time.Since(upAt)
 	require.Empty(t, deadLetters(t, pool, schema), "an outage must not dead-letter anything")
 
-	got := read()
+	got := read(written)
 	dups := checkAllDelivered(t, written, got)
 	checkKeyOrder(t, got)
 	t.Logf("endpoint down %s (backlog %d): rows with an attempt counted %d after the first %s, %d at its end; "+

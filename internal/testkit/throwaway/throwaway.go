@@ -262,3 +262,24 @@ max_client_conn = 500
 	s.Start()
 	return s
 }
+
+// OutputLines is every line the server wrote to its standard output and
+// error, in every run since the test began, that contains substr (all of
+// them when substr is empty): for a failing test's log.
+func (s *Server) OutputLines(substr string) string {
+	files, _ := filepath.Glob(filepath.Join(s.dir, s.name+"-*.out"))
+	var lines []string
+	for _, f := range files { // named by start time: in run order
+		b, err := os.ReadFile(f)
+		if err != nil {
+			lines = append(lines, err.Error())
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if l != "" && strings.Contains(l, substr) {
+				lines = append(lines, l)
+			}
+		}
+	}
+	return strings.Join(lines, "\n")
+}
