@@ -121,6 +121,15 @@ func count(t testing.TB, pool *pgxpool.Pool, schema, table string) int {
 	return n
 }
 
+// attempted counts the pending rows that have an attempt counted.
+func attempted(t testing.TB, pool *pgxpool.Pool, schema string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+migrations.Ident(schema)+".messages WHERE attempts > 0").Scan(&n))
+	return n
+}
+
 func deadLetters(t testing.TB, pool *pgxpool.Pool, schema string) []operator.DeadLetter {
 	t.Helper()
 	admin, err := operator.New(pool, schema)
