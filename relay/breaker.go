@@ -3,7 +3,6 @@ package relay
 import (
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -14,20 +13,22 @@ import (
 
 // The outage breaker. When a batch finds the destination unavailable as a
 // whole (nothing got through, nothing failed on its own, and the failures
-// say so: a connection that could not be made, or 503s and timeouts
-// across two keys or more; see down), the batch rolls back without
-// counting an attempt, and the route stops claiming: while the breaker is
-// open, one worker at a time probes the destination with a batch of one
-// message, on a backoff (probeInitial doubling up to probeMax, or what
-// the destination asked for with Retry-After). The first probe that gets
-// through closes the breaker and every worker claims at full speed again.
-// A probe that finds the destination down counts no attempt either. The
-// probes rotate over the workers, and so over the lanes and keys: a
-// message that fails alone (a 503 for that message only) does not keep
-// the route open, since the next probe takes another key; once the route
-// delivers again, a lone 503 counts its attempt like any retriable
-// failure. A message that fails on its own (a 4xx, too large,
-// unroutable) never opens the breaker.
+// are evidence of it: a connection that could not be made, or answers
+// that say "unavailable" which the sink's Prober confirms or, for a sink
+// without one, that span two keys; see down), the batch rolls back
+// without counting an attempt, and the route stops claiming: while the
+// breaker is open, one worker at a time probes the destination with a
+// batch of one message, on a backoff (probeInitial doubling up to
+// probeMax, or what the destination asked for with Retry-After). The
+// first probe that gets through closes the breaker and every worker
+// claims at full speed again. A probe that finds the destination down
+// counts no attempt either. A probe whose failure is its own (the Prober
+// finds the destination up) counts its attempt and closes the breaker,
+// and the probes rotate over the workers, and so over the lanes and
+// keys: messages that fail while their destination is up are poison,
+// not an outage, and are dead-lettered after their attempts. A message
+// that fails on its own (a 4xx, too large, unroutable) never opens the
+// breaker.
 
 const (
 	probeInitial = 500 * time.Millisecond
@@ -230,22 +231,40 @@ func (b *breaker) pause(d time.Duration) {
 	}
 }
 
-// slowDown is how long a batch's answer asks the whole route to wait: the
-// longest sinks.RetryAfter of a message that failed retriably (a 429 with
-// Retry-After, a broker's throttle), 0 when none did; cause is the error
-// that asked for it.
-func slowDown(sendErr error, n int) (d time.Duration, cause error) {
+// slowDown is how long a batch's answer asks the whole route to wait:
+// when nothing of the batch got through and every message the sink tried
+// was answered with a Retry-After (sinks.RetryAfter: a 429 to every
+// request, a broker's throttle) across two keys or more (a keyless
+// message is a key of its own), the longest of those delays; 0 otherwise.
+// A Retry-After for one key's message says something of that message,
+// or of that key: it waits in that message's row as its retry delay (see
+// ExponentialRetry), holding back its key only, and the route goes on.
+// cause is the error that asked for the wait.
+func slowDown(batch []claimed, sendErr error) (d time.Duration, cause error) {
 	if sendErr == nil {
 		return 0, nil
 	}
-	for i := range n {
-		err := sinks.Outcome(sendErr, i, n)
-		if err == nil || sinks.IsPermanent(err) {
+	first, spans := -1, false
+	for i := range batch {
+		err := sinks.Outcome(sendErr, i, len(batch))
+		if errors.Is(err, sinks.ErrNotAttempted) || sinks.IsPermanent(err) {
 			continue
 		}
-		if ra, ok := sinks.RetryAfter(err); ok && ra > d {
+		ra, ok := sinks.RetryAfter(err)
+		if !ok {
+			return 0, nil // delivered, or failed without asking to wait
+		}
+		if first < 0 {
+			first = i
+		} else if k := batch[i].msg.Key; k == "" || k != batch[first].msg.Key {
+			spans = true
+		}
+		if ra > d {
 			d, cause = ra, err
 		}
+	}
+	if !spans {
+		return 0, nil
 	}
 	return d, cause
 }
@@ -312,22 +331,26 @@ const (
 // down reads a sink's answer to a batch: isDown when no message got
 // through, none failed on its own, and the failures are evidence enough
 // that the destination is down. A message not sent (sinks.NotSent: a
-// refused connection, an unresolvable host) is; sinks.ErrUnavailable (a
-// 503, a timeout) is when it spans two keys or more (or keyless
-// messages), since one key's 503 may be that message's own, or when the
-// batch is the breaker's probe, which the breaker opened on such
-// evidence. A batch whose every message was not attempted without such
-// evidence (held behind its key, the sink broke off, waited for its own
-// rate limit) is untouched: the worker backs off, as after a failed cycle,
-// since claiming it again at once would spin. The first failure that is
-// evidence is returned as the cause.
-func down(batch []claimed, sendErr error, probe bool) (reading, error) {
+// refused connection, an unresolvable host) is. sinks.ErrUnavailable (a
+// 503, a timeout) is evidence when confirm, the sink's sinks.Prober,
+// finds the destination of the first such message down too: a webhook
+// receiver that answers 503 to one message may take every other one, and
+// only a request without a message tells the two apart. For a sink
+// without a Prober (confirm nil) it is evidence when it spans two keys or
+// more (or keyless messages), since one key's 503 may be that message's
+// own, or when the batch is the breaker's probe, which the breaker opened
+// on such evidence. A batch whose every message was not attempted
+// without such evidence (held behind its key, the sink broke off, waited
+// for its own rate limit) is untouched: the worker backs off, as after a
+// failed cycle, since claiming it again at once would spin. The first
+// failure that is evidence is returned as the cause.
+func down(batch []claimed, sendErr error, probe bool, confirm func(sinks.Message) error) (reading, error) {
 	if sendErr == nil || len(batch) == 0 {
 		return reached, nil
 	}
 	var cause error
 	notSent, spans := false, false
-	first := "" // the key of the first unavailable message ("" before it)
+	first := -1 // the first unavailable message
 	for i := range batch {
 		err := sinks.Outcome(sendErr, i, len(batch))
 		switch {
@@ -338,14 +361,10 @@ func down(batch []claimed, sendErr error, probe bool) (reading, error) {
 		case errors.Is(err, sinks.ErrNotAttempted):
 			continue // no evidence either way
 		case errors.Is(err, sinks.ErrUnavailable):
-			key := batch[i].msg.Key
-			if key == "" {
-				key = "\x00" + strconv.Itoa(i) // a keyless message is a key of its own
-			}
-			if first == "" {
-				first = key
-			} else if key != first {
-				spans = true
+			if first < 0 {
+				first = i
+			} else if k := batch[i].msg.Key; k == "" || k != batch[first].msg.Key {
+				spans = true // a keyless message is a key of its own
 			}
 		default:
 			return reached, nil
@@ -357,7 +376,14 @@ func down(batch []claimed, sendErr error, probe bool) (reading, error) {
 	switch {
 	case cause == nil:
 		return untouched, sendErr
-	case notSent || spans || probe:
+	case notSent:
+		return isDown, cause
+	case confirm != nil:
+		if confirm(batch[first].msg) != nil {
+			return isDown, cause
+		}
+		return reached, nil
+	case spans || probe:
 		return isDown, cause
 	}
 	return reached, nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -25,27 +27,37 @@ func TestDown(t *testing.T) {
 		key    string
 		answer error
 	}
+	up := func(sinks.Message) error { return nil }
+	downToo := func(sinks.Message) error { return errors.New("HEAD: 503") }
 	for _, tc := range []struct {
-		name  string
-		probe bool
-		batch []msg
-		whole error
-		want  reading
+		name    string
+		probe   bool
+		batch   []msg
+		whole   error
+		confirm func(sinks.Message) error // the sink's Prober; nil: none
+		want    reading
 	}{
-		{"a refused connection for every message", false, []msg{{"a", errRefused}, {"b", errRefused}}, nil, isDown},
-		{"refused for one key, the rest held behind it", false, []msg{{"a", errRefused}, {"a", errNA}}, nil, isDown},
-		{"503 across two keys", false, []msg{{"a", err503}, {"b", err503}}, nil, isDown},
-		{"503 for two keyless messages", false, []msg{{"", err503}, {"", err503}}, nil, isDown},
-		{"503 for one key only: that message's own, perhaps", false, []msg{{"a", err503}, {"a", errNA}}, nil, reached},
-		{"503 for one key, as the probe", true, []msg{{"a", err503}}, nil, isDown},
-		{"one delivered", false, []msg{{"a", errRefused}, {"b", nil}}, nil, reached},
-		{"one failed on its own", false, []msg{{"a", err503}, {"b", err503}, {"c", errBad}}, nil, reached},
-		{"a plain retriable error", false, []msg{{"a", err503}, {"b", errDown}}, nil, reached},
-		{"every message held back without a cause", false, []msg{{"a", errNA}, {"b", errNA}}, nil, untouched},
-		{"not sent, but for the sink's own reasons", false, []msg{{"a", errThrottled}, {"b", errThrottled}}, nil, untouched},
-		{"not sent for the sink's own reasons beside a refusal", false, []msg{{"a", errThrottled}, {"b", errRefused}}, nil, isDown},
-		{"refused for the whole batch", false, []msg{{"a", nil}, {"b", nil}}, errRefused, isDown},
-		{"all delivered", false, []msg{{"a", nil}}, nil, reached},
+		{"a refused connection for every message", false, []msg{{"a", errRefused}, {"b", errRefused}}, nil, nil, isDown},
+		{"refused for one key, the rest held behind it", false, []msg{{"a", errRefused}, {"a", errNA}}, nil, nil, isDown},
+		{"503 across two keys", false, []msg{{"a", err503}, {"b", err503}}, nil, nil, isDown},
+		{"503 for two keyless messages", false, []msg{{"", err503}, {"", err503}}, nil, nil, isDown},
+		{"503 for one key only: that message's own, perhaps", false, []msg{{"a", err503}, {"a", errNA}}, nil, nil, reached},
+		{"503 for one key, as the probe", true, []msg{{"a", err503}}, nil, nil, isDown},
+		{"one delivered", false, []msg{{"a", errRefused}, {"b", nil}}, nil, nil, reached},
+		{"one failed on its own", false, []msg{{"a", err503}, {"b", err503}, {"c", errBad}}, nil, nil, reached},
+		{"a plain retriable error", false, []msg{{"a", err503}, {"b", errDown}}, nil, nil, reached},
+		{"every message held back without a cause", false, []msg{{"a", errNA}, {"b", errNA}}, nil, nil, untouched},
+		{"not sent, but for the sink's own reasons", false, []msg{{"a", errThrottled}, {"b", errThrottled}}, nil, nil, untouched},
+		{"not sent for the sink's own reasons beside a refusal", false, []msg{{"a", errThrottled}, {"b", errRefused}}, nil, nil, isDown},
+		{"refused for the whole batch", false, []msg{{"a", nil}, {"b", nil}}, errRefused, nil, isDown},
+		{"all delivered", false, []msg{{"a", nil}}, nil, nil, reached},
+		// A Prober tells a receiver that is down from messages that fail.
+		{"503 across two keys, the receiver up", false, []msg{{"a", err503}, {"b", err503}}, nil, up, reached},
+		{"503 across two keys, the receiver down", false, []msg{{"a", err503}, {"b", err503}}, nil, downToo, isDown},
+		{"503 for one key, the receiver down", false, []msg{{"a", err503}, {"a", errNA}}, nil, downToo, isDown},
+		{"503 for the probe, the receiver up", true, []msg{{"a", err503}}, nil, up, reached},
+		{"503 for the probe, the receiver down", true, []msg{{"a", err503}}, nil, downToo, isDown},
+		{"refused, whatever the probe says", false, []msg{{"a", errRefused}, {"b", err503}}, nil, up, isDown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			batch := make([]claimed, len(tc.batch))
@@ -60,7 +72,7 @@ func TestDown(t *testing.T) {
 			} else if be.Failed() == 0 {
 				sendErr = nil
 			}
-			got, cause := down(batch, sendErr, tc.probe)
+			got, cause := down(batch, sendErr, tc.probe, tc.confirm)
 			if got != tc.want {
 				t.Fatalf("down = %v, want %v", got, tc.want)
 			}
@@ -162,5 +174,43 @@ func TestBreaker(t *testing.T) {
 	b.landed(0, false, foundDown, sinks.Unavailable(&sinks.RetryAfterError{Err: errors.New("503"), After: time.Hour}))
 	if a := b.admit(0); a.at.Sub(now) < time.Hour {
 		t.Fatalf("Retry-After ignored: probe at %s", a.at.Sub(now))
+	}
+}
+
+// TestSlowDown: a Retry-After pauses the route only when the destination
+// said it of every message it was asked about, across two keys or more;
+// one key's Retry-After is that message's retry delay.
+func TestSlowDown(t *testing.T) {
+	wait := func(d time.Duration) error {
+		return &sinks.RetryAfterError{Err: errors.New("429 Too Many Requests"), After: d}
+	}
+	type msg struct {
+		key    string
+		answer error
+	}
+	for _, tc := range []struct {
+		name  string
+		batch []msg
+		want  time.Duration
+	}{
+		{"one key's 429", []msg{{"a", wait(time.Hour)}, {"a", errNA}}, 0},
+		{"one key's 429 beside deliveries", []msg{{"a", wait(time.Hour)}, {"b", nil}, {"c", nil}}, 0},
+		{"429 across two keys", []msg{{"a", wait(time.Second)}, {"b", wait(2 * time.Second)}}, 2 * time.Second},
+		{"429 for two keyless messages", []msg{{"", wait(time.Second)}, {"", wait(time.Second)}}, time.Second},
+		{"429 across keys beside a plain failure", []msg{{"a", wait(time.Second)}, {"b", wait(time.Second)}, {"c", errDown}}, 0},
+		{"429 across keys beside a permanent failure", []msg{{"a", wait(time.Second)}, {"b", wait(time.Second)}, {"c", errBad}}, time.Second},
+		{"no answer asked to wait", []msg{{"a", errDown}, {"b", errDown}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			batch := make([]claimed, len(tc.batch))
+			be := sinks.NewBatchError(len(tc.batch))
+			for i, m := range tc.batch {
+				batch[i] = claimed{msg: sinks.Message{Seq: int64(i + 1), Key: m.key}}
+				be.Errs[i] = m.answer
+			}
+			d, cause := slowDown(batch, be.Err())
+			require.Equal(t, tc.want, d)
+			require.Equal(t, d > 0, cause != nil)
+		})
 	}
 }

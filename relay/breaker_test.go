@@ -97,9 +97,10 @@ func TestOutageCountsNoAttempts(t *testing.T) {
 	require.Equal(t, 41, n)
 }
 
-// A message that fails on its own (a 4xx) never opens the breaker, and
-// one receiver's 503 for a single key does not keep the route closed:
-// the other keys go on.
+// A message that fails on its own (a 4xx) never opens the breaker, nor
+// does a 503 for one key from a receiver that is up (it answers a
+// request without a message): the other keys go on, and the 503s count
+// attempts until the message is dead-lettered.
 func TestOneFailingKeyDoesNotOpenTheBreaker(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -112,6 +113,8 @@ func TestOneFailingKeyDoesNotOpenTheBreaker(t *testing.T) {
 		}
 		return http.StatusNoContent, ""
 	})
+	// The receiver is up: a request without a message gets a 204.
+	rc.SetHealth(func() int { return http.StatusNoContent })
 	sink, err := httpsink.New(httpsink.Config{URL: rc.URL()}, nil)
 	require.NoError(t, err)
 	cfg := e.config()

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,34 +69,79 @@ func TestRateLimitBoundsTheRoute(t *testing.T) {
 	}
 }
 
-// A 429 with Retry-After pauses the whole route for that long, not only
-// the message that got it.
-func TestRetryAfterPausesTheRoute(t *testing.T) {
+// One message's 429 with a long Retry-After holds back that message's
+// key only: the other keys of its host, and the messages of a second
+// host of the same sink, go on at once, and the route is never paused;
+// the message waits for its retry, which Retry-After set.
+func TestRetryAfterHoldsOnlyItsKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var refused atomic.Bool
+	slow := func(r *testkit.Request) (int, string) {
+		if r.Header.Get(httpsink.HeaderKey) == "slow" {
+			r.Reply.Set("Retry-After", "3600")
+			return http.StatusTooManyRequests, "slow down"
+		}
+		return http.StatusNoContent, ""
+	}
+	hostA := testkit.NewTestReceiver(t, slow)
+	hostB := testkit.NewTestReceiver(t, nil)
+	sink, err := httpsink.New(httpsink.Config{Routes: []httpsink.Route{
+		{Topic: "a.*", URL: hostA.URL()}, {Topic: "b.*", URL: hostB.URL()},
+	}}, nil)
+	require.NoError(t, err)
+	cfg := e.config()
+	cfg.RetryMax, cfg.MaxAttempts = time.Hour, 20
+	e.write(msg("a.x", "slow", "1"), msg("a.x", "slow", "2"))
+	r, _ := e.start(cfg, sink)
+	eventually(t, 20*time.Second, func() bool { return hostA.Requests() >= 1 }, "the 429")
+	for i := range 300 {
+		e.write(msg([]string{"a.x", "b.x"}[i%2], fmt.Sprintf("k%d", i%30), strconv.Itoa(i)))
+	}
+	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 2 },
+		"the other keys delivered (%d left)", e.count("messages"))
+	require.Equal(t, int64(150), hostB.Accepted())
+	require.Equal(t, int64(150), hostA.Accepted())
+	require.True(t, r.State().PausedUntil.IsZero(), "the route paused for one key's Retry-After")
+	var attempts int
+	var wait float64 // seconds
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		`SELECT attempts, extract(epoch FROM available_at - now())::float8 FROM `+e.table("messages")+
+			` WHERE payload = '1'`).Scan(&attempts, &wait))
+	require.Equal(t, 1, attempts)
+	// The sink caps Retry-After at max_retry_after (10 minutes).
+	require.Greater(t, wait, (9 * time.Minute).Seconds(), "the message's retry waits for its Retry-After")
+}
+
+// A Retry-After on every message of a batch, across keys, is the
+// destination's as a whole: the route claims nothing until it has passed.
+func TestRetryAfterAcrossKeysPausesTheRoute(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
 	var mu sync.Mutex
+	refused := map[string]bool{}
 	var at []time.Time // arrivals of the other keys' requests
 	rc := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
-		if r.Header.Get(httpsink.HeaderKey) == "slow" {
-			if refused.CompareAndSwap(false, true) {
+		mu.Lock()
+		defer mu.Unlock()
+		key := r.Header.Get(httpsink.HeaderKey)
+		if key == "s1" || key == "s2" {
+			if !refused[key] {
+				refused[key] = true
 				r.Reply.Set("Retry-After", "1")
 				return http.StatusTooManyRequests, "slow down"
 			}
 			return http.StatusNoContent, ""
 		}
-		mu.Lock()
 		at = append(at, r.At)
-		mu.Unlock()
 		return http.StatusNoContent, ""
 	})
 	sink, err := httpsink.New(httpsink.Config{URL: rc.URL()}, nil)
 	require.NoError(t, err)
 	cfg := e.config()
 	// One batch at a time: none is in flight beside the one that gets
-	// the 429.
+	// the 429s, which holds both messages.
 	cfg.Workers, cfg.Pipeline = 1, 1
-	e.write(msg("t", "slow", "1"))
+	e.write(msg("t", "s1", "1"), msg("t", "s2", "1"))
 	r, _ := e.start(cfg, sink)
 	var until time.Time
 	eventually(t, 20*time.Second, func() bool { until = r.State().PausedUntil; return !until.IsZero() }, "the route paused")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,27 +86,34 @@ func TestHeartbeatRecordsRateLimit(t *testing.T) {
 	require.Equal(t, operator.Delivering, st.Routes[0].State)
 }
 
-// A destination that asks the route to slow down (a Retry-After) makes
-// it rate limited, with the error that asked as the cause.
+// A destination that asks the route to slow down (a Retry-After for
+// every message of a batch, across keys) makes it rate limited, with the
+// error that asked as the cause.
 func TestHeartbeatRecordsRetryAfter(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var asked atomic.Bool
+	var mu sync.Mutex
+	asked := map[string]bool{}
 	e.sink.SetFail(func(m sinks.Message) error {
-		if asked.CompareAndSwap(false, true) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !asked[m.Key] {
+			asked[m.Key] = true
 			return &sinks.RetryAfterError{Err: errors.New("429 too many requests"), After: 2 * time.Second}
 		}
 		return nil
 	})
-	e.write(msg("t", "k", "m"))
-	r, _ := e.start(e.config(), e.sink)
+	e.write(msg("t", "k1", "m"), msg("t", "k2", "m"))
+	cfg := e.config()
+	cfg.Workers = 1 // both messages in one batch
+	r, _ := e.start(cfg, e.sink)
 	status := statusOf(t, e)
 
 	r.AwaitSignal(t, signalBound, relay.SigRouteState, 0, func(v int) bool { return v == relay.HealthLevel(relay.RouteRateLimited) })
 	st := awaitRelayState(t, status, operator.RateLimited)
 	require.Contains(t, st.Relays[0].LimitCause, "429 too many requests (retry after 2s)")
 	require.NotNil(t, st.Relays[0].FailingSince, "the 429 counted an attempt too: rate limited wins")
-	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), 1))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 30*time.Second), 2))
 	awaitRelayState(t, status, operator.Delivering)
 }
 

@@ -274,7 +274,7 @@ func (w *worker) landed(f *flight) bool {
 		return true
 	}
 	r.brk.landed(w.id, f.probe, wentThrough, nil)
-	if d, cause := slowDown(f.ev.SendErr, len(f.batch)); d > 0 {
+	if d, cause := slowDown(f.batch, f.ev.SendErr); d > 0 {
 		r.brk.pause(d)
 		r.strain.paused(time.Now().Add(d), cause)
 	}
@@ -540,7 +540,7 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 		// back untouched (some may be delivered twice, never lost).
 		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
-	switch v, cause := down(batch, ev.SendErr, probe); v {
+	switch v, cause := down(batch, ev.SendErr, probe, r.confirmer(hard)); v {
 	case isDown:
 		// Nothing got through, and nothing failed on its own: roll the
 		// batch back untouched (no attempt counted) and let the breaker
@@ -554,6 +554,21 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), cause)
 	}
 	return decide(batch, ev.SendErr, r.rules), nil
+}
+
+// confirmer returns how publish asks the sink whether a message's
+// destination is down too (see down), or nil when the sink cannot tell
+// (it is no sinks.Prober). The question is bounded like a Send.
+func (r *Relay) confirmer(hard context.Context) func(sinks.Message) error {
+	p, ok := sinks.As[sinks.Prober](r.sink)
+	if !ok {
+		return nil
+	}
+	return func(m sinks.Message) error {
+		ctx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
+		defer cancel()
+		return p.Probe(ctx, m)
+	}
 }
 
 // waitRate waits until the rate limit lets n messages go, and records in

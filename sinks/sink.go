@@ -92,6 +92,24 @@ type HealthChecker interface {
 	Healthy(ctx context.Context) error
 }
 
+// Prober is implemented by sinks whose "unavailable" answers (see
+// ErrUnavailable) may follow the message rather than the destination: a
+// webhook receiver answers 5xx, or no answer in time, to a message its
+// own code fails on, while it takes every other message. Before it reads
+// such answers as an outage, the relay asks Probe about the destination
+// of one of the messages that got them: a request that carries no
+// message. Probe returns nil when the destination answered as a service
+// that is up (whatever it said of a request without a message), and an
+// error when it is down too (no connection, no answer in time, a 5xx):
+// only then are the failures read as an outage that counts no attempt.
+// With nil they are the messages' own failures: each counts an attempt
+// and is dead-lettered when its attempts run out. A sink without Prober
+// has its ErrUnavailable answers read as the destination's (a broker
+// without a leader says nothing about the message).
+type Prober interface {
+	Probe(ctx context.Context, m Message) error
+}
+
 // StartChecker is implemented by sinks that can tell at start-up that their
 // configuration will not work, for a reason waiting cannot fix (the broker
 // refuses the credentials). CheckStart waits until the sink is connected,
@@ -179,10 +197,11 @@ var (
 	//
 	// When nothing of a batch got through and nothing failed on its own,
 	// and the failures say the destination is down (a message not sent,
-	// see NotSent, or ErrUnavailable across two keys or more), the relay
-	// counts no attempt: it leaves the batch untouched and opens the
-	// route's outage breaker, which claims one message at a time, as a
-	// probe, on a short backoff until one gets through. Otherwise the
+	// see NotSent; ErrUnavailable across two keys or more, or, for a
+	// sink that is a Prober, ErrUnavailable that its Probe confirms), the
+	// relay counts no attempt: it leaves the batch untouched and opens
+	// the route's outage breaker, which claims one message at a time, as
+	// a probe, on a short backoff until one gets through. Otherwise the
 	// error counts an attempt like any retriable one. Wrap it with
 	// Unavailable.
 	ErrUnavailable = errors.New("outbox: destination unavailable")

@@ -23,6 +23,13 @@ type Receiver struct {
 
 	requests atomic.Int64
 	accepted atomic.Int64
+	// probes counts HEAD requests (the sink's Probe); last is the status
+	// of the latest other request on each path; health answers HEAD when
+	// set.
+	probes atomic.Int64
+	health atomic.Pointer[func() int]
+	lastMu sync.Mutex
+	last   map[string]int
 
 	mu      sync.Mutex
 	srv     *http.Server
@@ -149,9 +156,39 @@ func (rc *Receiver) WaitAccepted(ctx context.Context, n int64) bool {
 	}
 }
 
+// SetHealth sets how the receiver answers a HEAD request, the HTTP
+// sink's probe of whether a receiver is up (sinks.Prober): with the
+// status health returns. Without it, a HEAD is answered like the latest
+// other request on its path when that got a 5xx (a receiver that answers
+// everything 503 answers its probe 503 too), else 204. HEAD requests do not reach
+// the handler and count in Probes only.
+func (rc *Receiver) SetHealth(health func() int) { rc.health.Store(&health) }
+
+// Probes counts the HEAD requests read.
+func (rc *Receiver) Probes() int64 { return rc.probes.Load() }
+
+// probe answers a HEAD request.
+func (rc *Receiver) probe(w http.ResponseWriter, r *http.Request) {
+	rc.probes.Add(1)
+	status := http.StatusNoContent
+	rc.lastMu.Lock()
+	last := rc.last[r.URL.Path]
+	rc.lastMu.Unlock()
+	if h := rc.health.Load(); h != nil && *h != nil {
+		status = (*h)()
+	} else if last >= 500 {
+		status = last
+	}
+	w.WriteHeader(status)
+}
+
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodHead {
+		rc.probe(w, r)
+		return
+	}
 	at := time.Now()
 	buf := bodies.Get().(*bytes.Buffer)
 	defer bodies.Put(buf)
@@ -163,6 +200,16 @@ func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
 	status, msg := http.StatusNoContent, ""
 	if rc.handle != nil {
 		status, msg = rc.handle(&Request{Request: r, Body: buf.Bytes(), At: at, Reply: w.Header()})
+	}
+	if w.Header().Get("Outbox-Failure") == "" {
+		// An answer that says it is the message's own says nothing of
+		// the receiver's health.
+		rc.lastMu.Lock()
+		if rc.last == nil {
+			rc.last = map[string]int{}
+		}
+		rc.last[r.URL.Path] = status
+		rc.lastMu.Unlock()
 	}
 	if status/100 != 2 {
 		http.Error(w, msg, status)

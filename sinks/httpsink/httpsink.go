@@ -62,6 +62,14 @@ const (
 	HeaderSeq = "outbox-seq"
 	// UserAgent is sent on every request.
 	UserAgent = "outbox-relay"
+	// HeaderFailure, on a non-2xx answer, says whose failure it is.
+	// FailureMessage ("message") says it is this message's own: the
+	// receiver is up and failed on this message (a handler error, an
+	// out-of-order message of package inbox's httpinbox). The answer
+	// then counts an attempt like any retriable failure, whatever its
+	// status, and never reads as the receiver being down.
+	HeaderFailure  = "Outbox-Failure"
+	FailureMessage = "message"
 )
 
 // maxErrorBody is how much of a non-2xx response body goes into the error
@@ -123,10 +131,11 @@ type route struct {
 	t       *target
 }
 
-// Sink posts messages to webhook receivers. It implements sinks.Sink. It
-// does not implement sinks.HealthChecker on purpose: receivers are often
-// many independent third parties, and one of them being down must not
-// make the whole relay unready.
+// Sink posts messages to webhook receivers. It implements sinks.Sink and
+// sinks.Prober (a receiver's 5xx may be the message's own). It does not
+// implement sinks.HealthChecker on purpose: receivers are often many
+// independent third parties, and one of them being down must not make
+// the whole relay unready.
 type Sink struct {
 	cfg       Config
 	log       *slog.Logger
@@ -380,11 +389,53 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), s.cfg.MaxRetryAfter); ok {
 		failed = &sinks.RetryAfterError{Err: se, After: d}
 	}
-	if code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout {
-		// The receiver, or what stands in front of it, is down.
+	if code >= 500 && !strings.EqualFold(resp.Header.Get(HeaderFailure), FailureMessage) {
+		// The receiver, or what stands in front of it, may be down, or
+		// failed on this message only: Probe tells which (see
+		// sinks.Prober).
 		return sinks.Unavailable(failed)
 	}
 	return failed
+}
+
+// Probe implements sinks.Prober: it asks m's receiver whether it is up
+// with a HEAD request to m's URL, which carries no message and no
+// signature. Any answer below 500 (a 405 from a receiver that takes POST
+// only, a 401 for the missing signature) says the receiver is up: a 5xx
+// that m got is then m's own. No connection, no answer within the
+// timeout, or a 5xx says it is down. The request waits for the host's
+// max_concurrency like a message.
+func (s *Sink) Probe(ctx context.Context, m sinks.Message) error {
+	t := s.targetFor(m.Topic)
+	if t == nil {
+		return nil // the message fails on its own (no route)
+	}
+	select {
+	case t.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-t.sem }()
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodHead, t.raw, nil)
+	if err != nil {
+		return fmt.Errorf("outbox: http: HEAD %s: cannot build request", t.display)
+	}
+	req.Header.Set("User-Agent", UserAgent)
+	if u := req.URL.User; u != nil {
+		pw, _ := u.Password()
+		req.SetBasicAuth(u.Username(), pw)
+	}
+	resp, err := s.transport.RoundTrip(req)
+	if err != nil {
+		return s.transportErr(ctx, rctx, t, err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		return &StatusError{StatusCode: resp.StatusCode, Target: t.display}
+	}
+	return nil
 }
 
 // transportErr classifies a request that got no answer (err, from the

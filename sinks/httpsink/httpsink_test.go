@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,9 +198,9 @@ func TestStatusClassification(t *testing.T) {
 			case retriable:
 				require.Error(t, err)
 				require.False(t, sinks.IsPermanent(err), "%v", err)
-				// 502, 503 and 504 say the receiver is down as a whole.
-				down := tc.code == 502 || tc.code == 503 || tc.code == 504
-				require.Equal(t, down, errors.Is(err, sinks.ErrUnavailable), "%v", err)
+				// A 5xx may say the receiver is down as a whole (Probe
+				// tells whether it is).
+				require.Equal(t, tc.code >= 500, errors.Is(err, sinks.ErrUnavailable), "%v", err)
 			case permanent:
 				require.Error(t, err)
 				require.True(t, sinks.IsPermanent(err), "%v", err)
@@ -796,4 +798,35 @@ func TestSinkErrorsArePrefixed(t *testing.T) {
 		require.True(t, strings.HasPrefix(err.Error(), "outbox: http: "), err.Error())
 	}
 	require.True(t, errors.Is(fmt.Errorf("x: %w", ErrBlockedAddress), ErrBlockedAddress))
+}
+
+// A 5xx that the receiver says is the message's own (Outbox-Failure:
+// message) is a plain retriable failure, never a sign of an outage; Probe
+// asks the receiver about itself with a HEAD request and reads a 5xx or
+// no connection as down, any other answer as up.
+func TestFailureHeaderAndProbe(t *testing.T) {
+	t.Parallel()
+	var health atomic.Int32
+	health.Store(http.StatusMethodNotAllowed)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			w.WriteHeader(int(health.Load()))
+			return
+		}
+		w.Header().Set(HeaderFailure, FailureMessage)
+		http.Error(w, "out of order", http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	s := newSink(t, Config{URL: srv.URL, Timeout: 2 * time.Second})
+	m := msg(sinksID(), "t", "k", "x", nil)
+	err := only(s.Send(context.Background(), []sinks.Message{m}))
+	require.Error(t, err)
+	require.False(t, errors.Is(err, sinks.ErrUnavailable), "%v", err)
+	require.False(t, sinks.IsPermanent(err), "%v", err)
+
+	require.NoError(t, s.Probe(context.Background(), m), "a 405 to HEAD: the receiver is up")
+	health.Store(http.StatusServiceUnavailable)
+	require.ErrorContains(t, s.Probe(context.Background(), m), "503")
+	srv.Close()
+	require.True(t, sinks.IsNotSent(s.Probe(context.Background(), m)), "no connection: down")
 }
