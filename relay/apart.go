@@ -27,8 +27,8 @@ func (st *settler) apart(ctx context.Context, pc *pgx.Conn, src *source, s settl
 	if _, err := pc.Exec(ctx, "ROLLBACK"); err != nil {
 		return settlement{}, err
 	}
-	ids := make([]int64, 0, len(s.delivered)+len(s.retries.IDs)+len(s.dead.IDs))
-	ids = append(append(append(ids, s.delivered...), s.retries.IDs...), s.dead.IDs...)
+	ids := make([]int64, 0, len(s.delivered)+len(s.retries.IDs)+len(s.defers.IDs)+len(s.dead.IDs))
+	ids = append(append(append(append(ids, s.delivered...), s.retries.IDs...), s.defers.IDs...), s.dead.IDs...)
 	if _, err := pc.Exec(ctx, store.Begin); err != nil {
 		return settlement{}, err
 	}
@@ -38,7 +38,7 @@ func (st *settler) apart(ctx context.Context, pc *pgx.Conn, src *source, s settl
 	}
 	a := &apart{st: st, ctx: ctx, pc: pc, src: src, tids: tids}
 	a.out.untouched = s.untouched
-	for _, phase := range []func(settlement) error{a.delivered, a.retries, a.deadLetters} {
+	for _, phase := range []func(settlement) error{a.delivered, a.retries, a.defers, a.deadLetters} {
 		if err := phase(s); err != nil {
 			return settlement{}, err
 		}
@@ -197,6 +197,16 @@ func (a *apart) retries(s settlement) error {
 		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, rt.Errors[k]))
 		a.st.log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
 		return a.deadLetter(rt.IDs[k], ReasonPermanent, text)
+	})
+}
+
+// defers defers s's deferred rows. One that cannot be deferred stays as
+// it is: it was not sent, and comes back in a later claim.
+func (a *apart) defers(s settlement) error {
+	d := s.defers
+	return settleRows(a, d.IDs, d, addRetry, a.src.QueueDefer, &a.out.defers, func(int, error) error {
+		a.out.untouched++
+		return nil
 	})
 }
 

@@ -87,14 +87,7 @@ func TestOutageCountsNoAttempts(t *testing.T) {
 	require.False(t, r.State().Open)
 	mu.Lock()
 	defer mu.Unlock()
-	n := 0
-	for key, seqs := range got {
-		for i := 1; i < len(seqs); i++ {
-			require.Less(t, seqs[i-1], seqs[i], "key %s out of order: %v", key, seqs)
-		}
-		n += len(seqs)
-	}
-	require.Equal(t, 41, n)
+	require.Equal(t, 41, inKeyOrder(t, got))
 }
 
 // A message that fails on its own (a 4xx) never opens the breaker, nor
@@ -218,4 +211,90 @@ func TestFanOutDestinationDownLeavesTheOthers(t *testing.T) {
 	require.NoError(t, hsink.WaitFor(waitCtx(t, 20*time.Second), 200))
 	checkOrder(t, hsink.Delivered())
 	require.Zero(t, e.count("dead_letters"))
+}
+
+// One of two webhook hosts down, refusing connections and then answering
+// 503 to everything, holds back its own messages only: the other host's
+// keep flowing, the relay stays ready (degraded, naming the host), the
+// down host's messages count no attempt, and they all arrive in key
+// order once it is back.
+func TestOneWebhookHostDownLeavesTheOthers(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var unavailable atomic.Bool
+	var mu sync.Mutex
+	got := map[string][]int{} // key → the seqs host A accepted, in order
+	hostA := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		if unavailable.Load() {
+			return http.StatusServiceUnavailable, "down for maintenance"
+		}
+		seq, _ := strconv.Atoi(r.Header.Get(httpsink.HeaderSeq))
+		mu.Lock()
+		got[r.Header.Get(httpsink.HeaderKey)] = append(got[r.Header.Get(httpsink.HeaderKey)], seq)
+		mu.Unlock()
+		return http.StatusNoContent, ""
+	})
+	hostB, sink := twoHosts(t, hostA)
+	cfg := e.config()
+	cfg.MaxAttempts = 2
+	r, _ := e.start(cfg, sink)
+	e.write(msg("a.x", "a0", "before"), msg("b.x", "b0", "before"))
+	eventually(t, 20*time.Second, func() bool { return hostA.Accepted() == 1 && hostB.Accepted() == 1 }, "first deliveries")
+
+	hostA.Stop()
+	for i := range 40 {
+		host := []string{"a", "b"}[i%2]
+		e.write(msg(host+".x", fmt.Sprintf("%s%d", host, i%5), strconv.Itoa(i)))
+	}
+	eventually(t, 20*time.Second, func() bool { return hostB.Accepted() == 21 }, "host B's messages delivered while host A is down")
+	degraded, err := r.Readiness(context.Background())
+	require.NoError(t, err, "one host of two down made the relay unready")
+	require.Contains(t, degraded, "1 of 2 destinations unavailable")
+	require.Contains(t, degraded, hostA.Addr())
+
+	unavailable.Store(true)
+	require.NoError(t, hostA.Start())
+	probes := hostA.Requests()
+	eventually(t, 20*time.Second, func() bool { return hostA.Requests() > probes }, "a probe of host A")
+	var attempts, dead int
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT coalesce(max(attempts), 0) FROM "+e.table("messages")).Scan(&attempts))
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("dead_letters")).Scan(&dead))
+	require.Zero(t, attempts, "a host's outage counts no attempt")
+	require.Zero(t, dead)
+	require.False(t, r.State().Open, "the route's breaker opened for one host")
+
+	unavailable.Store(false)
+	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 0 }, "outbox drained")
+	degraded, err = r.Readiness(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, degraded)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 21, inKeyOrder(t, got))
+}
+
+// inKeyOrder asserts that the seqs each key's receiver accepted grow, and
+// returns how many there are.
+func inKeyOrder(t *testing.T, got map[string][]int) int {
+	t.Helper()
+	n := 0
+	for key, seqs := range got {
+		for i := 1; i < len(seqs); i++ {
+			require.Less(t, seqs[i-1], seqs[i], "key %s out of order: %v", key, seqs)
+		}
+		n += len(seqs)
+	}
+	return n
+}
+
+// twoHosts returns a webhook sink that posts topics a.* to hostA and b.*
+// to a second host, which accepts everything and is returned too.
+func twoHosts(t *testing.T, hostA *testkit.Receiver) (*testkit.Receiver, *httpsink.Sink) {
+	t.Helper()
+	hostB := testkit.NewTestReceiver(t, nil)
+	sink, err := httpsink.New(httpsink.Config{Routes: []httpsink.Route{
+		{Topic: "a.*", URL: hostA.URL()}, {Topic: "b.*", URL: hostB.URL()},
+	}}, nil)
+	require.NoError(t, err)
+	return hostB, sink
 }

@@ -64,6 +64,11 @@ func (r *Relay) strained() string {
 		}
 		return s
 	}
+	if r.dests != nil {
+		if _, text := r.dests.state(); text != "" {
+			return "outbox: degraded: " + text
+		}
+	}
 	switch {
 	case st.Open:
 		return ""
@@ -109,6 +114,11 @@ func (r *Relay) destinationUp(ctx context.Context) error {
 	if st := r.brk.State(); st.Open {
 		return fmt.Errorf("outbox: destination unavailable since %s (%d probes since): %w",
 			st.Since.UTC().Format(time.RFC3339), st.Probes, st.Cause)
+	}
+	if r.dests != nil {
+		if n, text := r.dests.state(); n == r.dests.total {
+			return errors.New("outbox: " + text)
+		}
 	}
 	if hc, ok := r.sink.(sinks.HealthChecker); ok {
 		if err := hc.Healthy(ctx); err != nil {

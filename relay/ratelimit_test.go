@@ -84,11 +84,7 @@ func TestRetryAfterHoldsOnlyItsKey(t *testing.T) {
 		return http.StatusNoContent, ""
 	}
 	hostA := testkit.NewTestReceiver(t, slow)
-	hostB := testkit.NewTestReceiver(t, nil)
-	sink, err := httpsink.New(httpsink.Config{Routes: []httpsink.Route{
-		{Topic: "a.*", URL: hostA.URL()}, {Topic: "b.*", URL: hostB.URL()},
-	}}, nil)
-	require.NoError(t, err)
+	hostB, sink := twoHosts(t, hostA)
 	cfg := e.config()
 	cfg.RetryMax, cfg.MaxAttempts = time.Hour, 20
 	e.write(msg("a.x", "slow", "1"), msg("a.x", "slow", "2"))
@@ -155,4 +151,41 @@ func TestRetryAfterAcrossKeysPausesTheRoute(t *testing.T) {
 	for _, a := range at {
 		require.False(t, a.Before(until), "a request at %s, before the pause ended at %s", a, until)
 	}
+}
+
+// A Retry-After that one host of a webhook sink gives to every request,
+// across keys, pauses that host: its messages wait for it, counting no
+// attempt, while the other host's go on at once; the route is not
+// paused.
+func TestRetryAfterOfOneHostPausesThatHost(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var mu sync.Mutex
+	var first time.Time // host A's first request
+	hostA := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = r.At
+		}
+		if r.At.Sub(first) < 2*time.Second {
+			r.Reply.Set("Retry-After", "2")
+			return http.StatusTooManyRequests, "slow down"
+		}
+		return http.StatusNoContent, ""
+	})
+	hostB, sink := twoHosts(t, hostA)
+	cfg := e.config()
+	cfg.Workers, cfg.MaxAttempts = 1, 2
+	for i := range 20 {
+		host := []string{"a", "b"}[i%2]
+		e.write(msg(host+".x", fmt.Sprintf("%s%d", host, i%5), strconv.Itoa(i)))
+	}
+	r, _ := e.start(cfg, sink)
+	eventually(t, 20*time.Second, func() bool { return hostB.Accepted() == 10 }, "host B's messages delivered")
+	require.Zero(t, hostA.Accepted(), "host A took a message within its pause")
+	require.True(t, r.State().PausedUntil.IsZero(), "the route paused for one host's Retry-After")
+	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 0 }, "host A's messages delivered after its pause")
+	require.Equal(t, int64(10), hostA.Accepted())
+	require.Zero(t, e.count("dead_letters"))
 }

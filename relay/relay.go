@@ -45,6 +45,9 @@ type Relay struct {
 	lease *leaser
 	// brk is the route's outage breaker (see breaker).
 	brk *breaker
+	// dests holds the outages of the sink's destinations when it has
+	// several (see destinations); nil otherwise.
+	dests *destinations
 	// limiter bounds the route's deliveries (Config.RateLimit); nil: no
 	// limit.
 	limiter *rate.Limiter
@@ -179,6 +182,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	}
 	r.lease = r.newLeaser(fingerprint(cfg, sink))
 	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig, r.wakeWorker)
+	r.dests = newDestinations(sink, r.log)
 	if cfg.RateLimit > 0 {
 		r.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.RateBurst)
 		r.rateCause = fmt.Errorf("rate limit %g/s (burst %d)", cfg.RateLimit, cfg.RateBurst)

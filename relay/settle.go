@@ -42,6 +42,9 @@ type settlement struct {
 	// Routes; CTIDs are deliveredTIDs).
 	copies    store.CopyParams
 	retries   store.Retries
+	// defers wait in their rows for their destination, counting no
+	// attempt (see destinations).
+	defers    store.Retries
 	dead      store.DeadLetters
 	untouched int
 	// notes are the messages the log hears about: retried, dead-lettered
@@ -104,6 +107,14 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 		switch {
 		case err == nil:
 			s.deliver(c.msg.Seq, c.ctid)
+		case deferred(err) != nil:
+			// Its destination is down: it waits for it, and the later
+			// messages of its key wait behind it.
+			de := deferred(err)
+			s.defers.IDs = append(s.defers.IDs, m.Seq)
+			s.defers.DelayMillis = append(s.defers.DelayMillis, max(time.Until(de.until), 0).Milliseconds())
+			s.defers.Errors = append(s.defers.Errors, errText(err))
+			hold(m.Key)
 		case errors.Is(err, sinks.ErrNotAttempted):
 			// Not tried (the sink stopped early): leave it, and the
 			// later messages of its key with it.
@@ -170,7 +181,8 @@ func (s *settlement) deadLetter(at int, id int64, reason string, err error, hold
 
 // record sets ev's counts from s.
 func (s *settlement) record(ev *BatchEvent) {
-	ev.Delivered, ev.Retried, ev.DeadLettered, ev.Untouched = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.untouched
+	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs)
+	ev.Untouched = s.untouched + len(s.defers.IDs) // not attempted: held back, or waiting for their destination
 	ev.DeadReasons = s.dead.Reasons
 }
 
@@ -265,6 +277,9 @@ func (st *settler) queue(b *pgx.Batch, src *source, s settlement) {
 	}
 	if len(s.retries.IDs) > 0 {
 		src.QueueRetry(b, s.retries)
+	}
+	if len(s.defers.IDs) > 0 {
+		src.QueueDefer(b, s.defers)
 	}
 	if len(s.dead.IDs) > 0 {
 		src.QueueDeadLetter(b, s.dead)

@@ -274,7 +274,7 @@ func (w *worker) landed(f *flight) bool {
 		return true
 	}
 	r.brk.landed(w.id, f.probe, wentThrough, nil)
-	if d, cause := slowDown(f.batch, f.ev.SendErr); d > 0 {
+	if d, cause := slowDown(f.batch, f.ev.SendErr); d > 0 && r.dests == nil {
 		r.brk.pause(d)
 		r.strain.paused(time.Now().Add(d), cause)
 	}
@@ -534,11 +534,25 @@ func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *B
 			return settlement{}, fmt.Errorf("outbox: waiting for the rate limit: batch rolled back: %w", err)
 		}
 	}
-	r.send(hard, batch, ev)
+	var pre []error
+	var probes map[string]bool
+	if r.dests != nil {
+		pre, probes = r.dests.gate(batch)
+	}
+	r.send(hard, batch, pre, ev)
 	if hard.Err() != nil {
 		// Drain deadline passed mid-publish: roll back so the messages come
 		// back untouched (some may be delivered twice, never lost).
+		if r.dests != nil {
+			r.dests.abandon(probes)
+		}
 		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+	}
+	if r.dests != nil {
+		// Each destination has its outage (see destinations), not the
+		// route.
+		ev.SendErr = r.dests.judge(batch, ev.SendErr, probes, r.confirmer(hard))
+		return decide(batch, ev.SendErr, r.rules), nil
 	}
 	switch v, cause := down(batch, ev.SendErr, probe, r.confirmer(hard)); v {
 	case isDown:
@@ -582,8 +596,9 @@ func (r *Relay) waitRate(ctx context.Context, n int) error {
 }
 
 // send hands batch to the sink within PublishTimeout and records the
-// answer in ev.
-func (r *Relay) send(hard context.Context, batch []claimed, ev *BatchEvent) {
+// answer in ev; pre, when not nil, holds the answer of the messages not
+// to send (see sendReadable).
+func (r *Relay) send(hard context.Context, batch []claimed, pre []error, ev *BatchEvent) {
 	msgs := make([]sinks.Message, len(batch))
 	for i := range batch {
 		msgs[i] = batch[i].msg
@@ -591,7 +606,7 @@ func (r *Relay) send(hard context.Context, batch []claimed, ev *BatchEvent) {
 	ev.Messages = msgs
 	ev.SendStart = time.Now()
 	sendCtx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
-	ev.SendErr = r.sendReadable(sendCtx, batch, msgs)
+	ev.SendErr = r.sendReadable(sendCtx, batch, msgs, pre)
 	cancel()
 	ev.SendDuration = time.Since(ev.SendStart)
 	// The claim ran at ClaimedAt (database clock), roughly when the claim
@@ -600,15 +615,17 @@ func (r *Relay) send(hard context.Context, batch []claimed, ev *BatchEvent) {
 }
 
 // sendReadable sends msgs to the sink, except those the claim did not
-// read (over MaxMessageBytes): each of those fails permanently, so that it
-// is dead-lettered, and the later messages of its key in the batch are
-// not attempted (they come back in a later claim, behind the dead letter
-// as the dead-letter policy says). A batch without such a message goes to
-// the sink as it is.
-func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.Message) error {
+// read (over MaxMessageBytes), each of which fails permanently, so that
+// it is dead-lettered, and those pre answers already (non-nil pre[i]: a
+// destination that is down defers them). The later messages of their keys
+// in the batch are not attempted (they come back in a later claim,
+// behind the dead letter as the dead-letter policy says, or behind the
+// deferred message). A batch without such a message goes to the sink as
+// it is.
+func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.Message, pre []error) error {
 	n := 0
 	for i := range batch {
-		if batch[i].oversize > 0 {
+		if batch[i].oversize > 0 || pre != nil && pre[i] != nil {
 			n++
 		}
 	}
@@ -624,14 +641,18 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.
 		case c.oversize > 0:
 			be.Errs[i] = sinks.Permanent(fmt.Errorf("%w: %d bytes, max-message-bytes %d; not read, not sent",
 				ErrMessageTooLarge, c.oversize, r.cfg.MaxMessageBytes))
-			if c.msg.Key != "" {
-				blocked[c.msg.Key] = true
-			}
 		case c.msg.Key != "" && blocked[c.msg.Key]:
 			be.Errs[i] = sinks.ErrNotAttempted
+			continue
+		case pre != nil && pre[i] != nil:
+			be.Errs[i] = pre[i]
 		default:
 			idx = append(idx, i)
 			sub = append(sub, msgs[i])
+			continue
+		}
+		if c.msg.Key != "" {
+			blocked[c.msg.Key] = true
 		}
 	}
 	if len(sub) > 0 {

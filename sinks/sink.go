@@ -110,6 +110,21 @@ type Prober interface {
 	Probe(ctx context.Context, m Message) error
 }
 
+// Destinations is implemented by sinks that deliver to several
+// destinations which fail independently (a webhook sink's hosts). When
+// there is more than one, the relay keeps an outage state for each
+// instead of one for the route: a destination found down (see
+// ErrUnavailable) holds back its own messages, which count no attempt
+// and wait for its probes, while the others deliver; a Retry-After that
+// every message to a destination got pauses that destination only.
+type Destinations interface {
+	// Destinations is how many destinations the sink delivers to.
+	Destinations() int
+	// Destination names m's destination as logs and status show it (no
+	// credentials); "" when m has none (it fails on its own).
+	Destination(m Message) string
+}
+
 // StartChecker is implemented by sinks that can tell at start-up that their
 // configuration will not work, for a reason waiting cannot fix (the broker
 // refuses the credentials). CheckStart waits until the sink is connected,

@@ -49,7 +49,7 @@ type Engine struct {
 
 	claim, claimPriority, hasPriority stmt
 	deleteDelivered, archiveDelivered stmt
-	scheduleRetry, deadLetter, relock stmt
+	scheduleRetry, deferRows, deadLetter, relock stmt
 	copyToRoutes, copiesLeft          stmt
 }
 

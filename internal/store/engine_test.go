@@ -38,6 +38,7 @@ func TestEngineGolden(t *testing.T) {
 		golden(t, p+"has_priority", e.hasPriority.named)
 		golden(t, p+"archive", e.archiveDelivered.named)
 		golden(t, p+"retry", e.scheduleRetry.named)
+		golden(t, p+"defer", e.deferRows.named)
 		golden(t, p+"relock", e.relock.named)
 	}
 	golden(t, "engine_copies_left", NewEngine(s, Copies, "orders", false).copiesLeft.named)

@@ -49,6 +49,13 @@ func (e *Engine) QueueRetry(b *pgx.Batch, r Retries) {
 	b.Queue(e.scheduleRetry.sql, e.args(e.scheduleRetry, pgx.NamedArgs{"ids": r.IDs, "delay_ms": r.DelayMillis, "errors": r.Errors})...)
 }
 
+// QueueDefer queues the deferral of rows d: each becomes deliverable
+// after its delay and records its error as the last one, without
+// counting an attempt (its destination was down: it was not sent).
+func (e *Engine) QueueDefer(b *pgx.Batch, d Retries) {
+	b.Queue(e.deferRows.sql, e.args(e.deferRows, pgx.NamedArgs{"ids": d.IDs, "delay_ms": d.DelayMillis, "errors": d.Errors})...)
+}
+
 // QueueDeadLetter queues the move of rows d to the dead letters. A dead
 // letter records the route it must be replayed to: none for a message of
 // the outbox (a replay routes it again), the relay's own for a fan-out
@@ -111,6 +118,13 @@ UPDATE ` + src + ` m SET
     first_failed_at = coalesce(m.first_failed_at, c.t)
 FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err),
      (SELECT clock_timestamp() AS t) c
+WHERE m.id = f.id` + e.andRoute("m"))
+
+	e.deferRows = newStmt(`
+UPDATE ` + src + ` m SET
+    available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
+    last_error = f.err
+FROM unnest(@ids::bigint[], @delay_ms::bigint[], @errors::text[]) AS f(id, delay_ms, err)
 WHERE m.id = f.id` + e.andRoute("m"))
 
 	deadRoute := "''"

@@ -122,6 +122,7 @@ func (e *StatusError) Error() string {
 type target struct {
 	raw     string        // the URL as configured (may hold credentials)
 	display string        // redacted, for errors and logs
+	host    string        // scheme://host:port, without credentials
 	sem     chan struct{} // shared by all targets on the same host
 	limit   *rate.Limiter // shared likewise; nil: no rate limit
 }
@@ -191,7 +192,7 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 			}
 			hosts[hk] = h
 		}
-		return &target{raw: raw, display: redactURL(raw), sem: h.sem, limit: h.limit}
+		return &target{raw: raw, display: redactURL(raw), host: hk, sem: h.sem, limit: h.limit}
 	}
 	for _, r := range cfg.Routes {
 		s.routes = append(s.routes, route{pattern: r.Topic, t: mkTarget(r.URL)})
@@ -396,6 +397,20 @@ func (s *Sink) post(ctx context.Context, m sinks.Message, start time.Time) error
 		return sinks.Unavailable(failed)
 	}
 	return failed
+}
+
+// Destinations implements sinks.Destinations: each host (scheme, host
+// and port) the sink posts to is a destination of its own, whose outage
+// holds back its messages only.
+func (s *Sink) Destinations() int { return s.hosts }
+
+// Destination implements sinks.Destinations: the scheme, host and port m
+// is posted to, "" when no route takes it.
+func (s *Sink) Destination(m sinks.Message) string {
+	if t := s.targetFor(m.Topic); t != nil {
+		return t.host
+	}
+	return ""
 }
 
 // Probe implements sinks.Prober: it asks m's receiver whether it is up
