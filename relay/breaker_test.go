@@ -251,6 +251,9 @@ func TestOneWebhookHostDownLeavesTheOthers(t *testing.T) {
 	require.NoError(t, err, "one host of two down made the relay unready")
 	require.Contains(t, degraded, "1 of 2 destinations unavailable")
 	require.Contains(t, degraded, hostA.Addr())
+	st := r.State()
+	require.Equal(t, relay.RouteDegraded, st.Health(), "status and metrics say what /readyz says")
+	require.ErrorContains(t, st.LastError, hostA.Addr())
 
 	unavailable.Store(true)
 	require.NoError(t, hostA.Start())
@@ -261,7 +264,7 @@ func TestOneWebhookHostDownLeavesTheOthers(t *testing.T) {
 	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("dead_letters")).Scan(&dead))
 	require.Zero(t, attempts, "a host's outage counts no attempt")
 	require.Zero(t, dead)
-	require.False(t, r.State().Open, "the route's breaker opened for one host")
+	require.False(t, r.State().Open, "the route's state went down for one host")
 
 	unavailable.Store(false)
 	eventually(t, 30*time.Second, func() bool { return e.count("messages") == 0 }, "outbox drained")

@@ -251,6 +251,31 @@ func (ds *destinations) abandon(probes map[string]bool) {
 	}
 }
 
+// fill adds the destinations' outages to a route state, so that
+// status, metrics and the console say what /readyz says: every
+// destination down is the route's destination down; some of them, a
+// degraded route (some messages cannot be delivered).
+func (ds *destinations) fill(st *RouteState) {
+	n, text := ds.state()
+	if n == 0 {
+		return
+	}
+	ds.mu.Lock()
+	since := time.Time{}
+	for _, o := range ds.down {
+		if since.IsZero() || o.since.Before(since) {
+			since = o.since
+		}
+	}
+	ds.mu.Unlock()
+	switch {
+	case n == ds.total && !st.Open:
+		st.Open, st.Since, st.Cause = true, since, errors.New(text)
+	case n < ds.total && !st.Failing:
+		st.Failing, st.FailingSince, st.LastError = true, since, errors.New(text)
+	}
+}
+
 // state says how many destinations are down and which, worst first by
 // name: "" when none is.
 func (ds *destinations) state() (n int, text string) {

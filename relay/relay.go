@@ -211,6 +211,9 @@ func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
 func (r *Relay) State() RouteState {
 	st := r.brk.State()
 	r.strain.fill(&st)
+	if r.dests != nil {
+		r.dests.fill(&st)
+	}
 	return st
 }
 
