@@ -59,7 +59,10 @@ type destOutage struct {
 	cause       error
 	probes      int
 	probing     bool // its probe is in a batch in flight
-	bo          *backoff.ExponentialBackOff
+	// paused: the destination asked to wait (a Retry-After on every
+	// message to it) rather than being found down.
+	paused bool
+	bo     *backoff.ExponentialBackOff
 }
 
 // destinations holds the outages of a sink's destinations.
@@ -203,14 +206,14 @@ func (ds *destinations) failed(dest string, probe bool, cause error, wait time.D
 	if o == nil {
 		bo := backoff.NewExponentialBackOff()
 		bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeInitial, probeMax, 0
-		o = &destOutage{since: now, cause: cause, bo: bo}
+		o = &destOutage{since: now, cause: cause, paused: wait > 0, bo: bo}
 		ds.down[dest] = o
 		ds.log.Warn("destination unavailable; its messages wait, counting no attempt, and one at a time goes as a probe until it is back; the other destinations deliver",
 			"destination", dest, "error", cause)
 		o.next = now.Add(max(o.bo.NextBackOff(), wait))
 		return o.next
 	}
-	o.cause = cause
+	o.cause, o.paused = cause, wait > 0
 	if probe {
 		// The probe found it down still: the next one waits longer.
 		o.probes++
@@ -299,6 +302,10 @@ func (ds *destinations) state() (n int, text string) {
 	parts := make([]string, len(names))
 	for i, dest := range names {
 		o := ds.down[dest]
+		if o.paused {
+			parts[i] = fmt.Sprintf("%s paused until %s: %v", dest, o.next.UTC().Format(time.RFC3339), o.cause)
+			continue
+		}
 		parts[i] = fmt.Sprintf("%s since %s (%d probes since): %v", dest, o.since.UTC().Format(time.RFC3339), o.probes, o.cause)
 	}
 	return len(names), fmt.Sprintf("%d of %d destinations unavailable: %s", len(names), ds.total, strings.Join(parts, "; "))
