@@ -24,9 +24,10 @@ import (
 // while live relays of its route, registered before it, run another
 // configuration.
 const (
-	// ConfigChangeWait: it takes no lane (it does not even register) and
-	// logs an error naming both configurations each minute; it joins
-	// once they are gone (the end of a rolling deploy).
+	// ConfigChangeWait: it takes no lane (it does not even register),
+	// Ready reports why, and it logs a warning naming both
+	// configurations each minute; it joins once they are gone (the end
+	// of a rolling deploy).
 	ConfigChangeWait = "wait"
 	// ConfigChangeFail: Run stops and returns an error wrapping ErrConfig
 	// that names both configurations.
@@ -52,11 +53,15 @@ type ConfigHooks interface {
 // between releases, and a relay then reads another release's fingerprint
 // as unknown (a warning) rather than as a different configuration (a
 // refusal), so that upgrading the binary alone never stops a route.
-const fingerprintVersion = "1"
+// Version 2: the sink's target (sinks.Targeter) in place of its
+// description, so that tuning no longer counts and webhook paths do.
+const fingerprintVersion = "2"
 
-// routeConfig is what the fingerprint covers. Tuning (workers, batch
-// sizes, retries, timeouts) is left out: relays may differ in it and still
-// deliver every message the same way.
+// routeConfig is what the fingerprint covers: what decides where the
+// route's messages go and the form in which they arrive. Tuning (workers,
+// batch sizes, retries, timeouts, and the sink's own: concurrency, rates,
+// reconnects) is left out, and so are credentials: relays may differ in
+// them and still deliver every message the same way.
 type routeConfig struct {
 	Route         string       `json:"route"`
 	Topics        []string     `json:"topics"`
@@ -64,9 +69,17 @@ type routeConfig struct {
 	Deliveries    bool         `json:"deliveries"`
 	FanOut        []fanOutDest `json:"fan_out"`
 	Sink          string       `json:"sink"`
-	Destination   string       `json:"destination"`
-	Format        string       `json:"format"`
-	OnDeadLetter  string       `json:"on_dead_letter"`
+	// Target is the sink's (see sinks.Targeter), else the redacted
+	// Config.Destination.
+	Target       string `json:"target"`
+	Format       string `json:"format"`
+	OnDeadLetter string `json:"on_dead_letter"`
+
+	// destination is what the summary shows of the sink (the redacted
+	// Config.Destination); the fingerprint leaves it out, since the CLI's
+	// holds the sink's tuning. targetDigest stands, in the summary, for a
+	// target the destination does not show whole.
+	destination, targetDigest string
 }
 
 // formatted is implemented by a sink that encodes messages in a payload
@@ -78,9 +91,18 @@ type formatted interface{ FormatName() string }
 func fingerprint(cfg Config, sink sinks.Sink) (hash, summary string) {
 	rc := routeConfig{
 		Route: cfg.Route, Topics: cfg.Topics, ExcludeTopics: cfg.ExcludeTopics, Deliveries: cfg.deliveries,
-		// Redacted again, should an embedder pass a secret: the
-		// fingerprint covers the target, not its credentials.
-		FanOut: cfg.fanOut, Destination: redact.URL(cfg.Destination), OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
+		// Redacted again, should an embedder pass a secret.
+		FanOut: cfg.fanOut, destination: redact.URL(cfg.Destination), OnDeadLetter: cfg.OnDeadLetter, Format: "raw", Sink: "none",
+	}
+	rc.Target = rc.destination
+	if t, ok := sinks.As[sinks.Targeter](sink); ok {
+		rc.Target = t.Target()
+		if rc.Target != rc.destination {
+			// Two targets may read alike in their redacted description
+			// (webhook paths are hidden): the digest tells them apart.
+			d := sha256.Sum256([]byte(rc.Target))
+			rc.targetDigest = hex.EncodeToString(d[:4])
+		}
 	}
 	if f, ok := sinks.As[formatted](sink); ok {
 		rc.Format = f.FormatName()
@@ -106,15 +128,18 @@ func fingerprint(cfg Config, sink sinks.Sink) (hash, summary string) {
 const maxSummary = 400
 
 // summary says rc in a line: the destination (the embedder's redacted
-// description, else the sink's type), the topics, the format and the
-// dead-letter policy.
+// description, else the sink's type) and its target's digest, the topics,
+// the format and the dead-letter policy.
 func (rc routeConfig) summary() string {
 	var b strings.Builder
-	sink := rc.Destination
+	sink := rc.destination
 	if sink == "" {
 		sink = rc.Sink
 	}
 	fmt.Fprintf(&b, "sink %s", sink)
+	if rc.targetDigest != "" {
+		fmt.Fprintf(&b, " (target %s)", rc.targetDigest)
+	}
 	if rc.Format != "raw" {
 		fmt.Fprintf(&b, " format %s", rc.Format)
 	}
@@ -203,10 +228,14 @@ const confWarnEvery = time.Minute
 // conflictError is the error of a relay that takes no lane of its route
 // because live relays run another configuration there.
 func (l *leaser) conflictError(blocking []store.OtherConfig) error {
-	return fmt.Errorf("%w: route %q: live relays of the route run another configuration; this relay takes none of their lanes. "+
-		"This relay: %s. Running: %s. Stop them first, give this relay their configuration, "+
+	what := "this relay takes none of their lanes"
+	if l.onConfigChange == ConfigChangeWait {
+		what += " and waits until they are gone (the end of a rolling change)"
+	}
+	return fmt.Errorf("%w: route %q: live relays of the route run another configuration; %s. "+
+		"This relay: %s. Running: %s. Stop them, give this relay their configuration, "+
 		"or allow both to deliver during a rolling change (--allow-config-change; Config.OnConfigChange %q)",
-		ErrConfig, l.route, l.confSummary, describeOthers(blocking), ConfigChangeAllow)
+		ErrConfig, l.route, what, l.confSummary, describeOthers(blocking), ConfigChangeAllow)
 }
 
 // judgeOthers applies the relay's policy to the other configurations of
@@ -234,13 +263,22 @@ func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 	if len(v.blocking) > 0 && l.onConfigChange != ConfigChangeAllow {
 		err := l.conflictError(v.blocking)
 		if now.Sub(l.conflictWarned) >= confWarnEvery {
-			l.log.Error("refusing the route's lanes", "error", err)
+			if l.onConfigChange == ConfigChangeWait {
+				// The usual course of a rolling change: a warning,
+				// repeated each minute while it lasts.
+				l.log.Warn("waiting for the route's relays of another configuration to leave", "error", err)
+			} else {
+				l.log.Error("refusing the route's lanes", "error", err)
+			}
 			l.conflictWarned = now
 		}
 		l.waitingConfig.Store(&err)
 		return err
 	}
-	l.waitingConfig.Store(nil)
+	if l.waitingConfig.Swap(nil) != nil {
+		l.log.Info("no live relay of the route runs another configuration any more; taking a share of its lanes", "this", l.confSummary)
+		l.conflictWarned = time.Time{}
+	}
 	if v.configs > 1 && now.Sub(l.coexistWarned) >= confWarnEvery {
 		var known []store.OtherConfig
 		for _, o := range others {

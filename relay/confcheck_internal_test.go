@@ -1,12 +1,14 @@
 package relay
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/format"
+	"github.com/outbox-relay/outbox-relay/sinks/httpsink"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
@@ -17,7 +19,7 @@ func TestFingerprintCoversTheRouteNotTheTuning(t *testing.T) {
 	sink := memory.New()
 	base := Config{Route: "orders", Topics: []string{"orders.*"}, Destination: "https://h/x?secret=xxxxx"}.WithDefaults()
 	hash, summary := fingerprint(base, sink)
-	require.Regexp(t, `^1:[0-9a-f]{16}$`, hash)
+	require.Regexp(t, `^2:[0-9a-f]{16}$`, hash)
 	require.Equal(t, "sink https://h/x?secret=xxxxx, topics orders.*, on-dead-letter skip", summary)
 
 	secret := base
@@ -53,4 +55,53 @@ func TestFingerprintCoversTheRouteNotTheTuning(t *testing.T) {
 			require.NotEqual(t, summary, sum, name)
 		}
 	}
+}
+
+// webhook opens the HTTP sink of raw (it connects to nothing until a
+// Send) and returns a relay configuration of it as the CLI makes one.
+func webhook(t *testing.T, raw string) (Config, sinks.Sink) {
+	t.Helper()
+	c, err := httpsink.ParseURL(raw)
+	require.NoError(t, err)
+	s, err := httpsink.New(c, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close(t.Context()) })
+	return Config{Route: "orders", Destination: c.Redacted()}.WithDefaults(), s
+}
+
+// Red team, finding 5: two webhooks on one host that differ only in their
+// path read alike in the sink's redacted description, yet deliver to
+// different receivers: their fingerprints differ, and their summaries
+// too. Tuning the sink (its timeout, its concurrency) or rotating its
+// signing secret changes neither the hash nor the target's digest.
+func TestFingerprintCoversTheWebhookPathNotItsTuning(t *testing.T) {
+	t.Parallel()
+	a, sa := webhook(t, "http://127.0.0.1:9000/a")
+	b, sb := webhook(t, "http://127.0.0.1:9000/b")
+	require.Equal(t, a.Destination, b.Destination, "the redacted URLs hide the paths")
+	ha, suma := fingerprint(a, sa)
+	hb, sumb := fingerprint(b, sb)
+	require.NotEqual(t, ha, hb)
+	require.NotEqual(t, suma, sumb, "the summaries tell them apart by the target's digest")
+	require.Regexp(t, `^sink http://127\.0\.0\.1:9000/… \(target [0-9a-f]{8}\), topics \*, on-dead-letter skip$`, suma)
+	require.NotContains(t, suma, "/a")
+
+	for _, raw := range []string{
+		"http://127.0.0.1:9000/a?timeout=5s",
+		"http://127.0.0.1:9000/a?max_concurrency=3&rate_limit=10&dial_timeout=1s&response_header_timeout=2s",
+		"http://127.0.0.1:9000/a?secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaMfKQ9r8GKYqrTwjUPD8ILPZIo2La",
+	} {
+		c, s := webhook(t, raw)
+		h, sum := fingerprint(c, s)
+		require.Equal(t, ha, h, raw)
+		require.Equal(t, digest(suma), digest(sum), raw)
+		require.NotContains(t, sum, "MfKQ9r8GKYqrTwjUPD8ILPZIo2La", raw)
+	}
+}
+
+// digest returns the target's digest a summary shows.
+func digest(summary string) string {
+	_, after, _ := strings.Cut(summary, "(target ")
+	d, _, _ := strings.Cut(after, ")")
+	return d
 }

@@ -221,7 +221,7 @@ func TestRelayYieldsToAnEarlierRelayOfAnotherConfiguration(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 256 }, "the relay holds %d lanes", r.OwnedLanes())
 	_, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table("relays")+`
 		(id, hostname, pid, version, backend_pid, started_at, config_hash, config_summary)
-		VALUES ('earlier', 'h', 1, 'v', 0, now() - interval '1 hour', '1:0123456789abcdef', 'sink elsewhere')`)
+		VALUES ('earlier', 'h', 1, 'v', 0, now() - interval '1 hour', '2:0123456789abcdef', 'sink elsewhere')`)
 	require.NoError(t, err)
 	eventually(t, 10*time.Second, func() bool { return r.OwnedLanes() == 0 }, "the relay holds %d lanes", r.OwnedLanes())
 	err = r.Ready(context.Background())

@@ -108,11 +108,13 @@ type Config struct {
 	// pending, in order, until an operator replays the dead letter (which
 	// goes first) or purges it (which releases the key). Default "skip".
 	OnDeadLetter string
-	// Destination describes where the sink delivers, for the fingerprint
-	// of the route's configuration that each relay registers and the
-	// summary operators see in status (the CLI sets the sink's URL with
-	// its secrets redacted). Never put a secret in it. Default "": the
-	// sink's Go type stands for it.
+	// Destination describes where the sink delivers, for the summary of
+	// the route's configuration operators see in status (the CLI sets the
+	// sink's URL with its secrets redacted), and for the fingerprint each
+	// relay registers when the sink does not name its target itself
+	// (sinks.Targeter, as the built-in sinks of brokers and webhooks
+	// do). Never put a secret in it. Default "": the sink's Go type
+	// stands for it.
 	Destination string
 	// OnConfigChange is what the relay does while live relays of its
 	// route, registered before it, run another configuration (topics,

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -604,13 +605,19 @@ func (l *leaser) noteUnworked(n int) {
 // when every lane is worked, or only briefly was not).
 func (r *Relay) UnworkedLanes() int { return int(r.lease.unworked.Load()) }
 
-// healthy reports an error when the lease heartbeat has not succeeded
-// for longer than a lease TTL: this relay's lanes have expired, and it
-// works nothing.
+// healthy reports an error before the first heartbeat has taken lanes
+// (or found that the relay must wait: then Ready reports that), and when
+// the lease heartbeat has not succeeded for longer than a lease TTL: this
+// relay's lanes have expired, and it works nothing.
 func (l *leaser) healthy() error {
 	last := l.leaseOK.Load()
-	if last == 0 {
-		return nil // Run has not started the leaser yet
+	if last == 0 || (!l.ownedKnown.Load() && l.waitingConfig.Load() == nil) {
+		// Until its first heartbeat has judged the route's other
+		// configurations, a relay does not know whether it will take
+		// lanes or wait for relays of another configuration to leave:
+		// ready meanwhile, it would let an orchestrator remove the
+		// relays it is about to wait for.
+		return errors.New("outbox: starting: no lane lease heartbeat has ended yet")
 	}
 	if age := time.Since(time.Unix(0, last)); age > l.leaseTTL {
 		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), l.leaseTTL)

@@ -93,3 +93,19 @@ func TestRouteHealthMerge(t *testing.T) {
 	require.Nil(t, idle.Since())
 	require.Empty(t, idle.Cause())
 }
+
+// Relays of one route that registered hashes of different encodings (an
+// upgrade across a release that changed what the fingerprint covers) are
+// not reported as running different configurations; relays whose hashes
+// of one encoding differ are.
+func TestMixedRoutesCompareHashesOfOneEncoding(t *testing.T) {
+	t.Parallel()
+	upgrade := []RelayStatus{{ID: "a", Route: "orders", ConfigHash: "1:aa"}, {ID: "b", Route: "orders", ConfigHash: "2:bb"}}
+	require.Empty(t, mixedRoutes(upgrade))
+	mixed := append(upgrade, RelayStatus{ID: "c", Route: "orders", ConfigHash: "2:cc", Config: "sink stdout"})
+	got := mixedRoutes(mixed)
+	require.Len(t, got, 1)
+	require.Equal(t, "orders", got[0].Route)
+	require.Len(t, got[0].Configs, 2)
+	require.Equal(t, []string{"c"}, got[0].Configs[1].Relays)
+}

@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -368,19 +369,24 @@ type RouteConfig struct {
 }
 
 // mixedRoutes finds the routes whose relays registered more than one
-// configuration (relays that registered none are left out).
+// configuration (relays that registered none are left out). Hashes of
+// different encodings (the prefix before ":", which a release changes when
+// it changes what the fingerprint covers) are not compared: during such an
+// upgrade, relays of one configuration register two hashes, as the relays
+// themselves know.
 func mixedRoutes(relays []RelayStatus) []MixedRoute {
 	var all []MixedRoute
-	route := map[string]int{}
+	route := map[[2]string]int{}
 	config := map[[2]string]int{}
 	for _, r := range relays {
 		if r.ConfigHash == "" {
 			continue
 		}
-		i, ok := route[r.Route]
+		encoding, _, _ := strings.Cut(r.ConfigHash, ":")
+		i, ok := route[[2]string{r.Route, encoding}]
 		if !ok {
 			i = len(all)
-			route[r.Route] = i
+			route[[2]string{r.Route, encoding}] = i
 			all = append(all, MixedRoute{Route: r.Route})
 		}
 		m := &all[i]

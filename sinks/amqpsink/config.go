@@ -265,10 +265,10 @@ func ParseURL(raw string) (Config, error) {
 // params are the URL query parameters, every Config field under its yaml
 // name (TLS fields with a tls_ prefix); Redacted shows them back.
 var params = sinkconf.NewParams("amqp", "",
-	sinkconf.String("exchange", func(c *Config) *string { return &c.Exchange }),
-	sinkconf.String("routing_key", func(c *Config) *string { return &c.RoutingKey }),
+	sinkconf.Routing(sinkconf.String("exchange", func(c *Config) *string { return &c.Exchange })),
+	sinkconf.Routing(sinkconf.String("routing_key", func(c *Config) *string { return &c.RoutingKey })),
 	sinkconf.String("unroutable", func(c *Config) *string { return &c.Unroutable }),
-	sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType }),
+	sinkconf.Routing(sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType })),
 	sinkconf.String("declare_exchange", func(c *Config) *string { return &c.DeclareExchange }),
 	sinkconf.String("connection_name", func(c *Config) *string { return &c.ConnectionName }),
 	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
@@ -291,6 +291,17 @@ func (c Config) Redacted() string {
 	u.RawQuery = params.Query(&c).Encode()
 	return redact.URL(u.String())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the broker and its vhost, the exchange, the routing key and the
+// content type,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, c.URL)
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
 
 // tlsConfig builds the client TLS configuration, or nil for amqp://.
 func (c Config) tlsConfig() (*tls.Config, error) {

@@ -13,6 +13,10 @@
 //     sinkconf.Params table, which also renders Redacted, so an unknown
 //     parameter is an error naming it and no secret is ever printed),
 //     Validate, Redacted and New;
+//   - marks the parameters that decide where a message goes or the form
+//     it arrives in with sinkconf.Routing, and names its destination with
+//     Target (sinks.Targeter), so that relays of one route that deliver
+//     to different places are told apart and tuning is not;
 //   - exports a Driver: its schemes, config-file section, metrics label,
 //     messaging system, CloudEvents binding and sinks.Typed(ParseURL, New).
 //

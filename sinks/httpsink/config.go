@@ -253,6 +253,26 @@ func (c Config) Redacted() string {
 	return b.String()
 }
 
+// Target is the identity of c's destination (see sinks.Targeter): the
+// default URL whole (its path and its own query, but neither userinfo nor
+// a parameter named like a credential), each route's topic pattern and
+// URL, and the content type, with the defaults applied; not the signing
+// secrets, the timeouts, the concurrency or the rate limit. Unlike
+// Redacted it keeps the path, which may hold the webhook's token: a
+// target is only compared, through a hash.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	var b strings.Builder
+	b.WriteString(params.Target(&c, c.URL))
+	for _, r := range c.Routes {
+		fmt.Fprintf(&b, " %q->%s", r.Topic, sinkconf.TargetURL(r.URL))
+	}
+	return b.String()
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
+
 // String returns Redacted, so printing a Config with %v never leaks a
 // secret.
 func (c Config) String() string { return c.Redacted() }
@@ -284,7 +304,7 @@ func redactURL(raw string) string {
 // ("secret" may repeat); Redacted shows them back.
 var params = sinkconf.NewParams("http", " (a webhook URL with its own query string belongs in the config file)",
 	sinkconf.Secrets("secret", func(c *Config) *[]sinkconf.Secret { return &c.Secrets }),
-	sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType }),
+	sinkconf.Routing(sinkconf.String("content_type", func(c *Config) *string { return &c.ContentType })),
 	sinkconf.Duration("timeout", func(c *Config) *time.Duration { return &c.Timeout }),
 	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
 	sinkconf.Duration("tls_handshake_timeout", func(c *Config) *time.Duration { return &c.TLSHandshakeTimeout }),

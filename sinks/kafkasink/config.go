@@ -189,9 +189,9 @@ func ParseURL(raw string) (Config, error) {
 // params are the URL query parameters; Redacted shows them back.
 var params = sinkconf.NewParams("kafka", "",
 	sinkconf.String("client_id", func(c *Config) *string { return &c.ClientID }),
-	sinkconf.String("topic_prefix", func(c *Config) *string { return &c.TopicPrefix }),
-	sinkconf.Func("topic_map", setTopicMap, topicMapString),
-	sinkconf.String("balancer", func(c *Config) *string { return &c.Balancer }),
+	sinkconf.Routing(sinkconf.String("topic_prefix", func(c *Config) *string { return &c.TopicPrefix })),
+	sinkconf.Routing(sinkconf.Func("topic_map", setTopicMap, topicMapString)),
+	sinkconf.Routing(sinkconf.String("balancer", func(c *Config) *string { return &c.Balancer })),
 	sinkconf.Int("max_message_bytes", func(c *Config) *int { return &c.MaxMessageBytes }),
 	sinkconf.Duration("write_timeout", func(c *Config) *time.Duration { return &c.WriteTimeout }),
 	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
@@ -347,6 +347,17 @@ func (c Config) Redacted() string {
 	// in the wrong place is still hidden.
 	return redact.URL(u.String())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the bootstrap brokers, the topic prefix and map, and the
+// balancer (which partition a key lands on),
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, "kafka://"+strings.Join(c.Brokers, ","))
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
 
 // String redacts, so printing a Config with %v or logging it is safe.
 func (c Config) String() string { return c.Redacted() }

@@ -135,11 +135,11 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("kinesis", "",
-	sinkconf.String("stream", func(c *Config) *string { return &c.Stream }),
-	sinkconf.String("record_format", func(c *Config) *string { return &c.RecordFormat }),
-	sinkconf.Bool("drop_headers", func(c *Config) *bool { return &c.DropHeaders }),
-	sinkconf.String("region", func(c *Config) *string { return &c.Region }),
-	sinkconf.String("endpoint", func(c *Config) *string { return &c.Endpoint }),
+	sinkconf.Routing(sinkconf.String("stream", func(c *Config) *string { return &c.Stream })),
+	sinkconf.Routing(sinkconf.String("record_format", func(c *Config) *string { return &c.RecordFormat })),
+	sinkconf.Routing(sinkconf.Bool("drop_headers", func(c *Config) *bool { return &c.DropHeaders })),
+	sinkconf.Routing(sinkconf.String("region", func(c *Config) *string { return &c.Region })),
+	sinkconf.Routing(sinkconf.String("endpoint", func(c *Config) *string { return &c.Endpoint })),
 	sinkconf.String("access_key_id", func(c *Config) *string { return &c.AccessKeyID }),
 	sinkconf.Func("secret_access_key",
 		func(c *Config, v string) error { c.SecretAccessKey = sinkconf.Secret(v); return nil },
@@ -160,3 +160,13 @@ func (c Config) options() awsbatch.Options {
 func (c Config) Redacted() string {
 	return redact.URL("kinesis://?" + params.Query(&c).Encode())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the stream, the region and endpoint, and the record format,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, "kinesis://")
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }

@@ -244,7 +244,7 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("mqtt", "",
-	sinkconf.String("topic", func(c *Config) *string { return &c.Topic }),
+	sinkconf.Routing(sinkconf.String("topic", func(c *Config) *string { return &c.Topic })),
 	sinkconf.String("client_id", func(c *Config) *string { return &c.ClientID }),
 	sinkconf.String("username", func(c *Config) *string { return &c.Username }),
 	sinkconf.Func("password",
@@ -273,6 +273,16 @@ func (c Config) Redacted() string {
 	u.RawQuery = params.Query(&c).Encode()
 	return redact.URL(u.String())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the broker and the topic,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, c.URL)
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
 
 // credentials returns the user name and password, from the URL or the
 // fields.

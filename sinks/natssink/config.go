@@ -256,8 +256,8 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("nats", "",
-	sinkconf.String("subject", func(c *Config) *string { return &c.Subject }),
-	sinkconf.String("stream", func(c *Config) *string { return &c.Stream }),
+	sinkconf.Routing(sinkconf.String("subject", func(c *Config) *string { return &c.Subject })),
+	sinkconf.Routing(sinkconf.String("stream", func(c *Config) *string { return &c.Stream })),
 	sinkconf.Bool("create_stream", func(c *Config) *bool { return &c.CreateStream }),
 	sinkconf.String("stream_subjects", func(c *Config) *string { return &c.StreamSubjects }),
 	sinkconf.Duration("duplicate_window", func(c *Config) *time.Duration { return &c.DuplicateWindow }),
@@ -292,6 +292,16 @@ func (c Config) Redacted() string {
 	u.RawQuery = params.Query(&c).Encode()
 	return redact.URL(u.String())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the servers, the subject and the stream,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, c.URL)
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
 
 // tlsConfig builds the client TLS configuration, or nil when TLS is off.
 func (c Config) tlsConfig() (*tls.Config, error) { return c.TLS.Client("nats", false, "") }

@@ -129,8 +129,8 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("pubsub", "",
-	sinkconf.String("topic", func(c *Config) *string { return &c.Topic }),
-	sinkconf.String("endpoint", func(c *Config) *string { return &c.Endpoint }),
+	sinkconf.Routing(sinkconf.String("topic", func(c *Config) *string { return &c.Topic })),
+	sinkconf.Routing(sinkconf.String("endpoint", func(c *Config) *string { return &c.Endpoint })),
 	sinkconf.Bool("insecure", func(c *Config) *bool { return &c.Insecure }),
 	sinkconf.String("credentials_file", func(c *Config) *string { return &c.CredentialsFile }),
 	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
@@ -143,3 +143,13 @@ var params = sinkconf.NewParams("pubsub", "",
 func (c Config) Redacted() string {
 	return redact.URL("pubsub://" + c.Project + "?" + params.Query(&c).Encode())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the project, the topic and the endpoint,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, "pubsub://"+c.Project)
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }

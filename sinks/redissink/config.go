@@ -203,10 +203,10 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("redis", "",
-	sinkconf.String("stream", func(c *Config) *string { return &c.Stream }),
+	sinkconf.Routing(sinkconf.String("stream", func(c *Config) *string { return &c.Stream })),
 	sinkconf.Int("maxlen", func(c *Config) *int { return &c.MaxLen }),
 	sinkconf.Duration("max_age", func(c *Config) *time.Duration { return &c.MaxAge }),
-	sinkconf.String("header_prefix", func(c *Config) *string { return &c.HeaderPrefix }),
+	sinkconf.Routing(sinkconf.String("header_prefix", func(c *Config) *string { return &c.HeaderPrefix })),
 	sinkconf.Bool("cluster", func(c *Config) *bool { return &c.Cluster }),
 	sinkconf.String("client_name", func(c *Config) *string { return &c.ClientName }),
 	sinkconf.Duration("publish_timeout", func(c *Config) *time.Duration { return &c.PublishTimeout }),
@@ -228,6 +228,17 @@ func (c Config) Redacted() string {
 	u.RawQuery = params.Query(&c).Encode()
 	return redact.URL(u.String())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the server and its database, the stream and the header
+// prefix,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, c.URL)
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }
 
 // tlsConfig builds the client TLS configuration, or nil for redis://.
 func (c Config) tlsConfig(srv server) (*tls.Config, error) {

@@ -21,6 +21,9 @@ type Param[C any] struct {
 	// get returns the values to show (none when unset), secrets redacted.
 	get    func(c *C) []string
 	repeat bool
+	// routing: the parameter is part of the destination's identity (see
+	// Routing and Params.Target).
+	routing bool
 }
 
 // Params is a sink's table of URL query parameters.

@@ -3,9 +3,11 @@
 // sink that dials a broker, with its URL parameters; Template, a
 // destination name built from a message; Params, the table of a sink URL's
 // query parameters, which both parses them (an unknown or repeated
-// parameter is an error naming it) and renders them back for Redacted;
-// and the checks and defaults of durations (CheckDurations,
-// ReconnectDefaults, CheckReconnect), so that every sink words them alike.
+// parameter is an error naming it) and renders them back for Redacted,
+// and whose Routing parameters make a sink's Target (the destination's
+// identity, without tuning or credentials); and the checks and defaults
+// of durations (CheckDurations, ReconnectDefaults, CheckReconnect), so
+// that every sink words them alike.
 //
 // It holds no sink and knows no scheme: each sink package declares its
 // own table with the parameter names its users write.

@@ -91,3 +91,35 @@ func FuzzParams(f *testing.F) {
 		require.Equal(t, c, back)
 	})
 }
+
+// A target holds the base URL's destination (scheme, host, path, its own
+// query but credentials) and the routing parameters that are set, never
+// tuning, userinfo or a parameter named like a credential.
+func TestTarget(t *testing.T) {
+	t.Parallel()
+	routed := sinkconf.NewParams("test", "",
+		sinkconf.Routing(sinkconf.String("name", func(c *conf) *string { return &c.Name })),
+		sinkconf.Duration("wait", func(c *conf) *time.Duration { return &c.Wait }),
+		sinkconf.Routing(sinkconf.Secrets("key", func(c *conf) *[]sinkconf.Secret { return &c.Keys })),
+	)
+	c := conf{Name: "orders", Wait: time.Second, Keys: []sinkconf.Secret{"k1"}}
+	got := routed.Target(&c, "HTTPS://u:pw@Hooks.Example/a/b?z=1&token=t&a=2")
+	require.Equal(t, "https://hooks.example/a/b?a=2&z=1 name=orders", got)
+	c.Wait = time.Minute
+	require.Equal(t, got, routed.Target(&c, "https://hooks.example/a/b?z=1&a=2"), "tuning and credentials are left out")
+	c.Name = "billing"
+	require.NotEqual(t, got, routed.Target(&c, "https://hooks.example/a/b?z=1&a=2"))
+
+	for raw, want := range map[string]string{
+		"http://h/":          "http://h",
+		"http://h":           "http://h",
+		"amqp://u:p@h:5672/": "amqp://h:5672",
+		"amqp://h/vh":        "amqp://h/vh",
+		"kinesis://":         "kinesis:",
+		"http://h/a%2Fb":     "http://h/a%2Fb",
+		"http://h/x?secret=": "http://h/x",
+	} {
+		require.Equal(t, want, sinkconf.TargetURL(raw), raw)
+	}
+	require.NotContains(t, sinkconf.TargetURL("http://u:hunter2@h/%zz"), "hunter2")
+}

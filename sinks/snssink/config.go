@@ -112,7 +112,7 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("sns", "",
-	sinkconf.String("topic_arn", func(c *Config) *string { return &c.TopicARN }),
+	sinkconf.Routing(sinkconf.String("topic_arn", func(c *Config) *string { return &c.TopicARN })),
 ).With(awsbatch.Params((*Config).fields)...)
 
 // fields points at the options the SQS and SNS sinks share.
@@ -126,3 +126,13 @@ func (c *Config) fields() awsbatch.Fields {
 func (c Config) Redacted() string {
 	return redact.URL("sns://?" + params.Query(&c).Encode())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the topic ARN, the region and endpoint, and the body encoding,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, "sns://")
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }

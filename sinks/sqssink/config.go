@@ -128,7 +128,7 @@ func ParseURL(raw string) (Config, error) {
 }
 
 var params = sinkconf.NewParams("sqs", "",
-	sinkconf.String("queue_url", func(c *Config) *string { return &c.QueueURL }),
+	sinkconf.Routing(sinkconf.String("queue_url", func(c *Config) *string { return &c.QueueURL })),
 	sinkconf.String("protocol", func(c *Config) *string { return &c.Protocol }),
 ).With(awsbatch.Params((*Config).fields)...)
 
@@ -143,3 +143,14 @@ func (c *Config) fields() awsbatch.Fields {
 func (c Config) Redacted() string {
 	return redact.URL("sqs://?" + params.Query(&c).Encode())
 }
+
+// Target is the identity of c's destination (see sinks.Targeter): the queue URL, the region and endpoint, and the body
+// encoding,
+// with the defaults applied; not the tuning, the credentials or TLS.
+func (c Config) Target() string {
+	c = c.withDefaults()
+	return params.Target(&c, "sqs://")
+}
+
+// Target implements sinks.Targeter (see Config.Target).
+func (s *Sink) Target() string { return s.cfg.Target() }

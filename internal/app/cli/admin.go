@@ -116,7 +116,7 @@ func printStatus(out io.Writer, st operator.Status) {
 	}
 	for _, m := range st.Mixed {
 		fmt.Fprintf(out, "WARNING: route %s: its relays run %d different configurations and share its lanes "+
-			"(relays started with --allow-config-change during a rolling change do; otherwise stop the ones in the wrong configuration):\n",
+			"(relays started with --on-config-change allow during a rolling change do; otherwise stop the ones in the wrong configuration):\n",
 			showRoute(m.Route), len(m.Configs))
 		for _, c := range m.Configs {
 			fmt.Fprintf(out, "  %s: %s\n", strings.Join(c.Relays, ", "), c.Config)

@@ -283,6 +283,7 @@ type runOptions struct {
 	migrate         bool
 	exitWhenEmpty   bool
 	allowConfChange bool
+	onConfChange    string
 	id              string
 	adminAddr       string
 	adminTokenFile  string
@@ -356,7 +357,10 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.BoolVar(&o.noFastFailover, "disable-fast-failover", false, "do not treat relays whose connection vanished from pg_stat_activity as dead; only their heartbeat's age tells (relays behind PgBouncer are never judged by their connection)")
 	f.BoolVar(&o.migrate, "migrate", false, "apply migrations before starting")
 	f.BoolVar(&o.exitWhenEmpty, "exit-when-empty", false, "exit 0 once the outbox is empty (batch jobs, benchmarks)")
-	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "share a route's lanes with live relays that run another configuration of it (topics, sink, format, on-dead-letter, fan-out) during a rolling change; without it such a relay takes no lane and exits 2")
+	f.StringVar(&o.onConfChange, "on-config-change", relay.ConfigChangeWait, "what a relay does while live relays of its route run another configuration of it (topics, where the sink delivers, format, on-dead-letter, fan-out): "+
+		relay.ConfigChangeWait+" (take no lane, /readyz 503 naming them, until they are gone: a rolling change), "+
+		relay.ConfigChangeFail+" (exit 2) or "+relay.ConfigChangeAllow+" (share the route's lanes with them)")
+	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "same as --on-config-change "+relay.ConfigChangeAllow+": share a route's lanes with live relays that run another configuration of it during a rolling change")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
 	f.BoolVar(&o.isolateRoutes, "isolate-routes", false, "feed every route of the routes table from the fan-out router's copies, so that a route's backlog (its destination down) never slows the other routes' claims; costs a copy of every message")
 	f.StringVar(&o.readiness, "readiness", readyAnyRoute, "with a routes table, when /readyz fails: "+readyAnyRoute+" (only when no route's destination is up; one route down answers 200 degraded) or "+readyEveryRoute+" (as soon as one route's destination is down)")
@@ -434,7 +438,7 @@ func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 		Archive:             o.archive,
 		ArchiveRetention:    o.archiveRetain,
 		ConnectTimeout:      o.connectTimeout,
-		OnConfigChange:      relay.ConfigChangeFail,
+		OnConfigChange:      o.onConfChange,
 		Version:             version(),
 		Logger:              g.log,
 	}
@@ -442,6 +446,9 @@ func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 		base.RetryJitter = -1 // an explicit 0 means no jitter
 	}
 	if o.allowConfChange {
+		if o.onConfChange != relay.ConfigChangeWait && o.onConfChange != relay.ConfigChangeAllow {
+			return relay.Config{}, usagef("outbox: allow-config-change: means --on-config-change %s, but --on-config-change is %q: give one of them", relay.ConfigChangeAllow, o.onConfChange)
+		}
 		base.OnConfigChange = relay.ConfigChangeAllow
 	}
 	base = base.WithDefaults()
@@ -570,8 +577,9 @@ func planRoutes(g *globals, o runOptions, base relay.Config) (routes []route, pl
 		single = true
 	}
 	for i := range routes {
-		// The fingerprint of the route's configuration covers the sink's
-		// target, redacted (see relay.Config.Destination).
+		// What status and the route's configuration summary say of the
+		// sink, redacted; the fingerprint takes the sink's target from the
+		// opened sink (see relay.Config.Destination).
 		routes[i].cfg.Destination = routes[i].sinkName
 	}
 	for i := range routes {

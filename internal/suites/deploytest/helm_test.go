@@ -211,6 +211,7 @@ func checkChart(t *testing.T, m manifests, full bool) {
 	checkSelector(t, where, d.Spec.Selector, d.Spec.Template.Metadata.Labels)
 	relay := runs[0]
 	env := relay.settings()
+	checkRolloutEnds(t, where, d, env)
 
 	require.Len(t, m.jobs, 1, "the migration hook Job")
 	j := m.jobs[0]

@@ -566,6 +566,49 @@ func checkSelector(t *testing.T, where string, sel labelSelector, labels map[str
 	}
 }
 
+// checkRolloutEnds checks that an update of the relays' Deployment that
+// changes a route ends. Its new relays wait, not ready, until no old relay
+// of the route is left, and the Deployment controller removes an old pod
+// only while more than replicas − maxUnavailable pods are ready: the
+// strategy must let it remove every old relay while no new one is ready
+// (Recreate, or a maxUnavailable covering every replica), unless the
+// relays share the route during the change (--on-config-change allow).
+// relay/rollout_test.go drives real relays under these strategies.
+func checkRolloutEnds(t *testing.T, where string, d k8sDeployment, s relaySettings) {
+	t.Helper()
+	if v, _ := s.flag("on-config-change"); v == "allow" {
+		return
+	}
+	st := d.Spec.Strategy
+	if st == nil || st.Type == "" || st.Type == "RollingUpdate" && st.RollingUpdate == nil {
+		t.Errorf("%s: the default strategy (maxUnavailable 25%%) never ends an update that changes a route; set maxUnavailable: 100%%", where)
+		return
+	}
+	if st.Type == "Recreate" {
+		return
+	}
+	replicas := 1
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	unavailable := 0
+	switch v := st.RollingUpdate.MaxUnavailable.(type) {
+	case int:
+		unavailable = v
+	case string:
+		pct, err := strconv.Atoi(strings.TrimSuffix(v, "%"))
+		if err != nil || !strings.HasSuffix(v, "%") {
+			t.Errorf("%s: maxUnavailable %q is neither a number nor a percentage", where, v)
+			return
+		}
+		unavailable = pct * replicas / 100 // the controller rounds down
+	}
+	if unavailable < replicas {
+		t.Errorf("%s: maxUnavailable %v of %d replicas: an update that changes a route never ends (its last old relays stay while the new ones wait); set maxUnavailable: 100%%",
+			where, st.RollingUpdate.MaxUnavailable, replicas)
+	}
+}
+
 func TestKubernetesManifests(t *testing.T) {
 	t.Parallel()
 	files, err := filepath.Glob(filepath.Join(root(t), "deploy", "kubernetes", "*.yaml"))
@@ -658,6 +701,11 @@ func TestKubernetesStandalone(t *testing.T) {
 	}
 	if relays == nil {
 		t.Fatalf("%s: no Deployment runs outbox-relay run", m.file)
+	}
+	for _, c := range relays.Spec.Template.Spec.Containers {
+		if isRelayImage(c) && subcommand(c) == "run" {
+			checkRolloutEnds(t, m.file+": Deployment "+relays.Metadata.Name, *relays, c.settings())
+		}
 	}
 	replicas := 1
 	if relays.Spec.Replicas != nil {

@@ -109,16 +109,18 @@ func (o Options) AWSConfig(ctx context.Context, sink string) (aws.Config, error)
 	return ac, nil
 }
 
-// Params are the URL query parameters of Options, under their yaml names.
+// Params are the URL query parameters of Options, under their yaml names;
+// region, endpoint and body_encoding are part of a sink's Target (see
+// sinkconf.Routing).
 func Params[C any](f func(c *C) Fields) []sinkconf.Param[C] {
 	return []sinkconf.Param[C]{
-		sinkconf.String("region", func(c *C) *string { return f(c).Region }),
-		sinkconf.String("endpoint", func(c *C) *string { return f(c).Endpoint }),
+		sinkconf.Routing(sinkconf.String("region", func(c *C) *string { return f(c).Region })),
+		sinkconf.Routing(sinkconf.String("endpoint", func(c *C) *string { return f(c).Endpoint })),
 		sinkconf.String("access_key_id", func(c *C) *string { return f(c).AccessKeyID }),
 		sinkconf.Func("secret_access_key",
 			func(c *C, v string) error { *f(c).SecretAccessKey = sinkconf.Secret(v); return nil },
 			func(c *C) string { return f(c).SecretAccessKey.String() }),
-		sinkconf.String("body_encoding", func(c *C) *string { return f(c).BodyEncoding }),
+		sinkconf.Routing(sinkconf.String("body_encoding", func(c *C) *string { return f(c).BodyEncoding })),
 		sinkconf.Int("max_message_bytes", func(c *C) *int { return f(c).MaxMessageBytes }),
 		sinkconf.Int("concurrency", func(c *C) *int { return f(c).Concurrency }),
 		sinkconf.Duration("publish_timeout", func(c *C) *time.Duration { return f(c).PublishTimeout }),

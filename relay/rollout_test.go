@@ -1,0 +1,429 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+)
+
+// Red team, finding 5: a rolling deploy that changes a route must end.
+// The relays of the new configuration wait, not ready, while a relay of
+// the old one lives; the Kubernetes Deployment controller removes an old
+// pod only while more than replicas − maxUnavailable pods are ready. The
+// tests below model the controller's rolling update and drive real relays
+// with it, under the strategies the repository ships.
+
+// rolloutStrategy is a Deployment's replicas and RollingUpdate, resolved.
+type rolloutStrategy struct {
+	name                               string
+	replicas, maxSurge, maxUnavailable int
+}
+
+// resolve turns a RollingUpdate field (an int or "N%") into pods as the
+// controller does: a percentage of replicas, rounded up for maxSurge and
+// down for maxUnavailable.
+func resolve(t *testing.T, v any, replicas int, up bool) int {
+	t.Helper()
+	switch x := v.(type) {
+	case int:
+		return x
+	case string:
+		pct, err := strconv.Atoi(strings.TrimSuffix(x, "%"))
+		require.NoError(t, err, "%q", x)
+		f := float64(pct*replicas) / 100
+		if up {
+			return int(math.Ceil(f))
+		}
+		return int(math.Floor(f))
+	}
+	t.Fatalf("maxSurge or maxUnavailable %v (%T): want an int or a percentage", v, v)
+	return 0
+}
+
+// rollingUpdate is a Deployment's strategy as its YAML says it.
+type rollingUpdate struct {
+	Type          string `yaml:"type"`
+	RollingUpdate struct {
+		MaxSurge       any `yaml:"maxSurge"`
+		MaxUnavailable any `yaml:"maxUnavailable"`
+	} `yaml:"rollingUpdate"`
+}
+
+func (u rollingUpdate) resolve(t *testing.T, name string, replicas int) rolloutStrategy {
+	t.Helper()
+	require.Equal(t, "RollingUpdate", u.Type, name)
+	s := rolloutStrategy{name: name, replicas: replicas,
+		maxSurge:       resolve(t, u.RollingUpdate.MaxSurge, replicas, true),
+		maxUnavailable: resolve(t, u.RollingUpdate.MaxUnavailable, replicas, false)}
+	if s.maxSurge == 0 && s.maxUnavailable == 0 {
+		s.maxUnavailable = 1 // the API server's rule
+	}
+	return s
+}
+
+// shippedStrategies reads the relays' Deployments the repository ships:
+// the Helm chart's default values and deploy/kubernetes/deployment.yaml.
+func shippedStrategies(t *testing.T) []rolloutStrategy {
+	t.Helper()
+	var values struct {
+		ReplicaCount int           `yaml:"replicaCount"`
+		Strategy     rollingUpdate `yaml:"strategy"`
+	}
+	b, err := os.ReadFile("../deploy/helm/outbox-relay/values.yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(b, &values))
+	out := []rolloutStrategy{values.Strategy.resolve(t, "helm chart", values.ReplicaCount)}
+
+	b, err = os.ReadFile("../deploy/kubernetes/deployment.yaml")
+	require.NoError(t, err)
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var doc struct {
+			Kind     string `yaml:"kind"`
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+			Spec struct {
+				Replicas int           `yaml:"replicas"`
+				Strategy rollingUpdate `yaml:"strategy"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			require.ErrorContains(t, err, "EOF")
+			break
+		}
+		if doc.Kind == "Deployment" && doc.Metadata.Name == "outbox-relay" {
+			out = append(out, doc.Spec.Strategy.resolve(t, "deploy/kubernetes", doc.Spec.Replicas))
+		}
+	}
+	require.Len(t, out, 2, "the chart's and deploy/kubernetes' relays")
+	return out
+}
+
+// deployment is the controller's state of a rollout from an old
+// ReplicaSet to a new one: how many pods each wants.
+type deployment struct {
+	rolloutStrategy
+	oldWant, newWant int
+}
+
+// sync is one pass of the controller's rolling update
+// (pkg/controller/deployment/rolling.go), given the ready pods of each
+// ReplicaSet: it scales the new one up within maxSurge, then the old one
+// down, its pods that are not ready first, while more than replicas −
+// maxUnavailable pods are ready.
+func (d *deployment) sync(oldReady, newReady int) {
+	if d.newWant < d.replicas {
+		if room := d.replicas + d.maxSurge - d.oldWant - d.newWant; room > 0 {
+			d.newWant += min(room, d.replicas-d.newWant)
+		}
+	}
+	if d.oldWant == 0 {
+		return
+	}
+	minAvailable := d.replicas - d.maxUnavailable
+	maxScaledDown := d.oldWant + d.newWant - minAvailable - (d.newWant - newReady)
+	if maxScaledDown <= 0 {
+		return
+	}
+	d.oldWant -= min(d.oldWant-oldReady, maxScaledDown)
+	if ready := oldReady + newReady; ready > minAvailable {
+		d.oldWant -= min(d.oldWant, ready-minAvailable)
+	}
+}
+
+func (d *deployment) done(newReady int) bool {
+	return d.oldWant == 0 && d.newWant == d.replicas && newReady == d.replicas
+}
+
+// model runs a rollout in which an old pod leaves one pass after it is
+// removed and a new pod is ready one pass after it is created, unless
+// it waits (beside: false) for every old pod to be gone. It returns the
+// state it ended in and whether the rollout finished.
+func model(s rolloutStrategy, beside bool) (deployment, bool) {
+	d := deployment{rolloutStrategy: s, oldWant: s.replicas}
+	oldAlive, newPods := s.replicas, 0
+	for range 100 {
+		newReady := 0
+		if beside || oldAlive == 0 {
+			newReady = newPods
+		}
+		if d.done(newReady) {
+			return d, true
+		}
+		oldAlive, newPods = d.oldWant, d.newWant
+		d.sync(d.oldWant, newReady)
+	}
+	return d, false
+}
+
+// The strategy the chart shipped (maxUnavailable 1) never ends a rollout
+// that changes a route: one old relay stays, ready, and the new ones wait
+// for it. The strategies shipped now end it; relays that share the route
+// during the change (--on-config-change allow) end it under either.
+func TestRolloutModel(t *testing.T) {
+	t.Parallel()
+	for _, old := range []rolloutStrategy{{"chart before", 2, 1, 1}, {"deploy/kubernetes before", 3, 1, 1}} {
+		d, done := model(old, false)
+		require.False(t, done, old.name)
+		require.Equal(t, old.replicas-old.maxUnavailable, d.oldWant, "%s: the last old relays stay", old.name)
+		require.Equal(t, old.replicas+old.maxSurge, d.oldWant+d.newWant, "%s: the new relays fill the surge", old.name)
+		_, done = model(old, true)
+		require.True(t, done, "%s, with relays that share the route", old.name)
+	}
+	for _, s := range shippedStrategies(t) {
+		_, done := model(s, false)
+		require.True(t, done, "%s: %+v", s.name, s)
+	}
+}
+
+// pod is a relay the simulated controller started; stop is its SIGTERM:
+// it drains and returns.
+type pod struct {
+	r    *relay.Relay
+	stop func() error
+}
+
+// cluster is the pods of a simulated Deployment under rollout: the old
+// configuration's, the new one's, and those terminating.
+type cluster struct {
+	e           *env
+	old, new    []*pod
+	oldCfg      relay.Config
+	newCfg      relay.Config
+	oldSink     *memory.Sink
+	newSink     *memory.Sink
+	terminating sync.WaitGroup
+}
+
+func (c *cluster) start(cfg relay.Config, sink *memory.Sink) *pod {
+	r, stop := c.e.startOn(pgtest.URL(), cfg, sink)
+	return &pod{r: r, stop: stop}
+}
+
+// ready counts the pods whose readiness probe (Ready) passes.
+func ready(ps []*pod) int {
+	n := 0
+	for _, p := range ps {
+		if p.r.Ready(context.Background()) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// apply creates and deletes pods until each ReplicaSet has what d wants.
+// A deleted pod gets SIGTERM (its context ends) and drains meanwhile.
+func (c *cluster) apply(d deployment) {
+	for len(c.new) < d.newWant {
+		c.new = append(c.new, c.start(c.newCfg, c.newSink))
+	}
+	for len(c.old) > d.oldWant {
+		p := c.old[len(c.old)-1]
+		c.old = c.old[:len(c.old)-1]
+		c.terminating.Add(1)
+		go func() {
+			defer c.terminating.Done()
+			if err := p.stop(); err != nil {
+				c.e.t.Errorf("relay %s: %v", p.r.ID(), err)
+			}
+		}()
+	}
+}
+
+// writer commits messages, ten at a time, until stop is called; written
+// returns their payloads.
+type writer struct {
+	e       *env
+	cancel  context.CancelFunc
+	done    chan error
+	mu      sync.Mutex
+	written []string
+}
+
+func startWriter(e *env) *writer {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &writer{e: e, cancel: cancel, done: make(chan error, 1)}
+	go func() { w.done <- w.run(ctx) }()
+	return w
+}
+
+func (w *writer) run(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		var msgs []outbox.Message
+		var payloads []string
+		for j := range 10 {
+			p := fmt.Sprintf("m%d", i*10+j)
+			msgs = append(msgs, msg("orders", fmt.Sprintf("k%d", (i*10+j)%20), p))
+			payloads = append(payloads, p)
+		}
+		tx, err := w.e.pool.Begin(ctx)
+		if err != nil {
+			return ignoreCancel(ctx, err)
+		}
+		if err := w.e.w.Write(ctx, tx, msgs...); err != nil {
+			_ = tx.Rollback(context.Background())
+			return ignoreCancel(ctx, err)
+		}
+		// Not cut short by stop: a commit whose outcome is unknown
+		// would leave a message out of written, and out of the check.
+		if err := tx.Commit(context.Background()); err != nil {
+			return err
+		}
+		w.mu.Lock()
+		w.written = append(w.written, payloads...)
+		w.mu.Unlock()
+	}
+}
+
+// ignoreCancel drops the error of a write that stop cut short: that
+// transaction did not commit, and its messages were not recorded.
+func ignoreCancel(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (w *writer) stop() []string {
+	w.cancel()
+	require.NoError(w.e.t, <-w.done)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.written
+}
+
+// newCluster starts the old configuration's relays of a Deployment of s
+// (webhookConfig) and waits until they share the route's lanes; the new
+// configuration (stdoutConfig) waits for the old one to be gone, as
+// every relay does by default.
+func newCluster(e *env, s rolloutStrategy) (*cluster, deployment) {
+	c := &cluster{e: e, oldCfg: e.webhookConfig(), newCfg: e.stdoutConfig(), oldSink: e.sink, newSink: memory.New()}
+	require.Equal(e.t, relay.ConfigChangeWait, c.newCfg.WithDefaults().OnConfigChange)
+	for range s.replicas {
+		c.old = append(c.old, c.start(c.oldCfg, c.oldSink))
+	}
+	eventually(e.t, 20*time.Second, func() bool {
+		held := 0
+		for _, p := range c.old {
+			if n := p.r.OwnedLanes(); n < 256/len(c.old) {
+				return false
+			}
+			held += p.r.OwnedLanes()
+		}
+		return held == 256
+	}, "the old relays do not share the lanes")
+	return c, deployment{rolloutStrategy: s, oldWant: s.replicas}
+}
+
+// step is one pass of the controller over the cluster's pods.
+func (c *cluster) step(d *deployment) (newReady int) {
+	oldReady, newReady := ready(c.old), ready(c.new)
+	d.sync(oldReady, newReady)
+	c.apply(*d)
+	return newReady
+}
+
+// Under each strategy the repository ships, a rollout that changes the
+// route (its sink) ends, driven by the Deployment controller's rule, while
+// messages are written throughout: every message written is delivered,
+// by the old configuration or the new, and once the rollout has ended
+// only the new one delivers.
+func TestRollingChangeOfARouteFinishes(t *testing.T) {
+	t.Parallel()
+	for _, s := range shippedStrategies(t) {
+		t.Run(s.name, func(t *testing.T) {
+			e := setup(t)
+			c, d := newCluster(e, s)
+			// The old relays have work in flight when the rollout begins:
+			// their drain, and the handover of the lanes they were
+			// claiming from, are part of it.
+			c.oldSink.SetDelay(20 * time.Millisecond)
+			w := startWriter(e)
+			require.NoError(t, c.oldSink.WaitFor(waitCtx(t, 30*time.Second), 50))
+			// Each poll is a pass of the controller.
+			eventually(t, 60*time.Second, func() bool { return d.done(c.step(&d)) }, "the rollout did not end")
+			c.terminating.Wait()
+			written := w.stop()
+			require.NotEmpty(t, written)
+			delivered := func() map[string]bool {
+				got := map[string]bool{}
+				for _, m := range append(c.oldSink.Delivered(), c.newSink.Delivered()...) {
+					got[string(m.Payload)] = true
+				}
+				return got
+			}
+			eventually(t, 30*time.Second, func() bool { return len(delivered()) >= len(written) },
+				"%d of %d written messages delivered", len(delivered()), len(written))
+			got := delivered()
+			// At least once: a message may come twice (a lease that
+			// expired on a loaded machine), never not at all.
+			t.Logf("%s: %d messages written before and during the rollout, %d delivered by the old configuration, %d by the new",
+				s.name, len(written), len(c.oldSink.Delivered()), len(c.newSink.Delivered()))
+			for _, p := range written {
+				require.True(t, got[p], "message %s was lost", p)
+			}
+			for _, p := range c.new {
+				eventually(t, 20*time.Second, func() bool { return p.r.OwnedLanes() > 0 }, "relay %s holds no lane", p.r.ID())
+			}
+			before := len(c.oldSink.Delivered())
+			e.writeN(50, "after")
+			require.NoError(t, c.newSink.WaitFor(waitCtx(t, 30*time.Second), len(c.newSink.Delivered())+50))
+			require.Len(t, c.oldSink.Delivered(), before, "the old configuration delivered after the rollout")
+		})
+	}
+}
+
+// Under the strategy the chart shipped before (maxUnavailable 1), the
+// same rollout stalls with real relays, as the model says: the last old
+// relay stays ready and delivering, the new relays take no lane and
+// answer Ready with the reason, naming the old configuration, heartbeat
+// after heartbeat, and the controller may remove nothing more.
+func TestRollingChangeOfARouteStallsUnderMaxUnavailableOne(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c, d := newCluster(e, rolloutStrategy{"chart before", 2, 1, 1})
+	eventually(t, 30*time.Second, func() bool {
+		c.step(&d)
+		return d.oldWant == 1 && len(c.new) == 2
+	}, "the rollout did not reach its stall")
+	for _, p := range c.new {
+		mark := p.r.SignalCount(relay.SigLeaseHeld)
+		p.r.AwaitSignal(t, signalBound, relay.SigLeaseHeld, mark+3, nil)
+		err := p.r.Ready(context.Background())
+		require.ErrorIs(t, err, relay.ErrConfig)
+		require.Contains(t, err.Error(), "waits until they are gone")
+		require.Contains(t, err.Error(), "sink https://hooks.example/orders?secret=xxxxx", "it names the old configuration")
+		require.Zero(t, p.r.OwnedLanes())
+	}
+	before := d
+	require.Zero(t, c.step(&d), "no new relay is ready")
+	require.Equal(t, before, d, "the controller removes nothing more")
+	eventually(t, 20*time.Second, func() bool { return c.old[0].r.OwnedLanes() == 256 },
+		"the last old relay holds %d lanes", c.old[0].r.OwnedLanes())
+	e.writeN(50, "stalled")
+	require.NoError(t, c.oldSink.WaitFor(waitCtx(t, 30*time.Second), 50))
+	require.Empty(t, c.newSink.Delivered())
+}
