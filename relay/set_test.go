@@ -232,7 +232,10 @@ func TestSetReadyOverAllRoutes(t *testing.T) {
 		return err != nil && err.Error() == "route sick: outbox: sink: down"
 	}, "one route down makes a Set that requires every route unready: %v", strict.Ready(context.Background()))
 
-	// Every route sick: not ready, each named.
+	// Every route sick: not ready, each named. A schema of its own: its
+	// routes are configured otherwise than those above (other topics left
+	// to earlier routes), and its relays would wait for theirs to leave.
+	e = setup(t)
 	all, _, _ := e.startSet(relay.SetConfig{Config: e.config(), Routes: []relay.Route{
 		{Name: "sick", Topics: []string{"b"}, Sink: sickSink{memory.New()}},
 		{Name: "ill", Topics: []string{"c"}, Sink: sickSink{memory.New()}},
