@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -200,10 +201,12 @@ type pod struct {
 }
 
 // cluster is the pods of a simulated Deployment under rollout: the old
-// configuration's, the new one's, and those terminating.
+// configuration's, the new one's, and those terminating; removed are the
+// ids of the old pods the controller deleted.
 type cluster struct {
 	e           *env
 	old, new    []*pod
+	removed     []string
 	oldCfg      relay.Config
 	newCfg      relay.Config
 	oldSink     *memory.Sink
@@ -236,14 +239,86 @@ func (c *cluster) apply(d deployment) {
 	for len(c.old) > d.oldWant {
 		p := c.old[len(c.old)-1]
 		c.old = c.old[:len(c.old)-1]
+		c.removed = append(c.removed, p.r.ID())
 		c.terminating.Add(1)
 		go func() {
 			defer c.terminating.Done()
+			start := time.Now()
 			if err := p.stop(); err != nil {
 				c.e.t.Errorf("relay %s: %v", p.r.ID(), err)
 			}
+			// A stop that takes seconds is the first thing to look at
+			// when this test is slow (see leaser.closeConn).
+			c.e.t.Logf("old relay %s stopped in %s", p.r.ID(), time.Since(start).Round(time.Millisecond))
 		}()
 	}
+}
+
+// state says, for a failure message, where each pod of c stands: its
+// lanes and what its readiness probe answers.
+func (c *cluster) state() string {
+	var b strings.Builder
+	for _, set := range []struct {
+		name string
+		pods []*pod
+	}{{"old", c.old}, {"new", c.new}} {
+		for _, p := range set.pods {
+			ready := "ready"
+			if err := p.r.Ready(context.Background()); err != nil {
+				ready = err.Error()
+			}
+			fmt.Fprintf(&b, "; %s relay %s: %d lanes, %s", set.name, p.r.ID(), p.r.OwnedLanes(), ready)
+		}
+	}
+	fmt.Fprintf(&b, "; delivered: %d by the old configuration, %d by the new", c.oldSink.Len(), c.newSink.Len())
+	return b.String()
+}
+
+// awaitDelivered waits until every payload of want has been delivered by
+// the new configuration (or, with byOld, by the old one: its relays have
+// all stopped, so its sink no longer changes). It wakes at the new
+// sink's deliveries and waits as long as they go on: a backlog (the
+// writer wrote throughout) takes longer to deliver on a loaded machine,
+// so the bound is on a stall, no delivery for signalBound, rather than
+// on the whole.
+func (c *cluster) awaitDelivered(t *testing.T, what string, want []string, byOld bool) {
+	t.Helper()
+	for {
+		got := deliveredPayloads(c.newSink)
+		if byOld {
+			for p := range deliveredPayloads(c.oldSink) {
+				got[p] = true
+			}
+		}
+		var missing []string
+		for _, p := range want {
+			if !got[p] {
+				missing = append(missing, p)
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		// At least as many deliveries as are missing (fewer when
+		// some are repeats, hence the loop).
+		n := c.newSink.Len()
+		ctx, cancel := context.WithTimeout(context.Background(), signalBound)
+		err := c.newSink.WaitFor(ctx, n+len(missing))
+		cancel()
+		if err != nil && c.newSink.Len() == n {
+			t.Fatalf("%s: %d of %d messages not delivered (%s the first), and no relay delivered any for %s%s",
+				what, len(missing), len(want), missing[0], signalBound, c.state())
+		}
+	}
+}
+
+// deliveredPayloads returns the payloads s delivered.
+func deliveredPayloads(s *memory.Sink) map[string]bool {
+	got := map[string]bool{}
+	for _, m := range s.Delivered() {
+		got[string(m.Payload)] = true
+	}
+	return got
 }
 
 // writer commits messages, ten at a time, until stop is called; written
@@ -321,6 +396,9 @@ func (w *writer) stop() []string {
 // every relay does by default.
 func newCluster(e *env, s rolloutStrategy) (*cluster, deployment) {
 	c := &cluster{e: e, oldCfg: e.webhookConfig(), newCfg: e.stdoutConfig(), oldSink: e.sink, newSink: memory.New()}
+	// A test that fails mid-rollout waits for the old pods it removed,
+	// which log when they have stopped.
+	e.t.Cleanup(c.terminating.Wait)
 	require.Equal(e.t, relay.ConfigChangeWait, c.newCfg.WithDefaults().OnConfigChange)
 	for range s.replicas {
 		c.old = append(c.old, c.start(c.oldCfg, c.oldSink))
@@ -362,36 +440,49 @@ func TestRollingChangeOfARouteFinishes(t *testing.T) {
 			// claiming from, are part of it.
 			c.oldSink.SetDelay(20 * time.Millisecond)
 			w := startWriter(e)
-			require.NoError(t, c.oldSink.WaitFor(waitCtx(t, 30*time.Second), 50))
+			if err := c.oldSink.WaitFor(waitCtx(t, 30*time.Second), 50); err != nil {
+				t.Fatalf("before the rollout: %v%s", err, c.state())
+			}
 			// Each poll is a pass of the controller.
-			eventually(t, 60*time.Second, func() bool { return d.done(c.step(&d)) }, "the rollout did not end")
+			if !testkit.Poll(waitCtx(t, 60*time.Second), 10*time.Millisecond, func() bool { return d.done(c.step(&d)) }) {
+				t.Fatalf("the rollout did not end: %+v%s", d, c.state())
+			}
 			c.terminating.Wait()
 			written := w.stop()
 			require.NotEmpty(t, written)
-			delivered := func() map[string]bool {
-				got := map[string]bool{}
-				for _, m := range append(c.oldSink.Delivered(), c.newSink.Delivered()...) {
-					got[string(m.Payload)] = true
-				}
-				return got
-			}
-			eventually(t, 30*time.Second, func() bool { return len(delivered()) >= len(written) },
-				"%d of %d written messages delivered", len(delivered()), len(written))
-			got := delivered()
 			// At least once: a message may come twice (a lease that
 			// expired on a loaded machine), never not at all.
+			c.awaitDelivered(t, "written before and during the rollout", written, true)
 			t.Logf("%s: %d messages written before and during the rollout, %d delivered by the old configuration, %d by the new",
-				s.name, len(written), len(c.oldSink.Delivered()), len(c.newSink.Delivered()))
-			for _, p := range written {
-				require.True(t, got[p], "message %s was lost", p)
+				s.name, len(written), c.oldSink.Len(), c.newSink.Len())
+			// The old relays left as a drain leaves: unregistered, their
+			// lanes handed back. One still registered is one the relays
+			// of the new configuration would wait for.
+			var left []string
+			rows, err := e.pool.Query(context.Background(), "SELECT id FROM "+e.table("relays")+" WHERE id = ANY($1) UNION SELECT owner FROM "+e.table("lanes")+" WHERE owner = ANY($1)", c.removed)
+			require.NoError(t, err)
+			for rows.Next() {
+				var id string
+				require.NoError(t, rows.Scan(&id))
+				left = append(left, id)
 			}
+			require.NoError(t, rows.Err())
+			require.Empty(t, left, "old relays still registered or holding lanes after they stopped")
 			for _, p := range c.new {
-				eventually(t, 20*time.Second, func() bool { return p.r.OwnedLanes() > 0 }, "relay %s holds no lane", p.r.ID())
+				if !testkit.Poll(waitCtx(t, signalBound), 10*time.Millisecond, func() bool { return p.r.OwnedLanes() > 0 }) {
+					t.Fatalf("relay %s holds no lane%s", p.r.ID(), c.state())
+				}
 			}
-			before := len(c.oldSink.Delivered())
+			before := c.oldSink.Len()
 			e.writeN(50, "after")
-			require.NoError(t, c.newSink.WaitFor(waitCtx(t, 30*time.Second), len(c.newSink.Delivered())+50))
-			require.Len(t, c.oldSink.Delivered(), before, "the old configuration delivered after the rollout")
+			var after []string
+			for i := range 50 {
+				after = append(after, fmt.Sprintf("after%d", i))
+			}
+			// Waited for by payload: a count taken once they are
+			// written may already include some of them.
+			c.awaitDelivered(t, "written after the rollout", after, false)
+			require.Equal(t, before, c.oldSink.Len(), "the old configuration delivered after the rollout")
 		})
 	}
 }

@@ -40,8 +40,8 @@ type settlement struct {
 	deliveredTIDs []pgtype.TID
 	// copies: the fan-out router's copies of the delivered rows (IDs and
 	// Routes; CTIDs are deliveredTIDs).
-	copies    store.CopyParams
-	retries   store.Retries
+	copies  store.CopyParams
+	retries store.Retries
 	// defers wait in their rows for their destination, counting no
 	// attempt (see destinations).
 	defers    store.Retries

@@ -36,7 +36,9 @@ func TestInboxOutOfOrderDeadLetters(t *testing.T) {
 	inboxSchema := schema + "_inbox"
 	_, err := inbox.Migrate(ctx, pool, inboxSchema)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+migrations.Ident(inboxSchema)+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+migrations.Ident(inboxSchema)+" CASCADE")
+	})
 	in, err := inbox.New(inbox.Config{Schema: inboxSchema})
 	require.NoError(t, err)
 	verifier, err := httpinbox.NewVerifier([]string{inboxSecret}, 0)
