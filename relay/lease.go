@@ -249,27 +249,17 @@ func (r *Relay) membersNotified(freed bool) { r.lease.membersNotified(freed) }
 
 func (l *leaser) closeConn(ctx context.Context) {
 	if l.held != nil {
-		sock := l.conn.PgConn().Conn()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		dropConn(cctx, l.held)
 		cancel()
-		// Closing must end the session, and with it the transaction of a
-		// heartbeat cut short, now. Cut short in the middle of a write
-		// (the shutdown cancels ctx; pgx then sets a past deadline on the
-		// socket), the connection is already being closed by pgx, and
-		// Close above does nothing: over TLS a write that timed out
-		// leaves the session unable to send anything, Terminate
-		// included, and pgx waits up to 15 s for the server to hang up,
-		// which it never does. The server meanwhile keeps the
-		// heartbeat's transaction open, idle, with this relay's row in
-		// the relays table and the lane rows it renewed or acquired
-		// locked: reaping skips the locked row (the relay looked alive
-		// for those 15 s, and relays of a new configuration waited for
-		// it), releaseAll waited for the lane rows and gave up after its
-		// 5 s ("they expire after the lease TTL"), and closing the pool
-		// waited out the 15 s. Closing the socket ends the session at
-		// once; on a connection already closed it does nothing.
-		_ = sock.Close()
+		// dropConn closes the socket too: the session, and the
+		// transaction of a heartbeat cut short by the shutdown, end at
+		// once. Before, pgx over TLS could not send Terminate after a
+		// write that timed out and waited 15 s for the server to hang up,
+		// while the server kept the heartbeat's transaction open with
+		// this relay's row and lanes locked: reaping skipped the row (the
+		// relay looked alive, and relays of a new configuration waited
+		// for it) and releaseAll gave up after 5 s.
 		l.held, l.conn = nil, nil
 	}
 }

@@ -215,8 +215,17 @@ func PipelineConns(cfgs ...Config) int {
 // MaxConns. The connection is closed when the role is done with it, never
 // returned to the pool, so that no session state (LISTEN) reaches a
 // worker.
+//
+// The socket is closed too, so that the session (and a transaction a
+// cancelled statement left open) ends at once: when the role's context
+// ended in the middle of a write, pgx already counts the connection as
+// closing and Close does nothing, and over TLS it cannot send Terminate
+// and waits up to 15 s for the server to hang up (see leaser.closeConn).
+// On a connection already closed this does nothing.
 func dropConn(ctx context.Context, c *pgxpool.Conn) {
+	sock := c.Conn().PgConn().Conn()
 	_ = c.Conn().Close(ctx)
+	_ = sock.Close()
 	c.Release() // destroys it: it is closed
 }
 
