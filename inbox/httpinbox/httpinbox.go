@@ -7,8 +7,10 @@
 // 408, 425 and 429), holding back the later messages of the key while it
 // retries. So Handler answers 204 for a processed message and for a
 // duplicate, 401 for a bad signature (a misconfiguration: a retry cannot
-// fix it), 400 for a request without the relay's headers, and 503 for an
-// out-of-order message or a failed handler, which the relay retries.
+// fix it), 400 for a request without the relay's headers, and 500 with
+// Outbox-Failure: message for an out-of-order message or a failed handler,
+// which the relay retries as that message's failure (never as the
+// receiver being down) and dead-letters after its attempts.
 package httpinbox
 
 import (
@@ -38,6 +40,12 @@ const (
 	HeaderWebhookSignature = "webhook-signature"
 	HeaderKey              = "outbox-key"
 	HeaderSeq              = "outbox-seq"
+	// HeaderFailure with FailureMessage, on an answer, tells the relay's
+	// webhook sink that the failure is this message's own (its
+	// httpsink.HeaderFailure): retried with backoff and dead-lettered
+	// after its attempts, never read as the receiver being down.
+	HeaderFailure  = "Outbox-Failure"
+	FailureMessage = "message"
 )
 
 // Errors of Verify and Message.
@@ -222,7 +230,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// attempts, where an operator sees it.
 		log.Warn("webhook not processed", "id", m.ID, "key", m.Key, "seq", m.Seq, "err", err)
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, "not processed", http.StatusServiceUnavailable)
+		w.Header().Set(HeaderFailure, FailureMessage)
+		http.Error(w, "not processed", http.StatusInternalServerError)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -3,6 +3,7 @@ package httpinbox_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -106,8 +107,9 @@ func TestDuplicatesAndKilledBeforeAnswer(t *testing.T) {
 	require.EqualValues(t, 2, e.dups.Load())
 }
 
-// An out-of-order webhook is answered 503: the relay retries it (holding
-// the key) and nothing is applied.
+// An out-of-order webhook is answered 500 with Outbox-Failure: message:
+// the relay retries it as that message's failure (holding the key, never
+// reading it as the receiver down) and nothing is applied.
 func TestOutOfOrderIsRetriable(t *testing.T) {
 	t.Parallel()
 	e := setup(t, secret)
@@ -116,7 +118,10 @@ func TestOutOfOrderIsRetriable(t *testing.T) {
 	err := e.sink.Send(ctx, []sinks.Message{msg("acct", 19)})
 	require.Error(t, err)
 	require.False(t, sinks.IsPermanent(sinks.Outcome(err, 0, 1)), "out of order must be retried, not dead-lettered: %v", err)
-	require.ErrorContains(t, err, "503")
+	require.ErrorContains(t, err, "500")
+	require.False(t, errors.Is(err, sinks.ErrUnavailable), "the inbox's answer read as an outage: %v", err)
+	require.Equal(t, httpsink.HeaderFailure, httpinbox.HeaderFailure)
+	require.Equal(t, httpsink.FailureMessage, httpinbox.FailureMessage)
 	require.Len(t, inboxtest.Effects(t, e.pool, e.schema), 1)
 }
 
