@@ -180,7 +180,8 @@ func TestSetFanOutDeliversToBothRoutes(t *testing.T) {
 	require.Equal(t, []string{"orders.created", "orders.paid"}, topics(orders.Delivered()))
 	require.Equal(t, []string{"orders.created", "users.created"}, topics(audit.Delivered()))
 	require.NoError(t, set.Live())
-	require.NoError(t, set.Ready(context.Background()))
+	eventually(t, 20*time.Second, func() bool { return set.Ready(context.Background()) == nil },
+		"the Set ready: %v", set.Ready(context.Background()))
 	require.NoError(t, stop())
 	require.ErrorContains(t, set.Ready(context.Background()), "draining")
 }
