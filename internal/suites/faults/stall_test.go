@@ -33,6 +33,19 @@ func marked(key string, i int) string { return payloadOf("marked", key, i) }
 
 func isMarked(body []byte) bool { return strings.HasPrefix(string(body), "marked|") }
 
+// poison503Receiver is up (it answers the sink's HEAD with 200) and
+// answers 503 to the marked messages only.
+func poison503Receiver(t *testing.T) *receiver {
+	rc := newReceiver(t, func(_ *http.Request, body []byte) (int, string) {
+		if isMarked(body) {
+			return http.StatusServiceUnavailable, "cannot take this one"
+		}
+		return http.StatusNoContent, ""
+	})
+	rc.SetHealth(func() int { return http.StatusOK })
+	return rc
+}
+
 // stallFlags: few attempts, quick retries (the red team's relay).
 var stallFlags = []string{"--max-attempts", "3", "--retry-initial", "1s", "--retry-max", "5s"}
 
@@ -43,13 +56,7 @@ var stallFlags = []string{"--max-attempts", "3", "--retry-initial", "1s", "--ret
 func TestPoison503DeadLetters(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
-	rc := newReceiver(t, func(_ *http.Request, body []byte) (int, string) {
-		if isMarked(body) {
-			return http.StatusServiceUnavailable, "cannot take this one"
-		}
-		return http.StatusNoContent, ""
-	})
-	rc.SetHealth(func() int { return http.StatusOK })
+	rc := poison503Receiver(t)
 	commit(t, pool, schema, []outbox.Message{
 		{Topic: "orders", Key: "k1", Payload: []byte(marked("k1", 0))},
 		{Topic: "orders", Key: "k2", Payload: []byte(marked("k2", 1))},
@@ -157,13 +164,7 @@ func p99(t *testing.T, got []delivery, at map[string]time.Time) time.Duration {
 func TestPoisonBesideGoodTraffic(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
-	rc := newReceiver(t, func(_ *http.Request, body []byte) (int, string) {
-		if isMarked(body) {
-			return http.StatusServiceUnavailable, "cannot take this one"
-		}
-		return http.StatusNoContent, ""
-	})
-	rc.SetHealth(func() int { return http.StatusOK })
+	rc := poison503Receiver(t)
 	startRelay(t, pgtest.URL(), schema, append(stallFlags, "--sink", rc.url())...)
 	good := func(i int) string { return fmt.Sprintf("g%d", i%50) }
 	never := func(int) bool { return false }
