@@ -5,12 +5,15 @@
 // Inside the consumer's own database transaction, Handle records the
 // message (its id, key and position) and runs the handler's effects, so
 // that both commit or neither does. A message whose id was recorded before
-// is a duplicate: the handler does not run. Per key, the inbox keeps a
-// high-water mark, the highest position processed; a message that arrives
-// below its key's mark without having been processed (a message the
-// consumer would otherwise apply out of order) is never applied silently:
-// by default Handle returns an *OutOfOrderError and the transaction must
-// roll back (Config.OutOfOrder chooses to apply it anyway, reported).
+// is a duplicate, whichever producer sent it: the handler does not run.
+// Per producer and key, the inbox keeps a high-water mark, the highest
+// position processed; a message that arrives below its mark without
+// having been processed (a message the consumer would otherwise apply out
+// of order) is never applied silently: by default Handle returns an
+// *OutOfOrderError and the transaction must roll back (Config.OutOfOrder
+// chooses to apply it anyway, reported). Positions are compared only
+// within one producer (Message.Producer): each outbox numbers its own
+// rows, so a consumer of several outboxes keeps a mark for each.
 //
 // The compiler keeps Handle inside a transaction: it takes a pgx.Tx (which
 // *pgxpool.Tx satisfies and a pool or a connection does not); HandleSQL
@@ -48,6 +51,11 @@ import (
 // DefaultSchema is the schema of the inbox tables when none is configured.
 const DefaultSchema = "inbox"
 
+// HeaderProducer is the header in which the relay names the outbox a
+// message comes from (its --producer): the adapters read it into
+// Message.Producer.
+const HeaderProducer = "outbox-producer"
+
 // Message is what the inbox needs to know of a delivered message. The
 // adapters take it from each broker's message.
 type Message struct {
@@ -62,6 +70,13 @@ type Message struct {
 	// outbox-seq): a key's messages carry growing positions in write
 	// order. 0 means unknown: no order is checked, only duplicates.
 	Seq int64
+	// Producer names the outbox the message comes from (header
+	// outbox-producer, HeaderProducer): positions are compared only
+	// between messages of one producer, since each outbox numbers its own
+	// rows. "" means the message names none: Config.Producer stands for
+	// it, and when that is "" too, such messages share one mark per key,
+	// as all messages did before producers were named.
+	Producer string
 }
 
 // Outcome says what Handle did with a message.
@@ -121,14 +136,19 @@ var ErrOutOfOrder = errors.New("outbox: inbox: message below its key's high-wate
 // backwards), and for a redelivery that comes after the retention window
 // pruned its id.
 type OutOfOrderError struct {
-	ID   string
-	Key  string
-	Seq  int64 // the message's position
-	Mark int64 // the key's high-water mark
+	ID       string
+	Key      string
+	Producer string // "" when neither the message nor Config names one
+	Seq      int64  // the message's position
+	Mark     int64  // the key's high-water mark, for Producer
 }
 
 func (e *OutOfOrderError) Error() string {
-	return fmt.Sprintf("outbox: inbox: message %s of key %q at position %d is below the key's high-water mark %d and was never processed", e.ID, e.Key, e.Seq, e.Mark)
+	key := fmt.Sprintf("key %q", e.Key)
+	if e.Producer != "" {
+		key += fmt.Sprintf(" of producer %q", e.Producer)
+	}
+	return fmt.Sprintf("outbox: inbox: message %s of %s at position %d is below the key's high-water mark %d and was never processed", e.ID, key, e.Seq, e.Mark)
 }
 
 // Is makes errors.Is(err, ErrOutOfOrder) true.
@@ -168,6 +188,13 @@ type Config struct {
 	// Hooks observe duplicates, out-of-order messages and gaps. Default
 	// nil.
 	Hooks Hooks
+	// Producer names the producer of the messages that name none
+	// (Message.Producer ""): for a consumer that knows where its messages
+	// come from when they do not say it (a relay that sends no
+	// outbox-producer header, each producer on its own queue or endpoint),
+	// with an Inbox per producer over the same schema. Default "": such
+	// messages share one mark per key.
+	Producer string
 }
 
 // Inbox records processed messages in one schema.
@@ -196,54 +223,62 @@ func New(cfg Config) (*Inbox, error) {
 	}
 	msgs, keys := quote(cfg.Schema)+".inbox_messages", quote(cfg.Schema)+".inbox_keys"
 	// One statement records the id (a conflict means a duplicate: nothing
-	// else is written) and, for a new keyed message, advances the key's
-	// mark, returning the mark it found. ON CONFLICT DO UPDATE locks the
-	// key's row, so consumers racing on one key take turns, and reads the
-	// latest committed mark, not the statement's snapshot. It stamps the
-	// row's touched_at for PruneConfig.KeyWindow: the row is rewritten
-	// anyway, and touched_at has no index, so the update stays HOT.
+	// else is written) and, for a new keyed message, advances the mark of
+	// its producer and key, returning the mark it found. ON CONFLICT DO
+	// UPDATE locks the mark's row, so consumers racing on one key take
+	// turns, and reads the latest committed mark, not the statement's
+	// snapshot. It stamps the row's touched_at for PruneConfig.KeyWindow:
+	// the row is rewritten anyway, and touched_at has no index, so the
+	// update stays HOT.
 	one := `WITH ins AS (
     INSERT INTO ` + msgs + ` (message_id, key, seq) VALUES ($1::uuid, $2::text, $3::bigint)
     ON CONFLICT DO NOTHING RETURNING 1
 ), k AS (
-    INSERT INTO ` + keys + ` AS k (key, mark) SELECT $2::text, $3::bigint FROM ins WHERE $2::text <> '' AND $3::bigint > 0
-    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
+    INSERT INTO ` + keys + ` AS k (producer, key, mark) SELECT $4::text, $2::text, $3::bigint FROM ins WHERE $2::text <> '' AND $3::bigint > 0
+    ON CONFLICT (producer, key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
     RETURNING prev
 )
 SELECT EXISTS (SELECT FROM ins), coalesce((SELECT prev FROM k), 0)`
-	// The batch form: ids inserted in id order and keys locked in key
-	// order, so that two consumers' overlapping batches cannot deadlock;
-	// each key's mark advances once, to the batch's highest new position.
+	// The batch form: ids inserted in id order and marks locked in
+	// primary-key order, so that two consumers' overlapping batches cannot
+	// deadlock; each mark advances once, to the batch's highest new
+	// position. The producer is not recorded with the id (duplicates are
+	// found by id alone), so the new ids are joined back to the batch for
+	// it; the batch's ids are distinct (AcceptBatch drops repeats).
 	batch := `WITH m AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS m(id, key, seq)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[]) AS m(id, key, seq, producer)
 ), ins AS (
     INSERT INTO ` + msgs + ` (message_id, key, seq) SELECT id, key, seq FROM m ORDER BY id
     ON CONFLICT DO NOTHING RETURNING message_id, key, seq
 ), k AS (
-    INSERT INTO ` + keys + ` AS k (key, mark)
-    SELECT key, max(seq) FROM ins WHERE key <> '' AND seq > 0 GROUP BY key ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
-    RETURNING key, prev
+    INSERT INTO ` + keys + ` AS k (producer, key, mark)
+    SELECT m.producer, ins.key, max(ins.seq) FROM ins JOIN m ON m.id = ins.message_id
+    WHERE ins.key <> '' AND ins.seq > 0 GROUP BY m.producer, ins.key ORDER BY m.producer, ins.key
+    ON CONFLICT (producer, key) DO UPDATE SET prev = k.mark, mark = greatest(k.mark, excluded.mark), touched_at = now()
+    RETURNING producer, key, prev
 )
-SELECT (SELECT coalesce(array_agg(message_id::text), '{}') FROM ins), (SELECT coalesce(array_agg(key), '{}') FROM k), (SELECT coalesce(array_agg(prev), '{}') FROM k)`
+SELECT (SELECT coalesce(array_agg(message_id::text), '{}') FROM ins),
+    (SELECT coalesce(array_agg(producer), '{}') FROM k), (SELECT coalesce(array_agg(key), '{}') FROM k), (SELECT coalesce(array_agg(prev), '{}') FROM k)`
 	prune := `WITH gone AS (
     SELECT message_id FROM ` + msgs + ` WHERE processed_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM ` + msgs + ` m USING gone WHERE m.message_id = gone.message_id`
-	// Keys idle for longer than the window, walked in key order from a
-	// cursor (the primary key's index: touched_at has none, see above), a
-	// batch at a time; a key a consumer holds (it is advancing the mark)
-	// or another Prune holds is skipped, and a key touched since the
+	// Marks idle for longer than the window, walked in primary-key order
+	// (producer, key) from a cursor (touched_at has no index, see above),
+	// a batch at a time; a mark a consumer holds (it is advancing it) or
+	// another Prune holds is skipped, and a mark touched since the
 	// statement's snapshot fails the recheck of FOR UPDATE.
 	pruneKeys := `WITH gone AS (
-    SELECT key FROM ` + keys + ` WHERE key > $1::text AND touched_at < now() - $2::bigint * interval '1 millisecond'
-    ORDER BY key LIMIT $3
+    SELECT producer, key FROM ` + keys + ` WHERE (producer, key) > ($1::text, $2::text) AND touched_at < now() - $3::bigint * interval '1 millisecond'
+    ORDER BY producer, key LIMIT $4
     FOR UPDATE SKIP LOCKED
 ), del AS (
-    DELETE FROM ` + keys + ` k USING gone WHERE k.key = gone.key RETURNING k.key
+    DELETE FROM ` + keys + ` k USING gone WHERE (k.producer, k.key) = (gone.producer, gone.key) RETURNING k.producer, k.key
+), last AS (
+    SELECT producer, key FROM del ORDER BY producer DESC, key DESC LIMIT 1
 )
-SELECT count(*), coalesce(max(key), '') FROM del`
+SELECT (SELECT count(*) FROM del), coalesce((SELECT producer FROM last), ''), coalesce((SELECT key FROM last), '')`
 	return &Inbox{cfg: cfg, schema: cfg.Schema, one: one, batch: batch, prune: prune, pruneKeys: pruneKeys}, nil
 }
 
@@ -259,9 +294,10 @@ func (in *Inbox) Accept(ctx context.Context, tx pgx.Tx, m Message) (Outcome, err
 	if err := m.check(); err != nil {
 		return 0, err
 	}
+	m = in.named(m)
 	var fresh bool
 	var mark int64
-	if err := tx.QueryRow(ctx, in.one, m.ID, m.Key, m.Seq).Scan(&fresh, &mark); err != nil {
+	if err := tx.QueryRow(ctx, in.one, m.ID, m.Key, m.Seq, m.Producer).Scan(&fresh, &mark); err != nil {
 		return 0, fmt.Errorf("outbox: inbox: record %s: %w", m.ID, err)
 	}
 	return in.decide(m, fresh, mark)
@@ -272,16 +308,26 @@ func (in *Inbox) AcceptSQL(ctx context.Context, tx *sql.Tx, m Message) (Outcome,
 	if err := m.check(); err != nil {
 		return 0, err
 	}
+	m = in.named(m)
 	var fresh bool
 	var mark int64
-	if err := tx.QueryRowContext(ctx, in.one, m.ID, m.Key, m.Seq).Scan(&fresh, &mark); err != nil {
+	if err := tx.QueryRowContext(ctx, in.one, m.ID, m.Key, m.Seq, m.Producer).Scan(&fresh, &mark); err != nil {
 		return 0, fmt.Errorf("outbox: inbox: record %s: %w", m.ID, err)
 	}
 	return in.decide(m, fresh, mark)
 }
 
+// named returns m with its producer: its own, else Config.Producer.
+func (in *Inbox) named(m Message) Message {
+	if m.Producer == "" {
+		m.Producer = in.cfg.Producer
+	}
+	return m
+}
+
 // decide turns what the statement found into an outcome. mark is the
-// key's mark before the statement (0: none, or the message is unkeyed).
+// mark of m's producer and key before the statement (0: none, or the
+// message is unkeyed).
 func (in *Inbox) decide(m Message, fresh bool, mark int64) (Outcome, error) {
 	if !fresh {
 		if in.cfg.Hooks != nil {
@@ -299,7 +345,7 @@ func (in *Inbox) decide(m Message, fresh bool, mark int64) (Outcome, error) {
 		if in.cfg.OutOfOrder == ApplyOutOfOrder {
 			return AppliedOutOfOrder, nil
 		}
-		return 0, &OutOfOrderError{ID: m.ID, Key: m.Key, Seq: m.Seq, Mark: mark}
+		return 0, &OutOfOrderError{ID: m.ID, Key: m.Key, Producer: m.Producer, Seq: m.Seq, Mark: mark}
 	}
 	if in.cfg.Contiguous && m.Seq > mark+1 && in.cfg.Hooks != nil {
 		in.cfg.Hooks.Gap(m, mark)
@@ -340,8 +386,8 @@ func (in *Inbox) HandleSQL(ctx context.Context, tx *sql.Tx, m Message, fn func(c
 // AcceptBatch is Accept for a batch of messages, in one statement: it
 // returns one outcome per message, in order. A message whose id appears
 // earlier in the batch is a Duplicate. When a message is out of order
-// (below its key's mark, or below an earlier message of its key in the
-// batch) and the policy is RejectOutOfOrder, it returns the
+// (below its mark, or below an earlier message of its producer and key in
+// the batch) and the policy is RejectOutOfOrder, it returns the
 // *OutOfOrderError of the first such message and tx must roll back:
 // retry the batch's messages one at a time to apply the others.
 func (in *Inbox) AcceptBatch(ctx context.Context, tx pgx.Tx, ms []Message) ([]Outcome, error) {
@@ -349,7 +395,8 @@ func (in *Inbox) AcceptBatch(ctx context.Context, tx pgx.Tx, ms []Message) ([]Ou
 		return nil, nil
 	}
 	out := make([]Outcome, len(ms))
-	ids, keys, seqs := make([]string, 0, len(ms)), make([]string, 0, len(ms)), make([]int64, 0, len(ms))
+	n := len(ms)
+	ids, keys, seqs, producers := make([]string, 0, n), make([]string, 0, n), make([]int64, 0, n), make([]string, 0, n)
 	seen := make(map[string]bool, len(ms))
 	for i, m := range ms {
 		if err := m.check(); err != nil {
@@ -361,36 +408,39 @@ func (in *Inbox) AcceptBatch(ctx context.Context, tx pgx.Tx, ms []Message) ([]Ou
 			continue
 		}
 		seen[id] = true
-		ids, keys, seqs = append(ids, m.ID), append(keys, m.Key), append(seqs, m.Seq)
+		m = in.named(m)
+		ids, keys, seqs, producers = append(ids, m.ID), append(keys, m.Key), append(seqs, m.Seq), append(producers, m.Producer)
 	}
-	var inserted, markKeys []string
+	var inserted, markProducers, markKeys []string
 	var marks []int64
-	if err := tx.QueryRow(ctx, in.batch, ids, keys, seqs).Scan(&inserted, &markKeys, &marks); err != nil {
+	if err := tx.QueryRow(ctx, in.batch, ids, keys, seqs, producers).Scan(&inserted, &markProducers, &markKeys, &marks); err != nil {
 		return nil, fmt.Errorf("outbox: inbox: record a batch of %d: %w", len(ms), err)
 	}
 	fresh := make(map[string]bool, len(inserted))
 	for _, id := range inserted {
 		fresh[id] = true
 	}
-	last := make(map[string]int64, len(markKeys))
+	last := make(map[markOf]int64, len(markKeys))
 	for i, k := range markKeys {
-		last[k] = marks[i]
+		last[markOf{markProducers[i], k}] = marks[i]
 	}
 	var first error
 	for i, m := range ms {
+		m = in.named(m)
 		if out[i] == Duplicate {
 			if in.cfg.Hooks != nil {
 				in.cfg.Hooks.Duplicate(m)
 			}
 			continue
 		}
-		o, err := in.decide(m, fresh[strings.ToLower(m.ID)], last[m.Key])
+		at := markOf{m.Producer, m.Key}
+		o, err := in.decide(m, fresh[strings.ToLower(m.ID)], last[at])
 		if err != nil && first == nil {
 			first = err
 		}
 		out[i] = o
-		if o != Duplicate && m.Key != "" && m.Seq > last[m.Key] {
-			last[m.Key] = m.Seq
+		if o != Duplicate && m.Key != "" && m.Seq > last[at] {
+			last[at] = m.Seq
 		}
 	}
 	if first != nil {
@@ -398,6 +448,9 @@ func (in *Inbox) AcceptBatch(ctx context.Context, tx pgx.Tx, ms []Message) ([]Ou
 	}
 	return out, nil
 }
+
+// markOf names one mark: a producer's key.
+type markOf struct{ producer, key string }
 
 // HandleBatch records ms in tx with one statement (AcceptBatch) and runs
 // fn for each message to apply, in order, in the same transaction. See
@@ -481,7 +534,9 @@ type PruneConfig struct {
 	Window time.Duration
 	// KeyWindow is how long a key's mark is kept after the key's last new
 	// message; the marks of keys idle for longer are removed. Default 0:
-	// marks are kept forever (one row per key ever seen). Otherwise it must
+	// marks are kept forever (one row per producer and key ever seen).
+	// A key's mark is its producer's (Message.Producer): each producer's
+	// mark of a key is kept or removed on its own. Otherwise it must
 	// be at least Window, so that a key's mark outlives its ids. Once a
 	// key's mark is removed the key starts over: its next message is
 	// processed whatever its position, so a message of the key that was
@@ -518,9 +573,9 @@ type Pruned struct {
 // redelivery of a message whose key's mark is pruned too is processed
 // again, like an unkeyed one (see PruneConfig.KeyWindow).
 //
-// The keys are walked once per call in key order, along the primary key:
-// a batch's statement reads past the keys that are not idle, so a call
-// reads the whole key table once.
+// The marks are walked once per call in producer and key order, along the
+// primary key: a batch's statement reads past the marks that are not
+// idle, so a call reads the whole key table once.
 func (in *Inbox) Prune(ctx context.Context, db Beginner, cfg PruneConfig) (Pruned, error) {
 	var done Pruned
 	if cfg.Window <= 0 {
@@ -553,11 +608,11 @@ func (in *Inbox) Prune(ctx context.Context, db Beginner, cfg PruneConfig) (Prune
 	if cfg.KeyWindow == 0 {
 		return done, nil
 	}
-	after := ""
+	var after markOf
 	for b := 0; cfg.MaxBatches == 0 || b < cfg.MaxBatches; b++ {
 		var n int64
 		err := in.inTx(ctx, db, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, in.pruneKeys, after, cfg.KeyWindow.Milliseconds(), cfg.BatchSize).Scan(&n, &after)
+			return tx.QueryRow(ctx, in.pruneKeys, after.producer, after.key, cfg.KeyWindow.Milliseconds(), cfg.BatchSize).Scan(&n, &after.producer, &after.key)
 		})
 		if err != nil {
 			return done, fmt.Errorf("outbox: inbox: prune keys: %w", err)

@@ -343,7 +343,7 @@ func TestMigrateAndScript(t *testing.T) {
 	for _, v := range applied {
 		if len(v) > 0 {
 			appliers++
-			require.Equal(t, []int{1, 2}, v)
+			require.Equal(t, []int{1, 2, 3}, v)
 		}
 	}
 	require.Equal(t, 1, appliers, "one caller applies the migrations, the others find them done: %v", applied)
@@ -572,7 +572,7 @@ func TestMigrateAddsTouchedAt(t *testing.T) {
 
 	applied, err := inbox.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
-	require.Equal(t, []int{2}, applied)
+	require.Equal(t, []int{2, 3}, applied)
 	var fresh bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT touched_at > now() - interval '1 minute' FROM "+schema+".inbox_keys WHERE key = 'acct'").Scan(&fresh))
 	require.True(t, fresh)
@@ -583,4 +583,142 @@ func TestMigrateAddsTouchedAt(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
 	_, err = in.Accept(ctx, tx, msg("acct", 5))
 	require.ErrorIs(t, err, inbox.ErrOutOfOrder, "the mark survived the upgrade")
+	require.NoError(t, tx.Rollback(ctx))
+	// The upgrade's marks are the unnamed producer's: a named producer's
+	// message of the key starts its own.
+	named := msg("acct", 5)
+	named.Producer = "billing"
+	o, err := in.Run(ctx, pool, named, func(context.Context, pgx.Tx) error { return nil })
+	require.NoError(t, err)
+	require.Equal(t, inbox.Processed, o)
+}
+
+// The red team's case: a consumer of two producers whose keys overlap,
+// producer A's positions around 1000 and B's from 1. Each producer's key
+// has its own mark, so B's messages are not below A's: all 20 are applied
+// once, each producer's key in its order, one at a time and in batches
+// that mix them.
+func TestProducersKeepTheirOwnMarks(t *testing.T) {
+	t.Parallel()
+	keys := []string{"acct-1", "acct-2", "acct-3"}
+	events := func(producer string, first int64) []inbox.Message {
+		var ms []inbox.Message
+		for i := range int64(10) {
+			m := msg(keys[i%3], first+i)
+			m.Producer = producer
+			ms = append(ms, m)
+		}
+		return ms
+	}
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, inbox.Config{})
+			ctx := t.Context()
+			a, b := events("A", 1000), events("B", 1)
+			producerOf := map[string]string{}
+			for i := range a {
+				producerOf[a[i].ID], producerOf[b[i].ID] = "A", "B"
+			}
+			// A's events all arrive first, then B's, as when A's relay
+			// caught up before B's; then every event is redelivered.
+			all := append(append([]inbox.Message(nil), a...), b...)
+			all = append(all, all...)
+			if batched {
+				for i := 0; i < len(all); i += 7 {
+					part := all[i:min(i+7, len(all))]
+					_, err := e.in.RunBatch(ctx, e.pool, part, func(ctx context.Context, tx pgx.Tx, j int) error {
+						return inboxtest.Effect(ctx, tx, e.schema, part[j])
+					})
+					require.NoError(t, err)
+				}
+			} else {
+				for i, m := range all {
+					o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+					require.NoError(t, err)
+					want := inbox.Processed
+					if i >= len(all)/2 {
+						want = inbox.Duplicate
+					}
+					require.Equal(t, want, o, "delivery %d", i)
+				}
+			}
+			got := e.effects(t)
+			require.Len(t, got, 20, "each of the 20 events applied once")
+			last := map[string]int64{}
+			for _, x := range got {
+				at := producerOf[x.ID] + "/" + x.Key
+				require.Greater(t, x.Seq, last[at], "%s applied out of its order", at)
+				last[at] = x.Seq
+			}
+			require.Len(t, last, 6, "both producers' events of each key")
+
+			// Below its own producer's mark, a message is out of order,
+			// and the error names the producer.
+			late := msg("acct-1", 5)
+			late.Producer = "B"
+			_, err := e.in.Run(ctx, e.pool, late, e.apply(late))
+			var ooo *inbox.OutOfOrderError
+			require.ErrorAs(t, err, &ooo)
+			require.Equal(t, inbox.OutOfOrderError{ID: late.ID, Key: "acct-1", Producer: "B", Seq: 5, Mark: 10}, *ooo)
+			require.Contains(t, err.Error(), `key "acct-1" of producer "B" at position 5`)
+		})
+	}
+}
+
+// A message without a producer keeps one mark per key, as before, apart
+// from the named producers' marks; Config.Producer names it.
+func TestUnnamedProducer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	named := msg("acct-1", 1000)
+	named.Producer = "A"
+	for _, m := range []inbox.Message{named, msg("acct-1", 7)} {
+		o, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Processed, o, "the unnamed producer's key is not A's")
+	}
+	early := msg("acct-1", 6)
+	_, err := e.in.Run(ctx, e.pool, early, e.apply(early))
+	var ooo *inbox.OutOfOrderError
+	require.ErrorAs(t, err, &ooo)
+	require.Equal(t, inbox.OutOfOrderError{ID: early.ID, Key: "acct-1", Seq: 6, Mark: 7}, *ooo)
+	require.Contains(t, err.Error(), `key "acct-1" at position 6`)
+
+	asA, err := inbox.New(inbox.Config{Schema: e.schema, Producer: "A"})
+	require.NoError(t, err)
+	_, err = asA.Run(ctx, e.pool, early, e.apply(early))
+	require.ErrorAs(t, err, &ooo, "Config.Producer names the unnamed message: A's mark is 1000")
+	require.Equal(t, inbox.OutOfOrderError{ID: early.ID, Key: "acct-1", Producer: "A", Seq: 6, Mark: 1000}, *ooo)
+	o, err := asA.Run(ctx, e.pool, named, e.apply(named))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, o, "ids are one set, whoever names the producer")
+	require.Equal(t, []int64{1000, 7}, seqs(e.effects(t)))
+}
+
+// Prune walks the marks by producer and key: one at a time, it removes
+// each producer's idle mark of a key once, and keeps a busy one.
+func TestPruneMarksPerProducer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, inbox.Config{})
+	ctx := t.Context()
+	for _, p := range []string{"", "A", "B"} {
+		for _, k := range []string{"x", "y"} {
+			m := msg(k, 3)
+			m.Producer = p
+			_, err := e.in.Run(ctx, e.pool, m, e.apply(m))
+			require.NoError(t, err)
+		}
+	}
+	_, err := e.pool.Exec(ctx, "UPDATE "+pgx.Identifier{e.schema, "inbox_keys"}.Sanitize()+" SET touched_at = now() - interval '2 days' WHERE (producer, key) <> ('A', 'y')")
+	require.NoError(t, err)
+	n, err := e.in.Prune(ctx, e.pool, inbox.PruneConfig{Window: 24 * time.Hour, KeyWindow: 24 * time.Hour, BatchSize: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n.Keys)
+	rows, err := e.pool.Query(ctx, "SELECT producer || '/' || key FROM "+pgx.Identifier{e.schema, "inbox_keys"}.Sanitize())
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"A/y"}, left)
 }

@@ -48,7 +48,7 @@ func BenchmarkTouchedAt(b *testing.B) {
 			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				var fresh bool
 				var mark int64
-				return tx.QueryRow(ctx, stmt, uuid.NewString(), fmt.Sprintf("acct-%d", i%keys), seq).Scan(&fresh, &mark)
+				return tx.QueryRow(ctx, stmt, uuid.NewString(), fmt.Sprintf("acct-%d", i%keys), seq, "").Scan(&fresh, &mark)
 			})
 			if err != nil {
 				b.Fatal(err)

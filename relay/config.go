@@ -175,6 +175,30 @@ type Config struct {
 	// ConnectTimeout is how long Run waits for the database at start-up
 	// before giving up. Default 30s.
 	ConnectTimeout time.Duration
+	// Producer names this outbox to consumers: the relay adds it to every
+	// message's Headers under sinks.HeaderProducer ("outbox-producer")
+	// unless the application set that header itself (in any case). A
+	// message's position is this outbox's row id, comparable only with
+	// this outbox's other positions, so a consumer of several outboxes
+	// (package inbox) orders each key per producer; without names it
+	// keeps one order per key and refuses, for good, the messages of the
+	// producer whose ids run lower. At most 255 bytes of printable ASCII,
+	// without a space at either end. ProducerNone ("-") sends no header.
+	// Default: the cluster's system identifier, the database's name and
+	// the schema, percent-encoded and joined by "/"
+	// ("7713292241186691262/orders/outbox"), read at start-up: the schema
+	// and the database alone repeat across services (every service's
+	// "app" database and "outbox" schema), while the identifier is drawn
+	// at random by initdb and kept by physical replicas, failovers and
+	// base backups, so a producer keeps its name where its id sequence
+	// goes on. Where the server refuses the identifier, the database and
+	// the schema alone ("orders/outbox"). Name it explicitly when the
+	// name must survive what changes the identifier (pg_upgrade, a
+	// logical-replication move, a restore from pg_dump) or tell apart
+	// clusters cloned from one backup: a new name starts every key's
+	// order over at the consumers, checking nothing for the first message
+	// of each key under it.
+	Producer string
 	// Version is recorded in the relays table. Default "dev".
 	Version string
 	// Logger receives the relay's logs. Default slog.Default().
@@ -249,6 +273,14 @@ const (
 	// or purged (event-sourcing feeds, projections).
 	OnDeadLetterHold = "hold"
 )
+
+// ProducerNone (Config.Producer) sends no outbox-producer header: for
+// consumers that know their producers otherwise, or wire formats that
+// carry few headers.
+const ProducerNone = "-"
+
+// maxProducer bounds Config.Producer: it travels with every message.
+const maxProducer = 255
 
 // Wake-up modes (Config.Wakeup).
 const (
@@ -439,6 +471,9 @@ func (c Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		bad("drain-timeout", "must not be negative, got %s", c.DrainTimeout)
+	}
+	if err := checkProducer(c.Producer); err != nil {
+		bad("producer", "%v", err)
 	}
 	return errors.Join(errs...)
 }

@@ -86,6 +86,13 @@ type Relay struct {
 	schemaErr atomic.Pointer[error]
 	// abort stops Run with a cause (ConfigChangeFail); set by Run.
 	abort context.CancelCauseFunc
+	// producer is the name the relay adds to its messages' headers ("":
+	// none), and producerHeaders the headers of a message that has none
+	// of its own; set by Run before the workers start (see
+	// resolveProducer).
+	producer        string
+	producerHeaders map[string]string
+
 	stats totals
 }
 
@@ -283,7 +290,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		archiveDone := spawn(func() { r.keepArchive(ctx) })
 		defer func() { <-archiveDone }()
 	}
-	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive)
+	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer)
 	leaseDone := spawn(func() { r.lease.run(ctx, r.pooled, r.abort) })
 	r.cfg.sig.emit(sigStarted, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
@@ -319,7 +326,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 
 // preflight checks, before the relay starts, that it may run here: the
 // server's encoding, the schema's version, the kind of sessions the pool
-// gives, and the sink's own start check. It returns the schema's version.
+// gives, and the sink's own start check; and it reads the producer's name
+// (see Config.Producer). It returns the schema's version.
 func (r *Relay) preflight(ctx context.Context) (int, error) {
 	v, relayMin, err := r.schemaVersion(ctx)
 	if err != nil {
@@ -337,6 +345,9 @@ func (r *Relay) preflight(ctx context.Context) (int, error) {
 		r.log.Info("schema is newer than this relay, and compatible with it", "schema_version", v, "relay_knows", migrations.Latest())
 	}
 	if err := r.checkSessions(ctx); err != nil {
+		return 0, err
+	}
+	if err := r.resolveProducer(ctx); err != nil {
 		return 0, err
 	}
 	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {

@@ -47,8 +47,8 @@ type Route struct {
 	// retry policy, publish timeout, logger, hooks... It is a whole
 	// configuration: its zero fields take the package defaults, not
 	// SetConfig.Config's (copy that and change what differs). The Set
-	// sets its ID (SetConfig.Config.ID + "/" + Name), Schema, Route,
-	// Topics and ExcludeTopics, and how it is fed and woken.
+	// sets its ID (SetConfig.Config.ID + "/" + Name), Schema, Producer,
+	// Route, Topics and ExcludeTopics, and how it is fed and woken.
 	// Default nil: SetConfig.Config.
 	Config *Config
 }
@@ -58,7 +58,8 @@ type SetConfig struct {
 	// Config is the relay configuration of every route without one of
 	// its own, and of the relays the Set adds (the fan-out router, the
 	// unrouted route). Its ID names the process (default
-	// hostname-pid-random) and its Schema is every route's.
+	// hostname-pid-random), and its Schema and Producer are every
+	// route's.
 	Config Config
 	// Routes, in order of precedence. At least one.
 	Routes []Route
@@ -219,7 +220,9 @@ func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[st
 	if rt.Config != nil {
 		cfg = rt.Config.WithDefaults()
 	}
-	cfg.Schema, cfg.Route, cfg.Topics = base.Schema, rt.Name, rt.Topics
+	// The producer names the outbox, which the routes share like the
+	// schema: one name, whichever route a key's messages take.
+	cfg.Schema, cfg.Producer, cfg.Route, cfg.Topics = base.Schema, base.Producer, rt.Name, rt.Topics
 	cfg.ExcludeTopics, cfg.deliveries, cfg.fanOut = nil, false, nil
 	if !rt.FanOut {
 		cfg.ExcludeTopics = append([]string(nil), earlier...)

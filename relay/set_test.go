@@ -87,10 +87,10 @@ func TestSetPlanFeedsOnlyOverlappingRoutes(t *testing.T) {
 
 func TestSetPlanRouteConfigAndHooks(t *testing.T) {
 	t.Parallel()
-	own := relay.Config{Workers: 5, MaxAttempts: 3, Schema: "ignored", Route: "ignored"}
+	own := relay.Config{Workers: 5, MaxAttempts: 3, Schema: "ignored", Route: "ignored", Producer: "ignored"}
 	var hooked []string
 	sc := relay.SetConfig{
-		Config: relay.Config{Schema: "s", Workers: 1},
+		Config: relay.Config{Schema: "s", Workers: 1, Producer: "orders"},
 		Routes: []relay.Route{{Name: "a", Topics: []string{"a"}, Config: &own}, {Name: "b", Topics: []string{"b"}}},
 		Hooks:  func(route string) relay.Hooks { hooked = append(hooked, route); return nil },
 	}
@@ -100,6 +100,9 @@ func TestSetPlanRouteConfigAndHooks(t *testing.T) {
 	require.Equal(t, 5, cfgs[0].Workers)
 	require.Equal(t, 3, cfgs[0].MaxAttempts)
 	require.Equal(t, "s", cfgs[0].Schema, "every route reads the Set's schema")
+	for _, c := range cfgs {
+		require.Equal(t, "orders", c.Producer, "%s: every route names the Set's outbox alike", c.Route)
+	}
 	require.Equal(t, "a", cfgs[0].Route)
 	require.Equal(t, 1, cfgs[1].Workers, "no config of its own: the Set's")
 	require.Equal(t, relay.Conns(cfgs...), sc.Conns())

@@ -34,7 +34,10 @@ type Message struct {
 	Key string
 	// Payload is delivered byte for byte.
 	Payload []byte
-	// Headers are the string headers written by the application.
+	// Headers are the string headers written by the application, plus
+	// the relay's HeaderProducer. A sink, a format or a hook reads them
+	// and never writes them: messages may share one map (a format that
+	// adds headers copies it first).
 	Headers map[string]string
 	// CreatedAt is the database time of the writing transaction.
 	CreatedAt time.Time

@@ -26,6 +26,9 @@ import (
 const (
 	HeaderKey = "outbox-key"
 	HeaderSeq = "outbox-seq"
+	// HeaderProducer names the outbox the message comes from
+	// (inbox.HeaderProducer): positions are compared per producer.
+	HeaderProducer = inbox.HeaderProducer
 )
 
 // ErrNoID is returned for a delivery without a message-id (not published
@@ -34,7 +37,8 @@ var ErrNoID = errors.New("outbox: amqpinbox: delivery has no message-id")
 
 // Message returns the inbox message of d: id = the message-id property,
 // key = the outbox-key header, position = the outbox-seq header (an AMQP
-// long; a decimal string is accepted too; 0 when absent).
+// long; a decimal string is accepted too; 0 when absent), producer = the
+// outbox-producer header ("" when absent).
 func Message(d amqp.Delivery) (inbox.Message, error) {
 	m := inbox.Message{ID: d.MessageId}
 	if m.ID == "" {
@@ -42,6 +46,9 @@ func Message(d amqp.Delivery) (inbox.Message, error) {
 	}
 	if k, ok := d.Headers[HeaderKey].(string); ok {
 		m.Key = k
+	}
+	if p, ok := d.Headers[HeaderProducer].(string); ok {
+		m.Producer = p
 	}
 	switch v := d.Headers[HeaderSeq].(type) {
 	case nil:

@@ -18,8 +18,8 @@ import (
 func TestFromTheRelaysCloudEvents(t *testing.T) {
 	t.Parallel()
 	m := sinks.Message{ID: "0190a4c2-7b1e-7c3a-9a53-2f1c2d3e4f50", Seq: 1093, Topic: "orders", Key: "order 42 €",
-		Payload: []byte("{}"), CreatedAt: time.Now()}
-	want := inbox.Message{ID: m.ID, Key: m.Key, Seq: 1093}
+		Payload: []byte("{}"), CreatedAt: time.Now(), Headers: map[string]string{sinks.HeaderProducer: "orders/outbox"}}
+	want := inbox.Message{ID: m.ID, Key: m.Key, Seq: 1093, Producer: "orders/outbox"}
 
 	kf, err := format.CloudEvents(format.Options{Binding: format.BindingKafka})
 	require.NoError(t, err)

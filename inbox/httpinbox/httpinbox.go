@@ -5,12 +5,27 @@
 //
 // The relay retries every answer but 2xx (and dead-letters 4xx other than
 // 408, 425 and 429), holding back the later messages of the key while it
-// retries. So Handler answers 204 for a processed message and for a
-// duplicate, 401 for a bad signature (a misconfiguration: a retry cannot
-// fix it), 400 for a request without the relay's headers, and 500 with
-// Outbox-Failure: message for an out-of-order message or a failed handler,
-// which the relay retries as that message's failure (never as the
-// receiver being down) and dead-letters after its attempts.
+// retries; a 5xx without Outbox-Failure: message may mean the receiver is
+// down, which the relay asks it (HEAD) before it counts an attempt. So
+// Handler answers:
+//
+//	processed, or a duplicate            204
+//	out of order, or the handler failed  500, Outbox-Failure: message, Retry-After: 1
+//	bad or missing signature             401
+//	outbox-key or outbox-seq malformed   400
+//	body over MaxBody                    413
+//	the body could not be read           503
+//
+// The 500 is that message's own failure: the relay retries it on its
+// backoff and dead-letters it after its attempts, never reading it as the
+// receiver being down. It is not a 4xx, which the relay dead-letters at
+// once: an out-of-order message may pass on a later attempt, once
+// somebody acts (ApplyOutOfOrder, a replay in order). The 401, 400 and
+// 413 are what no retry can fix. The 503 is the request itself breaking
+// (the connection), not the message.
+//
+// Positions are compared per producer: the relay names its outbox in the
+// outbox-producer header, which Message reads into inbox.Message.Producer.
 package httpinbox
 
 import (
@@ -40,6 +55,9 @@ const (
 	HeaderWebhookSignature = "webhook-signature"
 	HeaderKey              = "outbox-key"
 	HeaderSeq              = "outbox-seq"
+	// HeaderProducer names the outbox the message comes from
+	// (inbox.HeaderProducer): positions are compared per producer.
+	HeaderProducer = inbox.HeaderProducer
 	// HeaderFailure with FailureMessage, on an answer, tells the relay's
 	// webhook sink that the failure is this message's own (its
 	// httpsink.HeaderFailure): retried with backoff and dead-lettered
@@ -132,9 +150,10 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 
 // Message returns the inbox message of a request's headers: id from
 // webhook-id, key from outbox-key (percent-decoded), position from
-// outbox-seq (0 when absent).
+// outbox-seq (0 when absent), producer from outbox-producer ("" when
+// absent).
 func Message(h http.Header) (inbox.Message, error) {
-	m := inbox.Message{ID: h.Get(HeaderWebhookID)}
+	m := inbox.Message{ID: h.Get(HeaderWebhookID), Producer: h.Get(HeaderProducer)}
 	if m.ID == "" {
 		return m, fmt.Errorf("%w: no webhook-id", ErrHeaders)
 	}

@@ -26,6 +26,9 @@ import (
 const (
 	HeaderMessageID = "outbox-message-id"
 	HeaderSeq       = "outbox-seq"
+	// HeaderProducer names the outbox the record comes from
+	// (inbox.HeaderProducer): positions are compared per producer.
+	HeaderProducer = inbox.HeaderProducer
 )
 
 // ErrNoID is returned for a record without the outbox-message-id header
@@ -34,7 +37,8 @@ var ErrNoID = errors.New("outbox: kafkainbox: record has no outbox-message-id he
 
 // Message returns the inbox message of r: id from the outbox-message-id
 // header, key = the record key, position from the outbox-seq header (0
-// when absent: then only duplicates are checked).
+// when absent: then only duplicates are checked), producer from the
+// outbox-producer header ("" when absent).
 func Message(r kafka.Message) (inbox.Message, error) {
 	m := inbox.Message{Key: string(r.Key)}
 	for _, h := range r.Headers {
@@ -47,6 +51,8 @@ func Message(r kafka.Message) (inbox.Message, error) {
 				return m, fmt.Errorf("outbox: kafkainbox: %s header %q: %w", HeaderSeq, h.Value, err)
 			}
 			m.Seq = seq
+		case HeaderProducer:
+			m.Producer = string(h.Value)
 		}
 	}
 	if m.ID == "" {

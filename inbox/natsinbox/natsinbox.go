@@ -25,6 +25,9 @@ const (
 	HeaderMsgID = "Nats-Msg-Id"
 	HeaderKey   = "outbox-key"
 	HeaderSeq   = "outbox-seq"
+	// HeaderProducer names the outbox the message comes from
+	// (inbox.HeaderProducer): positions are compared per producer.
+	HeaderProducer = inbox.HeaderProducer
 )
 
 // ErrNoID is returned for a message without Nats-Msg-Id (not published by
@@ -32,10 +35,11 @@ const (
 var ErrNoID = errors.New("outbox: natsinbox: message has no Nats-Msg-Id header")
 
 // Message returns the inbox message of msg: id = Nats-Msg-Id, key =
-// outbox-key, position = outbox-seq (0 when absent).
+// outbox-key, position = outbox-seq (0 when absent), producer =
+// outbox-producer ("" when absent).
 func Message(msg jetstream.Msg) (inbox.Message, error) {
 	h := msg.Headers()
-	m := inbox.Message{ID: h.Get(HeaderMsgID), Key: h.Get(HeaderKey)}
+	m := inbox.Message{ID: h.Get(HeaderMsgID), Key: h.Get(HeaderKey), Producer: h.Get(HeaderProducer)}
 	if m.ID == "" {
 		return m, ErrNoID
 	}

@@ -52,7 +52,7 @@ func TestKilledBeforeAck(t *testing.T) {
 	var msgs []sinks.Message
 	for i := range 20 {
 		msgs = append(msgs, sinks.Message{ID: uuid.NewString(), Seq: int64(50 + i), Topic: prefix + ".transfers", Key: fmt.Sprintf("acct-%d", i%3),
-			Payload: []byte("x"), CreatedAt: time.Now(), Attempt: 1})
+			Payload: []byte("x"), CreatedAt: time.Now(), Attempt: 1, Headers: map[string]string{sinks.HeaderProducer: "orders/outbox"}})
 	}
 	require.NoError(t, sink.Send(ctx, msgs))
 
@@ -64,6 +64,9 @@ func TestKilledBeforeAck(t *testing.T) {
 		m, err := natsinbox.Message(msg)
 		if err != nil {
 			return err
+		}
+		if m.Producer != "orders/outbox" {
+			return fmt.Errorf("producer %q: the relay's outbox-producer header was not read", m.Producer)
 		}
 		return inboxtest.Effect(ctx, tx, schema, m)
 	}

@@ -26,14 +26,20 @@ const (
 	FieldID  = "id"
 	FieldKey = "key"
 	FieldSeq = "outbox-seq"
+	// FieldProducer names the outbox the entry comes from: the relay's
+	// outbox-producer header (inbox.HeaderProducer), a field like every
+	// header. Positions are compared per producer. A sink with a
+	// header_prefix writes it under the prefix: set Message's Producer
+	// from that field instead.
+	FieldProducer = inbox.HeaderProducer
 )
 
 // ErrNoID is returned for an entry without an id field (not written by
 // the relay).
 var ErrNoID = errors.New("outbox: redisinbox: entry has no id field")
 
-// Message returns the inbox message of entry x: id, key and outbox-seq
-// fields (position 0 when absent).
+// Message returns the inbox message of entry x: id, key, outbox-seq and
+// outbox-producer fields (position 0 and producer "" when absent).
 func Message(x redis.XMessage) (inbox.Message, error) {
 	var m inbox.Message
 	m.ID, _ = x.Values[FieldID].(string)
@@ -41,6 +47,7 @@ func Message(x redis.XMessage) (inbox.Message, error) {
 		return m, ErrNoID
 	}
 	m.Key, _ = x.Values[FieldKey].(string)
+	m.Producer, _ = x.Values[FieldProducer].(string)
 	if s, _ := x.Values[FieldSeq].(string); s != "" {
 		seq, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {

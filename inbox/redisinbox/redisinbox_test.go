@@ -50,7 +50,7 @@ func TestKilledBeforeXAck(t *testing.T) {
 	var msgs []sinks.Message
 	for i := range 20 {
 		msgs = append(msgs, sinks.Message{ID: uuid.NewString(), Seq: int64(70 + i), Topic: stream, Key: fmt.Sprintf("acct-%d", i%3),
-			Payload: []byte("x"), CreatedAt: time.Now(), Attempt: 1})
+			Payload: []byte("x"), CreatedAt: time.Now(), Attempt: 1, Headers: map[string]string{sinks.HeaderProducer: "orders/outbox"}})
 	}
 	require.NoError(t, sink.Send(ctx, msgs[:12]))
 	require.NoError(t, sink.Send(ctx, msgs[1:4]))
@@ -64,6 +64,9 @@ func TestKilledBeforeXAck(t *testing.T) {
 		m, err := redisinbox.Message(x)
 		if err != nil {
 			return err
+		}
+		if m.Producer != "orders/outbox" {
+			return fmt.Errorf("producer %q: the relay's outbox-producer header was not read", m.Producer)
 		}
 		return inboxtest.Effect(ctx, tx, schema, m)
 	}

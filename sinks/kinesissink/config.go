@@ -26,7 +26,9 @@ const (
 	// FormatRaw: the data is the payload, byte for byte. A Kinesis record
 	// has no attributes, so the message id, position and headers do not
 	// travel; a message with headers is refused (dead-lettered with the
-	// reason) unless DropHeaders is set.
+	// reason) unless DropHeaders is set. The relay's own outbox-producer
+	// header (sinks.HeaderProducer) goes with the id and the position,
+	// refusing nothing.
 	FormatRaw = "raw"
 	// FormatJSON: the data is a JSON envelope holding the message id,
 	// position, topic, key, headers, creation time and the payload in

@@ -211,11 +211,23 @@ func (s *Sink) data(m sinks.Message) ([]byte, error) {
 		}
 		return b, nil
 	}
-	if len(m.Headers) > 0 && !s.cfg.DropHeaders {
+	if n := appHeaders(m.Headers); n > 0 && !s.cfg.DropHeaders {
 		return nil, fmt.Errorf("%w: the message has %d headers, and a raw Kinesis record carries none "+
-			"(set record_format=json to carry them in an envelope, or drop_headers=true to send the payload without them)", ErrInvalid, len(m.Headers))
+			"(set record_format=json to carry them in an envelope, or drop_headers=true to send the payload without them)", ErrInvalid, n)
 	}
 	return m.Payload, nil
+}
+
+// appHeaders counts the headers of h that a raw record would lose and
+// that refuse the message: the relay's outbox-producer is not one of
+// them, since a raw record carries none of the relay's metadata (the id
+// and the position go too), and refusing it would dead-letter every
+// message of a raw stream.
+func appHeaders(h map[string]string) int {
+	if _, ok := h[sinks.HeaderProducer]; ok {
+		return len(h) - 1
+	}
+	return len(h)
 }
 
 // checkStream reports a stream Kinesis does not take: an ARN of a

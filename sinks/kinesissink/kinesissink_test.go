@@ -144,6 +144,18 @@ func TestRawRecords(t *testing.T) {
 	rs, err := e.read(ctx, stream, 1)
 	require.NoError(t, err)
 	require.Equal(t, "h", string(rs[0].Data))
+
+	// The relay's own outbox-producer header is no application header: it
+	// goes with the id and the position, refusing nothing.
+	named := sinktest.Msg(stream, "k0", 11, []byte("p"))
+	named.Headers = map[string]string{sinks.HeaderProducer: "orders/outbox"}
+	require.NoError(t, e.sink.Send(ctx, []sinks.Message{named}))
+	rs, err = e.read(ctx, stream, 1)
+	require.NoError(t, err)
+	require.Equal(t, "p", string(rs[0].Data))
+	named.Headers["type"] = "OrderPlaced"
+	err = e.sink.Send(ctx, []sinks.Message{named})
+	require.ErrorContains(t, err, "the message has 1 headers", "an application header beside it is refused, and counted alone")
 }
 
 // TestRefusedBeforeSending: what Kinesis would refuse for the record

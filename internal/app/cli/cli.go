@@ -285,6 +285,7 @@ type runOptions struct {
 	allowConfChange bool
 	onConfChange    string
 	id              string
+	producer        string
 	adminAddr       string
 	adminTokenFile  string
 	adminReadToken  bool
@@ -362,6 +363,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 		relay.ConfigChangeFail+" (exit 2) or "+relay.ConfigChangeAllow+" (share the route's lanes with them)")
 	f.BoolVar(&o.allowConfChange, "allow-config-change", false, "same as --on-config-change "+relay.ConfigChangeAllow+": share a route's lanes with live relays that run another configuration of it during a rolling change")
 	f.StringVar(&o.id, "id", "", "relay id shown in status (default hostname-pid-random)")
+	f.StringVar(&o.producer, "producer", "", "name of this outbox in every message's outbox-producer header, so that consumers of several outboxes (the inbox) order each key per producer; printable ASCII, at most 255 bytes; --producer="+relay.ProducerNone+" sends none (default: the cluster's system identifier, the database and the schema, e.g. 7713292241186691262/app/outbox)")
 	f.BoolVar(&o.isolateRoutes, "isolate-routes", false, "feed every route of the routes table from the fan-out router's copies, so that a route's backlog (its destination down) never slows the other routes' claims; costs a copy of every message")
 	f.StringVar(&o.readiness, "readiness", readyAnyRoute, "with a routes table, when /readyz fails: "+readyAnyRoute+" (only when no route's destination is up; one route down answers 200 degraded) or "+readyEveryRoute+" (as soon as one route's destination is down)")
 	f.BoolVar(&o.archive, "archive", false, "keep delivered messages in the archive table (daily partitions) for outbox-relay replay")
@@ -413,6 +415,7 @@ func (o runOptions) check() error {
 func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 	base := relay.Config{
 		ID:                  o.id,
+		Producer:            o.producer,
 		Schema:              g.schema,
 		Workers:             o.workers,
 		Pipeline:            o.pipeline,

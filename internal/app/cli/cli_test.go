@@ -45,6 +45,7 @@ func TestUsageErrorsExit2AndNameTheField(t *testing.T) {
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--wakeup", "push"}, "wakeup: must be one of auto, wal, poll, notify"},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--watch-interval", "0s"}, "watch-interval: must be positive"},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--on-dead-letter", "park"}, `on-dead-letter: must be skip or hold, got "park"`},
+		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--producer", " padded"}, `producer: " padded"`},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--on-config-change", "exit"}, `on-config-change: must be one of wait, fail, allow, got "exit"`},
 		{[]string{"run", "--sink", "stdout", "--database-url", "postgres://x@127.0.0.1:1/d", "--on-config-change", "fail", "--allow-config-change"},
 			`allow-config-change: means --on-config-change allow, but --on-config-change is "fail"`},

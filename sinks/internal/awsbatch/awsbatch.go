@@ -105,6 +105,15 @@ func (l Layout) Build(i int, m sinks.Message, dest string) (*Entry, error) {
 	if m.Key != "" {
 		n++
 	}
+	// The relay's outbox-producer takes an attribute the application's
+	// headers may already have taken all of: it stays behind then, rather
+	// than refusing a message that fit before the relay named its
+	// producer (a consumer then orders it with the unnamed producer's).
+	_, producer := m.Headers[sinks.HeaderProducer]
+	skipProducer := producer && n > MaxAttributes
+	if skipProducer {
+		n--
+	}
 	if n > MaxAttributes {
 		return nil, fmt.Errorf("%w: %d headers, and a message takes %d attributes of which the sink uses %d (%s, %s, %s)",
 			l.Invalid, len(m.Headers), MaxAttributes, n-len(m.Headers), AttrID, AttrSeq, AttrKey)
@@ -129,6 +138,9 @@ func (l Layout) Build(i int, m sinks.Message, dest string) (*Entry, error) {
 	slices.Sort(names) // the same error for the same message
 	for _, k := range names {
 		v := m.Headers[k]
+		if skipProducer && k == sinks.HeaderProducer {
+			continue
+		}
 		if err := CheckAttrName(k); err != nil {
 			return nil, fmt.Errorf("%w: header %q: %v", l.Invalid, k, err)
 		}
