@@ -290,7 +290,7 @@ func (l *leaser) tick(ctx context.Context) error {
 		// Before it registers, so that the relays of the route do not
 		// even count it in their shares: a relay that will take no lane
 		// must not make them hand lanes over.
-		others, err := l.q.OtherConfigs(ctx, l.conn, l.confHash, l.leaseTTL)
+		others, err := l.q.OtherConfigs(ctx, l.conn, l.confHash, l.leaseTTL, l.fastFailover)
 		if err != nil {
 			return fmt.Errorf("read the route's configurations: %w", err)
 		}

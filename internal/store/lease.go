@@ -226,26 +226,27 @@ func (l *Leases) QueueBeat(b *pgx.Batch, h Heartbeat, ttl time.Duration, fastFai
 	b.Queue(l.countRelays.sql, l.args(l.countRelays, pgx.NamedArgs{})...).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&out.Count.Alive, &out.Count.Rank, &out.Count.Lanes)
 	})
-	b.Queue(l.otherConfigs.sql, l.otherConfigsArgs(h.ConfigHash, ttl)...).Query(func(rows pgx.Rows) error {
+	b.Queue(l.otherConfigs.sql, l.otherConfigsArgs(h.ConfigHash, ttl, fastFailover)...).Query(func(rows pgx.Rows) error {
 		var err error
 		out.Others, err = collectOtherConfigs(rows)
 		return err
 	})
 }
 
-// OtherConfigs returns the route's relays (at most 16, the earliest
-// registered first) whose heartbeat is younger than ttl and whose
-// registration's configuration hash is not hash.
-func (l *Leases) OtherConfigs(ctx context.Context, q Querier, hash string, ttl time.Duration) ([]OtherConfig, error) {
-	rows, err := q.Query(ctx, l.otherConfigs.sql, l.otherConfigsArgs(hash, ttl)...)
+// OtherConfigs returns the route's live relays (at most 16, the earliest
+// registered first) whose registration's configuration hash is not hash:
+// those whose heartbeat is younger than ttl and, with fastFailover, whose
+// lease connection the server still has (see Reap).
+func (l *Leases) OtherConfigs(ctx context.Context, q Querier, hash string, ttl time.Duration, fastFailover bool) ([]OtherConfig, error) {
+	rows, err := q.Query(ctx, l.otherConfigs.sql, l.otherConfigsArgs(hash, ttl, fastFailover)...)
 	if err != nil {
 		return nil, err
 	}
 	return collectOtherConfigs(rows)
 }
 
-func (l *Leases) otherConfigsArgs(hash string, ttl time.Duration) []any {
-	return l.args(l.otherConfigs, pgx.NamedArgs{"config_hash": hash, "ttl_ms": ttl.Milliseconds(), "max": maxOtherConfigs})
+func (l *Leases) otherConfigsArgs(hash string, ttl time.Duration, fastFailover bool) []any {
+	return l.args(l.otherConfigs, pgx.NamedArgs{"config_hash": hash, "ttl_ms": ttl.Milliseconds(), "fast_failover": fastFailover, "max": maxOtherConfigs})
 }
 
 func collectOtherConfigs(rows pgx.Rows) ([]OtherConfig, error) {
@@ -353,6 +354,14 @@ func (l *Leases) render(s Schema) {
 
 // renderMembers renders the statements about the route's relays: their
 // registration, their heartbeat, who is dead, and their configurations.
+// backendGone is true of a relays row r whose lease connection is gone
+// (its process died and the server noticed the closed socket), when fast
+// failover is on (@fast_failover). A relay behind a transaction-pooling
+// proxy names no backend (0): only its heartbeat tells.
+const backendGone = `(@fast_failover AND r.backend_pid <> 0 AND NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity a
+            WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start)))`
+
 func (l *Leases) renderMembers(s Schema) {
 	lanes, relays := s.Table("lanes"), s.Table("relays")
 	l.ensureLanes = newStmt(`INSERT INTO ` + lanes + ` (route, lane) SELECT @route, g FROM generate_series(0, 255) AS g
@@ -405,13 +414,14 @@ DELETE FROM ` + relays + ` WHERE id IN (
     SELECT r.id FROM ` + relays + ` r
     WHERE r.id <> @relay AND (
         r.heartbeat_at < now() - @ttl_ms * interval '1 millisecond'
-        OR (@fast_failover AND r.backend_pid <> 0 AND NOT EXISTS (
-            SELECT 1 FROM pg_stat_activity a
-            WHERE a.pid = r.backend_pid AND (a.backend_start IS NULL OR a.backend_start = r.backend_start))))
+        OR ` + backendGone + `)
     FOR UPDATE SKIP LOCKED)`)
 
-	// Live: a heartbeat younger than the lease TTL (a dead relay not yet
-	// reaped says nothing about the route's configuration now). Earlier
+	// Live: a heartbeat younger than the lease TTL and, with fast
+	// failover, its lease connection still there (a dead relay not yet
+	// reaped says nothing about the route's configuration now: a relay
+	// killed and replaced at once by one with a corrected configuration
+	// must not make the replacement wait out its heartbeat). Earlier
 	// orders registrations by start, then id, so that of two relays that
 	// disagree exactly one defers to the other; a relay not registered
 	// yet comes after every registered one.
@@ -420,7 +430,7 @@ SELECT r.id, r.version, r.config_hash, r.config_summary,
        (r.started_at, r.id) < (coalesce((SELECT m.started_at FROM ` + relays + ` m WHERE m.id = @relay), 'infinity'), @relay)
 FROM ` + relays + ` r
 WHERE r.route = @route AND r.id <> @relay AND r.config_hash <> @config_hash
-  AND r.heartbeat_at > now() - @ttl_ms * interval '1 millisecond'
+  AND r.heartbeat_at > now() - @ttl_ms * interval '1 millisecond' AND NOT ` + backendGone + `
 ORDER BY r.started_at, r.id
 LIMIT @max`)
 	l.unregister = newStmt(`DELETE FROM ` + relays + ` WHERE id = @relay`)
