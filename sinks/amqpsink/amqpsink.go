@@ -532,6 +532,14 @@ func (s *Sink) acquire(ctx context.Context) (*pubChannel, error) {
 		}
 		s.mu.Unlock()
 
+		if cs == nil && errors.Is(lastErr, ErrAccessRefused) {
+			// The broker answered and refused the credentials or the
+			// virtual host: waiting out the send's deadline would only
+			// make every probe of the outage last as long. The loop
+			// keeps dialling and a later Send finds the connection.
+			<-s.sem
+			return nil, sinks.NotSent(fmt.Errorf("%w: %w", ErrNotConnected, lastErr))
+		}
 		// While disconnected, wait for the next connection; when the
 		// connection just died, wait for the loop to notice (it then
 		// clears s.conn and installs a fresh ready channel).
@@ -968,6 +976,12 @@ func (b *batch) unstick() {
 func (b *batch) lost(err error) error {
 	var oe *net.OpError
 	var ae *amqp.Error
+	if errors.Is(err, ErrExchangeMissing) {
+		// The broker dropped the publish: nothing of the message arrived,
+		// and nothing can until the exchange exists. The destination is
+		// down (no attempt counted), not the message wrong.
+		return sinks.NotSent(err)
+	}
 	// The socket's own error comes first when the write fails before the
 	// library's reader has seen the connection go.
 	if b.pc.cs.c.IsClosed() || errors.As(err, &oe) || errors.Is(err, io.EOF) ||
@@ -991,7 +1005,9 @@ func brokerClose(code int) bool {
 func (b *batch) channelErr(err error) error {
 	if b.pc.dead() && b.pc.closeErr != nil {
 		if b.pc.closeErr.Code == amqp.NotFound {
+			// A publish's only NOT_FOUND: the exchange does not exist.
 			b.s.exchangeGone(b.pc.closeErr)
+			return fmt.Errorf("channel closed: %w: %q: %w", ErrExchangeMissing, b.s.exchange, b.pc.closeErr)
 		}
 		return fmt.Errorf("channel closed: %w", b.pc.closeErr)
 	}

@@ -109,7 +109,8 @@ func TestCreateStreamLeavesExistingStream(t *testing.T) {
 }
 
 // TestCreateStreamOffByDefault: without create_stream a missing stream
-// stays missing, and its messages are dead-lettered with "no stream".
+// stays missing, and its messages are not sent: the destination is down
+// until the stream exists (the relay counts no attempt for them).
 func TestCreateStreamOffByDefault(t *testing.T) {
 	t.Parallel()
 	js, name, prefix := createStreamEnv(t)
@@ -120,7 +121,8 @@ func TestCreateStreamOffByDefault(t *testing.T) {
 	var be *sinks.BatchError
 	require.ErrorAs(t, err, &be)
 	require.ErrorIs(t, be.Errs[0], ErrNoStream)
-	require.True(t, sinks.IsPermanent(be.Errs[0]), "no stream must be permanent: %v", be.Errs[0])
+	require.True(t, sinks.IsNotSent(be.Errs[0]), "the sink's own stream missing: not sent, got %v", be.Errs[0])
+	require.False(t, sinks.IsPermanent(be.Errs[0]), "the sink's own stream missing is no message's fault")
 	_, err = js.Stream(ctx, name)
 	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
 }

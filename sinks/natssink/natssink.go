@@ -550,6 +550,26 @@ func (s *Sink) publishErr(err error) error {
 	return fmt.Errorf("outbox: nats: publish: %w", err)
 }
 
+// noStream classifies a message whose subject no stream covers. When the
+// sink's own stream (Config.Stream) does not exist, or the sink has one
+// subject for every message, nothing can be delivered until a stream is
+// created: the destination is down, not the message wrong, so the
+// message is not sent (the relay counts no attempt and probes until a
+// stream takes it). A subject of the message's own (a template) that no
+// stream covers, while the sink's stream exists, is that message's
+// permanent failure.
+func (s *Sink) noStream(ctx context.Context, subject string) error {
+	if s.cfg.Stream != "" {
+		_, err := s.js.Stream(ctx, s.cfg.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return sinks.NotSent(fmt.Errorf("%w: stream %q does not exist: create it (or set create_stream)", ErrNoStream, s.cfg.Stream))
+		}
+	} else if s.subject.Fixed() {
+		return sinks.NotSent(fmt.Errorf("%w for subject %q, the sink's only subject: create a stream whose subjects cover it", ErrNoStream, subject))
+	}
+	return sinks.Permanent(fmt.Errorf("%w for subject %q: create a stream whose subjects cover it, or route the message elsewhere", ErrNoStream, subject))
+}
+
 // ackErr classifies the failure of a published message.
 func (s *Sink) ackErr(ctx context.Context, subject string, err error) error {
 	var apiErr *jetstream.APIError
@@ -561,7 +581,7 @@ func (s *Sink) ackErr(ctx context.Context, subject string, err error) error {
 		defer cancel()
 		name, lerr := s.js.StreamNameBySubject(lctx, subject)
 		if errors.Is(lerr, jetstream.ErrStreamNotFound) {
-			return sinks.Permanent(fmt.Errorf("%w for subject %q", ErrNoStream, subject))
+			return s.noStream(lctx, subject)
 		}
 		// The stream exists (or JetStream does not answer either): the
 		// stream, not the message, is unavailable.

@@ -67,6 +67,17 @@ func ParseTemplate(s string) (Template, error) {
 	return t, nil
 }
 
+// Fixed reports whether the template renders the same name for every
+// message (literal text only).
+func (t Template) Fixed() bool {
+	for _, p := range t.parts {
+		if p.kind != partLiteral {
+			return false
+		}
+	}
+	return len(t.parts) > 0
+}
+
 // UsesKey reports whether the template has a {key} placeholder.
 func (t Template) UsesKey() bool {
 	for _, p := range t.parts {
