@@ -4,7 +4,8 @@
 # running as nonroot (uid 65532). It also carries the demo producer
 # (/outbox-demo) used by docker-compose.yml.
 #
-#   docker build -t outbox-relay:dev --build-arg VERSION=$(git describe --tags --always) .
+#   make image      # outbox-relay:0.1.0 on the release's tag, VERSION and COMMIT from git
+#   docker build -t outbox-relay:0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) .
 #
 # internal/suites/deploytest checks the invariants of this file and runs its
 # `go build` step: keep the build in one RUN line that writes to /out/.
@@ -21,11 +22,13 @@ COPY . .
 # Cross-compiles for the target platform (CGO off), so multi-arch builds
 # (--platform linux/amd64,linux/arm64) need no emulation.
 ARG TARGETOS TARGETARCH
-ARG VERSION=dev
+# What `outbox-relay version` prints. The build context has no .git, so
+# the commit comes only from COMMIT (make image passes both).
+ARG VERSION=0.1.0 COMMIT=
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags "-s -w -X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=${VERSION}" \
+    go build -trimpath -ldflags "-s -w -X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=${VERSION} -X github.com/outbox-relay/outbox-relay/internal/app/cli.Commit=${COMMIT}" \
     -o /out/ ./cmd/outbox-relay ./cmd/outbox-demo
 
 FROM gcr.io/distroless/static-debian12:nonroot

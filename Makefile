@@ -12,13 +12,29 @@ export TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 GO_TEST := go test -race -count=1 -timeout 30m
 BIN := bin
 
-.PHONY: help build demo test vet docs chaos faults bench fuzz services clean
+# The release this tree is: CHANGELOG.md's newest version, the Helm chart's
+# appVersion and the container image's tag (internal/suites/deploytest
+# checks that they agree).
+RELEASE := 0.1.0
+# What `outbox-relay version` prints. VERSION: `git describe` (v0.1.0 on
+# the release's tag, v0.1.0-3-gabc1234 three commits past it), or RELEASE
+# where git finds no tag. COMMIT: the commit built, -dirty when the tree
+# has changes (as Go's own build information says it).
+VERSION ?= $(or $(shell git describe --tags --match 'v[0-9]*' 2>/dev/null),$(RELEASE))
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(if $(shell git --no-optional-locks status --porcelain 2>/dev/null | head -1),-dirty)
+LDFLAGS := -X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=$(VERSION) -X github.com/outbox-relay/outbox-relay/internal/app/cli.Commit=$(COMMIT)
+IMAGE_TAG ?= $(patsubst v%,%,$(VERSION))
+
+.PHONY: help build image demo test vet docs chaos faults bench fuzz services clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-build: ## build bin/outbox-relay and bin/outbox-demo
-	go build -o $(BIN)/ ./cmd/...
+build: ## build bin/outbox-relay and bin/outbox-demo, stamped with VERSION and COMMIT (outbox-relay version prints them)
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+image: ## build the container image outbox-relay:IMAGE_TAG (VERSION without its v: 0.1.0 on the release's tag) with docker
+	docker build -t outbox-relay:$(IMAGE_TAG) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) .
 
 services: ## start (or install) Postgres, RabbitMQ, NATS and Redis, and the tools the tests need (docker-compose, promtool, pgbouncer, helm, chromium, goaws, kinesalite, mosquitto), without recommended packages; prints every change it makes
 	scripts/services.sh postgres rabbitmq nats redis docker-compose promtool pgbouncer helm chromium goaws kinesalite mosquitto

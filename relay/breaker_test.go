@@ -57,7 +57,7 @@ func TestOutageCountsNoAttempts(t *testing.T) {
 	r.AwaitSignal(t, signalBound, relay.SigOutage, opened, func(v int) bool { return v == 1 })
 	require.True(t, r.State().Open)
 	require.ErrorContains(t, r.State().Cause, "not sent")
-	require.ErrorContains(t, r.Ready(context.Background()), "outbox: destination unavailable since")
+	require.ErrorContains(t, r.Ready(context.Background()), "outbox: destination down since")
 	probes := r.SignalCount(relay.SigProbed)
 	r.AwaitSignal(t, signalBound, relay.SigProbed, probes+1, nil)
 
@@ -158,7 +158,7 @@ func TestOneRouteDownDoesNotStopTheOthers(t *testing.T) {
 	}
 	require.NoError(t, orders.WaitFor(waitCtx(t, 20*time.Second), 51), "the other route delivers meanwhile")
 	require.NoError(t, set.Ready(context.Background()), "one route down: degraded, not unready")
-	require.Contains(t, set.Degraded(context.Background()), "route hooks: outbox: destination unavailable since")
+	require.Contains(t, set.Degraded(context.Background()), "route hooks: outbox: destination down since")
 	require.ErrorContains(t, hooks.Ready(context.Background()), "destination unavailable")
 
 	require.NoError(t, rc.Start())

@@ -112,7 +112,7 @@ func (r *Relay) readyToClaim(ctx context.Context) error {
 // destination: the breaker closed, the sink healthy.
 func (r *Relay) destinationUp(ctx context.Context) error {
 	if st := r.brk.State(); st.Open {
-		return fmt.Errorf("outbox: destination unavailable since %s (%d probes since): %w",
+		return fmt.Errorf("outbox: destination down since %s (%d probes since): %w",
 			st.Since.UTC().Format(time.RFC3339), st.Probes, st.Cause)
 	}
 	if r.dests != nil {

@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -34,17 +36,80 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
-// Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
-var Version = ""
+// Version and Commit are set at build time by make build and the
+// Dockerfile: -ldflags "-X ...cli.Version=v0.1.0 -X ...cli.Commit=<sha>".
+// Left empty (go install, go build), they come from the binary's build
+// information.
+var (
+	Version = ""
+	Commit  = ""
+)
 
+// version is the version this binary reports: in the version command,
+// the relays table, the console and the build-info metric.
 func version() string {
-	if Version != "" {
-		return Version
+	v, _ := versionInfo()
+	return v
+}
+
+// versionInfo returns the version and the commit this binary was built
+// from.
+func versionInfo() (version, commit string) {
+	bi, _ := debug.ReadBuildInfo()
+	return buildVersion(Version, Commit, bi)
+}
+
+// buildVersion returns the version and the commit of a binary: those set
+// with -ldflags, else from its build information bi (nil: none). go
+// install module@v0.1.0 records the module's version and no commit (a
+// pseudo-version names its commit); go build and go install in a clone
+// record the commit (vcs.revision, -dirty with uncommitted changes) and
+// a version derived from the tags. The version drops a leading "v" (0.1.0,
+// as the changelog, the image tag and the chart name it); "dev" and
+// "unknown" stand for what no source says.
+func buildVersion(ldVersion, ldCommit string, bi *debug.BuildInfo) (version, commit string) {
+	version, commit = ldVersion, ldCommit
+	if bi != nil {
+		if version == "" && bi.Main.Version != "(devel)" {
+			version = bi.Main.Version
+		}
+		if commit == "" {
+			commit = buildCommit(bi)
+		}
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
+	if len(version) > 1 && version[0] == 'v' && version[1] >= '0' && version[1] <= '9' {
+		version = version[1:]
 	}
-	return "dev"
+	return cmp.Or(version, "dev"), cmp.Or(commit, "unknown")
+}
+
+// pseudoVersionRev is the commit at the end of a Go pseudo-version
+// (v0.1.1-0.20261128093000-1d16b85a3c4e, +dirty or +incompatible after it).
+var pseudoVersionRev = regexp.MustCompile(`[.-]\d{14}-([0-9a-f]{12})(?:\+.*)?$`)
+
+// buildCommit is the commit recorded in bi: vcs.revision, else the one a
+// pseudo-version names.
+func buildCommit(bi *debug.BuildInfo) string {
+	var rev string
+	var modified bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		if m := pseudoVersionRev.FindStringSubmatch(bi.Main.Version); m != nil {
+			return m[1]
+		}
+		return ""
+	}
+	if modified {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 // globals are the options every command shares.
@@ -289,6 +354,7 @@ type runOptions struct {
 	adminAddr       string
 	adminTokenFile  string
 	adminReadToken  bool
+	adminOpenPay    bool
 	pprof           bool
 	consoleSample   time.Duration
 	consoleFailing  time.Duration
@@ -373,9 +439,10 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.ceSource, "cloudevents-source", format.DefaultSource, "CloudEvents source attribute (a URI reference naming your service)")
 	f.StringVar(&o.ceAMQPPrefix, "cloudevents-amqp-prefix", format.AMQPPrefixUnderscore, "CloudEvents AMQP property prefix: cloudEvents_ or cloudEvents:")
 	f.StringVar(&o.adminAddr, "admin-addr", ":9090", "listen address for /metrics, /livez, /readyz and the operator console (/ui, /api/v1) (empty disables)")
-	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600; without it the console's replay and purge are disabled")
+	f.StringVar(&o.adminTokenFile, "admin-token-file", "", "file of the console's bearer tokens, one name:token a line (name:token:read for a read-only one), mode 0600: replay, purge and the dead letters need one; without it replay and purge are disabled and the dead letters are not served (see --admin-open-payloads)")
 	f.BoolVar(&o.pprof, "pprof", false, "also serve the Go runtime's profiles (net/http/pprof) under /debug/pprof/ on the admin listener, without authentication: for profiling, not for production")
-	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "the console's reads (status, dead letters, the UI) need a token of --admin-token-file too")
+	f.BoolVar(&o.adminReadToken, "admin-read-token", false, "every read of the console needs a token of --admin-token-file, the status and the UI's other pages too, not only the dead letters")
+	f.BoolVar(&o.adminOpenPay, "admin-open-payloads", false, "serve the dead letters (their payloads and headers, in /api/v1 and /ui) to anyone who reaches --admin-addr, without a token: only for a listener that trusted hosts alone reach (default: they need a token of --admin-token-file, and without one they are refused)")
 	f.DurationVar(&o.consoleSample, "console-sample-interval", 30*time.Second, "how often the console samples the backlog per topic for the overview's one-hour charts")
 	f.DurationVar(&o.consoleFailing, "console-failing-after", console.DefaultFailingAfter, "how long messages of a topic or route may have been failing before the console's overview shows a banner")
 	f.DurationVar(&o.metricsInterval, "metrics-interval", 15*time.Second, "how often the backlog gauges are refreshed from the database (a count of the outbox: less often when a count takes more than a twentieth of it)")
@@ -661,6 +728,9 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 		return stop, &usageError{err}
 	}
 	g.log.Info("admin listener", "addr", srv.Addr())
+	if o.adminOpenPay {
+		g.log.Warn("the console serves dead letters' payloads and headers without a token (--admin-open-payloads)", "addr", srv.Addr())
+	}
 	stops = append(stops, func() {
 		cctx, cancel := closing(5 * time.Second)
 		defer cancel()
@@ -776,10 +846,11 @@ HEALTHCHECK in the distroless image.`,
 func newVersion(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version and the schema version it needs",
+		Short: "Print the version, the commit it was built from and the schema version it needs",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintf(g.stdout, "outbox-relay %s (schema version %d, %s)\n", version(), migrations.Latest(), goVersion())
+			v, commit := versionInfo()
+			fmt.Fprintf(g.stdout, "outbox-relay %s (commit %s, schema version %d, %s)\n", v, commit, migrations.Latest(), goVersion())
 			return nil
 		},
 	}

@@ -16,6 +16,9 @@ import (
 // are accepted with a warning, a token file others can read is refused:
 // whoever reads it can replay and purge.
 func loadTokens(o runOptions) (*console.Tokens, error) {
+	if o.adminReadToken && o.adminOpenPay {
+		return nil, usagef("outbox: admin-read-token, admin-open-payloads: the first makes every read need a token, the second serves the dead letters without one: give one of them")
+	}
 	if o.adminTokenFile == "" {
 		if o.adminReadToken {
 			return nil, usagef("outbox: admin-read-token: needs --admin-token-file (the tokens that may read)")
@@ -68,6 +71,7 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 		Admin:        admin,
 		Tokens:       tokens,
 		ProtectReads: o.adminReadToken,
+		OpenPayloads: o.adminOpenPay,
 		Routes:       shown,
 		Samples:      sampler,
 		FailingAfter: o.consoleFailing,

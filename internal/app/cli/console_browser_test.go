@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
@@ -294,7 +296,7 @@ routes:
 	// Under a loaded machine a relay's heartbeat can come later than its
 	// lease TTL, and its lanes count as unworked until the next one: the
 	// page is read again for up to 30 s.
-	worked := regexp.MustCompile(`^\s*0 lanes of the routes relays serve`)
+	worked := regexp.MustCompile(`^\s*Every lane of the served routes held by a live relay`)
 	summary := b.text(`#lanes-summary`)
 	reread, cancelReread := context.WithTimeout(bg, 30*time.Second)
 	testkit.Poll(reread, time.Second, func() bool {
@@ -325,11 +327,31 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 	}
 	b.screenshot("overview")
 
+	// The dead letters carry the application's payloads and headers: a
+	// browser without the token is challenged (Basic: it asks for the
+	// token as the password) and shown none of them; once its user typed
+	// it, the browser sends it with every request, as here.
+	res, err := http.Get(base + "/ui/dead-letters")
+	require.NoError(t, err)
+	challenged, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode, "%s", challenged)
+	require.Contains(t, res.Header.Get("WWW-Authenticate"), "Basic")
+	require.NotContains(t, string(challenged), "poison")
+	_, err = chromedp.Call(b.ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
+		Headers: network.Headers{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("operator:"+token))}})
+	require.NoError(t, err)
+
 	b.do(chromedp.Navigate(base+"/ui/dead-letters"),
 		chromedp.SendKeys(css(`#filter input[name="topic"]`), "orders.placed"),
-		chromedp.SendKeys(css(`#filter input[name="key"]`), "c9"),
-		chromedp.Submit(css(`#filter`)),
-		chromedp.WaitVisible(css(`#dead-letters a[href^="/ui/dead-letters/"]`)))
+		chromedp.SendKeys(css(`#filter input[name="key"]`), "c9"))
+	// The submit navigates: RunResponse returns once the filtered page
+	// has loaded, so no node of the page it leaves is used after.
+	fctx, cancelFilter := context.WithTimeout(b.ctx, 15*time.Second)
+	_, err = chromedp.RunResponse(fctx, chromedp.Submit(css(`#filter`)))
+	cancelFilter()
+	require.NoError(t, err)
+	b.do(chromedp.WaitVisible(css(`#dead-letters a[href^="/ui/dead-letters/"]`)))
 	text := b.text(`#dead-letters`)
 	// Short cells (id, route, topic, key, reason, time) stay on one line.
 	wrapped := eval[[]string](b, `Array.from(document.querySelectorAll("#dead-letters td.nowrap")).filter(td => {
@@ -343,7 +365,8 @@ FROM `+migrations.Ident(schema)+`.lanes l GROUP BY l.route, l.owner ORDER BY 1, 
 	require.Contains(t, text, "total is required", "the webhook's reason")
 	b.screenshot("dead-letters")
 
-	b.do(chromedp.Click(css(`#dead-letters a[href^="/ui/dead-letters/"]`)), chromedp.WaitVisible(css(`#payload-json`)))
+	href := eval[string](b, `document.querySelector('#dead-letters a[href^="/ui/dead-letters/"]').getAttribute("href")`)
+	b.do(chromedp.Navigate(base+href), chromedp.WaitVisible(css(`#payload-json`)))
 	require.Contains(t, b.text(`#payload-json`), "\"lines\": [\n    {\n      \"sku\": \"A-1\"", "the JSON payload is pretty-printed")
 	b.screenshot("dead-letter")
 
@@ -471,4 +494,85 @@ routes:
 	require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+(ms|s) ago\)`, row, "since when")
 	require.Contains(t, row, "rate limit 1/s (burst 1)", "the cause")
 	require.NotContains(t, b.text(`#banner`), "mail", "a rate-limited route is no alarm")
+}
+
+// TestMissingExchangeSignalsAgreeInBrowser: the AMQP sink's exchange does
+// not exist, so nothing can be delivered. /readyz, the metrics, status
+// and the console (in Chromium) name one state, the destination down, and
+// one reason, the missing exchange, and the relay counts no attempt.
+func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
+	b := browser(t)
+	pool, schema, w := e2e(t)
+	exchange := testkit.RandName("console-noexchange-")
+	sink := testkit.AMQPURL() + "?exchange=" + exchange
+	addr := freeAddr(t)
+	runCtx, stop := context.WithCancel(context.Background())
+	logs := &syncWriter{}
+	exited := make(chan int, 1)
+	go func() {
+		exited <- cli.MainContext(runCtx, []string{"run", "--sink", sink, "--admin-addr", addr, "--heartbeat", "200ms"}, io.Discard, logs)
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, 0, <-exited, logs.String())
+	}()
+	bg := context.Background()
+	tx, err := pool.Begin(bg)
+	require.NoError(t, err)
+	for i := range 10 {
+		require.NoError(t, w.Write(bg, tx, outbox.Message{Topic: "orders", Key: fmt.Sprintf("k%d", i%5), Payload: []byte(`{}`)}))
+	}
+	require.NoError(t, tx.Commit(bg))
+
+	base := "http://" + addr
+	badge := `#route-health tr[data-route=""] .badge.down`
+	var last atomic.Value
+	last.Store("no page loaded")
+	shown := assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
+			last.Store("overview: " + err.Error())
+			return false
+		}
+		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(badge), chromedp.AtLeast(0)))
+		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
+		return err == nil && len(n) == 1
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(t, shown, "the route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+
+	const state, reason = "destination down", "the exchange does not exist"
+	require.Equal(t, state, b.text(badge))
+	require.Contains(t, b.text(`#route-health tr[data-route=""]`), reason, "the console's reason")
+	require.Contains(t, b.text(`#banner`), "destination down for")
+	require.Contains(t, b.text(`#lanes-summary`), "1 relay registered")
+
+	code, body := get(t, base+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "outbox: "+state)
+	require.Contains(t, body, reason, "/readyz's reason")
+
+	_, metrics := get(t, base+"/metrics")
+	require.Contains(t, metrics, `outbox_relay_route_state{route="",sink="amqp",state="destination_down"} 1`)
+	require.Contains(t, metrics, "outbox_relay_ready 0")
+
+	rc, out, _ := run(t, "status")
+	require.Equal(t, 0, rc, out)
+	require.Contains(t, out, state+" since", "status names the state")
+	require.Contains(t, out, reason, "status's reason")
+
+	var attempts int
+	require.NoError(t, pool.QueryRow(bg, "SELECT coalesce(max(attempts), 0) FROM "+migrations.Ident(schema)+".messages").Scan(&attempts))
+	require.Zero(t, attempts, "a missing exchange cost attempts")
+}
+
+// get fetches url and returns the status code and the body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
 }

@@ -3,6 +3,7 @@ package console_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -66,6 +67,7 @@ type option func(*console.Config)
 
 func noTokens(c *console.Config)     { c.Tokens = nil }
 func protectReads(c *console.Config) { c.ProtectReads = true }
+func openPayloads(c *console.Config) { c.OpenPayloads = true }
 
 func setup(t *testing.T, opts ...option) *env {
 	t.Helper()
@@ -203,6 +205,12 @@ func (e *env) validate(req *http.Request, r resp) {
 
 func bearer(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 
+// basic is what a browser sends once its user typed tok as the password
+// of the UI's Basic challenge (the user name is ignored).
+func basic(tok string) []string {
+	return []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("operator:"+tok))}
+}
+
 func TestStatus(t *testing.T) {
 	e := setup(t)
 	e.exec(`INSERT INTO {s}.messages (topic, key, payload, created_at) VALUES
@@ -260,7 +268,7 @@ func TestListFiltersAndPages(t *testing.T) {
 	e.deadLetters(9)
 	ids := func(q string) []int64 {
 		t.Helper()
-		r := e.do("GET", "/api/v1/dead-letters?"+q, nil)
+		r := e.do("GET", "/api/v1/dead-letters?"+q, nil, bearer(readToken)...)
 		require.Equal(t, 200, r.Status, string(r.Body))
 		var p struct {
 			DeadLetters []operator.DeadLetter `json:"dead_letters"`
@@ -289,7 +297,7 @@ func TestListFiltersAndPages(t *testing.T) {
 	cursor := ""
 	for pages := 0; ; pages++ {
 		require.Less(t, pages, 4)
-		r := e.do("GET", "/api/v1/dead-letters?limit=4&cursor="+cursor, nil)
+		r := e.do("GET", "/api/v1/dead-letters?limit=4&cursor="+cursor, nil, bearer(readToken)...)
 		require.Equal(t, 200, r.Status, string(r.Body))
 		var p struct {
 			DeadLetters []operator.DeadLetter `json:"dead_letters"`
@@ -316,7 +324,7 @@ func TestListFiltersAndPages(t *testing.T) {
 		"id=-3":                 "id",
 		"older_than=soon":       "older_than",
 	} {
-		r := e.do("GET", "/api/v1/dead-letters?"+q, nil)
+		r := e.do("GET", "/api/v1/dead-letters?"+q, nil, bearer(readToken)...)
 		require.Equal(t, 400, r.Status, q)
 		require.Contains(t, r.errorMessage(t), want, q)
 	}
@@ -325,7 +333,7 @@ func TestListFiltersAndPages(t *testing.T) {
 func TestShow(t *testing.T) {
 	e := setup(t)
 	e.deadLetters(2)
-	r := e.do("GET", "/api/v1/dead-letters/2", nil)
+	r := e.do("GET", "/api/v1/dead-letters/2", nil, bearer(readToken)...)
 	require.Equal(t, 200, r.Status, string(r.Body))
 	var s struct {
 		ID          int64
@@ -336,10 +344,10 @@ func TestShow(t *testing.T) {
 	require.Equal(t, `{"order":2}`, string(s.DeadLetters[0].Payload))
 	require.Equal(t, "OrderPlaced", s.DeadLetters[0].Headers["type"])
 
-	r = e.do("GET", "/api/v1/dead-letters/99", nil)
+	r = e.do("GET", "/api/v1/dead-letters/99", nil, bearer(readToken)...)
 	require.Equal(t, 404, r.Status)
 	require.Contains(t, r.errorMessage(t), "no such dead letter")
-	r = e.do("GET", "/api/v1/dead-letters/x", nil)
+	r = e.do("GET", "/api/v1/dead-letters/x", nil, bearer(readToken)...)
 	require.Equal(t, 400, r.Status)
 	require.Contains(t, r.errorMessage(t), "id")
 }
@@ -353,8 +361,9 @@ func TestMutationsWithoutTokensAreDisabled(t *testing.T) {
 		require.Contains(t, r.errorMessage(t), "--admin-token-file", "says how to enable them")
 	}
 	require.Equal(t, 1, e.count("dead_letters"))
-	// Reads stay open.
-	require.Equal(t, 200, e.do("GET", "/api/v1/dead-letters", nil).Status)
+	// The status stays open; the dead letters, payloads and headers, are
+	// refused without tokens (TestDeadLettersNeedATokenByDefault).
+	require.Equal(t, 200, e.do("GET", "/api/v1/status", nil).Status)
 }
 
 func TestMutationAuth(t *testing.T) {
@@ -491,10 +500,10 @@ func TestBadSelectorsAndBodies(t *testing.T) {
 func TestListRefusesUnknownReason(t *testing.T) {
 	e := setup(t)
 	e.deadLetters(2)
-	r := e.do("GET", "/api/v1/dead-letters?reason=bogus", nil)
+	r := e.do("GET", "/api/v1/dead-letters?reason=bogus", nil, bearer(readToken)...)
 	require.Equal(t, 400, r.Status, string(r.Body))
 	require.Contains(t, r.errorMessage(t), "the reasons are max_attempts, permanent")
-	r = e.do("GET", "/api/v1/dead-letters?reason=permanent", nil)
+	r = e.do("GET", "/api/v1/dead-letters?reason=permanent", nil, bearer(readToken)...)
 	require.Equal(t, 200, r.Status, string(r.Body))
 }
 
@@ -599,9 +608,98 @@ func TestProtectedReads(t *testing.T) {
 	require.Equal(t, 200, res.StatusCode)
 }
 
+// Issue 48: the dead letters carry the application's payloads and
+// headers, so that by default they need a token, in the API and in the
+// UI, while the status and the overview stay open; without tokens they
+// are refused, saying what to set; --admin-open-payloads serves them to
+// anyone.
+func TestDeadLettersNeedATokenByDefault(t *testing.T) {
+	payloadReads := []string{"/api/v1/dead-letters", "/api/v1/dead-letters/1", "/ui/dead-letters", "/ui/dead-letters/1"}
+	openReads := []string{"/api/v1/status", "/api/v1/openapi.json", "/ui/", "/ui/relays", "/ui/routes"}
+	secret := `{"card":"4111 1111 1111 1111"}`
+	seed := func(e *env) {
+		e.deadLetters(1)
+		e.exec(`UPDATE {s}.dead_letters SET payload = convert_to($1, 'UTF8'), headers = '{"authorization":"Bearer abc"}' WHERE id = 1`, secret)
+	}
+	refused := func(t *testing.T, r resp, path string) {
+		t.Helper()
+		require.NotContains(t, string(r.Body), "4111", path)
+		require.NotContains(t, string(r.Body), "Bearer abc", path)
+	}
+
+	t.Run("tokens", func(t *testing.T) {
+		e := setup(t)
+		seed(e)
+		for _, path := range payloadReads {
+			r := e.do("GET", path, nil)
+			require.Equal(t, 401, r.Status, path)
+			refused(t, r, path)
+			require.Contains(t, string(r.Body), "payloads and headers, which need a token", path)
+			if strings.HasPrefix(path, "/ui/") {
+				require.Contains(t, r.Header.Get("WWW-Authenticate"), "Basic", "%s: a browser asks for the token", path)
+			} else {
+				require.Contains(t, r.Header.Get("WWW-Authenticate"), "Bearer", path)
+			}
+			r = e.do("GET", path, nil, bearer("wrong-token-0123456789")...)
+			require.Equal(t, 401, r.Status, path)
+			refused(t, r, path)
+			for _, tok := range []string{readToken, adminToken} {
+				r = e.do("GET", path, nil, bearer(tok)...)
+				require.Equal(t, 200, r.Status, "%s: %s", path, r.Body)
+			}
+			r = e.do("GET", path, nil, basic(readToken)...)
+			require.Equal(t, 200, r.Status, "%s: %s", path, r.Body)
+		}
+		r := e.do("GET", "/api/v1/dead-letters/1", nil, bearer(readToken)...)
+		require.Contains(t, string(r.Body), "Bearer abc", "the headers, with the token")
+		for _, path := range openReads {
+			require.Equal(t, 200, e.do("GET", path, nil).Status, path)
+		}
+	})
+
+	t.Run("no tokens", func(t *testing.T) {
+		e := setup(t, noTokens)
+		seed(e)
+		for _, path := range payloadReads {
+			for _, header := range [][]string{nil, bearer(readToken)} {
+				r := e.do("GET", path, nil, header...)
+				require.Equal(t, 403, r.Status, path)
+				refused(t, r, path)
+				require.Empty(t, r.Header.Get("WWW-Authenticate"), "%s: no token could help", path)
+				body := string(r.Body)
+				require.Contains(t, body, "--admin-token-file", "%s says what to set", path)
+				require.Contains(t, body, "--admin-open-payloads", "%s says what to set", path)
+			}
+		}
+		for _, path := range openReads {
+			require.Equal(t, 200, e.do("GET", path, nil).Status, path)
+		}
+	})
+
+	for name, opts := range map[string][]option{
+		"open payloads":            {openPayloads},
+		"open payloads, no tokens": {openPayloads, noTokens},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := setup(t, opts...)
+			seed(e)
+			for _, path := range payloadReads {
+				r := e.do("GET", path, nil)
+				require.Equal(t, 200, r.Status, "%s: %s", path, r.Body)
+			}
+			require.Contains(t, string(e.do("GET", "/api/v1/dead-letters/1", nil).Body), "Bearer abc")
+		})
+	}
+}
+
 func TestNewRefusesReadsProtectedWithoutTokens(t *testing.T) {
 	_, err := console.New(console.Config{Admin: &operator.Admin{}, ProtectReads: true})
 	require.ErrorContains(t, err, "--admin-token-file")
+	tokens, err := console.ParseTokens(strings.NewReader("a:" + adminToken))
+	require.NoError(t, err)
+	_, err = console.New(console.Config{Admin: &operator.Admin{}, Tokens: tokens, ProtectReads: true, OpenPayloads: true})
+	require.ErrorContains(t, err, "--admin-read-token")
+	require.ErrorContains(t, err, "--admin-open-payloads")
 	_, err = console.New(console.Config{})
 	require.ErrorContains(t, err, "Admin")
 }
@@ -666,7 +764,7 @@ SELECT id, message_id, topic, key, payload, headers, created_at, 1, 'permanent',
 	require.EqualValues(t, 3, st.Holds[0].ID)
 	require.EqualValues(t, 2, st.Holds[0].Behind)
 
-	r = e.do("GET", "/api/v1/dead-letters", nil)
+	r = e.do("GET", "/api/v1/dead-letters", nil, bearer(readToken)...)
 	require.Equal(t, 200, r.Status, string(r.Body))
 	var page struct {
 		DeadLetters []struct {
@@ -684,7 +782,7 @@ SELECT id, message_id, topic, key, payload, headers, created_at, 1, 'permanent',
 	require.Equal(t, 200, home.Status)
 	require.Contains(t, string(home.Body), `<h2>Held keys</h2>`)
 	require.Contains(t, string(home.Body), `<td>agg</td><td>events</td><td><a href="/ui/dead-letters/3">3</a></td>`)
-	list := e.do("GET", "/ui/dead-letters", nil)
+	list := e.do("GET", "/ui/dead-letters", nil, basic(readToken)...)
 	require.Equal(t, 200, list.Status)
 	require.Contains(t, string(list.Body), `<td>yes, 2 behind</td>`)
 }

@@ -102,18 +102,44 @@ const (
 	msgNoAuth   = "this needs a token: send Authorization: Bearer <token> (a token of --admin-token-file)"
 	msgBadToken = "the token is not one of --admin-token-file's"
 	msgReadOnly = "token %q may only read (it is marked :read in --admin-token-file)"
+	// The dead letters' answers without a token.
+	msgPayloadsNoTokens = "dead letters carry message payloads and headers, which need a token: start the relay with --admin-token-file FILE " +
+		"(one name:token a line; name:token:read for one that may only read) and send one (Authorization: Bearer <token>; a browser asks for it), " +
+		"or serve them to anyone who reaches the admin listener with --admin-open-payloads (OUTBOX_ADMIN_OPEN_PAYLOADS)"
+	msgPayloadsNoAuth = "dead letters carry message payloads and headers, which need a token: send Authorization: Bearer <token> (a token of --admin-token-file; a read-only one will do)"
 )
 
-// read wraps a handler that only reads: with ProtectReads it needs a
-// token, read-only or not.
+// read wraps a handler that only reads and shows no message's payload or
+// headers: with ProtectReads it needs a token, read-only or not.
 func (c *Console) read(h http.Handler) http.Handler {
 	if !c.cfg.ProtectReads {
 		return h
 	}
+	return c.token(h, msgNoAuth)
+}
+
+// payloads wraps a read that returns messages' payloads or headers: it
+// needs a token, read-only or not, unless OpenPayloads; without tokens it
+// is refused with 403, saying what to set.
+func (c *Console) payloads(h http.Handler) http.Handler {
+	switch {
+	case c.cfg.OpenPayloads:
+		return c.read(h)
+	case c.cfg.Tokens == nil:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c.fail(w, r, http.StatusForbidden, msgPayloadsNoTokens)
+		})
+	}
+	return c.token(h, msgPayloadsNoAuth)
+}
+
+// token wraps h so that it needs a token of Tokens, read-only or not;
+// noAuth is the answer to a request that sends none.
+func (c *Console) token(h http.Handler, noAuth string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		secret, ok := presented(r)
 		if !ok {
-			c.challenge(w, r, msgNoAuth)
+			c.challenge(w, r, noAuth)
 			return
 		}
 		if _, ok := c.cfg.Tokens.check(secret); !ok {

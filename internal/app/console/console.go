@@ -29,10 +29,19 @@ type Config struct {
 	// Tokens are the bearer tokens mutations need. Default nil: every
 	// mutation is refused with 403, saying how to enable them.
 	Tokens *Tokens
-	// ProtectReads makes reads (the API's GETs and the UI's pages) need a
-	// token of Tokens too, read-only or not. Default false: anyone who
-	// reaches the admin listener can read.
+	// ProtectReads makes every read (the API's GETs and the UI's pages)
+	// need a token of Tokens, read-only or not. Default false: the status
+	// and the pages that show no message are open to anyone who reaches
+	// the admin listener.
 	ProtectReads bool
+	// OpenPayloads serves the reads that return messages' payloads and
+	// headers (the dead letters, in the API and the UI) to anyone who
+	// reaches the admin listener. Default false: they need a token of
+	// Tokens, read-only or not, and without Tokens they are refused (403)
+	// with what to set; a message's payload and headers are the
+	// application's data, often personal, and the admin listener binds
+	// every interface by default. It contradicts ProtectReads.
+	OpenPayloads bool
 	// Routes describe the routes this process serves, sinks redacted.
 	// Default nil: the routes page lists none.
 	Routes []Route
@@ -102,6 +111,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.ProtectReads && cfg.Tokens == nil {
 		return nil, errors.New("outbox: console: protecting reads needs tokens (--admin-token-file)")
 	}
+	if cfg.ProtectReads && cfg.OpenPayloads {
+		return nil, errors.New("outbox: console: reads protected (--admin-read-token) and payloads open (--admin-open-payloads): give one of them")
+	}
 	if cfg.Relay.Hostname == "" {
 		cfg.Relay.Hostname, _ = os.Hostname()
 	}
@@ -125,8 +137,8 @@ func (c *Console) routes() {
 	m := c.mux
 	m.Handle("GET /api/v1/openapi.json", c.read(http.HandlerFunc(c.openAPI)))
 	m.Handle("GET /api/v1/status", c.read(http.HandlerFunc(c.apiStatus)))
-	m.Handle("GET /api/v1/dead-letters", c.read(http.HandlerFunc(c.apiList)))
-	m.Handle("GET /api/v1/dead-letters/{id}", c.read(http.HandlerFunc(c.apiShow)))
+	m.Handle("GET /api/v1/dead-letters", c.payloads(http.HandlerFunc(c.apiList)))
+	m.Handle("GET /api/v1/dead-letters/{id}", c.payloads(http.HandlerFunc(c.apiShow)))
 	m.Handle("POST /api/v1/dead-letters/replay", c.write(c.apiReplay))
 	m.Handle("POST /api/v1/dead-letters/purge", c.write(c.apiPurge))
 	m.Handle("POST /api/v1/archive/replay", c.write(c.apiArchiveReplay))
@@ -136,8 +148,8 @@ func (c *Console) routes() {
 
 	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticFiles()))
 	m.Handle("GET /ui/{$}", c.read(http.HandlerFunc(c.uiOverview)))
-	m.Handle("GET /ui/dead-letters", c.read(http.HandlerFunc(c.uiDeadLetters)))
-	m.Handle("GET /ui/dead-letters/{id}", c.read(http.HandlerFunc(c.uiDeadLetter)))
+	m.Handle("GET /ui/dead-letters", c.payloads(http.HandlerFunc(c.uiDeadLetters)))
+	m.Handle("GET /ui/dead-letters/{id}", c.payloads(http.HandlerFunc(c.uiDeadLetter)))
 	m.Handle("GET /ui/confirm", c.read(http.HandlerFunc(c.uiConfirm)))
 	m.Handle("POST /ui/dead-letters/{action}", c.cop.Handler(http.HandlerFunc(c.uiAct)))
 	m.Handle("GET /ui/relays", c.read(http.HandlerFunc(c.uiRelays)))

@@ -42,6 +42,13 @@ var funcs = template.FuncMap{
 	"alert":     alert,
 	"title":     func(s string) string { return strings.ReplaceAll(strings.TrimSuffix(s, "_ns"), "_", " ") },
 	"route":     func(s string) string { return cmpOr(s, "(default)") },
+	// count says n things: "1 relay", "3 relays".
+	"count": func(n int, one, many string) string {
+		if n == 1 {
+			return "1 " + one
+		}
+		return strconv.Itoa(n) + " " + many
+	},
 	"deref": func(s *string) string {
 		if s == nil {
 			return ""

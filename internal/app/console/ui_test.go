@@ -31,7 +31,7 @@ func TestUIWithoutJavaScript(t *testing.T) {
 
 	page := func(path string) string {
 		t.Helper()
-		r := e.do("GET", path, nil)
+		r := e.do("GET", path, nil, basic(readToken)...)
 		require.Equal(t, 200, r.Status, "%s: %s", path, r.Body)
 		require.Equal(t, "text/html; charset=utf-8", r.Header.Get("Content-Type"))
 		require.Contains(t, r.Header.Get("Content-Security-Policy"), "script-src 'self'")
@@ -90,7 +90,7 @@ func TestUIWithoutJavaScript(t *testing.T) {
 	require.Contains(t, page("/ui/relays"), "Lanes per route")
 	require.Contains(t, page("/ui/routes"), "https://hooks.example/x?secret=xxxxx")
 
-	r = e.do("GET", "/ui/dead-letters/99", nil)
+	r = e.do("GET", "/ui/dead-letters/99", nil, basic(readToken)...)
 	require.Equal(t, 404, r.Status)
 	require.Contains(t, string(r.Body), "no such dead letter")
 	r = e.do("GET", "/ui/static/console.css", nil)
@@ -134,7 +134,7 @@ func TestUILargePayload(t *testing.T) {
 	e := setup(t)
 	e.exec(`INSERT INTO {s}.dead_letters (id, message_id, topic, payload, headers, created_at, attempts, reason)
 VALUES (1, gen_random_uuid(), 't', decode(repeat('00ff', 50000), 'hex'), '{}', now(), 1, 'permanent')`)
-	r := e.do("GET", "/ui/dead-letters/1", nil)
+	r := e.do("GET", "/ui/dead-letters/1", nil, basic(readToken)...)
 	require.Equal(t, 200, r.Status)
 	require.Contains(t, string(r.Body), "… 83616 more bytes")
 	require.Less(t, len(r.Body), 120<<10)

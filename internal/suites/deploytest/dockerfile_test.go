@@ -21,7 +21,7 @@ import (
 
 const (
 	finalBase   = "gcr.io/distroless/static-debian12:nonroot"
-	versionFlag = "-X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=${VERSION}"
+	versionFlag = "-X github.com/outbox-relay/outbox-relay/internal/app/cli.Version=${VERSION} -X github.com/outbox-relay/outbox-relay/internal/app/cli.Commit=${COMMIT}"
 )
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -304,7 +304,7 @@ func TestDockerfileBuilder(t *testing.T) {
 			declared = append(declared, k)
 		}
 	}
-	for _, arg := range []string{"VERSION", "TARGETOS", "TARGETARCH"} {
+	for _, arg := range []string{"VERSION", "COMMIT", "TARGETOS", "TARGETARCH"} {
 		if strings.Contains(run.args, arg) && !slices.Contains(declared, arg) {
 			t.Errorf("line %d: the go build step uses ${%s}, which the builder stage does not declare with ARG", run.line, arg)
 		}
@@ -333,7 +333,7 @@ func TestDockerfileBuildStep(t *testing.T) {
 	script = strings.ReplaceAll(script, "/out/", out+"/")
 
 	goBin := goTool(t)
-	const version = "v0.0.0-deploytest"
+	const version, commit = "v0.0.0-deploytest", "0123456789abcdef0123456789abcdef01234567"
 	// A bound, not a measure: on a machine whose build cache has never
 	// seen CGO_ENABLED=0 and -trimpath, the step compiles the standard
 	// library and every dependency again, and beside the rest of the
@@ -344,7 +344,7 @@ func TestDockerfileBuildStep(t *testing.T) {
 	cmd.Dir = root(t)
 	cmd.Env = append(os.Environ(),
 		"PATH="+filepath.Dir(goBin)+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION="+version)
+		"TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION="+version, "COMMIT="+commit)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the Dockerfile's build step failed: %v\n%s\n%s", err, script, b)
 	}
@@ -375,8 +375,10 @@ func TestDockerfileBuildStep(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("outbox-relay version: %v\n%s", err, stdout.Bytes())
 	}
-	if !strings.HasPrefix(stdout.String(), "outbox-relay "+version+" ") {
-		t.Errorf("outbox-relay version printed %q: the -X ...cli.Version=${VERSION} ldflag did not take", stdout.String())
+	// The version without its "v", as the changelog and the image tag
+	// name it.
+	if !strings.HasPrefix(stdout.String(), "outbox-relay "+strings.TrimPrefix(version, "v")+" (commit "+commit+",") {
+		t.Errorf("outbox-relay version printed %q: the -X ...cli.Version=${VERSION} and ...cli.Commit=${COMMIT} ldflags did not take", stdout.String())
 	}
 }
 

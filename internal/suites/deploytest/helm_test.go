@@ -234,6 +234,11 @@ func checkChart(t *testing.T, m manifests, full bool) {
 	require.Len(t, m.serviceAccounts, 1)
 	require.Equal(t, m.serviceAccounts[0].Metadata.Name, d.Spec.Template.Spec.ServiceAccountName)
 
+	// The dead letters (payloads and headers) are served to no one
+	// without a token unless the values say console.openPayloads.
+	_, open := env.flag("admin-open-payloads")
+	require.False(t, open, "%s serves the dead letters without a token", where)
+
 	if !full {
 		sink, ok := env.flag("sink")
 		require.True(t, ok, "the default values name a sink")
