@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 )
 
 // ErrServerEncoding is returned (wrapped) by Apply and CheckEncoding, and
@@ -36,3 +38,10 @@ func CheckEncoding(ctx context.Context, db interface {
 		"create the database with ENCODING 'UTF8' (createdb --encoding=UTF8 --template=template0, or CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0) and move the outbox there",
 		ErrServerEncoding, Ident(name), enc)
 }
+
+// ErrSchemaMissing: the outbox's tables are not in the schema a call
+// names (the database was never migrated, or the schema name is wrong).
+// The relay, the operator commands and the writer wrap it with the
+// database's own error; it is outbox.ErrSchemaMissing too, so either
+// package's name finds it with errors.Is.
+var ErrSchemaMissing = ident.ErrSchemaMissing

@@ -103,25 +103,16 @@ var (
 // ErrSchemaMissing: the outbox's tables are not in the schema the call
 // names (the database was never migrated, or the schema name is wrong).
 // Write, the relay and the operator commands all wrap it, with the
-// database's own error, so that errors.Is finds it.
-var ErrSchemaMissing = errors.New("outbox: schema not migrated")
+// database's own error, so that errors.Is finds it. It is
+// migrations.ErrSchemaMissing too.
+var ErrSchemaMissing = ident.ErrSchemaMissing
 
 // SchemaMissing returns err wrapped with ErrSchemaMissing and what to do
 // when err is the database saying that the schema or one of its tables
 // does not exist (SQLSTATE 3F000 or 42P01), and err itself otherwise. It
 // reads the SQLSTATE through the SQLState method that both pgx and
 // lib/pq errors have.
-func SchemaMissing(err error, schema string) error {
-	var se interface{ SQLState() string }
-	if err == nil || !errors.As(err, &se) {
-		return err
-	}
-	if c := se.SQLState(); c != "3F000" && c != "42P01" {
-		return err
-	}
-	return fmt.Errorf("%w: schema %s has no outbox tables; run `outbox-relay migrate` (or apply `outbox-relay migrate --print`), or check the schema name (%w)",
-		ErrSchemaMissing, ident.Quote(schema), err)
-}
+func SchemaMissing(err error, schema string) error { return ident.SchemaMissing(err, schema) }
 
 // MaxTopicLen is the longest topic accepted, in bytes (Kafka's limit is
 // 249). The table enforces it too (migration 8).

@@ -135,5 +135,5 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 // spread over 256 lanes: about 4 keys a lane, so some 32 keys a batch
 // instead of 4). Measured against whole lanes,
 // alternated in one session: NATS strict +8 to +17 %; RabbitMQ and
-// webhooks within the bench's noise (README, Performance).
+// webhooks within the bench's noise (docs/benchmarks.md).
 const keySerialLanes = 8

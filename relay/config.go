@@ -76,7 +76,7 @@ type Config struct {
 	// committed; a LISTEN session that died silently) waits for this.
 	// Each idle worker's look is one small transaction. Default 10s.
 	PollInterval time.Duration
-	// Wakeup is how relays learn of new rows (see README, Wake-up):
+	// Wakeup is how relays learn of new rows (see docs/design.md, Wake-up):
 	//   - "wal": one relay process per schema (the watcher) follows the
 	//     outbox's inserts in the WAL (logical replication, a temporary
 	//     slot, the publication `migrate` creates where wal_level =

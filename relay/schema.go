@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // runsOn reports whether this relay can run on a schema at version whose
@@ -14,7 +13,7 @@ func (r *Relay) runsOn(version, relayMin int) error {
 	known := migrations.Latest()
 	switch {
 	case version == 0:
-		return fmt.Errorf("%w: schema %q has no outbox tables, this relay needs version %d: run `outbox-relay migrate`", outbox.ErrSchemaMissing, r.cfg.Schema, known)
+		return fmt.Errorf("%w: schema %q has no outbox tables, this relay needs version %d: run `outbox-relay migrate`", migrations.ErrSchemaMissing, r.cfg.Schema, known)
 	case version < known:
 		return fmt.Errorf("outbox: schema %q is at version %d, this relay needs %d: run `outbox-relay migrate`", r.cfg.Schema, version, known)
 	case relayMin > known:

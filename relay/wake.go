@@ -129,7 +129,8 @@ const (
 	// watchBusyRate: each look wakes claims, and at the writers' full
 	// speed a 2 ms interval cost them 15–20 % of their rate beside a
 	// draining relay (more, smaller claims), where 5 ms merges more rows
-	// into each (README, "Wake-ups at 2 ms").
+	// into each (measured when it was chosen; where those runs are:
+	// docs/benchmarks.md, "Earlier measurements").
 	watchBusy     = 5 * time.Millisecond
 	watchBusyRate = 2000 // rows per second
 	// watchFull is the interval while rows come faster than
@@ -138,8 +139,8 @@ const (
 	// the claims it wakes. Beside a draining relay, 16 writers committed
 	// 8.6–8.8k rows/s instead of 7.6–8.0k with 5 ms, and the relay's
 	// process and sessions used a third less CPU (throwaway cluster,
-	// pgbench, alternated; README, "Claims among dead rows, and wake-ups
-	// at full speed"). Below that rate (the latency targets' 50, 1,000
+	// pgbench, alternated; the run is in the git history of
+	// docs/benchmarks.md). Below that rate (the latency targets' 50, 1,000
 	// and 5,000 msg/s) nothing changes.
 	watchFull     = 10 * time.Millisecond
 	watchFullRate = 6000 // rows per second
@@ -184,7 +185,8 @@ const (
 	// othersEvery is how often, at most, the watcher checks whether
 	// anyone else listens before it sends a wake-up (see
 	// store.Waker.Others): a relay running alone, the usual deployment,
-	// sends none, each a transaction of its own (measured in the README).
+	// sends none, each a transaction of its own (docs/benchmarks.md, "Measured:
+	// what an idle relay costs, and why").
 	// A listener that joins says so at once (store.ListenerPayload).
 	othersEvery = time.Second
 )

@@ -30,3 +30,19 @@ func OnlyImports(t testing.TB, allowed ...string) {
 		}
 	}
 }
+
+// Imports returns the packages outside the standard library that pkg (a
+// path go list takes: ".", "./relay/operator") imports: directly, or
+// with deps also through other packages.
+func Imports(t testing.TB, pkg string, deps bool) []string {
+	t.Helper()
+	args := []string{"list", "-f", `{{join .Imports "\n"}}`, pkg}
+	if deps {
+		args = []string{"list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg}
+	}
+	out, err := exec.Command("go", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.Fields(string(out))
+}

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // ArchiveSelection picks archived messages to publish again.
@@ -52,7 +52,7 @@ func (a *Admin) ReplayArchive(ctx context.Context, sel ArchiveSelection, dryRun 
 	}
 	n, err := replay(ctx, a.pool, f)
 	if err != nil {
-		return 0, outbox.SchemaMissing(fmt.Errorf("outbox: replay archive: %w", err), a.schema.Name())
+		return 0, ident.SchemaMissing(fmt.Errorf("outbox: replay archive: %w", err), a.schema.Name())
 	}
 	if !dryRun && n > 0 {
 		a.wake(ctx)

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // DeadLetter is one row of the dead-letter table. A timestamp that is not
@@ -121,7 +121,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 	rows, err := a.schema.ListDeadLetters(ctx, a.pool, sel.filter(),
 		store.DeadLetterKey{ID: sel.AfterID, Route: sel.AfterRoute}, sel.Limit)
 	if err != nil {
-		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: list dead letters: %w", err), a.schema.Name())
+		return nil, ident.SchemaMissing(fmt.Errorf("outbox: list dead letters: %w", err), a.schema.Name())
 	}
 	return deadLetters(rows), nil
 }
@@ -131,7 +131,7 @@ func (a *Admin) List(ctx context.Context, sel Selection) ([]DeadLetter, error) {
 func (a *Admin) Show(ctx context.Context, id int64) ([]DeadLetter, error) {
 	rows, err := a.schema.DeadLettersOf(ctx, a.pool, id)
 	if err != nil {
-		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: show dead letter: %w", err), a.schema.Name())
+		return nil, ident.SchemaMissing(fmt.Errorf("outbox: show dead letter: %w", err), a.schema.Name())
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -166,13 +166,13 @@ func (a *Admin) PurgeHolds(ctx context.Context, sel Selection, dryRun bool) (Pur
 	if dryRun {
 		n, err := a.schema.CountDeadLetters(ctx, a.pool, sel.filter())
 		if err != nil {
-			return PurgeResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: select dead letters: %w", err), a.schema.Name())
+			return PurgeResult{}, ident.SchemaMissing(fmt.Errorf("outbox: select dead letters: %w", err), a.schema.Name())
 		}
 		return PurgeResult{DryRun: true, Purged: n}, nil
 	}
 	n, released, err := a.schema.PurgeDeadLetters(ctx, a.pool, sel.filter())
 	if err != nil {
-		return PurgeResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
+		return PurgeResult{}, ident.SchemaMissing(fmt.Errorf("outbox: purge: %w", err), a.schema.Name())
 	}
 	if released > 0 {
 		a.wake(ctx)

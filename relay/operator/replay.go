@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // ReplayOptions tune Replay.
@@ -136,7 +136,7 @@ func (a *Admin) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 	}
 	rows, err := replay(ctx, a.pool, sel.filter(), opts.ClearConflictingDedupKeys)
 	if err != nil {
-		return ReplayResult{}, outbox.SchemaMissing(fmt.Errorf("outbox: replay: %w", err), a.schema.Name())
+		return ReplayResult{}, ident.SchemaMissing(fmt.Errorf("outbox: replay: %w", err), a.schema.Name())
 	}
 	if !opts.DryRun && len(rows) > 0 {
 		a.wake(ctx)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Status is a snapshot of the outbox for operators. Every pending message
@@ -430,7 +430,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return a.status(ctx, tx, &st)
 	})
 	if err != nil {
-		return Status{}, outbox.SchemaMissing(fmt.Errorf("outbox: status: %w", err), a.schema.Name())
+		return Status{}, ident.SchemaMissing(fmt.Errorf("outbox: status: %w", err), a.schema.Name())
 	}
 	return st, nil
 }
@@ -507,7 +507,7 @@ func convert[T, U any](rows []T, f func(T) U) []U {
 func (a *Admin) Topics(ctx context.Context) ([]TopicStatus, error) {
 	topics, err := a.schema.TopicBacklog(ctx, a.pool)
 	if err != nil {
-		return nil, outbox.SchemaMissing(fmt.Errorf("outbox: topic backlog: %w", err), a.schema.Name())
+		return nil, ident.SchemaMissing(fmt.Errorf("outbox: topic backlog: %w", err), a.schema.Name())
 	}
 	return convert(topics, func(t store.Backlog) TopicStatus { return TopicStatus{Topic: t.Name, Backlog: backlog(t)} }), nil
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 const ns = "outbox_relay"
@@ -288,9 +288,9 @@ func (h *routeHooks) Lanes(owned int) { h.m.lanes.WithLabelValues(h.route).Set(f
 // WatchOutbox refreshes the backlog gauges every interval until ctx ends.
 // The query counts rows (bounded by a statement timeout) rather than
 // running on every scrape. It counts the states as `outbox-relay status`
-// does (internal/store), so that both show the same numbers.
+// does (operator.Admin.Gauges), so that both show the same numbers.
 func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema string, interval time.Duration, log *slog.Logger) {
-	s, err := store.NewSchema(schema)
+	a, err := operator.New(pool, schema)
 	if err != nil {
 		m.scrapeErrors.Inc()
 		log.Error("outbox metrics check not started", "error", err)
@@ -306,7 +306,7 @@ func (m *Metrics) WatchOutbox(ctx context.Context, pool *pgxpool.Pool, schema st
 	}
 	for ctx.Err() == nil {
 		start := time.Now()
-		if err := m.refresh(ctx, pool, s); err != nil && ctx.Err() == nil {
+		if err := m.refresh(ctx, a); err != nil && ctx.Err() == nil {
 			m.scrapeErrors.Inc()
 			log.Warn("outbox metrics check failed", "error", err)
 		}
@@ -338,10 +338,10 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, s store.Schema) error {
+func (m *Metrics) refresh(ctx context.Context, a *operator.Admin) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	t, err := s.Totals(ctx, pool)
+	t, err := a.Gauges(ctx)
 	if err != nil {
 		return err
 	}
@@ -350,10 +350,7 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool, s store.Schem
 	m.delayed.Set(float64(t.Delayed))
 	m.oldestAge.Set(t.OldestAge.Seconds())
 	m.deadLetters.Set(float64(t.DeadLetters))
-	held, err := s.HeldRoutes(ctx, pool)
-	if err != nil {
-		return err
-	}
+	held := t.Held
 	// Set the routes that hold, then delete the series of those that no
 	// longer do (not Reset: a scrape in between would see no series).
 	m.heldMu.Lock()

@@ -472,7 +472,7 @@ func (s *Sink) KeySerial() bool { return true }
 // against the default 8 (quick bench drain, alternated twice): 0.64 /
 // 0.66 → 0.70 / 0.71 × the raw publisher; 64 lanes did no better (0.70,
 // 0.68) and 128 worse (0.66, 0.63). Webhooks and strict NATS were no
-// faster with 32 (README, Performance), so they keep the default.
+// faster with 32 (docs/benchmarks.md), so they keep the default.
 func (s *Sink) BatchLanes() int { return 32 }
 
 // Close stops new Sends, waits for in-flight Sends or ctx, then closes the

@@ -398,7 +398,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (see README for each sink's options)")
+	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (each sink's options: docs/sinks/)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
 	f.IntVar(&o.pipeline, "pipeline", relay.DefaultPipeline, "most batches each worker has in flight: it claims the next from its other lanes while the sink takes one (each holds a connection; 1: one batch at a time)")
 	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers' batches in flight, leases and LISTEN need, plus one for health checks and metrics)")

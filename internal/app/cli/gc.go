@@ -13,7 +13,7 @@ import (
 // every 10 ms of a drain: the collector was a quarter of the relay's CPU,
 // on the cores the database needs. At 400 the relay's CPU per message
 // fell by a third and a 200k discard drain went 10–16 % faster; peak RSS
-// went from 35 to 47 MB (README, "The relay's garbage collector").
+// went from 35 to 47 MB (docs/benchmarks.md, "The relay's garbage collector").
 const (
 	gcPercent = 400
 	// gcLimitDefault is the soft memory limit when no cgroup sets one: a

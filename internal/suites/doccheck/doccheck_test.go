@@ -336,3 +336,47 @@ func TestNamedTestsExist(t *testing.T) {
 		}
 	}
 }
+
+// Code that cites a section of the README or of a page in docs/
+// (`README, "Section"`, `docs/x.md, "Section"`, or the same without
+// quotes up to the closing parenthesis or the line's end) cites one that
+// exists: the docs move, and a comment that points nowhere misleads.
+func TestCodeCitesSectionsThatExist(t *testing.T) {
+	cite := regexp.MustCompile(`(README|docs/[a-z0-9/_-]+\.md), (?:"([^"]+)"|([A-Z][^()"]*?))(?:\)|$)`)
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		lines := strings.Split(string(raw), "\n")
+		for i, line := range lines {
+			// A citation may run over two comment lines.
+			text := line
+			if i+1 < len(lines) {
+				text += " " + strings.TrimLeft(strings.TrimSpace(lines[i+1]), "/ ")
+			}
+			for _, m := range cite.FindAllStringSubmatch(text, -1) {
+				page, section := m[1], strings.TrimSpace(m[2]+m[3])
+				if page == "README" {
+					page = "README.md"
+				}
+				if !anchors(t, filepath.Join(root, page))[slug(section)] {
+					t.Errorf("%s:%d cites %s, %q: no such section", path, i+1, page, section)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
