@@ -90,7 +90,8 @@ func relayArgs(sinkURL string) []string {
 }
 
 // drainTimeout is the relays' --drain-timeout: SIGTERM must end a relay
-// within it (plus exitSlack for releasing lanes and closing the sink).
+// within it (plus exitSlack for releasing lanes and closing the sink,
+// stretched by the machine's load: testkit.LoadScaled).
 const (
 	drainTimeout = 5 * time.Second
 	exitSlack    = 5 * time.Second
@@ -308,12 +309,13 @@ func (c *cluster) stop(slot string) time.Duration {
 	p.waitSignalable()
 	start := time.Now()
 	_ = p.Signal(syscall.SIGTERM)
-	t := time.NewTimer(drainTimeout + exitSlack)
+	bound := drainTimeout + testkit.LoadScaled(exitSlack)
+	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-p.Done():
 	case <-t.C:
-		c.t.Errorf("relay %s did not exit within %s of SIGTERM; killing it", p.id, drainTimeout+exitSlack)
+		c.t.Errorf("relay %s did not exit within %s of SIGTERM; killing it", p.id, bound.Round(time.Millisecond))
 		_ = p.Signal(syscall.SIGKILL)
 		<-p.Done()
 		return time.Since(start)
@@ -340,14 +342,15 @@ func (c *cluster) rollingRestart(slot string) (string, time.Duration, error) {
 	p.waitSignalable()
 	start := time.Now()
 	_ = p.Signal(syscall.SIGTERM)
-	t := time.NewTimer(drainTimeout + exitSlack)
+	bound := drainTimeout + testkit.LoadScaled(exitSlack)
+	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-p.Done():
 	case <-t.C:
 		_ = p.Signal(syscall.SIGKILL)
 		<-p.Done()
-		return p.id, time.Since(start), fmt.Errorf("relay %s did not exit within %s of SIGTERM", p.id, drainTimeout+exitSlack)
+		return p.id, time.Since(start), fmt.Errorf("relay %s did not exit within %s of SIGTERM", p.id, bound.Round(time.Millisecond))
 	}
 	took := time.Since(start)
 	if p.ExitCode() != 0 {
