@@ -104,3 +104,13 @@ func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, mem
 	}
 	listen(ctx, pool, cfg, func(laneSet) { wake() }, notified)
 }
+
+// RouterFeeds is routerFeeds.
+var RouterFeeds = routerFeeds
+
+// MembersChanged is membersChanged.
+func (r *Relay) MembersChanged() { r.membersChanged() }
+
+// UnworkedLanes is unworkedLanes: how many lanes of the route no live
+// relay worked at the last heartbeat.
+func (r *Relay) UnworkedLanes() int { return r.unworkedLanes() }

@@ -33,7 +33,7 @@ func (r *Relay) Live() error {
 // its lane lease renewed within the lease TTL, the database reachable, its
 // destination up (the sink healthy when it can tell, the outage breaker
 // closed: see OutageHooks). It answers for this relay only: lanes of its
-// route that no relay works are reported by UnworkedLanes, not here.
+// route that no relay works are reported to LaneHealthHooks, not here.
 func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.readyToClaim(ctx); err != nil {
 		return err

@@ -238,11 +238,11 @@ func (l *leaser) membersNotified(freed bool) {
 	l.sig.emit(sigMembersHeard, v)
 }
 
-// MembersChanged tells the relay that relays of its schema joined, left or
-// handed lanes back: it recomputes its share of the lanes now (within
+// membersChanged tells the relay that relays of its schema joined, left
+// or handed lanes back: it recomputes its share of the lanes now (within
 // ~50ms) rather than at its next heartbeat. The relay's own LISTEN calls
-// it; a caller running a shared Listen passes it there (see Listen).
-func (r *Relay) MembersChanged() { r.lease.membersChanged() }
+// it; a Set's shared one calls it for each of its relays.
+func (r *Relay) membersChanged() { r.lease.membersChanged() }
 
 // membersNotified passes a membership notification to the leaser.
 func (r *Relay) membersNotified(freed bool) { r.lease.membersNotified(freed) }
@@ -581,7 +581,7 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 // a missing lane row), as seen at this heartbeat. For a moment that is
 // normal: a relay died or handed lanes over, and the others take them at
 // their next heartbeat. For longer than a lease TTL it is not (their
-// messages wait): it is logged, counted by UnworkedLanes and reported to
+// messages wait): it is logged, counted (unworkedLanes) and reported to
 // hooks implementing LaneHealthHooks.
 func (l *leaser) noteUnworked(n int) {
 	now := time.Now()
@@ -608,10 +608,10 @@ func (l *leaser) noteUnworked(n int) {
 	}
 }
 
-// UnworkedLanes returns how many lanes of the relay's route no live relay
+// unworkedLanes returns how many lanes of the relay's route no live relay
 // has worked for longer than a lease TTL, as of its last heartbeat (0
 // when every lane is worked, or only briefly was not).
-func (r *Relay) UnworkedLanes() int { return int(r.lease.unworked.Load()) }
+func (r *Relay) unworkedLanes() int { return int(r.lease.unworked.Load()) }
 
 // healthy reports an error before the first heartbeat has taken lanes
 // (or found that the relay must wait: then Ready reports that), and when

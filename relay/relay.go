@@ -233,9 +233,6 @@ func (r *Relay) Route() string { return r.cfg.Route }
 // OwnedLanes returns how many lanes this relay holds right now.
 func (r *Relay) OwnedLanes() int { return int(r.lease.ownedLanes.Load()) }
 
-// Draining reports whether Run's context has been cancelled.
-func (r *Relay) Draining() bool { return r.draining.Load() }
-
 // Stats returns running totals.
 func (r *Relay) Stats() StatsSnapshot {
 	return StatsSnapshot{

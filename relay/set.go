@@ -19,7 +19,7 @@ import (
 // with '~', so the router's cannot clash with a route's.
 const (
 	// RouterRoute is the fan-out router's route: it copies messages to
-	// the routes it feeds (see RouterFeeds).
+	// the routes it feeds (see routerFeeds).
 	RouterRoute = "~fanout"
 	// UnroutedRoute dead-letters messages no route takes, with the
 	// reason `no route matches topic "…"`, so that an operator sees them
@@ -255,9 +255,9 @@ func (c SetConfig) router(base Config, cfgs []Config) (Config, bool) {
 
 // Feeds reports, route by route, whether the route takes its messages
 // from the fan-out router's copies: every route when IsolateRoutes holds
-// and there are two or more, else as RouterFeeds says.
+// and there are two or more, else as routerFeeds says.
 func (c SetConfig) Feeds() []bool {
-	fed := RouterFeeds(c.Routes)
+	fed := routerFeeds(c.Routes)
 	if c.IsolateRoutes && len(c.Routes) > 1 {
 		for i := range fed {
 			fed[i] = true
@@ -266,7 +266,7 @@ func (c SetConfig) Feeds() []bool {
 	return fed
 }
 
-// RouterFeeds reports, route by route, whether the route takes its
+// routerFeeds reports, route by route, whether the route takes its
 // messages from the fan-out router's copies  rather
 // than from the outbox: fan-out routes that can share a topic with
 // another route, ordinary routes that can share one with a fan-out route,
@@ -274,7 +274,7 @@ func (c SetConfig) Feeds() []bool {
 // every message of a route takes one path and keeps its key order. It
 // decides on the patterns alone (topic.Overlap). The other routes read
 // the outbox directly, at no cost.
-func RouterFeeds(routes []Route) []bool {
+func routerFeeds(routes []Route) []bool {
 	overlap := func(i, j int) bool {
 		for _, a := range routes[i].Topics {
 			for _, b := range routes[j].Topics {

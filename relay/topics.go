@@ -2,8 +2,6 @@ package relay
 
 import (
 	"strings"
-
-	"github.com/outbox-relay/outbox-relay/topic"
 )
 
 // likePatterns turns topic patterns (package topic: '*' any run, '?' one
@@ -34,15 +32,3 @@ func likePatterns(globs []string) []string {
 	}
 	return out
 }
-
-// MatchTopic reports whether topic matches the pattern the way a route's
-// Topics do.
-//
-// Deprecated: use topic.Match, the one pattern language of relay and
-// webhook routes.
-func MatchTopic(pattern, t string) bool { return topic.Match(pattern, t) }
-
-// PatternsOverlap reports whether some topic matches both patterns.
-//
-// Deprecated: use topic.Overlap.
-func PatternsOverlap(a, b string) bool { return topic.Overlap(a, b) }

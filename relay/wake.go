@@ -59,15 +59,6 @@ func (m multiHooks) Wakeup(source string, fallback bool, err error) {
 	}
 }
 
-// Listen calls wake whenever there may be new rows in schema's outbox,
-// in the default wake-up mode ("auto"), until ctx ends: for a program
-// that waits on the outbox itself. It holds one connection of pool.
-// Notifications are an optimization, never a guarantee: a lost
-// connection costs only latency.
-func Listen(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger, wake func()) {
-	listen(ctx, pool, Config{Schema: schema, Logger: log}, func(laneSet) { wake() }, nil)
-}
-
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
 func (r *Relay) wakeSet(lanes laneSet) {
 	r.stats.Wakeups.Add(1)

@@ -498,7 +498,7 @@ func release(hard context.Context, conn *pgxpool.Conn, err error) {
 // being handed over may have been this one, and the lane can go now.
 func (r *Relay) handoverMayGoOn() {
 	if len(r.handoverLanes()) > 0 {
-		r.MembersChanged()
+		r.membersChanged()
 	}
 }
 

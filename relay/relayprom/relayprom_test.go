@@ -173,7 +173,10 @@ func TestMetricsFollowRealTraffic(t *testing.T) {
 	eventually(t, func() bool { return r.Stats().Claimed == 25 }, "slow batch claimed")
 	cancel()
 	// The relay turns draining from a callback of ctx's end: wait for it.
-	eventually(t, r.Draining, "relay draining after its context ended")
+	eventually(t, func() bool {
+		err := r.Ready(context.Background())
+		return err != nil && strings.Contains(err.Error(), "draining")
+	}, "relay draining after its context ended")
 	code, body = get("/readyz")
 	require.Equal(t, 503, code)
 	require.True(t, strings.Contains(body, "draining"), body)
