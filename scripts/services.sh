@@ -4,7 +4,8 @@
 # when missing, and fail loudly when that is impossible. Every change it
 # makes to the machine is printed, as the command it runs, before it runs.
 # This list is complete (README.md and CONTRIBUTING.md repeat it for
-# readers; keep the three in step):
+# readers: CONTRIBUTING.md whole, README.md the package names; keep the
+# three in step):
 #
 #   - apt-get update, once, before the first install;
 #   - apt-get install --no-install-recommends (every install: no

@@ -518,7 +518,7 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 // The claim's plan stays narrow whatever the shape of the backlog and the
 // share of lanes a worker owns: the generic plan (what a prepared claim
 // ends up with) reads a bounded number of pages, never the whole index.
-// With -v the plans are logged (docs/benchmarks.md shows them).
+// With -v the plans are logged.
 // claimArgs are the arguments of the claim statement st for relay "me" in
 // route "": worker of workers visiting only (nil: every lane of the
 // worker), a 500-row batch, no topic filter, nothing handed over.
