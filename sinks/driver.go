@@ -7,7 +7,10 @@ import (
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Driver describes one kind of sink to the programs that configure sinks
@@ -44,9 +47,10 @@ type Driver struct {
 	Binding string
 	// Parse validates a sink URL of one of Schemes without connecting
 	// anywhere; options from section (nil without one) are overlaid with
-	// the URL's, and the URL wins. Errors that come from section are
-	// returned as they are, unwrapped, so that the caller can tell them by
-	// their type. Required.
+	// the URL's before the whole is validated, and a key that both set to
+	// different values is a *ConflictError (see Typed). Errors that come
+	// from section, and ConflictErrors, are returned as they are,
+	// unwrapped, so that the caller can tell them by their type. Required.
 	Parse func(raw string, section Decoder) (Config, error)
 }
 
@@ -79,13 +83,17 @@ type TypedConfig interface {
 	Redacted() string
 }
 
-// Typed builds Driver.Parse from a sink's ParseURL and constructor. The
-// file section is decoded into a fresh C and every non-zero field the URL
-// set is copied onto it, so that the URL wins field by field; the result
-// is validated.
-func Typed[C TypedConfig, S Sink](parse func(raw string) (C, error), open func(C, Env) (S, error)) func(string, Decoder) (Config, error) {
+// Typed builds Driver.Parse from a sink's URL decoder and constructor.
+// decode reads the URL alone and must not validate: a key the URL leaves
+// out (an AMQP exchange, an SQS queue URL) may come from the file
+// section. The section is decoded into a fresh C, the URL's fields are
+// laid over it field by field (into nested sections such as tls), and
+// only the result is validated. A key that both set to different values
+// is a *ConflictError, never a silent choice; a C that implements Refiner
+// may accept a section's value that refines the URL's.
+func Typed[C TypedConfig, S Sink](decode func(raw string) (C, error), open func(C, Env) (S, error)) func(string, Decoder) (Config, error) {
 	return func(raw string, section Decoder) (Config, error) {
-		cfg, err := parse(raw)
+		cfg, err := decode(raw)
 		if err != nil {
 			return nil, err
 		}
@@ -94,7 +102,11 @@ func Typed[C TypedConfig, S Sink](parse func(raw string) (C, error), open func(C
 			if err := section(&fromFile); err != nil {
 				return nil, err
 			}
-			overlay(reflect.ValueOf(&fromFile).Elem(), reflect.ValueOf(cfg))
+			refiner, _ := any(fromFile).(Refiner)
+			if err := overlay(reflect.ValueOf(&fromFile).Elem(), reflect.ValueOf(cfg), "", refiner); err != nil {
+				err.Scheme = Scheme(raw)
+				return nil, err
+			}
 			cfg = fromFile
 		}
 		if err := cfg.Validate(); err != nil {
@@ -102,6 +114,47 @@ func Typed[C TypedConfig, S Sink](parse func(raw string) (C, error), open func(C
 		}
 		return typedConfig[C, S]{cfg: cfg, open: open}, nil
 	}
+}
+
+// Refiner is implemented by a sink's Config when its file section may
+// give a key more precisely than the sink URL can: the webhook's url may
+// carry the receiver's own query string, which the sink URL cannot (its
+// query holds the sink's options). Refines reports whether fromFile, the
+// section's value of key, refines fromURL; the section's value is then
+// kept rather than reported as a conflict.
+type Refiner interface {
+	Refines(key, fromURL, fromFile string) bool
+}
+
+// ConflictError is a key that both the sink URL and the sink's
+// config-file section set, to different values. Neither wins: one of them
+// is a mistake, and which one only the operator knows. Its values are
+// shown as logs may show them (secrets as "xxxxx", credentials in URLs
+// redacted); when that hides the difference, they are left out.
+type ConflictError struct {
+	// Scheme is the sink URL's scheme ("amqp").
+	Scheme string
+	// Key is the key in the section, dotted below its top level
+	// ("exchange", "tls.ca_file", "sasl.password").
+	Key string
+	// URL and Section are the two values, each quoted or formatted, and
+	// redacted (a URL shows only its scheme and host). Both are "" when
+	// redacting hid the difference.
+	URL, Section string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("outbox: %s: %s: the sink URL and the config-file section set different values%s; set it in one place",
+		e.Scheme, e.Key, e.Values())
+}
+
+// Values says what each place sets, for an error message: ` (sink URL
+// "A", section "B")`, or that the values are not shown.
+func (e *ConflictError) Values() string {
+	if e.URL == "" {
+		return " (the values are not shown: they may hold a secret)"
+	}
+	return fmt.Sprintf(" (sink URL %s, section %s)", e.URL, e.Section)
 }
 
 // WithLogger adapts a sink constructor that needs only a logger (most
@@ -130,17 +183,76 @@ func (t typedConfig[C, S]) Open(env Env) (Sink, error) {
 	return s, nil
 }
 
-// overlay copies every non-zero exported field of src onto dst.
-func overlay(dst, src reflect.Value) {
+// overlay copies every non-zero exported field of src (from the URL) onto
+// dst (from the file section), descending into nested structs (tls,
+// sasl), so that a section key the URL does not set survives. A field set
+// in both to different values is a conflict, unless refiner accepts
+// dst's. prefix is the yaml path of dst ("" or "tls.").
+func overlay(dst, src reflect.Value, prefix string, refiner Refiner) *ConflictError {
 	for i := 0; i < src.NumField(); i++ {
-		if !src.Type().Field(i).IsExported() {
+		field := src.Type().Field(i)
+		s, d := src.Field(i), dst.Field(i)
+		if field.Anonymous && s.Kind() == reflect.Struct {
+			// An embedded struct's keys are its container's (yaml's
+			// inline).
+			if err := overlay(d, s, prefix, refiner); err != nil {
+				return err
+			}
 			continue
 		}
-		if f := src.Field(i); !f.IsZero() {
-			dst.Field(i).Set(f)
+		if !field.IsExported() {
+			continue
+		}
+		key := prefix + yamlKey(field)
+		switch {
+		case s.IsZero():
+		case d.IsZero():
+			d.Set(s)
+		case s.Kind() == reflect.Struct:
+			if err := overlay(d, s, key+".", refiner); err != nil {
+				return err
+			}
+		case reflect.DeepEqual(s.Interface(), d.Interface()):
+		case s.Kind() == reflect.String && refiner != nil && refiner.Refines(key, s.String(), d.String()):
+		default:
+			fromURL, fromFile := shown(s), shown(d)
+			if fromURL == fromFile {
+				fromURL, fromFile = "", ""
+			}
+			return &ConflictError{Key: key, URL: fromURL, Section: fromFile}
 		}
 	}
+	return nil
 }
+
+// yamlKey is the name of f in a config file: its yaml tag's, else its
+// name in lower case (yaml.v3's rule).
+func yamlKey(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); name != "" && name != "-" {
+		return name
+	}
+	return strings.ToLower(f.Name)
+}
+
+// shown formats v for an error: a URL as its scheme and host (a
+// webhook's path or query may hold its token, a broker URL a password),
+// another string quoted, anything else as fmt shows it (a
+// sinkconf.Secret prints "xxxxx"); all of it through redact.URL.
+func shown(v reflect.Value) string {
+	if v.Kind() != reflect.String || v.Type().Implements(stringerType) {
+		return redact.URL(fmt.Sprint(v.Interface()))
+	}
+	s := v.String()
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+		s = u.Scheme + "://" + u.Host
+		if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			s += "/…"
+		}
+	}
+	return strconv.Quote(redact.URL(s))
+}
+
+var stringerType = reflect.TypeFor[fmt.Stringer]()
 
 // Registry is a fixed set of drivers, looked up by URL scheme. It is built
 // once from an explicit list (see sinks/builtin) rather than filled by

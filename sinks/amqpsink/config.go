@@ -259,8 +259,16 @@ func checkURL(raw string) (*url.URL, error) {
 // amqp://guest:guest@127.0.0.1:5672/?exchange=events&routing_key=orders.{topic}
 // into a validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
+	return sinkconf.ParseConfig(params, raw, setBase)
 }
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, setBase)
+}
+
+func setBase(c *Config, base string) error { c.URL = base; return nil }
 
 // params are the URL query parameters, every Config field under its yaml
 // name (TLS fields with a tls_ prefix); Redacted shows them back.

@@ -11,5 +11,5 @@ var Driver = sinks.Driver{
 	Label:   "amqp",
 	System:  "rabbitmq",
 	Binding: "amqp",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

@@ -12,13 +12,15 @@
 //   - has a Config with ParseURL (every URL parameter in one
 //     sinkconf.Params table, which also renders Redacted, so an unknown
 //     parameter is an error naming it and no secret is ever printed),
-//     Validate, Redacted and New;
+//     Validate, Redacted and New, and a decodeURL that reads the URL
+//     without validating it (sinkconf.DecodeURL), since the config
+//     file's section may complete it;
 //   - marks the parameters that decide where a message goes or the form
 //     it arrives in with sinkconf.Routing, and names its destination with
 //     Target (sinks.Targeter), so that relays of one route that deliver
 //     to different places are told apart and tuning is not;
 //   - exports a Driver: its schemes, config-file section, metrics label,
-//     messaging system, CloudEvents binding and sinks.Typed(ParseURL, New).
+//     messaging system, CloudEvents binding and sinks.Typed(decodeURL, New).
 //
 // Then add natssink.Driver to the list below: that line is all the CLI,
 // its routes, the formats and the metrics need. TestDrivers checks the

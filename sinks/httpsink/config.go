@@ -342,8 +342,9 @@ func retryStatusesString(c *Config) string {
 // query parameters are sink options (the names of the Config yaml keys;
 // "secret" may repeat, "retry_statuses" is a comma-separated list). Any
 // other parameter is an error naming it. Because the query holds options,
-// a webhook URL that needs its own query string must be set in the config
-// file instead. The returned Config is not yet validated.
+// a webhook URL that needs its own query string is set in the config
+// file's url, which may add it to the sink URL (see Refines). The
+// returned Config is not yet validated.
 func ParseURL(raw string) (Config, error) {
 	var c Config
 	u, err := url.Parse(raw)
@@ -363,6 +364,22 @@ func ParseURL(raw string) (Config, error) {
 	u.ForceQuery = false
 	c.URL = u.String()
 	return c, nil
+}
+
+// Refines implements sinks.Refiner: the config file's url may be the
+// sink URL plus the receiver's own query string (?token=...), which the
+// sink URL cannot carry because its query holds the sink's options.
+func (c Config) Refines(key, fromURL, fromFile string) bool {
+	if key != "url" {
+		return false
+	}
+	u, err := url.Parse(fromFile)
+	if err != nil || u.RawQuery == "" {
+		return false
+	}
+	u.RawQuery = ""
+	u.ForceQuery = false
+	return u.String() == fromURL
 }
 
 // hostKey identifies the connection pool a URL uses: the concurrency limit

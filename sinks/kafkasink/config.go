@@ -119,7 +119,8 @@ type TLSConfig = sinkconf.TLS
 // SASLConfig configures SASL authentication.
 type SASLConfig struct {
 	// Mechanism is "plain", "scram-sha-256", "scram-sha-512" or
-	// "aws-msk-iam"; "" turns SASL off. Default "".
+	// "aws-msk-iam". Default: "scram-sha-512" when Username or Password
+	// is set (by the URL's user info or the section), else "" (SASL off).
 	Mechanism string `yaml:"mechanism"`
 	// Username is required with plain and SCRAM, refused with aws-msk-iam.
 	Username string `yaml:"username"`
@@ -137,9 +138,9 @@ type SASLConfig struct {
 //
 //	kafka://[user:password@]host1:9092,host2:9092[?param=value&...]
 //
-// The user info, when present, sets SASL.Username and SASL.Password (and
-// SASL.Mechanism defaults to "scram-sha-512" unless sasl_mechanism is
-// given). Query parameters, each at most once; any other is an error:
+// The user info, when present, sets SASL.Username and SASL.Password
+// (SASL.Mechanism then defaults to "scram-sha-512"). Query parameters,
+// each at most once; any other is an error:
 //
 //	client_id, topic_prefix, topic_map (out1:kafka1,out2:kafka2), balancer,
 //	max_message_bytes, write_timeout, dial_timeout, metadata_ttl (Go
@@ -173,11 +174,13 @@ func ParseURL(raw string) (Config, error) {
 		cfg.Brokers = append(cfg.Brokers, strings.TrimSpace(b))
 	}
 	if u.User != nil {
+		// The mechanism stays unset: scram-sha-512 is its default with
+		// credentials (withDefaults), and a sasl.mechanism of the config
+		// file's section may still choose another.
 		cfg.SASL.Username = u.User.Username()
 		if p, ok := u.User.Password(); ok {
 			cfg.SASL.Password = Secret(p)
 		}
-		cfg.SASL.Mechanism = SASLScramSHA512
 	}
 
 	if err := params.Parse(&cfg, u.RawQuery); err != nil {
@@ -245,7 +248,17 @@ func (c Config) withDefaults() Config {
 	if c.MetadataTTL == 0 {
 		c.MetadataTTL = DefaultMetadataTTL
 	}
+	c.SASL = c.SASL.withDefaults()
 	return c
+}
+
+// withDefaults returns a with the mechanism credentials imply when none
+// is set.
+func (a SASLConfig) withDefaults() SASLConfig {
+	if a.Mechanism == "" && (a.Username != "" || a.Password != "") {
+		a.Mechanism = SASLScramSHA512
+	}
+	return a
 }
 
 // Validate reports the first invalid field, by its YAML name. Zero optional
@@ -295,7 +308,7 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate("kafka", ""); err != nil {
 		return err
 	}
-	return c.SASL.validate(c.TLS.On(false))
+	return c.SASL.withDefaults().validate(c.TLS.On(false))
 }
 
 // validate checks the SASL section; tls says whether TLS is on.
@@ -305,9 +318,6 @@ func (a SASLConfig) validate(tls bool) error {
 	}
 	switch a.Mechanism {
 	case "":
-		if a.Username != "" || a.Password != "" {
-			return errors.New("outbox: kafka: sasl.mechanism: credentials are set but no mechanism")
-		}
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 		if a.Username == "" {
 			return errors.New("outbox: kafka: sasl.username: required with sasl.mechanism " + a.Mechanism)

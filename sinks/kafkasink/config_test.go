@@ -41,7 +41,9 @@ func TestParseURL(t *testing.T) {
 
 	cfg, err = ParseURL("kafka://u:p@localhost:9092")
 	require.NoError(t, err)
-	require.Equal(t, SASLScramSHA512, cfg.SASL.Mechanism, "user info defaults to SCRAM-SHA-512")
+	require.Empty(t, cfg.SASL.Mechanism, "the URL sets no mechanism: a config-file section may still choose one")
+	require.Equal(t, SASLScramSHA512, cfg.withDefaults().SASL.Mechanism, "credentials default to SCRAM-SHA-512")
+	require.NoError(t, cfg.Validate())
 
 	cfg, err = ParseURL("kafka://b-1.msk.example:9098?tls=true&sasl_mechanism=aws-msk-iam&sasl_aws_region=eu-west-1")
 	require.NoError(t, err)
@@ -74,20 +76,20 @@ func TestValidateNamesTheField(t *testing.T) {
 	t.Parallel()
 	ok := Config{Brokers: []string{"h:9092"}}
 	for field, mod := range map[string]func(*Config){
-		"brokers":               func(c *Config) { c.Brokers = nil },
-		"brokers:":              func(c *Config) { c.Brokers = []string{"nohost"} },
-		"topic_prefix":          func(c *Config) { c.TopicPrefix = "bad prefix" },
-		"topic_map":             func(c *Config) { c.TopicMap = map[string]string{"a": "b/c"} },
-		"balancer":              func(c *Config) { c.Balancer = "roundrobin" },
-		"max_message_bytes":     func(c *Config) { c.MaxMessageBytes = 10 },
-		"write_timeout":         func(c *Config) { c.WriteTimeout = -time.Second },
-		"dial_timeout":          func(c *Config) { c.DialTimeout = -time.Second },
-		"metadata_ttl":          func(c *Config) { c.MetadataTTL = -time.Second },
-		"tls.cert_file":         func(c *Config) { c.TLS = TLSConfig{Enable: true, CertFile: "/c.pem"} },
-		"sasl.mechanism":        func(c *Config) { c.SASL.Mechanism = "gssapi" },
-		"sasl.mechanism: creds": func(c *Config) { c.SASL.Username = "u" },
-		"sasl.username":         func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Password: "p"} },
-		"sasl.password":         func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Username: "u"} },
+		"brokers":                          func(c *Config) { c.Brokers = nil },
+		"brokers:":                         func(c *Config) { c.Brokers = []string{"nohost"} },
+		"topic_prefix":                     func(c *Config) { c.TopicPrefix = "bad prefix" },
+		"topic_map":                        func(c *Config) { c.TopicMap = map[string]string{"a": "b/c"} },
+		"balancer":                         func(c *Config) { c.Balancer = "roundrobin" },
+		"max_message_bytes":                func(c *Config) { c.MaxMessageBytes = 10 },
+		"write_timeout":                    func(c *Config) { c.WriteTimeout = -time.Second },
+		"dial_timeout":                     func(c *Config) { c.DialTimeout = -time.Second },
+		"metadata_ttl":                     func(c *Config) { c.MetadataTTL = -time.Second },
+		"tls.cert_file":                    func(c *Config) { c.TLS = TLSConfig{Enable: true, CertFile: "/c.pem"} },
+		"sasl.mechanism":                   func(c *Config) { c.SASL.Mechanism = "gssapi" },
+		"sasl.password: default mechanism": func(c *Config) { c.SASL.Username = "u" }, // scram-sha-512 needs both
+		"sasl.username":                    func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Password: "p"} },
+		"sasl.password":                    func(c *Config) { c.SASL = SASLConfig{Mechanism: "plain", Username: "u"} },
 		"sasl.aws_region": func(c *Config) {
 			c.SASL = SASLConfig{Mechanism: "plain", Username: "u", Password: "p", AWSRegion: "eu-west-1"}
 		},

@@ -131,9 +131,17 @@ func (c Config) Validate() error {
 // The URL has no host or path: the stream is a parameter, since it is a
 // template.
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(_ *Config, base string) error {
-		return awsbatch.CheckBase("kinesis", base, "stream", "the stream")
-	})
+	return sinkconf.ParseConfig(params, raw, checkBase)
+}
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, checkBase)
+}
+
+func checkBase(_ *Config, base string) error {
+	return awsbatch.CheckBase("kinesis", base, "stream", "the stream")
 }
 
 var params = sinkconf.NewParams("kinesis", "",

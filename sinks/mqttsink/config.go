@@ -240,8 +240,16 @@ func parseBrokers(raw string) (brokers, error) {
 // mqtt://127.0.0.1:1883?topic=events/{topic} into a validated Config (see
 // sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
+	return sinkconf.ParseConfig(params, raw, setBase)
 }
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, setBase)
+}
+
+func setBase(c *Config, base string) error { c.URL = base; return nil }
 
 var params = sinkconf.NewParams("mqtt", "",
 	sinkconf.Routing(sinkconf.String("topic", func(c *Config) *string { return &c.Topic })),

@@ -14,5 +14,5 @@ var Driver = sinks.Driver{
 	// implement it: programs fall back to the Kafka binding's names (ce_
 	// user properties, content-type), see docs/sinks/mqtt.md.
 	Binding: "",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

@@ -252,8 +252,16 @@ func servers(raw string) ([]string, error) {
 // nats://127.0.0.1:4222?subject=events.{topic}&stream=EVENTS into a
 // validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
+	return sinkconf.ParseConfig(params, raw, setBase)
 }
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, setBase)
+}
+
+func setBase(c *Config, base string) error { c.URL = base; return nil }
 
 var params = sinkconf.NewParams("nats", "",
 	sinkconf.Routing(sinkconf.String("subject", func(c *Config) *string { return &c.Subject })),

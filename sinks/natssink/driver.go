@@ -11,5 +11,5 @@ var Driver = sinks.Driver{
 	Label:   "nats",
 	System:  "nats",
 	Binding: "nats",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

@@ -118,14 +118,23 @@ func (c Config) Validate() error {
 // pubsub://my-project?topic=events.{topic} into a validated Config: the
 // host is the project (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error {
-		u, err := url.Parse(base)
-		if err != nil || u.Scheme != "pubsub" || u.User != nil || u.Port() != "" || strings.Trim(u.Path, "/") != "" {
-			return fmt.Errorf("outbox: pubsub: url: want pubsub://PROJECT?topic=..., got %q", redact.URL(base))
-		}
-		c.Project = u.Host
-		return nil
-	})
+	return sinkconf.ParseConfig(params, raw, setProject)
+}
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, setProject)
+}
+
+// setProject takes the project from the URL's host, the URL's only part.
+func setProject(c *Config, base string) error {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "pubsub" || u.User != nil || u.Port() != "" || strings.Trim(u.Path, "/") != "" {
+		return fmt.Errorf("outbox: pubsub: url: want pubsub://PROJECT?topic=..., got %q", redact.URL(base))
+	}
+	c.Project = u.Host
+	return nil
 }
 
 var params = sinkconf.NewParams("pubsub", "",

@@ -199,8 +199,16 @@ func parseServer(raw string, cluster bool) (server, error) {
 // redis://127.0.0.1:6379/0?stream=events.{topic}&maxlen=1000000 into a
 // validated Config (see sinkconf.ParseConfig for its parameters).
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(c *Config, base string) error { c.URL = base; return nil })
+	return sinkconf.ParseConfig(params, raw, setBase)
 }
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, setBase)
+}
+
+func setBase(c *Config, base string) error { c.URL = base; return nil }
 
 var params = sinkconf.NewParams("redis", "",
 	sinkconf.Routing(sinkconf.String("stream", func(c *Config) *string { return &c.Stream })),

@@ -12,5 +12,5 @@ var Driver = sinks.Driver{
 	Label:   "redis",
 	System:  "redis",
 	Binding: "",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

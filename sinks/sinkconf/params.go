@@ -104,21 +104,35 @@ func (p Params[C]) ParseURL(raw string) (c C, base string, err error) {
 // Validator is a sink's Config: it says what is wrong with itself.
 type Validator interface{ Validate() error }
 
-// ParseConfig is a sink's ParseURL: it parses raw's query as p.ParseURL
-// does (every Config field under its yaml name, TLS fields as TLSParams
-// names them; any other parameter is an error naming it), hands the URL
-// without its query to setBase (which puts it in the config, or refuses
-// it), and validates the result.
+// ParseConfig is a sink's ParseURL: DecodeURL, then the result
+// validated.
 func ParseConfig[C Validator](p Params[C], raw string, setBase func(c *C, base string) error) (C, error) {
+	c, err := DecodeURL(p, raw, setBase)
+	if err != nil {
+		var zero C
+		return zero, err
+	}
+	if err := c.Validate(); err != nil {
+		var zero C
+		return zero, err
+	}
+	return c, nil
+}
+
+// DecodeURL reads what a sink URL says, without validating it: it parses
+// raw's query as p.ParseURL does (every Config field under its yaml name,
+// TLS fields as TLSParams names them; any other parameter is an error
+// naming it) and hands the URL without its query to setBase (which puts
+// it in the config, or refuses it). A sink's driver decodes this way
+// (see sinks.Typed): a key the URL leaves out may come from the config
+// file, and only the two together can be validated.
+func DecodeURL[C any](p Params[C], raw string, setBase func(c *C, base string) error) (C, error) {
 	var zero C
 	c, base, err := p.ParseURL(raw)
 	if err != nil {
 		return zero, err
 	}
 	if err := setBase(&c, base); err != nil {
-		return zero, err
-	}
-	if err := c.Validate(); err != nil {
 		return zero, err
 	}
 	return c, nil

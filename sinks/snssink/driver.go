@@ -13,5 +13,5 @@ var Driver = sinks.Driver{
 	Label:   "sns",
 	System:  "aws_sns",
 	Binding: "",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

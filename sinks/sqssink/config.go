@@ -122,9 +122,17 @@ func (c Config) Validate() error {
 // The URL has no host or path: the queue URL is a parameter, since it is
 // a template.
 func ParseURL(raw string) (Config, error) {
-	return sinkconf.ParseConfig(params, raw, func(_ *Config, base string) error {
-		return awsbatch.CheckBase("sqs", base, "queue_url", "the queue URL")
-	})
+	return sinkconf.ParseConfig(params, raw, checkBase)
+}
+
+// decodeURL is ParseURL without the validation, for Driver: the config
+// file's section may complete the URL (see sinks.Typed).
+func decodeURL(raw string) (Config, error) {
+	return sinkconf.DecodeURL(params, raw, checkBase)
+}
+
+func checkBase(_ *Config, base string) error {
+	return awsbatch.CheckBase("sqs", base, "queue_url", "the queue URL")
 }
 
 var params = sinkconf.NewParams("sqs", "",

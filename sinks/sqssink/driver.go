@@ -13,5 +13,5 @@ var Driver = sinks.Driver{
 	Label:   "sqs",
 	System:  "aws_sqs",
 	Binding: "",
-	Parse:   sinks.Typed(ParseURL, sinks.WithLogger(New)),
+	Parse:   sinks.Typed(decodeURL, sinks.WithLogger(New)),
 }

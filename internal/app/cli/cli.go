@@ -120,11 +120,12 @@ type globals struct {
 	logLevel    string
 	logFormat   string
 
-	file   *fileConfig
-	files  envFiles // what was read through *_FILE variables
-	stdout io.Writer
-	stderr io.Writer
-	log    *slog.Logger
+	file    *fileConfig
+	files   envFiles          // what was read through *_FILE variables
+	origins map[string]string // where each option's value came from (see resolve)
+	stdout  io.Writer
+	stderr  io.Writer
+	log     *slog.Logger
 }
 
 // Main runs the command line and returns the process exit status: 0 on
@@ -215,7 +216,8 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 		return err
 	}
 	g.file = fc
-	if err := resolve(cmd, fc, ef); err != nil {
+	g.origins = map[string]string{}
+	if err := resolve(cmd, fc, ef, g.origins); err != nil {
 		return err
 	}
 	var level slog.Level
@@ -243,9 +245,34 @@ func (g *globals) requireDatabase() error {
 		return usagef("outbox: database-url: required (flag --database-url, env DATABASE_URL or OUTBOX_DATABASE_URL)")
 	}
 	if _, err := pgxpool.ParseConfig(g.databaseURL); err != nil {
+		if err := databaseScheme(g.databaseURL); err != nil {
+			return err
+		}
 		return usagef("outbox: database-url: cannot parse %s", redactURL(g.databaseURL))
 	}
 	return nil
+}
+
+// urlScheme matches the scheme of a value written as a URL.
+var urlScheme = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
+
+// databaseScheme reports a database URL whose scheme pgx does not take
+// (pgx reads anything but postgres:// and postgresql:// as key=value
+// settings, and its error would only say that they do not parse).
+func databaseScheme(raw string) error {
+	m := urlScheme.FindStringSubmatch(raw)
+	if m == nil || m[1] == "postgres" || m[1] == "postgresql" {
+		return nil
+	}
+	hint := ""
+	for _, s := range []string{"postgres", "postgresql"} {
+		if editDistance(strings.ToLower(m[1]), s) <= 2 {
+			hint = fmt.Sprintf(" (did you mean %q?)", s)
+			break
+		}
+	}
+	return usagef("outbox: database-url: scheme %q is not one Postgres takes%s: write postgres:// or postgresql://, or key=value settings (host=... dbname=...)",
+		redactURL(m[1]), hint)
 }
 
 // connect opens a small pool for the admin commands.

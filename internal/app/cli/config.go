@@ -44,7 +44,7 @@ type fileConfig struct {
 	path     string
 	values   map[string]string
 	sections map[string]*yaml.Node
-	lines    map[string]int // line of each section's key
+	lines    map[string]int // line of each key, values' and sections'
 }
 
 // envNames returns the environment variables that may set flag name, in
@@ -216,6 +216,7 @@ func loadFile(path string, known map[string]bool) (*fileConfig, error) {
 		if !known[key] {
 			return nil, usagef("outbox: config %s line %d: unknown option %q%s (options are the long flag names; see --help)", path, k.Line, k.Value, nearestOption(known, key))
 		}
+		fc.lines[key] = k.Line
 		switch v.Kind {
 		case yaml.ScalarNode:
 			fc.values[key] = v.Value
@@ -557,10 +558,15 @@ func isCLIOnly(f *pflag.Flag) bool { return len(f.Annotations[cliOnlyAnnotation]
 
 // resolve fills every flag the user did not set on the command line from
 // the environment, then from the config file: flags > env > file.
-// What it learns of *_FILE variables goes to ef.
-func resolve(cmd *cobra.Command, fc *fileConfig, ef *envFiles) error {
+// What it learns of *_FILE variables goes to ef; where each value came
+// from ("--sink", "OUTBOX_SINK", "sink at line 3") goes to origins, for
+// errors that must name it.
+func resolve(cmd *cobra.Command, fc *fileConfig, ef *envFiles, origins map[string]string) error {
 	var errs []error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			origins[f.Name] = "--" + f.Name
+		}
 		if f.Changed || f.Name == "help" || f.Name == "config" || isCLIOnly(f) {
 			return
 		}
@@ -573,30 +579,54 @@ func resolve(cmd *cobra.Command, fc *fileConfig, ef *envFiles) error {
 				return
 			}
 			if ok {
+				origins[f.Name] = env
+				if fromFile && !plain {
+					origins[f.Name] = env + "_FILE"
+				}
 				if err := f.Value.Set(v); err != nil {
 					if fromFile && !plain {
 						errs = append(errs, usagef("outbox: %s (from %s_FILE=%s): not a valid value (the file's content is not shown)", f.Name, env, os.Getenv(env+"_FILE")))
 					} else {
-						errs = append(errs, usagef("outbox: %s (from %s): %v", f.Name, env, redactErr(f.Name, err)))
+						errs = append(errs, usagef("outbox: %s (from %s): %v", f.Name, env, valueError(f, v, err)))
 					}
 				}
 				return
 			}
 		}
 		if v, ok := fc.values[f.Name]; ok {
+			origins[f.Name] = fmt.Sprintf("%s at line %d", f.Name, fc.lines[f.Name])
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, usagef("outbox: %s (from %s): %v", f.Name, fc.path, redactErr(f.Name, err)))
+				errs = append(errs, usagef("outbox: config %s line %d: %s: %v", fc.path, fc.lines[f.Name], f.Name, valueError(f, v, err)))
 			}
 		}
 	})
 	return errors.Join(errs...)
 }
 
-func redactErr(flag string, err error) error {
-	if flag == "database-url" || flag == "sink" {
+// valueError says what is wrong with v, flag f's value from the
+// environment or the file: what the flag takes ("an integer") rather than
+// Go's strconv text. The values of the options that hold secrets are not
+// repeated.
+func valueError(f *pflag.Flag, v string, err error) error {
+	if f.Name == "database-url" || f.Name == "sink" {
 		return errors.New("invalid value")
 	}
-	return err
+	want, ok := flagSyntax[f.Value.Type()]
+	if !ok {
+		return err
+	}
+	return fmt.Errorf("%q is not %s", redactURL(v), want)
+}
+
+// flagSyntax names what a flag of each pflag type takes, for valueError.
+var flagSyntax = map[string]string{
+	"int":      "an integer",
+	"int32":    "an integer",
+	"int64":    "an integer",
+	"uint":     "a whole number",
+	"float64":  "a number",
+	"bool":     "true or false",
+	"duration": "a duration such as 30s or 5m",
 }
 
 // redactURL hides the credentials in a database or sink URL (well-formed

@@ -72,6 +72,11 @@ func Reference() []byte {
 		}
 	}
 	w("| `routes:` | a list of routes (below), exclusive with `--sink` |\n\n")
+	w("A sink's section and its URL (`--sink`, or a route's `sink`) are read\n")
+	w("together and checked as one: a key the URL leaves out may come from the\n")
+	w("section. A key set in both must have the same value in both; different\n")
+	w("values are refused (exit status 2) with the key's line and where the URL\n")
+	w("came from. Each page of docs/sinks shows a complete file.\n\n")
 	w("### Sink URLs\n\n")
 	w("| schemes | URL query parameters (each also a key of the sink's section) | page |\n|---|---|---|\n")
 	for _, d := range sinkDrivers.Drivers() {

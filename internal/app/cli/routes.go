@@ -152,7 +152,8 @@ func parseRoutes(g *globals, base relay.Config) ([]route, error) {
 		setIf(&cfg.PublishTimeout, sp.PublishTimeout)
 		rt := route{spec: relay.Route{Name: sp.Name, Topics: sp.Topics, FanOut: sp.FanOut}, cfg: cfg,
 			label: sinkLabel(sp.Sink), scheme: sinkScheme(sp.Sink), format: sp.Format}
-		if rt.open, rt.sinkName, err = parseSinkWith(sp.Sink, g, sections); err != nil {
+		from := fmt.Sprintf("%s.sink at line %d", field, keyLine(items[i], "sink", 0))
+		if rt.open, rt.sinkName, err = parseSinkWith(sp.Sink, from, g, sections); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
 		// Zero in the file is a mistake, not "the default".

@@ -35,7 +35,7 @@ func FuzzSecretsNotPrinted(f *testing.F) {
 				b.WriteString(err.Error())
 			}
 			b.WriteString("\n")
-			if _, name, err := parseSinkWith(raw, &gg, nil); err != nil {
+			if _, name, err := parseSinkWith(raw, "--sink", &gg, nil); err != nil {
 				b.WriteString(err.Error())
 			} else {
 				b.WriteString(name)

@@ -64,7 +64,11 @@ type opener func() (sinks.Sink, error)
 // section, for options that do not fit in a URL) without connecting, and
 // returns how to open it and its name with secrets redacted.
 func parseSink(raw string, g *globals) (opener, string, error) {
-	return parseSinkWith(raw, g, g.file.sinkSections())
+	from := g.origins["sink"]
+	if from == "" {
+		from = "--sink"
+	}
+	return parseSinkWith(raw, from, g, g.file.sinkSections())
 }
 
 // sinkSection is a config-file section that configures one kind of sink.
@@ -96,8 +100,10 @@ func sectionFor(scheme string) string {
 }
 
 // parseSinkWith is parseSink with the sink sections to use (a route may
-// carry its own).
-func parseSinkWith(raw string, g *globals, sections map[string]sinkSection) (opener, string, error) {
+// carry its own); from says where raw was given ("--sink", "OUTBOX_SINK",
+// "routes[1].sink at line 7"), for an error about a key that raw and the
+// section set differently.
+func parseSinkWith(raw, from string, g *globals, sections map[string]sinkSection) (opener, string, error) {
 	if raw == "" {
 		return nil, "", usagef("outbox: sink: required (one of %s URLs; see --help)", strings.Join(sinkSchemes, ", "))
 	}
@@ -121,7 +127,8 @@ func parseSinkWith(raw string, g *globals, sections map[string]sinkSection) (ope
 		}
 	}
 	var decode sinks.Decoder
-	if sec, ok := sections[d.Section]; ok && d.Section != "" {
+	sec, hasSection := sections[d.Section]
+	if hasSection && d.Section != "" {
 		decode = func(dst any) error {
 			if err := strictDecode(sec.node, dst, sec.name); err != nil {
 				return configError(g.file.path, err)
@@ -132,11 +139,42 @@ func parseSinkWith(raw string, g *globals, sections map[string]sinkSection) (ope
 	cfg, err := d.Parse(raw, decode)
 	if err != nil {
 		var ue *usageError
-		if !errors.As(err, &ue) {
+		var conflict *sinks.ConflictError
+		switch {
+		case errors.As(err, &ue):
+		case errors.As(err, &conflict) && hasSection:
+			err = usagef("outbox: config %s line %d: %s.%s: set both here and in the sink URL (%s), to different values%s; set it in one place",
+				g.file.path, pathLine(sec.node, conflict.Key, sec.line), sec.name, conflict.Key, from, conflict.Values())
+		default:
 			err = &usageError{err}
 		}
 		return nil, "", err
 	}
 	env := sinks.Env{Logger: g.log, Stdout: g.stdout}
 	return func() (sinks.Sink, error) { return cfg.Open(env) }, cfg.Redacted(), nil
+}
+
+// pathLine returns the line of the key at path ("tls.ca_file") in the
+// mapping node, or def when the file does not spell it out (a merge key).
+func pathLine(node *yaml.Node, path string, def int) int {
+	line := def
+	for _, key := range strings.Split(path, ".") {
+		if node != nil && node.Kind == yaml.AliasNode {
+			node = node.Alias
+		}
+		if node == nil || node.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			if node.Content[i].Value == key {
+				line, next = node.Content[i].Line, node.Content[i+1]
+			}
+		}
+		if next == nil {
+			return def
+		}
+		node = next
+	}
+	return line
 }
