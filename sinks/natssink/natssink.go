@@ -561,8 +561,12 @@ func (s *Sink) publishErr(err error) error {
 func (s *Sink) noStream(ctx context.Context, subject string) error {
 	if s.cfg.Stream != "" {
 		_, err := s.js.Stream(ctx, s.cfg.Stream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
 			return sinks.NotSent(fmt.Errorf("%w: stream %q does not exist: create it (or set create_stream)", ErrNoStream, s.cfg.Stream))
+		case err != nil:
+			// The lookup says nothing of the message: retry it.
+			return sinks.Unavailable(fmt.Errorf("outbox: nats: no stream for subject %q, and looking up stream %q failed: %w", subject, s.cfg.Stream, err))
 		}
 	} else if s.subject.Fixed() {
 		return sinks.NotSent(fmt.Errorf("%w for subject %q, the sink's only subject: create a stream whose subjects cover it", ErrNoStream, subject))
