@@ -450,20 +450,7 @@ routes:
 
 	base := "http://" + addr
 	badge := `#route-health tr[data-route="billing"] .badge.down`
-	var last atomic.Value
-	last.Store("no page loaded")
-	shown := assert.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
-		defer cancel()
-		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
-			last.Store("overview: " + err.Error())
-			return false
-		}
-		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(badge), chromedp.AtLeast(0)))
-		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
-		return err == nil && len(n) == 1
-	}, 60*time.Second, 300*time.Millisecond)
-	require.True(t, shown, "the billing route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+	b.awaitBadge(base, badge, "the billing route's badge", logs)
 	require.Equal(t, "destination down", b.text(badge))
 	row := b.text(`#route-health tr[data-route="billing"]`)
 	require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+(ms|s) ago\)`, row, "since when")
@@ -477,18 +464,7 @@ routes:
 	// The mail route waits for its rate limit (1 message a second): a
 	// heartbeat records it, and the overview shows it.
 	limited := `#route-health tr[data-route="mail"] .badge.limited`
-	shown = assert.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
-		defer cancel()
-		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
-			last.Store("overview: " + err.Error())
-			return false
-		}
-		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(limited), chromedp.AtLeast(0)))
-		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
-		return err == nil && len(n) == 1
-	}, 60*time.Second, 300*time.Millisecond)
-	require.True(t, shown, "the mail route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+	b.awaitBadge(base, limited, "the mail route's badge", logs)
 	require.Equal(t, "rate limited", b.text(limited))
 	row = b.text(`#route-health tr[data-route="mail"]`)
 	require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+(ms|s) ago\)`, row, "since when")
@@ -526,20 +502,7 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 
 	base := "http://" + addr
 	badge := `#route-health tr[data-route=""] .badge.down`
-	var last atomic.Value
-	last.Store("no page loaded")
-	shown := assert.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
-		defer cancel()
-		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
-			last.Store("overview: " + err.Error())
-			return false
-		}
-		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(badge), chromedp.AtLeast(0)))
-		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
-		return err == nil && len(n) == 1
-	}, 60*time.Second, 300*time.Millisecond)
-	require.True(t, shown, "the route's badge; last look: %s; logs:\n%s", last.Load(), logs.String())
+	b.awaitBadge(base, badge, "the route's badge", logs)
 
 	const state, reason = "destination down", "the exchange does not exist"
 	require.Equal(t, state, b.text(badge))
@@ -564,6 +527,27 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 	var attempts int
 	require.NoError(t, pool.QueryRow(bg, "SELECT coalesce(max(attempts), 0) FROM "+migrations.Ident(schema)+".messages").Scan(&attempts))
 	require.Zero(t, attempts, "a missing exchange cost attempts")
+}
+
+// awaitBadge reloads the overview until it shows exactly one node of sel
+// (a route's state badge: a heartbeat records the state first) and fails
+// with what, the last look and the relay's log when it never does.
+func (b *tab) awaitBadge(base, sel, what string, logs *syncWriter) {
+	b.t.Helper()
+	var last atomic.Value
+	last.Store("no page loaded")
+	shown := assert.Eventually(b.t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
+			last.Store("overview: " + err.Error())
+			return false
+		}
+		n, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(sel), chromedp.AtLeast(0)))
+		last.Store(fmt.Sprintf("%d badges (%v)", len(n), err))
+		return err == nil && len(n) == 1
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(b.t, shown, "%s; last look: %s; logs:\n%s", what, last.Load(), logs.String())
 }
 
 // get fetches url and returns the status code and the body.
