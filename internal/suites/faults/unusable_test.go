@@ -49,6 +49,20 @@ func downWithoutAttempts(t *testing.T, pool *pgxpool.Pool, schema string) {
 // records the route's probes in the relays table.
 var downFlags = append([]string{"--lease-ttl", "3s", "--heartbeat", "1s"}, stallFlags...)
 
+// deliveredAfter waits, up to bound, until the outbox is empty once the
+// destination can accept the messages again (what names that moment),
+// logs how long it took, and checks that nothing was dead-lettered.
+func deliveredAfter(t *testing.T, pool *pgxpool.Pool, schema string, bound time.Duration, what string) {
+	t.Helper()
+	since := time.Now()
+	eventually(t, bound, 20*time.Millisecond, func() (bool, string) {
+		left := count(t, pool, schema, "messages")
+		return left == 0, fmt.Sprintf("%d pending", left)
+	})
+	t.Logf("all delivered %s after %s", time.Since(since).Round(time.Millisecond), what)
+	require.Empty(t, deadLetters(t, pool, schema))
+}
+
 // TestMissingExchangeIsDown: the AMQP sink's exchange does not exist.
 func TestMissingExchangeIsDown(t *testing.T) {
 	t.Parallel()
@@ -68,13 +82,7 @@ func TestMissingExchangeIsDown(t *testing.T) {
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q.Name, "#", name, false, nil))
-	created := time.Now()
-	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
-		left := count(t, pool, schema, "messages")
-		return left == 0, fmt.Sprintf("%d pending", left)
-	})
-	t.Logf("all 10 delivered %s after the exchange was created", time.Since(created).Round(time.Millisecond))
-	require.Empty(t, deadLetters(t, pool, schema))
+	deliveredAfter(t, pool, schema, 30*time.Second, "the exchange was created")
 }
 
 // TestMissingStreamIsDown: no JetStream stream covers the NATS sink's
@@ -98,13 +106,7 @@ func TestMissingStreamIsDown(t *testing.T) {
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-	created := time.Now()
-	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
-		left := count(t, pool, schema, "messages")
-		return left == 0, fmt.Sprintf("%d pending", left)
-	})
-	t.Logf("all 10 delivered %s after the stream was created", time.Since(created).Round(time.Millisecond))
-	require.Empty(t, deadLetters(t, pool, schema))
+	deliveredAfter(t, pool, schema, 30*time.Second, "the stream was created")
 }
 
 // TestRefusedCredentialsAreDown: the broker starts refusing the AMQP
@@ -158,11 +160,5 @@ func TestRefusedCredentialsAreDown(t *testing.T) {
 
 	_, err = broker.Ctl(ctx, "change_password", "relay", "first")
 	require.NoError(t, err)
-	restored := time.Now()
-	eventually(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
-		left := count(t, pool, schema, "messages")
-		return left == 0, fmt.Sprintf("%d pending", left)
-	})
-	t.Logf("all 10 delivered %s after the password was restored", time.Since(restored).Round(time.Millisecond))
-	require.Empty(t, deadLetters(t, pool, schema))
+	deliveredAfter(t, pool, schema, 60*time.Second, "the password was restored")
 }
