@@ -481,17 +481,8 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 	pool, schema, w := e2e(t)
 	exchange := testkit.RandName("console-noexchange-")
 	sink := testkit.AMQPURL() + "?exchange=" + exchange
-	addr := freeAddr(t)
-	runCtx, stop := context.WithCancel(context.Background())
-	logs := &syncWriter{}
-	exited := make(chan int, 1)
-	go func() {
-		exited <- cli.MainContext(runCtx, []string{"run", "--sink", sink, "--admin-addr", addr, "--heartbeat", "200ms"}, io.Discard, logs)
-	}()
-	defer func() {
-		stop()
-		require.Equal(t, 0, <-exited, logs.String())
-	}()
+	r := runInBackground(t, "run", "--sink", sink, "--heartbeat", "200ms")
+	defer func() { require.Equal(t, 0, r.stop(), r.logs.String()) }()
 	bg := context.Background()
 	tx, err := pool.Begin(bg)
 	require.NoError(t, err)
@@ -500,9 +491,9 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit(bg))
 
-	base := "http://" + addr
+	base := "http://" + r.addr
 	badge := `#route-health tr[data-route=""] .badge.down`
-	b.awaitBadge(base, badge, "the route's badge", logs)
+	b.awaitBadge(base, badge, "the route's badge", r.logs)
 
 	const state, reason = "destination down", "the exchange does not exist"
 	require.Equal(t, state, b.text(badge))
@@ -510,7 +501,7 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 	require.Contains(t, b.text(`#banner`), "destination down for")
 	require.Contains(t, b.text(`#lanes-summary`), "1 relay registered")
 
-	code, body := get(t, base+"/readyz")
+	code, body := r.readyz()
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "outbox: "+state)
 	require.Contains(t, body, reason, "/readyz's reason")
