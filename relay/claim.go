@@ -107,7 +107,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		if err != nil {
 			return fmt.Errorf("headers of message %d: %w", row.ID, err)
 		}
-		headers = r.named(headers)
+		headers = r.producer.named(headers)
 		found = row.Found
 		var oversize int64
 		if row.Size > r.cfg.MaxMessageBytes {

@@ -274,14 +274,6 @@ const (
 	OnDeadLetterHold = "hold"
 )
 
-// ProducerNone (Config.Producer) sends no outbox-producer header: for
-// consumers that know their producers otherwise, or wire formats that
-// carry few headers.
-const ProducerNone = "-"
-
-// maxProducer bounds Config.Producer: it travels with every message.
-const maxProducer = 255
-
 // Wake-up modes (Config.Wakeup).
 const (
 	WakeupAuto   = "auto"

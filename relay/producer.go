@@ -10,6 +10,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
+// ProducerNone (Config.Producer) sends no outbox-producer header: for
+// consumers that know their producers otherwise, or wire formats that
+// carry few headers.
+const ProducerNone = "-"
+
+// maxProducer bounds Config.Producer: it travels with every message.
+const maxProducer = 255
+
 // checkProducer reports what is wrong with an explicit Config.Producer
 // ("" and ProducerNone are not names). Printable ASCII travels unchanged
 // in every sink's headers or attributes (HTTP, NATS, SQS, MQTT ...); a
@@ -44,41 +52,45 @@ func defaultProducer(database, systemID, schema string) string {
 	return name
 }
 
-// resolveProducer sets the name the relay adds to its messages (see
-// Config.Producer), reading the default from the database. A fan-out
-// router publishes nothing: its destinations' relays name the messages.
-func (r *Relay) resolveProducer(ctx context.Context) error {
-	p := r.cfg.Producer
-	switch {
-	case p == ProducerNone || r.cfg.Router():
-		return nil
-	case p == "":
-		err := r.atStart(ctx, func() error {
-			database, systemID, err := store.ProducerOrigin(ctx, r.pool)
-			p = defaultProducer(database, systemID, r.cfg.Schema)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("outbox: producer: read the default name: %w", err)
-		}
-	}
-	r.producer = p
-	// Messages without headers of their own (most) share this map, so
-	// naming the producer allocates nothing per message: sinks and
-	// formats read a message's Headers and never write them.
-	r.producerHeaders = map[string]string{sinks.HeaderProducer: p}
-	return nil
+// producer is the name a relay adds to its messages' headers (see
+// Config.Producer): the zero producer adds none.
+type producer struct {
+	name string
+	// headers are those of a message without headers of its own (most):
+	// they share this map, so naming the producer allocates nothing per
+	// message; sinks and formats read a message's Headers and never
+	// write them.
+	headers map[string]string
 }
 
-// named returns h with the relay's producer name added, unless the
-// application named one itself (any case of the header's name: on HTTP
-// two spellings would be one header with two values).
-func (r *Relay) named(h map[string]string) map[string]string {
-	if r.producer == "" {
+// resolveProducer returns the producer for the outbox in schema named
+// explicit (Config.Producer), reading the default from the database q is
+// connected to. A fan-out router (router) publishes nothing: its
+// destinations' relays name the messages.
+func resolveProducer(ctx context.Context, q store.Querier, explicit, schema string, router bool) (producer, error) {
+	name := explicit
+	switch {
+	case name == ProducerNone || router:
+		return producer{}, nil
+	case name == "":
+		database, systemID, err := store.ProducerOrigin(ctx, q)
+		if err != nil {
+			return producer{}, fmt.Errorf("outbox: producer: read the default name: %w", err)
+		}
+		name = defaultProducer(database, systemID, schema)
+	}
+	return producer{name: name, headers: map[string]string{sinks.HeaderProducer: name}}, nil
+}
+
+// named returns h with the producer's name added, unless the application
+// named one itself (any case of the header's name: on HTTP two spellings
+// would be one header with two values).
+func (p producer) named(h map[string]string) map[string]string {
+	if p.name == "" {
 		return h
 	}
 	if len(h) == 0 {
-		return r.producerHeaders
+		return p.headers
 	}
 	if _, ok := h[sinks.HeaderProducer]; ok {
 		return h
@@ -88,6 +100,6 @@ func (r *Relay) named(h map[string]string) map[string]string {
 			return h
 		}
 	}
-	h[sinks.HeaderProducer] = r.producer
+	h[sinks.HeaderProducer] = p.name
 	return h
 }

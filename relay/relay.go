@@ -86,12 +86,9 @@ type Relay struct {
 	schemaErr atomic.Pointer[error]
 	// abort stops Run with a cause (ConfigChangeFail); set by Run.
 	abort context.CancelCauseFunc
-	// producer is the name the relay adds to its messages' headers ("":
-	// none), and producerHeaders the headers of a message that has none
-	// of its own; set by Run before the workers start (see
-	// resolveProducer).
-	producer        string
-	producerHeaders map[string]string
+	// producer names the outbox in the messages' headers; set by Run
+	// before the workers start (see resolveProducer).
+	producer producer
 
 	stats totals
 }
@@ -287,7 +284,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		archiveDone := spawn(func() { r.keepArchive(ctx) })
 		defer func() { <-archiveDone }()
 	}
-	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer)
+	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer.name)
 	leaseDone := spawn(func() { r.lease.run(ctx, r.pooled, r.abort) })
 	r.cfg.sig.emit(sigStarted, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
@@ -344,7 +341,12 @@ func (r *Relay) preflight(ctx context.Context) (int, error) {
 	if err := r.checkSessions(ctx); err != nil {
 		return 0, err
 	}
-	if err := r.resolveProducer(ctx); err != nil {
+	err = r.atStart(ctx, func() error {
+		var err error
+		r.producer, err = resolveProducer(ctx, r.pool, r.cfg.Producer, r.cfg.Schema, r.cfg.Router())
+		return err
+	})
+	if err != nil {
 		return 0, err
 	}
 	if sc, ok := sinks.As[sinks.StartChecker](r.sink); ok {
