@@ -114,6 +114,7 @@ func (s *stmtTimer) report(out *strings.Builder) {
 
 // phaseHooks adds up where the relay's workers spend their time.
 type phaseHooks struct {
+	relay.NopHooks
 	batches, claimed          atomic.Int64
 	claimNs, sendNs, settleNs atomic.Int64
 }
@@ -125,7 +126,6 @@ func (h *phaseHooks) Batch(ev relay.BatchEvent) {
 	h.sendNs.Add(int64(ev.SendDuration))
 	h.settleNs.Add(int64(ev.SettleDuration))
 }
-func (h *phaseHooks) Lanes(int) {}
 
 // profile (BENCH_PROFILE=1) explains the relay's claim query on a loaded
 // outbox, then drains it with the relay in this process under a CPU

@@ -40,22 +40,6 @@ const (
 // The batch rolls back untouched and the breaker opens.
 var errDestinationDown = errors.New("outbox: destination unavailable")
 
-// OutageHooks is implemented by hooks that want to know when the route's
-// destination goes down as a whole (its breaker opens: the route claims
-// nothing but a probe of one message on a backoff) and when it is back.
-// cause is the error that opened it; nil when it closes.
-type OutageHooks interface {
-	Outage(open bool, since time.Time, cause error)
-}
-
-func (m multiHooks) Outage(open bool, since time.Time, cause error) {
-	for _, h := range m {
-		if oh, ok := h.(OutageHooks); ok {
-			oh.Outage(open, since, cause)
-		}
-	}
-}
-
 // RouteState is a route's delivery state: what its outage breaker says
 // (Open), whether it waits for a rate limit (Limited) and whether its
 // messages fail (Failing). Health names the worst of them.
@@ -96,7 +80,7 @@ type RouteState struct {
 type breaker struct {
 	workers int
 	log     *slog.Logger
-	hooks   OutageHooks // nil: none
+	hooks   Hooks
 	sig     *signals
 	now     func() time.Time
 	// wake wakes worker w: a worker idle with nothing to claim does not
@@ -119,10 +103,9 @@ type breaker struct {
 }
 
 func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *signals, wake func(w int)) *breaker {
-	oh, _ := hooks.(OutageHooks)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeInitial, probeMax, 0
-	return &breaker{workers: workers, log: log, hooks: oh, sig: sig, now: time.Now, wake: wake, bo: bo, changed: make(chan struct{})}
+	return &breaker{workers: workers, log: log, hooks: hooks, sig: sig, now: time.Now, wake: wake, bo: bo, changed: make(chan struct{})}
 }
 
 // admission is what the breaker lets a worker claim.
@@ -190,9 +173,7 @@ func (b *breaker) landed(worker int, probe bool, o outcome, cause error) {
 		b.turn = worker
 		b.log.Warn("destination unavailable; claiming nothing but one message at a time as a probe until it is back",
 			"error", cause, "probe_in", b.next.Sub(b.now()).Round(time.Millisecond))
-		if b.hooks != nil {
-			b.hooks.Outage(true, b.state.Since, cause)
-		}
+		b.hooks.Outage(true, b.state.Since, cause)
 		b.sig.emit(sigOutage, 1)
 	case probe:
 		b.state.Cause = cause
@@ -293,9 +274,7 @@ func (b *breaker) closeLocked() {
 	b.empty = 0
 	close(b.changed)
 	b.changed = make(chan struct{})
-	if b.hooks != nil {
-		b.hooks.Outage(false, since, nil)
-	}
+	b.hooks.Outage(false, since, nil)
 	b.sig.emit(sigOutage, 0)
 }
 

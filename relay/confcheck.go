@@ -34,20 +34,10 @@ const (
 	ConfigChangeFail = "fail"
 	// ConfigChangeAllow: it takes its share of the lanes beside them (a
 	// rolling change of a route's configuration that the operator
-	// chose), logs a warning, and reports the coexistence to hooks
-	// implementing ConfigHooks.
+	// chose), logs a warning, and reports the coexistence to
+	// Hooks.RouteConfigs.
 	ConfigChangeAllow = "allow"
 )
-
-// ConfigHooks is implemented by hooks that want to know, at every
-// heartbeat, how many configurations the live relays of the route run (1
-// when they agree; relays of versions that register none are not
-// counted). More than 1 lasts only while an operator allows it (see
-// ConfigChangeAllow) or for a heartbeat after two relays that disagree
-// started at the same moment.
-type ConfigHooks interface {
-	RouteConfigs(n int)
-}
 
 // fingerprintVersion prefixes every hash: the encoding below may change
 // between releases, and a relay then reads another release's fingerprint
@@ -244,9 +234,7 @@ func (l *leaser) conflictError(blocking []store.OtherConfig) error {
 // ErrConfig) when the relay must take no lane.
 func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 	v := judge(others)
-	if h, ok := l.hooks.(ConfigHooks); ok {
-		h.RouteConfigs(v.configs)
-	}
+	l.hooks.RouteConfigs(v.configs)
 	l.routeConfigs.Store(int64(v.configs))
 	now := time.Now()
 	if v.unknown > 0 && now.Sub(l.unknownWarned) >= confWarnEvery {
@@ -297,6 +285,6 @@ func (l *leaser) judgeOthers(others []store.OtherConfig) error {
 }
 
 // RouteConfigs returns how many configurations the live relays of this
-// relay's route ran at its last heartbeat (see ConfigHooks); 0 before the
+// relay's route ran at its last heartbeat (see Hooks.RouteConfigs); 0 before the
 // first.
 func (r *Relay) RouteConfigs() int { return int(r.lease.routeConfigs.Load()) }

@@ -122,7 +122,7 @@ type Config struct {
 	// ConfigChangeWait takes no lane until they are gone,
 	// ConfigChangeFail makes Run return an error wrapping ErrConfig, and
 	// ConfigChangeAllow takes a share of the lanes beside them (a rolling
-	// change; see ConfigHooks). Default "wait".
+	// change; see Hooks.RouteConfigs). Default "wait".
 	OnConfigChange string
 	// RetryInitial is the delay after the first failure. Default 1s.
 	RetryInitial time.Duration

@@ -32,8 +32,8 @@ func (r *Relay) Live() error {
 // Ready reports whether the relay can do its job right now: not draining,
 // its lane lease renewed within the lease TTL, the database reachable, its
 // destination up (the sink healthy when it can tell, the outage breaker
-// closed: see OutageHooks). It answers for this relay only: lanes of its
-// route that no relay works are reported to LaneHealthHooks, not here.
+// closed: see Hooks.Outage). It answers for this relay only: lanes of its
+// route that no relay works are reported to Hooks.UnworkedLanes, not here.
 func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.readyToClaim(ctx); err != nil {
 		return err

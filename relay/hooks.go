@@ -38,34 +38,61 @@ type BatchEvent struct {
 	AckedAt time.Time
 }
 
-// Hooks observe a relay. Implementations must be fast and safe for
-// concurrent use; they run on the workers' goroutines.
+// Hooks observe a relay (metrics, tracing). Implementations must be fast
+// and safe for concurrent use: they run on the relay's goroutines. Embed
+// NopHooks to implement only some methods (and keep compiling when later
+// versions add one).
 type Hooks interface {
+	// Batch reports a batch once it is settled (or failed to be).
 	Batch(ev BatchEvent)
-	Lanes(owned int)
-}
-
-// CycleErrorHooks is implemented by hooks that also want to know about
-// cycles that failed before a batch could be settled (database
-// unreachable or read-only, connection lost): no BatchEvent reports
-// those.
-type CycleErrorHooks interface {
+	// CycleError reports a cycle that failed before a batch could be
+	// settled (the database unreachable or read-only, a connection
+	// lost): no BatchEvent reports those.
 	CycleError(err error)
-}
-
-// LaneHealthHooks is implemented by hooks that want to know, at every
-// heartbeat, how many lanes of the relay's route no live relay has worked
-// for longer than a lease TTL (0 when all are worked): lanes whose
-// messages wait although the relay itself is healthy.
-type LaneHealthHooks interface {
+	// Lanes reports how many lanes the relay owns, at each heartbeat
+	// that changed them.
+	Lanes(owned int)
+	// UnworkedLanes reports, at every heartbeat, how many lanes of the
+	// route no live relay has worked for longer than a lease TTL (0 when
+	// all are worked): lanes whose messages wait although the relay
+	// itself is healthy.
 	UnworkedLanes(n int)
+	// RouteConfigs reports, at every heartbeat, how many configurations
+	// the live relays of the route run (1 when they agree; relays of
+	// versions that register none are not counted). More than 1 lasts
+	// only while an operator allows it (ConfigChangeAllow) or for a
+	// heartbeat after two relays that disagree started at the same
+	// moment.
+	RouteConfigs(n int)
+	// Outage reports that the route's destination went down as a whole
+	// (open: its breaker opened, and the route claims nothing but a probe
+	// of one message on a backoff; cause is the error that opened it) or
+	// is back (cause nil).
+	Outage(open bool, since time.Time, cause error)
+	// RouteState reports, at every heartbeat, the route's state as the
+	// heartbeat records it (see Relay.State).
+	RouteState(st RouteState)
+	// Wakeup reports how the process learns of new rows, when that
+	// changes: source is "wal" or "poll" while this process is the
+	// schema's watcher, "follow" while another process is, "notify" when
+	// the writers' trigger wakes the relays; fallback is true when the
+	// WAL was wanted and could not be followed (the stream broke, or
+	// logical replication is not allowed), err says why.
+	Wakeup(source string, fallback bool, err error)
 }
 
-// NopHooks ignores everything.
+// NopHooks ignores everything; embed it in hooks that observe only some
+// events.
 type NopHooks struct{}
 
-func (NopHooks) Batch(BatchEvent) {}
-func (NopHooks) Lanes(int)        {}
+func (NopHooks) Batch(BatchEvent)              {}
+func (NopHooks) CycleError(error)              {}
+func (NopHooks) Lanes(int)                     {}
+func (NopHooks) UnworkedLanes(int)             {}
+func (NopHooks) RouteConfigs(int)              {}
+func (NopHooks) Outage(bool, time.Time, error) {}
+func (NopHooks) RouteState(RouteState)         {}
+func (NopHooks) Wakeup(string, bool, error)    {}
 
 // MultiHooks calls every hook in turn (metrics and tracing together).
 func MultiHooks(hs ...Hooks) Hooks { return multiHooks(hs) }
@@ -80,30 +107,42 @@ func (m multiHooks) Batch(ev BatchEvent) {
 
 func (m multiHooks) CycleError(err error) {
 	for _, h := range m {
-		if ch, ok := h.(CycleErrorHooks); ok {
-			ch.CycleError(err)
-		}
-	}
-}
-
-func (m multiHooks) UnworkedLanes(n int) {
-	for _, h := range m {
-		if lh, ok := h.(LaneHealthHooks); ok {
-			lh.UnworkedLanes(n)
-		}
-	}
-}
-
-func (m multiHooks) RouteConfigs(n int) {
-	for _, h := range m {
-		if ch, ok := h.(ConfigHooks); ok {
-			ch.RouteConfigs(n)
-		}
+		h.CycleError(err)
 	}
 }
 
 func (m multiHooks) Lanes(owned int) {
 	for _, h := range m {
 		h.Lanes(owned)
+	}
+}
+
+func (m multiHooks) UnworkedLanes(n int) {
+	for _, h := range m {
+		h.UnworkedLanes(n)
+	}
+}
+
+func (m multiHooks) RouteConfigs(n int) {
+	for _, h := range m {
+		h.RouteConfigs(n)
+	}
+}
+
+func (m multiHooks) Outage(open bool, since time.Time, cause error) {
+	for _, h := range m {
+		h.Outage(open, since, cause)
+	}
+}
+
+func (m multiHooks) RouteState(st RouteState) {
+	for _, h := range m {
+		h.RouteState(st)
+	}
+}
+
+func (m multiHooks) Wakeup(source string, fallback bool, err error) {
+	for _, h := range m {
+		h.Wakeup(source, fallback, err)
 	}
 }

@@ -489,9 +489,7 @@ func (l *leaser) registration() store.Heartbeat {
 		if st.Failing {
 			h.FailingSince, h.LastError = st.FailingSince, downCause(st.LastError)
 		}
-		if sh, ok := l.hooks.(RouteStateHooks); ok {
-			sh.RouteState(st)
-		}
+		l.hooks.RouteState(st)
 		l.sig.emit(sigRouteState, healthLevel(st.Health()))
 	}
 	return h
@@ -582,7 +580,7 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 // normal: a relay died or handed lanes over, and the others take them at
 // their next heartbeat. For longer than a lease TTL it is not (their
 // messages wait): it is logged, counted (unworkedLanes) and reported to
-// hooks implementing LaneHealthHooks.
+// Hooks.UnworkedLanes.
 func (l *leaser) noteUnworked(n int) {
 	now := time.Now()
 	stuck := 0
@@ -603,9 +601,7 @@ func (l *leaser) noteUnworked(n int) {
 		}
 	}
 	l.unworked.Store(int64(stuck))
-	if h, ok := l.hooks.(LaneHealthHooks); ok {
-		h.UnworkedLanes(stuck)
-	}
+	l.hooks.UnworkedLanes(stuck)
 }
 
 // unworkedLanes returns how many lanes of the relay's route no live relay

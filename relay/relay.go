@@ -208,10 +208,10 @@ func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
 }
 
 // State returns the route's delivery state: whether its destination is
-// down as a whole (see OutageHooks), whether it waits for a rate limit,
+// down as a whole (see Hooks.Outage), whether it waits for a rate limit,
 // whether its messages fail (RouteState.Health says which of these
 // wins). Each heartbeat records it in the relays table (see
-// operator.Status) and hands it to RouteStateHooks.
+// operator.Status) and hands it to Hooks.RouteState.
 func (r *Relay) State() RouteState {
 	st := r.brk.State()
 	r.strain.fill(&st)

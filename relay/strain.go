@@ -45,21 +45,6 @@ func (s RouteState) Health() string {
 	return RouteDelivering
 }
 
-// RouteStateHooks is implemented by hooks that want to know, at every
-// heartbeat, the route's state as the heartbeat records it (see
-// Relay.State).
-type RouteStateHooks interface {
-	RouteState(st RouteState)
-}
-
-func (m multiHooks) RouteState(st RouteState) {
-	for _, h := range m {
-		if sh, ok := h.(RouteStateHooks); ok {
-			sh.RouteState(st)
-		}
-	}
-}
-
 // healthLevel numbers a RouteState.Health from the best (0) to the worst
 // (3), for the test signal sigRouteState.
 func healthLevel(health string) int {

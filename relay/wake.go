@@ -41,24 +41,6 @@ func (r *Relay) Wake() {
 	r.wakeAll()
 }
 
-// WakeupHooks is implemented by hooks that want to know how the process
-// learns of new rows. Wakeup is called when that changes: source is "wal"
-// or "poll" while this process is the schema's watcher, "follow" while
-// another process is, "notify" when the writers' trigger wakes the relays;
-// fallback is true when the WAL was wanted and could not be followed (the
-// stream broke, or logical replication is not allowed), err says why.
-type WakeupHooks interface {
-	Wakeup(source string, fallback bool, err error)
-}
-
-func (m multiHooks) Wakeup(source string, fallback bool, err error) {
-	for _, h := range m {
-		if wh, ok := h.(WakeupHooks); ok {
-			wh.Wakeup(source, fallback, err)
-		}
-	}
-}
-
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
 func (r *Relay) wakeSet(lanes laneSet) {
 	r.stats.Wakeups.Add(1)
@@ -289,9 +271,7 @@ func (k *waker) setSource(source string, fallback bool, err error) {
 	case "poll":
 		k.cfg.sig.emit(sigPolling, 0)
 	}
-	if wh, ok := k.cfg.Hooks.(WakeupHooks); ok {
-		wh.Wakeup(source, fallback, err)
-	}
+	k.cfg.Hooks.Wakeup(source, fallback, err)
 }
 
 // now is the waker's clock: time.Now, unless a test moved it ahead.

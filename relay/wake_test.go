@@ -22,7 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
-// wakeHooks records what relay.WakeupHooks reports.
+// wakeHooks records what relay.Hooks.Wakeup reports.
 type wakeHooks struct {
 	relay.NopHooks
 	mu        sync.Mutex

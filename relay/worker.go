@@ -298,9 +298,7 @@ func (w *worker) backOff(err error) {
 		d = min(d, time.Second)
 	}
 	w.log.Warn("batch failed; retrying", "error", err, "retry_in", d)
-	if ch, ok := w.r.cfg.Hooks.(CycleErrorHooks); ok {
-		ch.CycleError(err)
-	}
+	w.r.cfg.Hooks.CycleError(err)
 	sleep(w.ctx, d)
 }
 

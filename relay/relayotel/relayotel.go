@@ -247,6 +247,15 @@ func (h *Hooks) Batch(ev relay.BatchEvent) {
 // Lanes implements relay.Hooks; lane ownership is not traced.
 func (h *Hooks) Lanes(int) {}
 
+// CycleError, UnworkedLanes, RouteConfigs, Outage, RouteState and Wakeup
+// implement relay.Hooks: none of them is traced.
+func (h *Hooks) CycleError(error)              {}
+func (h *Hooks) UnworkedLanes(int)             {}
+func (h *Hooks) RouteConfigs(int)              {}
+func (h *Hooks) Outage(bool, time.Time, error) {}
+func (h *Hooks) RouteState(relay.RouteState)   {}
+func (h *Hooks) Wakeup(string, bool, error)    {}
+
 // headerCarrier reads trace context from message headers: the exact
 // lower-case name first (what Inject writes), else any spelling, because
 // writers in other languages may capitalise header names.

@@ -234,7 +234,7 @@ func (h *routeHooks) Batch(ev relay.BatchEvent) {
 	}
 }
 
-// Outage implements relay.OutageHooks.
+// Outage implements relay.Hooks.
 func (h *routeHooks) Outage(open bool, _ time.Time, _ error) {
 	if open {
 		h.m.outages.WithLabelValues(h.route, h.sink).Inc()
@@ -247,7 +247,7 @@ func (h *routeHooks) Outage(open bool, _ time.Time, _ error) {
 // routeStates are the values of route_state's state label.
 var routeStates = []string{relay.RouteDelivering, relay.RouteDegraded, relay.RouteRateLimited, relay.RouteDestinationDown}
 
-// RouteState implements relay.RouteStateHooks.
+// RouteState implements relay.Hooks.
 func (h *routeHooks) RouteState(st relay.RouteState) {
 	now := st.Health()
 	for _, s := range routeStates {
@@ -259,10 +259,10 @@ func (h *routeHooks) RouteState(st relay.RouteState) {
 	}
 }
 
-// CycleError implements relay.CycleErrorHooks.
+// CycleError implements relay.Hooks.
 func (h *routeHooks) CycleError(error) { h.m.cycleErrors.WithLabelValues(h.route).Inc() }
 
-// Wakeup implements relay.WakeupHooks.
+// Wakeup implements relay.Hooks.
 func (h *routeHooks) Wakeup(source string, fallback bool, _ error) {
 	for _, s := range []string{"wal", "poll", "follow", "notify", "-"} {
 		v := 0.0
@@ -276,10 +276,10 @@ func (h *routeHooks) Wakeup(source string, fallback bool, _ error) {
 	}
 }
 
-// UnworkedLanes implements relay.LaneHealthHooks.
+// UnworkedLanes implements relay.Hooks.
 func (h *routeHooks) UnworkedLanes(n int) { h.m.unworked.WithLabelValues(h.route).Set(float64(n)) }
 
-// RouteConfigs implements relay.ConfigHooks.
+// RouteConfigs implements relay.Hooks.
 func (h *routeHooks) RouteConfigs(n int) { h.m.routeConfigs.WithLabelValues(h.route).Set(float64(n)) }
 
 // Lanes implements relay.Hooks.
