@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 )
 
 // maintainArchive creates the archive partitions for today and the next
@@ -51,7 +52,7 @@ func (r *Relay) maintainArchive(ctx context.Context) error {
 // keepArchive runs maintainArchive every ten minutes until ctx ends: the
 // next days' partitions exist well before the first delivery of the day.
 func (r *Relay) keepArchive(ctx context.Context) {
-	every(ctx, 10*time.Minute, func() {
+	service.Every(ctx, 10*time.Minute, func() {
 		if err := r.maintainArchive(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("archive maintenance failed", "error", err)
 		}

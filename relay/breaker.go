@@ -8,6 +8,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -81,7 +83,7 @@ type breaker struct {
 	workers int
 	log     *slog.Logger
 	hooks   Hooks
-	sig     *signals
+	sig     *testsig.Bus
 	now     func() time.Time
 	// wake wakes worker w: a worker idle with nothing to claim does not
 	// ask the breaker, and the turn to probe may come to it.
@@ -102,7 +104,7 @@ type breaker struct {
 	changed chan struct{}
 }
 
-func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *signals, wake func(w int)) *breaker {
+func newBreaker(workers int, log *slog.Logger, hooks Hooks, sig *testsig.Bus, wake func(w int)) *breaker {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeInitial, probeMax, 0
 	return &breaker{workers: workers, log: log, hooks: hooks, sig: sig, now: time.Now, wake: wake, bo: bo, changed: make(chan struct{})}
@@ -174,14 +176,14 @@ func (b *breaker) landed(worker int, probe bool, o outcome, cause error) {
 		b.log.Warn("destination unavailable; claiming nothing but one message at a time as a probe until it is back",
 			"error", cause, "probe_in", b.next.Sub(b.now()).Round(time.Millisecond))
 		b.hooks.Outage(true, b.state.Since, cause)
-		b.sig.emit(sigOutage, 1)
+		b.sig.Emit(testsig.Outage, 1)
 	case probe:
 		b.state.Cause = cause
 		b.state.Probes++
 		b.empty = 0
 		b.next = b.probeAt(cause)
 		b.passTurnLocked()
-		b.sig.emit(sigProbed, b.state.Probes)
+		b.sig.Emit(testsig.Probed, b.state.Probes)
 	default:
 		// A batch claimed before the breaker opened.
 		b.state.Cause = cause
@@ -221,7 +223,7 @@ func (b *breaker) pause(d time.Duration) {
 // or of that key: it waits in that message's row as its retry delay (see
 // ExponentialRetry), holding back its key only, and the route goes on.
 // cause is the error that asked for the wait.
-func slowDown(batch []claimed, sendErr error) (d time.Duration, cause error) {
+func slowDown(batch []claim.Row, sendErr error) (d time.Duration, cause error) {
 	if sendErr == nil {
 		return 0, nil
 	}
@@ -237,7 +239,7 @@ func slowDown(batch []claimed, sendErr error) (d time.Duration, cause error) {
 		}
 		if first < 0 {
 			first = i
-		} else if k := batch[i].msg.Key; k == "" || k != batch[first].msg.Key {
+		} else if k := batch[i].Msg.Key; k == "" || k != batch[first].Msg.Key {
 			spans = true
 		}
 		if ra > d {
@@ -275,7 +277,7 @@ func (b *breaker) closeLocked() {
 	close(b.changed)
 	b.changed = make(chan struct{})
 	b.hooks.Outage(false, since, nil)
-	b.sig.emit(sigOutage, 0)
+	b.sig.Emit(testsig.Outage, 0)
 }
 
 // State returns the breaker's state.
@@ -323,7 +325,7 @@ const (
 // for its own rate limit) is untouched: the worker backs off, as after a
 // failed cycle, since claiming it again at once would spin. The first
 // failure that is evidence is returned as the cause.
-func down(batch []claimed, sendErr error, probe bool, confirm func(sinks.Message) error) (reading, error) {
+func down(batch []claim.Row, sendErr error, probe bool, confirm func(sinks.Message) error) (reading, error) {
 	if sendErr == nil || len(batch) == 0 {
 		return reached, nil
 	}
@@ -342,7 +344,7 @@ func down(batch []claimed, sendErr error, probe bool, confirm func(sinks.Message
 		case errors.Is(err, sinks.ErrUnavailable):
 			if first < 0 {
 				first = i
-			} else if k := batch[i].msg.Key; k == "" || k != batch[first].msg.Key {
+			} else if k := batch[i].Msg.Key; k == "" || k != batch[first].Msg.Key {
 				spans = true // a keyless message is a key of its own
 			}
 		default:
@@ -358,7 +360,7 @@ func down(batch []claimed, sendErr error, probe bool, confirm func(sinks.Message
 	case notSent:
 		return isDown, cause
 	case confirm != nil:
-		if confirm(batch[first].msg) != nil {
+		if confirm(batch[first].Msg) != nil {
 			return isDown, cause
 		}
 		return reached, nil

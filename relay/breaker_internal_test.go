@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -60,10 +61,10 @@ func TestDown(t *testing.T) {
 		{"refused, whatever the probe says", false, []msg{{"a", errRefused}, {"b", err503}}, nil, up, isDown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			batch := make([]claimed, len(tc.batch))
+			batch := make([]claim.Row, len(tc.batch))
 			be := sinks.NewBatchError(len(tc.batch))
 			for i, m := range tc.batch {
-				batch[i] = claimed{msg: sinks.Message{Seq: int64(i + 1), Key: m.key}}
+				batch[i] = claim.Row{Msg: sinks.Message{Seq: int64(i + 1), Key: m.key}}
 				be.Errs[i] = m.answer
 			}
 			var sendErr error = be
@@ -202,10 +203,10 @@ func TestSlowDown(t *testing.T) {
 		{"no answer asked to wait", []msg{{"a", errDown}, {"b", errDown}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			batch := make([]claimed, len(tc.batch))
+			batch := make([]claim.Row, len(tc.batch))
 			be := sinks.NewBatchError(len(tc.batch))
 			for i, m := range tc.batch {
-				batch[i] = claimed{msg: sinks.Message{Seq: int64(i + 1), Key: m.key}}
+				batch[i] = claim.Row{Msg: sinks.Message{Seq: int64(i + 1), Key: m.key}}
 				be.Errs[i] = m.answer
 			}
 			d, cause := slowDown(batch, be.Err())

@@ -5,23 +5,11 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
-
-// claimed is one claimed row.
-type claimed struct {
-	msg      sinks.Message
-	attempts int
-	ctid     pgtype.TID
-	lane     int16
-	// oversize is the message's size when it is over MaxMessageBytes: the
-	// claim did not read its content (msg has none), and it is never
-	// sent. 0 otherwise.
-	oversize int64
-}
 
 // source is where a worker's claims come from, and the statements that
 // settle them: the outbox itself, the fan-out copies of this relay's
@@ -84,7 +72,7 @@ func (r *Relay) source() *source {
 // skip are lanes not to claim: those being handed over, and those of
 // the worker's batches in flight. only, unless nil, are the only lanes
 // visited.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation, limit int, skip, only []int16) (_ []claimed, more, cut bool, _ error) {
+func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation, limit int, skip, only []int16) (_ []claim.Row, more, cut bool, _ error) {
 	partial := r.priority[worker]
 	found := 0
 	cb := &pgx.Batch{}
@@ -95,7 +83,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	// Room for a small claim: at middle rates a claim takes tens of rows,
 	// and a whole batch's worth for each (some 85 KB at 500) was most of
 	// the relay's garbage (its CPU beside 16 writers: −15 %).
-	batch := make([]claimed, 0, min(limit, 64))
+	batch := make([]claim.Row, 0, min(limit, 64))
 	laneLimit := min(r.laneLimit, limit)
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
@@ -113,7 +101,7 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 		if row.Size > r.cfg.MaxMessageBytes {
 			oversize = row.Size
 		}
-		batch = append(batch, claimed{attempts: row.Attempts, ctid: row.CTID, lane: row.Lane, oversize: oversize, msg: sinks.Message{
+		batch = append(batch, claim.Row{Attempts: row.Attempts, CTID: row.CTID, Lane: row.Lane, Oversize: oversize, Msg: sinks.Message{
 			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
 			// delivered as the claim's time.

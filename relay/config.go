@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
 
@@ -219,7 +221,7 @@ type Config struct {
 	sharedListener bool
 	// sig receives the components' test signals (see signal.go): nil
 	// outside the package's tests.
-	sig *signals
+	sig *testsig.Bus
 }
 
 // Router reports whether c is the configuration of a Set's fan-out
@@ -397,8 +399,8 @@ func (c Config) Validate() error {
 			bad(fmt.Sprintf("fan-out[%d]", i), "needs a route and at least one topic pattern")
 		}
 	}
-	if c.Workers < 1 || c.Workers > numLanes {
-		bad("workers", "must be between 1 and %d, got %d", numLanes, c.Workers)
+	if c.Workers < 1 || c.Workers > lanes.N {
+		bad("workers", "must be between 1 and %d, got %d", lanes.N, c.Workers)
 	}
 	if c.Pipeline < 1 || c.Pipeline > maxPipeline {
 		bad("pipeline", "must be between 1 and %d, got %d", maxPipeline, c.Pipeline)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -72,10 +73,10 @@ func TestDecide(t *testing.T) {
 			[]msg{{"a", 0, nil}, {"a", 0, nil}}, errBad, "Xpermanent Xpermanent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			batch := make([]claimed, len(tc.batch))
+			batch := make([]claim.Row, len(tc.batch))
 			be := sinks.NewBatchError(len(tc.batch))
 			for i, m := range tc.batch {
-				batch[i] = claimed{attempts: m.attempts, msg: sinks.Message{Seq: int64(i + 1), Key: m.key, ID: fmt.Sprint("m", i)}}
+				batch[i] = claim.Row{Attempts: m.attempts, Msg: sinks.Message{Seq: int64(i + 1), Key: m.key, ID: fmt.Sprint("m", i)}}
 				be.Errs[i] = m.answer
 			}
 			var sendErr error = be
@@ -156,10 +157,10 @@ func TestRoute(t *testing.T) {
 		{Route: "billing", Topics: []string{"orders.*"}},
 		{Route: "audit", Topics: []string{"*"}, ExcludeTopics: []string{"orders.draft"}},
 	}
-	batch := []claimed{
-		{msg: sinks.Message{Seq: 1, Topic: "orders.paid"}},
-		{msg: sinks.Message{Seq: 2, Topic: "orders.draft"}},
-		{msg: sinks.Message{Seq: 3, Topic: "users.created"}},
+	batch := []claim.Row{
+		{Msg: sinks.Message{Seq: 1, Topic: "orders.paid"}},
+		{Msg: sinks.Message{Seq: 2, Topic: "orders.draft"}},
+		{Msg: sinks.Message{Seq: 3, Topic: "users.created"}},
 	}
 	s := route(batch, dests)
 	got := fmt.Sprint(s.copies.IDs, s.copies.Routes, s.delivered)

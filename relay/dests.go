@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -28,30 +29,6 @@ import (
 // that every message to a destination got, across keys, pauses that
 // destination the same way, for as long as it asked. The route is ready
 // while a destination delivers; with every one down it is not.
-
-// deferredError marks a message whose destination is down or paused: not
-// sent (or its failure is the destination's), no attempt counted; its
-// row waits until until.
-type deferredError struct {
-	dest  string
-	until time.Time
-	cause error
-}
-
-func (e *deferredError) Error() string {
-	return fmt.Sprintf("outbox: destination %s unavailable; waiting for it: %v", e.dest, e.cause)
-}
-
-func (e *deferredError) Unwrap() error { return e.cause }
-
-// deferred returns the deferral err carries, nil when none.
-func deferred(err error) *deferredError {
-	var de *deferredError
-	if errors.As(err, &de) {
-		return de
-	}
-	return nil
-}
 
 // destOutage is one destination's outage (or pause).
 type destOutage struct {
@@ -90,7 +67,7 @@ func newDestinations(sink sinks.Sink, log *slog.Logger) *destinations {
 // that do, a *deferredError for those whose destination is down (at most
 // one message a destination goes as its probe, when it is due). probes
 // names the destinations probed by this batch.
-func (ds *destinations) gate(batch []claimed) (pre []error, probes map[string]bool) {
+func (ds *destinations) gate(batch []claim.Row) (pre []error, probes map[string]bool) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if len(ds.down) == 0 {
@@ -99,7 +76,7 @@ func (ds *destinations) gate(batch []claimed) (pre []error, probes map[string]bo
 	now := ds.now()
 	pre = make([]error, len(batch))
 	for i := range batch {
-		dest := ds.sink.Destination(batch[i].msg)
+		dest := ds.sink.Destination(batch[i].Msg)
 		o := ds.down[dest]
 		if o == nil {
 			continue
@@ -116,7 +93,7 @@ func (ds *destinations) gate(batch []claimed) (pre []error, probes map[string]bo
 		if o.next.After(until) {
 			until = o.next
 		}
-		pre[i] = &deferredError{dest: dest, until: until, cause: o.cause}
+		pre[i] = &claim.Deferred{Dest: dest, Until: until, Cause: o.cause}
 	}
 	return pre, probes
 }
@@ -127,15 +104,15 @@ func (ds *destinations) gate(batch []claimed) (pre []error, probes map[string]bo
 // (no attempt counted), and a destination whose probe got through, or
 // failed on its own, is back. It returns the answer as the settlement
 // must read it.
-func (ds *destinations) judge(batch []claimed, sendErr error, probes map[string]bool, confirm func(sinks.Message) error) error {
+func (ds *destinations) judge(batch []claim.Row, sendErr error, probes map[string]bool, confirm func(sinks.Message) error) error {
 	if sendErr == nil && len(probes) == 0 {
 		return nil
 	}
 	groups := map[string][]int{}
 	var order []string
 	for i := range batch {
-		dest := ds.sink.Destination(batch[i].msg)
-		if deferred(sinks.Outcome(sendErr, i, len(batch))) != nil {
+		dest := ds.sink.Destination(batch[i].Msg)
+		if claim.DeferredBy(sinks.Outcome(sendErr, i, len(batch))) != nil {
 			continue // not sent
 		}
 		if _, ok := groups[dest]; !ok {
@@ -160,8 +137,8 @@ func (ds *destinations) judge(batch []claimed, sendErr error, probes map[string]
 
 // judgeOne judges the messages idx of batch, all to dest, and rewrites
 // their entries of be when dest is down or paused.
-func (ds *destinations) judgeOne(dest string, batch []claimed, be *sinks.BatchError, idx []int, probe bool, confirm func(sinks.Message) error) {
-	sub := make([]claimed, len(idx))
+func (ds *destinations) judgeOne(dest string, batch []claim.Row, be *sinks.BatchError, idx []int, probe bool, confirm func(sinks.Message) error) {
+	sub := make([]claim.Row, len(idx))
 	subErr := sinks.NewBatchError(len(idx))
 	for j, i := range idx {
 		sub[j], subErr.Errs[j] = batch[i], be.Errs[i]
@@ -178,7 +155,7 @@ func (ds *destinations) judgeOne(dest string, batch []claimed, be *sinks.BatchEr
 		until := ds.failed(dest, probe, cause, wait)
 		for _, i := range idx {
 			if err := be.Errs[i]; err != nil && !isHeldBack(err) {
-				be.Errs[i] = &deferredError{dest: dest, until: until, cause: err}
+				be.Errs[i] = &claim.Deferred{Dest: dest, Until: until, Cause: err}
 			}
 		}
 	case v == reached:

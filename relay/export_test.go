@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
 // The package's tests (package relay_test) wait on the components' test
@@ -15,30 +18,30 @@ import (
 func init() { signalsForTests = true }
 
 // Signal is something a component of the relay announces to tests.
-type Signal = signal
+type Signal = testsig.Signal
 
-// The signals, as signal.go describes them.
+// The signals, as package testsig describes them.
 const (
-	SigStarted      = sigStarted
-	SigStopped      = sigStopped
-	SigLeaseHeld    = sigLeaseHeld
-	SigLeaseLost    = sigLeaseLost
-	SigRebalanced   = sigRebalanced
-	SigBalanced     = sigBalanced
-	SigMembersHeard = sigMembersHeard
-	SigElected      = sigElected
-	SigFollowing    = sigFollowing
-	SigWAL          = sigWAL
-	SigPolling      = sigPolling
-	SigWatcherIdle  = sigWatcherIdle
-	SigSchemaHold   = sigSchemaHold
-	SigOutage       = sigOutage
-	SigProbed       = sigProbed
-	SigRouteState   = sigRouteState
+	SigStarted      = testsig.Started
+	SigStopped      = testsig.Stopped
+	SigLeaseHeld    = testsig.LeaseHeld
+	SigLeaseLost    = testsig.LeaseLost
+	SigRebalanced   = testsig.Rebalanced
+	SigBalanced     = testsig.Balanced
+	SigMembersHeard = testsig.MembersHeard
+	SigElected      = testsig.Elected
+	SigFollowing    = testsig.Following
+	SigWAL          = testsig.WAL
+	SigPolling      = testsig.Polling
+	SigWatcherIdle  = testsig.WatcherIdle
+	SigSchemaHold   = testsig.SchemaHold
+	SigOutage       = testsig.Outage
+	SigProbed       = testsig.Probed
+	SigRouteState   = testsig.RouteState
 
 	// The bits of SigMembersHeard's value.
-	HeardFreed = heardFreed
-	HeardAsked = heardAsked
+	HeardFreed = testsig.HeardFreed
+	HeardAsked = testsig.HeardAsked
 )
 
 // HealthLevel numbers a RouteState.Health as SigRouteState's value does.
@@ -46,7 +49,7 @@ func HealthLevel(health string) int { return healthLevel(health) }
 
 // SignalCount returns how many times r announced sig so far: a mark for
 // AwaitSignal.
-func (r *Relay) SignalCount(sig Signal) int { return r.cfg.sig.count(sig) }
+func (r *Relay) SignalCount(sig Signal) int { return r.cfg.sig.Count(sig) }
 
 // AwaitSignal waits up to d for an announcement of sig by r after the
 // first after ones whose value satisfies match (any, when nil), and
@@ -55,16 +58,16 @@ func (r *Relay) AwaitSignal(t testing.TB, d time.Duration, sig Signal, after int
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	v, err := r.cfg.sig.await(ctx, sig, after, match)
+	v, err := r.cfg.sig.Await(ctx, sig, after, match)
 	if err != nil {
-		t.Fatalf("relay %s: no %q signal after the first %d within %s (%d so far)", r.cfg.ID, sig, after, d, r.cfg.sig.count(sig))
+		t.Fatalf("relay %s: no %q signal after the first %d within %s (%d so far)", r.cfg.ID, sig, after, d, r.cfg.sig.Count(sig))
 	}
 	return v
 }
 
 // AdvanceWatchClock moves the clock of r's wake-up (its watcher's looks,
 // gaps, checks of the other listeners) ahead by d.
-func (r *Relay) AdvanceWatchClock(d time.Duration) { r.cfg.sig.skew.Add(int64(d)) }
+func (r *Relay) AdvanceWatchClock(d time.Duration) { r.cfg.sig.Advance(d) }
 
 // ListenerConfig returns cfg with r's signals: a shared listener run with
 // it announces its watcher's signals to r's observer.
@@ -102,7 +105,7 @@ func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, mem
 	if members != nil {
 		notified = func(bool) { members() }
 	}
-	listen(ctx, pool, cfg, func(laneSet) { wake() }, notified)
+	listen(ctx, pool, cfg, func(lanes.Set) { wake() }, notified)
 }
 
 // RouterFeeds is routerFeeds.

@@ -4,24 +4,9 @@ import (
 	"slices"
 	"testing"
 	"time"
-)
 
-func TestLaneSetPayload(t *testing.T) {
-	t.Parallel()
-	var s laneSet
-	for _, l := range []int{0, 7, 63, 64, 200, 255} {
-		s.add(l)
-	}
-	got, ok := parseLanes(s.payload())
-	if !ok || got != s {
-		t.Fatalf("payload %q parsed as %v, %v; want %v", s.payload(), got, ok, s)
-	}
-	for _, bad := range []string{"", "members", "lanes:zz", "lanes:00"} {
-		if _, ok := parseLanes(bad); ok {
-			t.Errorf("parseLanes(%q) accepted", bad)
-		}
-	}
-}
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
+)
 
 // The polling watcher's gaps: ids missing below the newest it saw, looked
 // for again until found, expired, or pushed out by newer ones.
@@ -52,48 +37,6 @@ func TestGapList(t *testing.T) {
 	}
 }
 
-// A worker's pending wake-ups: a claim takes the lanes it may visit, the
-// lanes of its batches in flight wait for them to end, and a wake-up
-// about any lane makes the next claim visit every lane.
-func TestPending(t *testing.T) {
-	t.Parallel()
-	set := func(ls ...int) laneSet {
-		var s laneSet
-		for _, l := range ls {
-			s.add(l)
-		}
-		return s
-	}
-	var p pending
-	if p.waiting(laneSet{}) {
-		t.Fatal("a worker nothing woke has something waiting")
-	}
-	p.add(set(2, 4))
-	p.add(set(130))
-	busy := set(4)
-	if !p.waiting(busy) {
-		t.Fatal("lanes 2 and 130 woken, not waiting")
-	}
-	got, all := p.take(busy)
-	if all || got != set(2, 130) || !slices.Equal(got.list(), []int16{2, 130}) {
-		t.Fatalf("take = %v %v, want lanes [2 130] (4 is in flight)", got.list(), all)
-	}
-	if p.waiting(busy) {
-		t.Fatal("only lane 4, in flight, should be left, and it waits for its batch")
-	}
-	if !p.waiting(laneSet{}) {
-		t.Fatal("lane 4 forgotten once its batch ended")
-	}
-	p.addAll()
-	got, all = p.take(laneSet{})
-	if !all || got != set(4) {
-		t.Fatalf("take = %v %v, want every lane and lane 4", got.list(), all)
-	}
-	if got, all = p.take(laneSet{}); all || !got.empty() {
-		t.Fatalf("a second take found %v %v", got.list(), all)
-	}
-}
-
 // A claim that filled its batch is followed by one that starts after the
 // last lane it took rows from, not one lane further: the lanes it found
 // empty on the way are not walked again before every other lane has had
@@ -103,7 +46,7 @@ func TestNextRotation(t *testing.T) {
 	full := func(lanes ...int16) *flight {
 		f := &flight{more: true}
 		for _, l := range lanes {
-			f.batch = append(f.batch, claimed{lane: l})
+			f.batch = append(f.batch, claim.Row{Lane: l})
 		}
 		return f
 	}
@@ -114,7 +57,7 @@ func TestNextRotation(t *testing.T) {
 		want              int
 	}{
 		{"empty claim", 10, 2, nil, 12},
-		{"claim that visited every lane", 10, 2, &flight{batch: []claimed{{lane: 40}}}, 12},
+		{"claim that visited every lane", 10, 2, &flight{batch: []claim.Row{{Lane: 40}}}, 12},
 		{"full claim", 10, 2, full(10, 10, 24, 40), 42},
 		{"full claim from the first lane only", 10, 2, full(10, 10), 12},
 		{"wraps around", 250, 2, full(250, 254), 0},
@@ -124,29 +67,5 @@ func TestNextRotation(t *testing.T) {
 		if got := nextRotation(c.rotation, c.workers, c.f); got != c.want {
 			t.Errorf("%s: nextRotation(%d, %d) = %d, want %d", c.name, c.rotation, c.workers, got, c.want)
 		}
-	}
-}
-
-// A claim visits the lanes the relay leases among the worker's (none:
-// none), or, until a heartbeat has told it, every lane of the worker
-// (nil).
-func TestOwnedOf(t *testing.T) {
-	r := newLeaser(leaserConfig{workers: 3})
-	if got := r.ownedOf(1); got != nil {
-		t.Fatalf("no lanes known: %v, want nil", got)
-	}
-	r.setOwned([]int16{0, 1, 4, 7, 64, 130, 255}, false)
-	for w, want := range [][]int16{{0, 255}, {1, 4, 7, 64, 130}, {}} {
-		if got := r.ownedOf(w); got == nil || !slices.Equal(got, want) {
-			t.Errorf("worker %d: %v, want %v", w, got, want)
-		}
-	}
-	r.setOwned([]int16{2}, true)
-	if got := r.ownedOf(2); !slices.Equal(got, []int16{2}) {
-		t.Errorf("after adding lane 2: %v", got)
-	}
-	r.dropOwned([]int16{4, 130})
-	if got := r.ownedOf(1); !slices.Equal(got, []int16{1, 7, 64}) {
-		t.Errorf("after releasing lanes 4 and 130: %v", got)
 	}
 }

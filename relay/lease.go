@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -17,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
-
-// numLanes is how many lanes a route has.
-const numLanes = store.NumLanes
 
 // leaser keeps this relay registered and owning its fair share of lanes,
 // and owns the lane state the rest of the relay reads: the lanes it holds
@@ -35,11 +34,10 @@ type leaser struct {
 	// The lane state, read by the workers, the wake-up and the relay's
 	// accessors while run writes it.
 	//
-	// ownedSet: the lanes held at the last heartbeat (a laneSet), so
-	// that a wake-up about some lanes wakes only the workers that claim
-	// them; ownedKnown: a heartbeat has set it; ownedLanes: how many.
-	ownedSet   [numLanes / 64]atomic.Uint64
-	ownedKnown atomic.Bool
+	// set: the lanes held at the last heartbeat, so that a wake-up
+	// about some lanes wakes only the workers that claim them;
+	// ownedLanes: how many.
+	set        lanes.Owned
 	ownedLanes atomic.Int64
 	// handover holds lanes this relay is giving up: workers skip them so
 	// that the next heartbeat can release them.
@@ -65,7 +63,7 @@ type leaser struct {
 	abort  context.CancelCauseFunc
 
 	// run's own state.
-	held  *pgxpool.Conn // conn's pool handle (see dropConn)
+	held  *pgxpool.Conn // conn's pool handle (see service.DropConn)
 	conn  *pgx.Conn
 	owned int
 	// joined: this relay registered and told the others (once; again
@@ -89,7 +87,7 @@ type leaserConfig struct {
 	q     *store.Leases
 	log   *slog.Logger
 	hooks Hooks
-	sig   *signals
+	sig   *testsig.Bus
 
 	route               string
 	workers             int
@@ -140,7 +138,7 @@ func (l *leaser) run(ctx context.Context, pooled bool, abort context.CancelCause
 	l.pooled, l.abort = pooled, abort
 	// Ready allows the first heartbeat a lease TTL.
 	l.leaseOK.Store(time.Now().UnixNano())
-	bo := newReconnectBackoff()
+	bo := service.ReconnectBackoff()
 	t := time.NewTicker(l.beatEvery)
 	defer t.Stop()
 	for {
@@ -152,16 +150,16 @@ func (l *leaser) run(ctx context.Context, pooled bool, abort context.CancelCause
 				break
 			}
 			l.log.Warn("lane lease heartbeat failed", "error", err)
-			l.sig.emit(sigLeaseLost, 0)
+			l.sig.Emit(testsig.LeaseLost, 0)
 			l.closeConn(ctx)
 			// It may have been reaped meanwhile: it registers, and says
 			// so, again.
 			l.joined = false
-			sleep(ctx, bo.NextBackOff())
+			service.Sleep(ctx, bo.NextBackOff())
 			continue
 		}
 		l.leaseOK.Store(time.Now().UnixNano())
-		l.sig.emit(sigLeaseHeld, l.owned)
+		l.sig.Emit(testsig.LeaseHeld, l.owned)
 		last := time.Now()
 		bo.Reset()
 		if !l.wait(ctx, t.C, last) {
@@ -194,7 +192,7 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 			gap = shortGap
 		}
 		if d := gap - time.Since(last); d > 0 {
-			sleep(ctx, d)
+			service.Sleep(ctx, d)
 		}
 		select { // notifications that came meanwhile are served too
 		case <-l.rebalance:
@@ -230,12 +228,12 @@ func (l *leaser) membersNotified(freed bool) {
 	}
 	v := 0
 	if freed {
-		v |= heardFreed
+		v |= testsig.HeardFreed
 	}
 	if ask {
-		v |= heardAsked
+		v |= testsig.HeardAsked
 	}
-	l.sig.emit(sigMembersHeard, v)
+	l.sig.Emit(testsig.MembersHeard, v)
 }
 
 // membersChanged tells the relay that relays of its schema joined, left
@@ -250,9 +248,9 @@ func (r *Relay) membersNotified(freed bool) { r.lease.membersNotified(freed) }
 func (l *leaser) closeConn(ctx context.Context) {
 	if l.held != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		dropConn(cctx, l.held)
+		service.DropConn(cctx, l.held)
 		cancel()
-		// dropConn closes the socket too: the session, and the
+		// service.DropConn closes the socket too: the session, and the
 		// transaction of a heartbeat cut short by the shutdown, end at
 		// once. Before, pgx over TLS could not send Terminate after a
 		// write that timed out and waited 15 s for the server to hang up,
@@ -312,7 +310,7 @@ func (l *leaser) tick(ctx context.Context) error {
 		l.gaveUp = false
 		l.log.Info("workers have database connections again; taking a share of the lanes")
 	}
-	l.noteUnworked(numLanes - s.worked)
+	l.noteUnworked(lanes.N - s.worked)
 	l.took(s)
 	return nil
 }
@@ -333,10 +331,10 @@ func (l *leaser) took(s share) {
 	l.ownedLanes.Store(int64(s.owned))
 	l.hooks.Lanes(s.owned)
 	if changed {
-		l.sig.emit(sigRebalanced, s.owned)
+		l.sig.Emit(testsig.Rebalanced, s.owned)
 	}
 	if s.owned == s.target && len(s.handover) == 0 {
-		l.sig.emit(sigBalanced, s.owned)
+		l.sig.Emit(testsig.Balanced, s.owned)
 	}
 }
 
@@ -368,7 +366,7 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 		// configuration and came second.
 		return share{refused: true}, l.withdraw(ctx, err)
 	}
-	l.setOwned(beat.Mine, false)
+	l.set.Store(beat.Mine, false)
 	if err := l.ensureLanes(ctx, beat.Count); err != nil {
 		return s, err
 	}
@@ -419,9 +417,9 @@ func (l *leaser) beat(ctx context.Context) (store.Beat, error) {
 // took, and unregisters: live relays of the route run another
 // configuration (err says which).
 func (l *leaser) withdraw(ctx context.Context, refusal error) error {
-	l.setOwned(nil, false)
+	l.set.Store(nil, false)
 	b := &pgx.Batch{}
-	l.q.QueueRelease(b, allLanes)
+	l.q.QueueRelease(b, lanes.All)
 	l.q.QueueUnregister(b)
 	l.q.QueueNotifyMembers(b)
 	b.Queue("COMMIT")
@@ -434,11 +432,11 @@ func (l *leaser) withdraw(ctx context.Context, refusal error) error {
 }
 
 // ensureLanes creates the route's lane rows again when the heartbeat
-// counted fewer than numLanes: lane rows were deleted under the running
+// counted fewer than lanes.N: lane rows were deleted under the running
 // relays, and the messages of those lanes would wait forever. The insert
 // is idempotent; the count keeps it off the usual heartbeat.
 func (l *leaser) ensureLanes(ctx context.Context, c store.RelayCount) error {
-	if c.Lanes >= numLanes {
+	if c.Lanes >= lanes.N {
 		return nil
 	}
 	n, err := l.q.EnsureLanes(ctx, l.conn)
@@ -490,7 +488,7 @@ func (l *leaser) registration() store.Heartbeat {
 			h.FailingSince, h.LastError = st.FailingSince, downCause(st.LastError)
 		}
 		l.hooks.RouteState(st)
-		l.sig.emit(sigRouteState, healthLevel(st.Health()))
+		l.sig.Emit(testsig.RouteState, healthLevel(st.Health()))
 	}
 	return h
 }
@@ -538,8 +536,8 @@ func processIdentity() (hostname string, pid int) {
 // remainder going to the relays with the smallest ids.
 func fairShare(c store.RelayCount) int {
 	alive := max(c.Alive, 1)
-	target := numLanes / alive
-	if c.Rank < numLanes%alive {
+	target := lanes.N / alive
+	if c.Rank < lanes.N%alive {
 		target++
 	}
 	return target
@@ -556,7 +554,7 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 		if err != nil {
 			return 0, nil, fmt.Errorf("acquire: %w", err)
 		}
-		l.setOwned(got, true)
+		l.set.Store(got, true)
 		return owned + len(got), nil, nil
 	case owned > target:
 		// Hand over the highest lanes. Those a claim is using right now
@@ -568,8 +566,8 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 		if err != nil {
 			return 0, nil, fmt.Errorf("release: %w", err)
 		}
-		l.dropOwned(gone)
-		return owned - len(gone), without(giving, gone), nil
+		l.set.Drop(gone)
+		return owned - len(gone), lanes.Without(giving, gone), nil
 	}
 	return owned, nil, nil
 }
@@ -615,7 +613,7 @@ func (r *Relay) unworkedLanes() int { return int(r.lease.unworked.Load()) }
 // relay's lanes have expired, and it works nothing.
 func (l *leaser) healthy() error {
 	last := l.leaseOK.Load()
-	if last == 0 || (!l.ownedKnown.Load() && l.waitingConfig.Load() == nil) {
+	if last == 0 || (!l.set.Known() && l.waitingConfig.Load() == nil) {
 		// Until its first heartbeat has judged the route's other
 		// configurations, a relay does not know whether it will take
 		// lanes or wait for relays of another configuration to leave:
@@ -645,7 +643,7 @@ func (l *leaser) leaveEarly(ctx context.Context) {
 	b := &pgx.Batch{}
 	b.Queue(store.Begin)
 	l.q.QueueUnregister(b)
-	l.q.QueueRelease(b, allLanes)
+	l.q.QueueRelease(b, lanes.All)
 	l.q.QueueNotifyMembers(b)
 	b.Queue("COMMIT")
 	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
@@ -653,15 +651,6 @@ func (l *leaser) leaveEarly(ctx context.Context) {
 		l.log.Warn("could not hand lanes over at the start of the drain; they go when it ends", "error", err)
 	}
 }
-
-// allLanes are the numbers of every lane of a route.
-var allLanes = func() []int16 {
-	all := make([]int16, numLanes)
-	for i := range all {
-		all[i] = int16(i)
-	}
-	return all
-}()
 
 // releaseAll hands every lane back and unregisters, and tells the other
 // relays, which take the lanes over at once instead of after the lease
@@ -713,7 +702,7 @@ func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
-		left = without(mine, gone)
+		left = lanes.Without(mine, gone)
 		if err := q.Unregister(ctx, tx); err != nil {
 			return fmt.Errorf("unregister: %w", err)
 		}
@@ -736,15 +725,4 @@ func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
 	l.ownedLanes.Store(int64(len(left)))
 	l.hooks.Lanes(len(left))
 	return nil
-}
-
-// without returns xs minus the elements of drop.
-func without(xs, drop []int16) []int16 {
-	out := make([]int16, 0, len(xs))
-	for _, x := range xs {
-		if !slices.Contains(drop, x) {
-			out = append(out, x)
-		}
-	}
-	return out
 }

@@ -209,26 +209,6 @@ func PipelineConns(cfgs ...Config) int {
 	return n
 }
 
-// A long-lived role (the lane lease, LISTEN) keeps a pool connection for
-// its whole life instead of hijacking it: a hijacked connection leaves the
-// pool's count, and the pool would open another in its place, past
-// MaxConns. The connection is closed when the role is done with it, never
-// returned to the pool, so that no session state (LISTEN) reaches a
-// worker.
-//
-// The socket is closed too, so that the session (and a transaction a
-// cancelled statement left open) ends at once: when the role's context
-// ended in the middle of a write, pgx already counts the connection as
-// closing and Close does nothing, and over TLS it cannot send Terminate
-// and waits up to 15 s for the server to hang up (see leaser.closeConn).
-// On a connection already closed this does nothing.
-func dropConn(ctx context.Context, c *pgxpool.Conn) {
-	sock := c.Conn().PgConn().Conn()
-	_ = c.Conn().Close(ctx)
-	_ = sock.Close()
-	c.Release() // destroys it: it is closed
-}
-
 // Starvation: a worker that cannot get a connection cannot work its
 // lanes, and while its relay keeps renewing them no other relay can
 // either. connWait[w] is when worker w started waiting for the

@@ -21,6 +21,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -60,7 +63,7 @@ type Relay struct {
 	wake []chan struct{}
 	// pend[w] is what woke worker w since its claims last took it (see
 	// pending).
-	pend     []pending
+	pend     []lanes.Pending
 	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
 	connWait []atomic.Int64 // see starved
 	// laneLimit is the most messages a claim takes from one lane: the
@@ -151,7 +154,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	if signalsForTests && cfg.sig == nil {
-		cfg.sig = newSignals()
+		cfg.sig = testsig.New()
 	}
 	r := &Relay{
 		cfg:       cfg,
@@ -160,7 +163,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		schema:    schema,
 		log:       cfg.Logger.With("relay_id", cfg.ID),
 		wake:      make([]chan struct{}, cfg.Workers),
-		pend:      make([]pending, cfg.Workers),
+		pend:      make([]lanes.Pending, cfg.Workers),
 		lastLoop:  make([]atomic.Int64, cfg.Workers),
 		connWait:  make([]atomic.Int64, cfg.Workers),
 		priority:  make([]bool, cfg.Workers),
@@ -286,7 +289,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer.name)
 	leaseDone := spawn(func() { r.lease.run(ctx, r.pooled, r.abort) })
-	r.cfg.sig.emit(sigStarted, 0)
+	r.cfg.sig.Emit(testsig.Started, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
 	listenDone := spawn(func() {
@@ -314,7 +317,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.lease.releaseAll(relCtx)
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
-	r.cfg.sig.emit(sigStopped, 0)
+	r.cfg.sig.Emit(testsig.Stopped, 0)
 	return nil
 }
 
@@ -426,7 +429,7 @@ func (r *Relay) checkSessions(ctx context.Context) error {
 // schema check; an error wrapping one of final returns at once.
 func (r *Relay) atStart(ctx context.Context, check func() error, final ...error) error {
 	deadline := time.Now().Add(r.cfg.ConnectTimeout)
-	bo := newReconnectBackoff()
+	bo := service.ReconnectBackoff()
 	for {
 		err := check()
 		if err == nil {
@@ -442,7 +445,7 @@ func (r *Relay) atStart(ctx context.Context, check func() error, final ...error)
 			return err
 		}
 		r.log.Warn("database check at start failed; retrying", "error", err, "retry_in", d)
-		sleep(ctx, d)
+		service.Sleep(ctx, d)
 	}
 }
 
@@ -487,7 +490,7 @@ func (r *Relay) findLeftover(ctx context.Context) error {
 // sidecar, a compose stack) should not exit just because it came first.
 func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err error) {
 	deadline := time.Now().Add(r.cfg.ConnectTimeout)
-	bo := newReconnectBackoff()
+	bo := service.ReconnectBackoff()
 	for {
 		version, relayMin, err = migrations.Requirement(ctx, r.pool, r.cfg.Schema)
 		if err == nil {
@@ -505,7 +508,7 @@ func (r *Relay) schemaVersion(ctx context.Context) (version, relayMin int, err e
 			return 0, 0, err
 		}
 		r.log.Warn("database not reachable yet; retrying", "error", err, "retry_in", d)
-		sleep(ctx, d)
+		service.Sleep(ctx, d)
 	}
 }
 
@@ -552,20 +555,6 @@ func spawn(f func()) <-chan struct{} {
 		f()
 	}()
 	return done
-}
-
-// every calls f every d until ctx ends (not at once).
-func every(ctx context.Context, d time.Duration, f func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f()
-		}
-	}
 }
 
 func defaultID() string {

@@ -66,14 +66,3 @@ func (c Config) retryPolicy() RetryPolicy {
 	return ExponentialRetry{Initial: c.RetryInitial, Max: c.RetryMax, Multiplier: c.RetryMultiplier,
 		Jitter: c.RetryJitter, MaxAttempts: c.MaxAttempts}
 }
-
-// newReconnectBackoff paces reconnects to the database and the sink after
-// infrastructure errors (not message failures).
-func newReconnectBackoff() *backoff.ExponentialBackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 100 * time.Millisecond
-	b.MaxInterval = 5 * time.Second
-	b.MaxElapsedTime = 0
-	b.Reset()
-	return b
-}

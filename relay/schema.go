@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 )
 
 // runsOn reports whether this relay can run on a schema at version whose
@@ -31,7 +32,7 @@ func (r *Relay) runsOn(version, relayMin int) error {
 // that the old relay neither breaks nor duplicates anything until it is
 // replaced. It resumes if the requirement drops again (a restore).
 func (r *Relay) watchSchema(ctx context.Context) {
-	every(ctx, r.cfg.Heartbeat, func() {
+	service.Every(ctx, r.cfg.Heartbeat, func() {
 		version, relayMin, err := migrations.Requirement(ctx, r.pool, r.cfg.Schema)
 		if err != nil {
 			return // the database is away; the workers will say so

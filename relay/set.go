@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
@@ -336,9 +337,9 @@ func (s *Set) Run(ctx context.Context) error {
 		listenDone := make(chan struct{})
 		go func() {
 			defer close(listenDone)
-			listen(ctx, s.pool, s.cfgs[0], func(lanes laneSet) {
+			listen(ctx, s.pool, s.cfgs[0], func(ls lanes.Set) {
 				for _, r := range s.relays {
-					r.wakeSet(lanes)
+					r.wakeSet(ls)
 				}
 			}, s.membersNotified)
 		}()

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -80,7 +81,7 @@ type rules struct {
 // max attempts). A dead letter lets the key go on, unless the rules hold
 // it. A later message of a held key that the sink delivered anyway (it
 // broke the ordering contract) counts as delivered, never twice.
-func decide(batch []claimed, sendErr error, rl rules) settlement {
+func decide(batch []claim.Row, sendErr error, rl rules) settlement {
 	var s settlement
 	var held map[string]bool
 	hold := func(key string) {
@@ -93,11 +94,11 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 		held[key] = true
 	}
 	for i, c := range batch {
-		m := &c.msg
+		m := &c.Msg
 		err := sinks.Outcome(sendErr, i, len(batch))
 		if m.Key != "" && held[m.Key] {
 			if err == nil {
-				s.deliver(c.msg.Seq, c.ctid)
+				s.deliver(c.Msg.Seq, c.CTID)
 				s.notes = append(s.notes, note{at: i, outOfOrder: true})
 			} else {
 				s.untouched++
@@ -106,13 +107,13 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 		}
 		switch {
 		case err == nil:
-			s.deliver(c.msg.Seq, c.ctid)
-		case deferred(err) != nil:
+			s.deliver(c.Msg.Seq, c.CTID)
+		case claim.DeferredBy(err) != nil:
 			// Its destination is down: it waits for it, and the later
 			// messages of its key wait behind it.
-			de := deferred(err)
+			de := claim.DeferredBy(err)
 			s.defers.IDs = append(s.defers.IDs, m.Seq)
-			s.defers.DelayMillis = append(s.defers.DelayMillis, max(time.Until(de.until), 0).Milliseconds())
+			s.defers.DelayMillis = append(s.defers.DelayMillis, max(time.Until(de.Until), 0).Milliseconds())
 			s.defers.Errors = append(s.defers.Errors, errText(err))
 			hold(m.Key)
 		case errors.Is(err, sinks.ErrNotAttempted):
@@ -126,7 +127,7 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 				hold(m.Key)
 			}
 		default:
-			wait, ok := rl.retry.Retry(c.attempts+1, err)
+			wait, ok := rl.retry.Retry(c.Attempts+1, err)
 			if !ok {
 				s.deadLetter(i, m.Seq, ReasonMaxAttempts, err, rl.hold && m.Key != "")
 				if rl.hold {
@@ -147,21 +148,21 @@ func decide(batch []claimed, sendErr error, rl rules) settlement {
 // route is the fan-out router's decision: each message is copied to
 // every destination whose topics match and leaves the outbox; a message
 // no destination takes (the routes changed under it) is dead-lettered.
-func route(batch []claimed, dests []fanOutDest) settlement {
+func route(batch []claim.Row, dests []fanOutDest) settlement {
 	var s settlement
 	for i, c := range batch {
 		n := len(s.copies.IDs)
 		for _, d := range dests {
-			if d.matches(c.msg.Topic) {
-				s.copies.IDs = append(s.copies.IDs, c.msg.Seq)
+			if d.matches(c.Msg.Topic) {
+				s.copies.IDs = append(s.copies.IDs, c.Msg.Seq)
 				s.copies.Routes = append(s.copies.Routes, d.Route)
 			}
 		}
 		if len(s.copies.IDs) == n {
-			s.deadLetter(i, c.msg.Seq, ReasonPermanent, fmt.Errorf("no route matches topic %q", c.msg.Topic), false)
+			s.deadLetter(i, c.Msg.Seq, ReasonPermanent, fmt.Errorf("no route matches topic %q", c.Msg.Topic), false)
 			continue
 		}
-		s.deliver(c.msg.Seq, c.ctid)
+		s.deliver(c.Msg.Seq, c.CTID)
 	}
 	return s
 }
@@ -224,7 +225,7 @@ type settler struct {
 // reports the batch: to the log, the relay's totals and Hooks.Batch (ev,
 // which holds what the claim and the send recorded). A nil error means
 // the transaction committed.
-func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch []claimed, s settlement, ev *BatchEvent) error {
+func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch []claim.Row, s settlement, ev *BatchEvent) error {
 	st.logNotes(batch, s)
 	start := time.Now()
 	b := &pgx.Batch{}
@@ -288,9 +289,9 @@ func (st *settler) queue(b *pgx.Batch, src *source, s settlement) {
 
 // logNotes logs what s says about the messages of batch that were not
 // simply delivered.
-func (st *settler) logNotes(batch []claimed, s settlement) {
+func (st *settler) logNotes(batch []claim.Row, s settlement) {
 	for _, n := range s.notes {
-		m := &batch[n.at].msg
+		m := &batch[n.at].Msg
 		switch {
 		case n.outOfOrder:
 			st.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",

@@ -46,7 +46,7 @@ func (s RouteState) Health() string {
 }
 
 // healthLevel numbers a RouteState.Health from the best (0) to the worst
-// (3), for the test signal sigRouteState.
+// (3), for the test signal testsig.RouteState.
 func healthLevel(health string) int {
 	switch health {
 	case RouteDegraded:

@@ -12,6 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
 // Wake-up: docs/design.md ("Wake-up") explains it once. This file holds
@@ -28,7 +31,7 @@ func (r *Relay) wakeAll() {
 
 // wakeWorker makes worker w visit all of its lanes now.
 func (r *Relay) wakeWorker(w int) {
-	r.pend[w].addAll()
+	r.pend[w].AddAll()
 	select {
 	case r.wake[w] <- struct{}{}:
 	default:
@@ -42,13 +45,13 @@ func (r *Relay) Wake() {
 }
 
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
-func (r *Relay) wakeSet(lanes laneSet) {
+func (r *Relay) wakeSet(ls lanes.Set) {
 	r.stats.Wakeups.Add(1)
-	if lanes.empty() {
+	if ls.Empty() {
 		r.wakeAll()
 		return
 	}
-	r.wakeLanes(lanes)
+	r.wakeLanes(ls)
 }
 
 // listen runs the wake-up of cfg.Schema for one process, as cfg.Wakeup
@@ -60,7 +63,7 @@ func (r *Relay) wakeSet(lanes laneSet) {
 //
 // members is called with freed false when relays came or went, and true
 // when lanes were handed back (store.FreedPayload).
-func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneSet), members func(freed bool)) {
+func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(lanes.Set), members func(freed bool)) {
 	cfg = cfg.WithDefaults()
 	log := cfg.Logger
 	s, err := store.NewSchema(cfg.Schema)
@@ -73,7 +76,7 @@ func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneS
 		members = func(bool) {}
 	}
 	k := &waker{cfg: cfg, pool: pool, log: log, s: s, w: store.NewWaker(s), wake: wake, members: members, source: "-"}
-	bo := newReconnectBackoff()
+	bo := service.ReconnectBackoff()
 	for ctx.Err() == nil {
 		err := k.session(ctx, bo.Reset)
 		if ctx.Err() != nil {
@@ -82,7 +85,7 @@ func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake func(laneS
 		d := bo.NextBackOff()
 		log.Warn("listen connection lost; polling until it is back", "error", err, "retry_in", d)
 		k.setSource("-", false, err)
-		sleep(ctx, d)
+		service.Sleep(ctx, d)
 	}
 }
 
@@ -172,7 +175,7 @@ type waker struct {
 	log  *slog.Logger
 	s    store.Schema
 	w    *store.Waker
-	wake func(laneSet)
+	wake func(lanes.Set)
 	// members: relays joined or left (false), or handed lanes back
 	// (freed: true).
 	members func(freed bool)
@@ -187,7 +190,7 @@ type waker struct {
 	// interrupts its wait (cancelWait).
 	pendMu     sync.Mutex
 	pending    bool
-	pendLanes  laneSet
+	pendLanes  lanes.Set
 	walDone    atomic.Pointer[error]
 	walUp      atomic.Bool // the WAL stream has started (see loop)
 	walRows    atomic.Bool // the WAL stream reported rows committed
@@ -201,29 +204,29 @@ type waker struct {
 }
 
 // wakeUp wakes this process's workers of lanes (an empty set: all lanes).
-func (k *waker) wakeUp(lanes laneSet) {
+func (k *waker) wakeUp(ls lanes.Set) {
 	k.wokeAt = k.now()
-	k.wake(lanes)
+	k.wake(ls)
 }
 
 // wakeAndTell wakes this process's workers of lanes at once and the other
 // relays' with the next NOTIFY (an empty set: all lanes).
-func (k *waker) wakeAndTell(lanes laneSet) {
-	k.wakeUp(lanes)
-	k.addPending(lanes)
+func (k *waker) wakeAndTell(ls lanes.Set) {
+	k.wakeUp(ls)
+	k.addPending(ls)
 }
 
 // addPending merges lanes into the next NOTIFY (an empty set: all lanes).
-func (k *waker) addPending(lanes laneSet) {
+func (k *waker) addPending(ls lanes.Set) {
 	k.pendMu.Lock()
 	defer k.pendMu.Unlock()
 	switch {
 	case !k.pending:
-		k.pendLanes = lanes
-	case k.pendLanes.empty() || lanes.empty():
-		k.pendLanes = laneSet{} // all lanes already, or now
+		k.pendLanes = ls
+	case k.pendLanes.Empty() || ls.Empty():
+		k.pendLanes = lanes.Set{} // all lanes already, or now
 	default:
-		k.pendLanes.union(lanes)
+		k.pendLanes.Union(ls)
 	}
 	k.pending = true
 }
@@ -243,11 +246,8 @@ func (k *waker) takePending() (string, bool) {
 		return "", false
 	}
 	k.pending = false
-	if k.pendLanes.empty() {
-		return "", true
-	}
-	p := k.pendLanes.payload()
-	k.pendLanes = laneSet{}
+	p := k.pendLanes.Payload()
+	k.pendLanes = lanes.Set{}
 	return p, true
 }
 
@@ -267,15 +267,15 @@ func (k *waker) setSource(source string, fallback bool, err error) {
 	k.source = source
 	switch source {
 	case "wal":
-		k.cfg.sig.emit(sigWAL, 0)
+		k.cfg.sig.Emit(testsig.WAL, 0)
 	case "poll":
-		k.cfg.sig.emit(sigPolling, 0)
+		k.cfg.sig.Emit(testsig.Polling, 0)
 	}
 	k.cfg.Hooks.Wakeup(source, fallback, err)
 }
 
 // now is the waker's clock: time.Now, unless a test moved it ahead.
-func (k *waker) now() time.Time { return k.cfg.sig.now() }
+func (k *waker) now() time.Time { return k.cfg.sig.Now() }
 
 // session runs one LISTEN session until it fails or ctx ends.
 func (k *waker) session(ctx context.Context, connected func()) error {
@@ -284,8 +284,8 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		return err
 	}
 	// The connection carries LISTEN state and the watcher's lock: never
-	// give it back to the pool (but keep it counted there, see dropConn).
-	defer dropConn(context.WithoutCancel(ctx), conn)
+	// give it back to the pool (but keep it counted there, see service.DropConn).
+	defer service.DropConn(context.WithoutCancel(ctx), conn)
 	pc := conn.Conn()
 	pooled, err := store.Pooled(ctx, pc)
 	if err != nil {
@@ -299,7 +299,7 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		// and due rows itself, for its own workers only.
 		k.pooled = true
 		connected()
-		k.wakeUp(laneSet{})
+		k.wakeUp(lanes.Set{})
 		k.members(false)
 		return k.loop(ctx, pc, false, true)
 	}
@@ -313,8 +313,8 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		return err
 	}
 	connected()
-	k.wakeUp(laneSet{}) // anything written while we were not listening
-	k.members(false)    // and relays that came or went meanwhile
+	k.wakeUp(lanes.Set{}) // anything written while we were not listening
+	k.members(false)      // and relays that came or went meanwhile
 
 	mode := k.cfg.Wakeup
 	if mode == WakeupNotify {
@@ -331,17 +331,6 @@ func (k *waker) session(ctx context.Context, connected func()) error {
 		}
 	}
 	return k.loop(ctx, pc, mode != WakeupPoll, true)
-}
-
-// lanesOf is the set of lanes listed (those in range).
-func lanesOf(ls []int16) laneSet {
-	var s laneSet
-	for _, l := range ls {
-		if l >= 0 && int(l) < numLanes {
-			s.add(int(l))
-		}
-	}
-	return s
 }
 
 // gapList is the polling watcher's list of ids it looks for again (see
@@ -425,12 +414,4 @@ func (g *gapList) add(seen int64, ids []int64, now time.Time) {
 		prev = max(prev, id)
 	}
 	g.keepNewest()
-}
-
-// payloadOf is the NOTIFY payload about lanes ("" when empty: all lanes).
-func payloadOf(lanes laneSet) string {
-	if lanes.empty() {
-		return ""
-	}
-	return lanes.payload()
 }

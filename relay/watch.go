@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
 // watch is one LISTEN session's state machine (docs/design.md, "Wake-up"):
@@ -138,11 +140,11 @@ func (w *watch) elect(ctx context.Context, now time.Time) error {
 		if w.rows {
 			k.setSource("follow", false, nil)
 		}
-		k.cfg.sig.emit(sigFollowing, 0)
+		k.cfg.sig.Emit(testsig.Following, 0)
 		return nil
 	}
 	w.watching = true
-	k.cfg.sig.emit(sigElected, 0)
+	k.cfg.sig.Emit(testsig.Elected, 0)
 	switch {
 	case k.pooled:
 		k.log.Info("connected through a transaction-pooling proxy: this process looks for new rows and rows that come due itself, without LISTEN or the watcher's lock")
@@ -160,7 +162,7 @@ func (w *watch) elect(ctx context.Context, now time.Time) error {
 	}
 	// Rows written since the last watcher died were seen by nobody:
 	// everyone looks once.
-	k.wakeAndTell(laneSet{})
+	k.wakeAndTell(lanes.Set{})
 	return nil
 }
 
@@ -211,7 +213,7 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		// slot's consistent point.
 		w.streaming = true
 		k.setSource("wal", false, nil)
-		k.wakeAndTell(laneSet{})
+		k.wakeAndTell(lanes.Set{})
 	}
 	if k.walRows.Swap(false) && w.streaming {
 		// Rows were committed. The stream carries a commit as soon as its
@@ -276,7 +278,7 @@ func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
 	w.walAgain = now.Add(w.walRetry)
 	w.walRetry = min(2*w.walRetry, walRetryMax)
 	// Rows may have come while the stream was failing.
-	k.wakeAndTell(laneSet{})
+	k.wakeAndTell(lanes.Set{})
 }
 
 // tell sends a wake-up to the other listeners, unless there are none (or
@@ -328,8 +330,8 @@ func (w *watch) lookDue(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	if lanes := lanesOf(d.Lanes); !lanes.empty() {
-		k.wakeAndTell(lanes)
+	if ls := lanes.Of(d.Lanes); !ls.Empty() {
+		k.wakeAndTell(ls)
 	}
 	if w.seen > 0 && d.LastID > 0 && d.LastID < w.seen {
 		// The identity handed out an id below the newest the looks
@@ -359,7 +361,7 @@ func (w *watch) lookDue(ctx context.Context, now time.Time) error {
 func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 	k := w.k
 	var id int64
-	var lanes laneSet
+	var ls lanes.Set
 	var err error
 	filled := false
 	baseline := w.seen < 0
@@ -371,7 +373,7 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 	} else {
 		var got store.NewRows
 		got, err = k.w.NewRows(ctx, w.pc, w.seen, w.gaps.ids(now), gapSpan)
-		id, lanes, filled = got.Newest, lanesOf(got.Lanes), len(got.GapsFilled) > 0
+		id, ls, filled = got.Newest, lanes.Of(got.Lanes), len(got.GapsFilled) > 0
 		w.gaps.fill(got.GapsFilled)
 		w.gaps.add(max(w.seen, got.Newest-gapSpan), got.IDs, now)
 		if w.streaming {
@@ -386,11 +388,11 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 		// Rows up to id are behind the looks from now on, and a claim
 		// woken earlier may have looked before some of them committed:
 		// everyone looks once more.
-		k.wakeAndTell(laneSet{})
+		k.wakeAndTell(lanes.Set{})
 	}
 	if (id > w.seen && w.seen >= 0) || filled {
-		k.wakeUp(lanes)
-		if err := w.tell(ctx, now, payloadOf(lanes)); err != nil {
+		k.wakeUp(ls)
+		if err := w.tell(ctx, now, ls.Payload()); err != nil {
 			return err
 		}
 		w.lastNotify = now
@@ -479,7 +481,7 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 		deadline = w.lastNotify.Add(notifyGap)
 	}
 	if w.idle(now) {
-		k.cfg.sig.emit(sigWatcherIdle, 0)
+		k.cfg.sig.Emit(testsig.WatcherIdle, 0)
 	}
 	// A timeout rather than the deadline itself: the deadline is on the
 	// waker's clock (see waker.now).
@@ -516,7 +518,7 @@ func (w *watch) idle(now time.Time) bool {
 // heard acts on a notification from another session.
 func (w *watch) heard(n *pgconn.Notification) {
 	k := w.k
-	switch lanes, ok := parseLanes(n.Payload); {
+	switch ls, ok := lanes.Parse(n.Payload); {
 	case n.Payload == store.ListenerPayload:
 		// A listener started: it hears the wake-ups from now on (for at
 		// least othersEvery; then the check says).
@@ -540,8 +542,8 @@ func (w *watch) heard(n *pgconn.Notification) {
 			}
 		}
 	case n.Payload == "":
-		k.wakeUp(laneSet{})
+		k.wakeUp(lanes.Set{})
 	case ok:
-		k.wakeUp(lanes)
+		k.wakeUp(ls)
 	}
 }

@@ -14,6 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -65,7 +69,7 @@ const (
 // work runs worker id's loop until ctx ends, then lets the batches in
 // flight finish (they run on hard).
 func (r *Relay) work(ctx, hard context.Context, id int) {
-	w := &worker{r: r, ctx: ctx, hard: hard, id: id, log: r.log.With("worker", id), bo: newReconnectBackoff(),
+	w := &worker{r: r, ctx: ctx, hard: hard, id: id, log: r.log.With("worker", id), bo: service.ReconnectBackoff(),
 		rotation: id, done: make(chan *flight, r.cfg.Pipeline), claimNow: true, full: true}
 	defer func() {
 		for range w.flying {
@@ -78,9 +82,9 @@ func (r *Relay) work(ctx, hard context.Context, id int) {
 			// Claim nothing on a schema this relay does not know.
 			if !w.held {
 				w.held = true
-				r.cfg.sig.emit(sigSchemaHold, id)
+				r.cfg.sig.Emit(testsig.SchemaHold, id)
 			}
-			sleep(ctx, r.cfg.PollInterval)
+			service.Sleep(ctx, r.cfg.PollInterval)
 			continue
 		}
 		w.held = false
@@ -106,10 +110,10 @@ func (w *worker) claim(probe bool) next {
 	r := w.r
 	w.claimNow = false
 	busy := busyLanes(w.flying)
-	woken, all := r.pend[w.id].take(busy)
+	woken, all := r.pend[w.id].Take(busy)
 	var only []int16 // nil: every lane
 	if !w.full && !all && !r.priority[w.id] && time.Since(w.lastFull) < fullEvery {
-		only = woken.list()
+		only = woken.List()
 	}
 	w.full = false
 	if only == nil {
@@ -155,7 +159,7 @@ func (w *worker) claim(probe bool) next {
 		if f.more {
 			if only != nil {
 				// What it left is in the lanes it visited.
-				r.pend[w.id].add(woken)
+				r.pend[w.id].Add(woken)
 			} else {
 				w.full = true
 			}
@@ -284,7 +288,7 @@ func (w *worker) landed(f *flight) bool {
 	// later claim of every lane passed over its lanes, or a wake-up named
 	// them while it held them.
 	w.full = w.full || f.passed
-	w.claimNow = w.claimNow || f.more || f.passed || r.pend[w.id].waiting(busyLanes(w.flying))
+	w.claimNow = w.claimNow || f.more || f.passed || r.pend[w.id].Waiting(busyLanes(w.flying))
 	return true
 }
 
@@ -299,7 +303,7 @@ func (w *worker) backOff(err error) {
 	}
 	w.log.Warn("batch failed; retrying", "error", err, "retry_in", d)
 	w.r.cfg.Hooks.CycleError(err)
-	sleep(w.ctx, d)
+	service.Sleep(w.ctx, d)
 }
 
 // roomBeside reports whether the worker may claim another batch beside
@@ -332,7 +336,7 @@ var errNothingAttempted = errors.New("outbox: sink attempted nothing")
 type flight struct {
 	conn  *pgxpool.Conn
 	src   *source
-	batch []claimed
+	batch []claim.Row
 	ev    BatchEvent
 	// more: the claim may have left messages behind in the worker's lanes
 	// (see claim); cut: its transaction holds rows it did not return.
@@ -368,11 +372,11 @@ func (f *flight) sinkBound() bool {
 const fullEvery = time.Second
 
 // busyLanes is the set of the lanes of the batches in flight.
-func busyLanes(flying []*flight) laneSet {
-	var s laneSet
+func busyLanes(flying []*flight) lanes.Set {
+	var s lanes.Set
 	for _, f := range flying {
 		for i := range f.batch {
-			s.add(int(f.batch[i].lane))
+			s.Add(int(f.batch[i].Lane))
 		}
 	}
 	return s
@@ -390,9 +394,9 @@ func busyLanes(flying []*flight) laneSet {
 // empty lanes: up to all of the worker's, 8 ms a claim.
 func nextRotation(rotation, workers int, f *flight) int {
 	if f != nil && f.more && len(f.batch) > 0 {
-		return (int(f.batch[len(f.batch)-1].lane) + workers) % numLanes
+		return (int(f.batch[len(f.batch)-1].Lane) + workers) % lanes.N
 	}
-	return (rotation + workers) % numLanes
+	return (rotation + workers) % lanes.N
 }
 
 // begin acquires a connection and claims a batch in a transaction it
@@ -400,7 +404,7 @@ func nextRotation(rotation, workers int, f *flight) int {
 // skipping the lanes being handed over and busy (those of the batches in
 // flight). A claim that finds nothing commits at once and returns a nil
 // flight.
-func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, busy laneSet, only []int16) (_ *flight, err error) {
+func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, busy lanes.Set, only []int16) (_ *flight, err error) {
 	start := time.Now()
 	r.waitingForConn(worker)
 	conn, err := r.pool.Acquire(ctx)
@@ -427,14 +431,14 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, bu
 		}
 	}()
 	skip := r.handoverLanes()
-	if !busy.empty() {
+	if !busy.Empty() {
 		// Shared with the leaser: never appended to.
-		skip = append(slices.Clone(skip), busy.list()...)
+		skip = append(slices.Clone(skip), busy.List()...)
 	}
 	src := r.source()
 	visit := only
 	if visit == nil {
-		visit = r.ownedOf(worker)
+		visit = r.lease.set.Of(worker, r.cfg.Workers)
 	}
 	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, limit, skip, visit)
 	r.stats.Claims.Add(1)
@@ -524,7 +528,7 @@ func rollback(hard context.Context, pc *pgx.Conn) {
 // publish hands a claimed batch to the sink and decides, from its
 // answer, the batch's settlement; ev holds what the claim knows, and
 // publish records the send in it.
-func (r *Relay) publish(hard context.Context, batch []claimed, probe bool, ev *BatchEvent) (settlement, error) {
+func (r *Relay) publish(hard context.Context, batch []claim.Row, probe bool, ev *BatchEvent) (settlement, error) {
 	if r.limiter != nil {
 		// The rows stay locked in the claim's transaction meanwhile, as
 		// they would while a slow sink takes them.
@@ -596,10 +600,10 @@ func (r *Relay) waitRate(ctx context.Context, n int) error {
 // send hands batch to the sink within PublishTimeout and records the
 // answer in ev; pre, when not nil, holds the answer of the messages not
 // to send (see sendReadable).
-func (r *Relay) send(hard context.Context, batch []claimed, pre []error, ev *BatchEvent) {
+func (r *Relay) send(hard context.Context, batch []claim.Row, pre []error, ev *BatchEvent) {
 	msgs := make([]sinks.Message, len(batch))
 	for i := range batch {
-		msgs[i] = batch[i].msg
+		msgs[i] = batch[i].Msg
 	}
 	ev.Messages = msgs
 	ev.SendStart = time.Now()
@@ -609,7 +613,7 @@ func (r *Relay) send(hard context.Context, batch []claimed, pre []error, ev *Bat
 	ev.SendDuration = time.Since(ev.SendStart)
 	// The claim ran at ClaimedAt (database clock), roughly when the claim
 	// began.
-	ev.AckedAt = batch[0].msg.ClaimedAt.Add(ev.ClaimDuration + time.Since(ev.SendStart))
+	ev.AckedAt = batch[0].Msg.ClaimedAt.Add(ev.ClaimDuration + time.Since(ev.SendStart))
 }
 
 // sendReadable sends msgs to the sink, except those the claim did not
@@ -620,10 +624,10 @@ func (r *Relay) send(hard context.Context, batch []claimed, pre []error, ev *Bat
 // behind the dead letter as the dead-letter policy says, or behind the
 // deferred message). A batch without such a message goes to the sink as
 // it is.
-func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.Message, pre []error) error {
+func (r *Relay) sendReadable(ctx context.Context, batch []claim.Row, msgs []sinks.Message, pre []error) error {
 	n := 0
 	for i := range batch {
-		if batch[i].oversize > 0 || pre != nil && pre[i] != nil {
+		if batch[i].Oversize > 0 || pre != nil && pre[i] != nil {
 			n++
 		}
 	}
@@ -636,10 +640,10 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.
 	sub := make([]sinks.Message, 0, len(msgs)-n)
 	for i, c := range batch {
 		switch {
-		case c.oversize > 0:
+		case c.Oversize > 0:
 			be.Errs[i] = sinks.Permanent(fmt.Errorf("%w: %d bytes, max-message-bytes %d; not read, not sent",
-				ErrMessageTooLarge, c.oversize, r.cfg.MaxMessageBytes))
-		case c.msg.Key != "" && blocked[c.msg.Key]:
+				ErrMessageTooLarge, c.Oversize, r.cfg.MaxMessageBytes))
+		case c.Msg.Key != "" && blocked[c.Msg.Key]:
 			be.Errs[i] = sinks.ErrNotAttempted
 			continue
 		case pre != nil && pre[i] != nil:
@@ -649,8 +653,8 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claimed, msgs []sinks.
 			sub = append(sub, msgs[i])
 			continue
 		}
-		if c.msg.Key != "" {
-			blocked[c.msg.Key] = true
+		if c.Msg.Key != "" {
+			blocked[c.Msg.Key] = true
 		}
 	}
 	if len(sub) > 0 {
@@ -677,13 +681,4 @@ func decodeHeaders(raw []byte) (map[string]string, error) {
 		return nil, err
 	}
 	return h, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
