@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // brokers measures the NATS JetStream and Redis Streams sinks against
@@ -168,7 +170,7 @@ func (b *bench) natsRaw(ctx context.Context, run int) (float64, error) {
 	subject := strings.ToLower(name) + ".bench"
 	start := time.Now()
 	for i := range ids {
-		m := &nats.Msg{Subject: subject, Data: payloads[i], Header: nats.Header{"Nats-Msg-Id": {ids[i]}, "outbox-key": {keys[i]}}}
+		m := &nats.Msg{Subject: subject, Data: payloads[i], Header: nats.Header{"Nats-Msg-Id": {ids[i]}, wire.Key: {keys[i]}}}
 		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			return 0, err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // receiver is the webhook endpoint the HTTP sink posts to (a
@@ -33,7 +34,7 @@ type receiver struct {
 func newReceiver() (*receiver, error) {
 	r := &receiver{last: map[string]int64{}}
 	srv, err := testkit.NewReceiver(func(req *testkit.Request) (int, string) {
-		r.record(req.At.UnixNano(), req.Header.Get("outbox-key"), req.Body)
+		r.record(req.At.UnixNano(), req.Header.Get(wire.Key), req.Body)
 		return http.StatusOK, ""
 	})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The sinks' own yardsticks: what each sink takes with no relay in front
@@ -62,7 +63,7 @@ func (b *bench) rawAMQPRun(ctx context.Context, r *row, run int) error {
 	for i := range pubs {
 		pubs[i] = amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json",
 			MessageId: fmt.Sprintf("m-%d", i), Timestamp: time.Now(), Type: "bench",
-			Headers: amqp.Table{"outbox-key": fmt.Sprintf("key-%d", (i+1)%b.cfg.keys)},
+			Headers: amqp.Table{wire.Key: fmt.Sprintf("key-%d", (i+1)%b.cfg.keys)},
 			Body:    payloadGo(int64(i+1), b.cfg.payload)}
 	}
 	start := time.Now()

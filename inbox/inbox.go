@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // DefaultSchema is the schema of the inbox tables when none is configured.
@@ -54,7 +55,7 @@ const DefaultSchema = "inbox"
 // HeaderProducer is the header in which the relay names the outbox a
 // message comes from (its --producer): the adapters read it into
 // Message.Producer.
-const HeaderProducer = "outbox-producer"
+const HeaderProducer = wire.Producer
 
 // Message is what the inbox needs to know of a delivered message. The
 // adapters take it from each broker's message.

@@ -19,13 +19,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The headers the relay's AMQP sink sets besides the message-id property
 // (sinks/amqpsink).
 const (
-	HeaderKey = "outbox-key"
-	HeaderSeq = "outbox-seq"
+	HeaderKey = wire.Key
+	HeaderSeq = wire.Seq
 	// HeaderProducer names the outbox the message comes from
 	// (inbox.HeaderProducer): positions are compared per producer.
 	HeaderProducer = inbox.HeaderProducer

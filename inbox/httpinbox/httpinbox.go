@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The request headers the relay's webhook sink sets (sinks/httpsink).
@@ -53,8 +54,8 @@ const (
 	HeaderWebhookID        = "webhook-id"
 	HeaderWebhookTimestamp = "webhook-timestamp"
 	HeaderWebhookSignature = "webhook-signature"
-	HeaderKey              = "outbox-key"
-	HeaderSeq              = "outbox-seq"
+	HeaderKey              = wire.Key
+	HeaderSeq              = wire.Seq
 	// HeaderProducer names the outbox the message comes from
 	// (inbox.HeaderProducer): positions are compared per producer.
 	HeaderProducer = inbox.HeaderProducer

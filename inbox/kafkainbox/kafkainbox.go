@@ -20,12 +20,13 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The record headers the relay's Kafka sink sets (sinks/kafkasink).
 const (
-	HeaderMessageID = "outbox-message-id"
-	HeaderSeq       = "outbox-seq"
+	HeaderMessageID = wire.MessageID
+	HeaderSeq       = wire.Seq
 	// HeaderProducer names the outbox the record comes from
 	// (inbox.HeaderProducer): positions are compared per producer.
 	HeaderProducer = inbox.HeaderProducer

@@ -18,13 +18,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The headers the relay's NATS sink sets (sinks/natssink).
 const (
 	HeaderMsgID = "Nats-Msg-Id"
-	HeaderKey   = "outbox-key"
-	HeaderSeq   = "outbox-seq"
+	HeaderKey   = wire.Key
+	HeaderSeq   = wire.Seq
 	// HeaderProducer names the outbox the message comes from
 	// (inbox.HeaderProducer): positions are compared per producer.
 	HeaderProducer = inbox.HeaderProducer

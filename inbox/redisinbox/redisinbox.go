@@ -19,13 +19,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // The entry fields the relay's Redis sink writes (sinks/redissink).
 const (
 	FieldID  = "id"
 	FieldKey = "key"
-	FieldSeq = "outbox-seq"
+	FieldSeq = wire.Seq
 	// FieldProducer names the outbox the entry comes from: the relay's
 	// outbox-producer header (inbox.HeaderProducer), a field like every
 	// header. Positions are compared per producer. A sink with a

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -58,14 +59,14 @@ const DefaultExchangeName = "amq.default"
 
 // HeaderKey carries the outbox key of a message (AMQP has no key of its
 // own). It is set only when the key is not empty.
-const HeaderKey = "outbox-key"
+const HeaderKey = wire.Key
 
 // HeaderSeq carries the message's position (sinks.Message.Seq, the outbox
 // row's id) as an AMQP long (int64). A key's messages carry growing
 // positions in the order they were written; consumers (the inbox package)
 // use it to tell a late redelivery from a new message. An application
 // header with the same name is replaced.
-const HeaderSeq = "outbox-seq"
+const HeaderSeq = wire.Seq
 
 // Config configures the RabbitMQ (AMQP 0-9-1) sink. The zero value of every
 // field but URL and Exchange means "use the default" documented on it; New

@@ -35,6 +35,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
 
@@ -51,15 +52,15 @@ const (
 	// HeaderTopic and HeaderKey carry the outbox topic and key,
 	// percent-encoded (RFC 3986, as url.PathEscape) so that any string
 	// survives; HeaderKey is absent when the message has no key.
-	HeaderTopic = "outbox-topic"
-	HeaderKey   = "outbox-key"
+	HeaderTopic = wire.Topic
+	HeaderKey   = wire.Key
 	// HeaderSeq carries the message's position (sinks.Message.Seq, the
 	// outbox row's id) in decimal. A key's messages carry growing
 	// positions in the order they were written; consumers (the inbox
 	// package) use it to tell a late redelivery from a new message. Like
 	// the other headers it is not covered by the Standard Webhooks
 	// signature, which signs the id, the timestamp and the body.
-	HeaderSeq = "outbox-seq"
+	HeaderSeq = wire.Seq
 	// UserAgent is sent on every request.
 	UserAgent = "outbox-relay"
 	// HeaderFailure, on a non-2xx answer, says whose failure it is.
@@ -92,7 +93,7 @@ const bodyReadTimeout = 500 * time.Millisecond
 // ignored or would corrupt the framing).
 var reservedHeaders = map[string]bool{
 	"webhook-id": true, "webhook-timestamp": true, "webhook-signature": true,
-	"idempotency-key": true, "outbox-topic": true, "outbox-key": true, "outbox-seq": true, "user-agent": true,
+	"idempotency-key": true, wire.Topic: true, wire.Key: true, wire.Seq: true, "user-agent": true,
 	"host": true, "content-length": true, "transfer-encoding": true, "connection": true,
 	"keep-alive": true, "proxy-connection": true, "proxy-authorization": true, "te": true,
 	"trailer": true, "upgrade": true, "expect": true,

@@ -34,13 +34,14 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // HeaderMessageID is the record header carrying the stable message id
 // (sinks.Message.ID). It is the same on every delivery attempt and after a
 // dead-letter replay, so consumers deduplicate on it. It is always the first
 // header; an application header with the same name is dropped.
-const HeaderMessageID = "outbox-message-id"
+const HeaderMessageID = wire.MessageID
 
 // HeaderSeq is the record header carrying the message's position
 // (sinks.Message.Seq, the outbox row's id) in decimal. A key's messages
@@ -48,7 +49,7 @@ const HeaderMessageID = "outbox-message-id"
 // inbox package) use it to tell a late redelivery from a new message. It is
 // always the second header; an application header with the same name is
 // dropped.
-const HeaderSeq = "outbox-seq"
+const HeaderSeq = wire.Seq
 
 // Kafka's record batch v2 framing, before the first record: base offset (8),
 // length (4), leader epoch (4), magic (1), crc (4), attributes (2), last

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -39,15 +40,15 @@ const (
 const (
 	// PropID carries the message id, the same on every attempt:
 	// consumers deduplicate on it.
-	PropID = "outbox-id"
+	PropID = wire.ID
 	// PropSeq carries the message's position (sinks.Message.Seq, the
 	// outbox row's id) in decimal. A key's messages carry growing
 	// positions in the order they were written; consumers (the inbox
 	// package) use it to tell a late redelivery from a new message.
-	PropSeq = "outbox-seq"
+	PropSeq = wire.Seq
 	// PropKey carries the outbox key (set only when the key is not
 	// empty).
-	PropKey = "outbox-key"
+	PropKey = wire.Key
 	// HeaderContentType, when an application header (matched without
 	// regard to case), goes out as the MQTT Content Type property, not as
 	// a user property: the CloudEvents format puts datacontenttype there.

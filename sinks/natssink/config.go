@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -43,13 +44,13 @@ const (
 	HeaderMsgID = "Nats-Msg-Id"
 	// HeaderKey carries the outbox key (set only when the key is not
 	// empty).
-	HeaderKey = "outbox-key"
+	HeaderKey = wire.Key
 	// HeaderSeq carries the message's position (sinks.Message.Seq, the
 	// outbox row's id) in decimal. A key's messages carry growing
 	// positions in the order they were written; consumers (the inbox
 	// package) use it to tell a late redelivery from a new message. It
 	// replaces an application header of the same name.
-	HeaderSeq = "outbox-seq"
+	HeaderSeq = wire.Seq
 )
 
 // Config configures the NATS JetStream sink. Zero values select the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -34,9 +35,9 @@ const (
 // Message attributes the sink sets on every message, besides one per
 // header.
 const (
-	AttrID  = "outbox-id"  // the message id
-	AttrSeq = "outbox-seq" // the message's position in the outbox; per key, it only grows
-	AttrKey = "outbox-key" // the outbox key, absent when the message has none (also the ordering key)
+	AttrID  = wire.ID  // the message id
+	AttrSeq = wire.Seq // the message's position in the outbox; per key, it only grows
+	AttrKey = wire.Key // the outbox key, absent when the message has none (also the ordering key)
 )
 
 // Config configures the Google Cloud Pub/Sub sink. Zero values select the

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/sinkconf"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -33,7 +34,7 @@ const (
 	// row's id) in decimal. A key's messages carry growing positions in
 	// the order they were written; consumers (the inbox package) use it to
 	// tell a late redelivery from a new message.
-	FieldSeq = "outbox-seq"
+	FieldSeq = wire.Seq
 )
 
 // Config configures the Redis Streams sink. Zero values select the

@@ -24,6 +24,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // Limits of both services that the sinks check before sending.
@@ -40,9 +41,9 @@ const (
 
 // Attribute names the sinks set on every message, besides one per header.
 const (
-	AttrID  = "outbox-id"  // the message id (String)
-	AttrSeq = "outbox-seq" // the message's position in the outbox (Number); per key, it only grows
-	AttrKey = "outbox-key" // the outbox key (String), absent when the message has none
+	AttrID  = wire.ID  // the message id (String)
+	AttrSeq = wire.Seq // the message's position in the outbox (Number); per key, it only grows
+	AttrKey = wire.Key // the outbox key (String), absent when the message has none
 )
 
 // Attr is one message attribute.
