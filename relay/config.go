@@ -35,69 +35,39 @@ type Config struct {
 	// Workers is the number of claim loops, each with its own share of the
 	// lanes this process owns and one database connection. Default 2.
 	Workers int
-	// Pipeline is how many batches a worker has in flight at most. While
-	// the sink takes one batch, the worker claims the next from its other
-	// lanes (never a lane of a batch in flight, so a key's messages are
-	// never in two batches at once), each batch in its own transaction
-	// on its own connection: the database and the sink work at the same
-	// time. It does so only while the sink takes at least a third of a
-	// batch's time (a sink that costs nothing, or a saturated database,
-	// gains nothing from it) and the pool has a connection to spare. 1
-	// claims the next batch only once the last one is settled. Default 2.
+	// Pipeline is how many batches a worker has in flight at most: while
+	// the sink takes one, the worker claims the next from its other lanes
+	// (never a lane in flight), on a connection of its own, when the sink
+	// takes at least a third of a batch's time and the pool has a
+	// connection to spare. 1: one batch at a time. Default 2.
 	Pipeline int
 	// BatchSize is the most messages claimed and handed to the sink at
 	// once. Default 500.
 	BatchSize int
 	// BatchBytes is the most payload bytes claimed and handed to the sink
-	// at once: a claim ends before the message that would pass it, except
-	// that it always takes one message (a larger message goes alone).
-	// Payloads past the limit are not even read from the database. It
-	// bounds the memory of each batch in flight (a worker has up to
-	// Pipeline; measured: BatchBytes + 3 MiB of live heap
-	// for a batch of 1 MiB messages; a single larger message costs about
-	// three times its size, as pgx keeps a read buffer the size of the
-	// largest row). Default 16 MiB.
+	// at once (a larger message goes alone); payloads past it are not
+	// read. It bounds the memory of each batch in flight (docs/operations.md,
+	// "Configuration"). Default 16 MiB.
 	BatchBytes int64
-	// MaxMessageBytes is the largest message the relay reads: its payload
-	// plus the stored size of its headers. A larger message is claimed
-	// without its content and dead-lettered at once (reason permanent,
-	// with its size in the error), its content moved to the dead-letter
-	// table inside the database: a row no sink could take, written by a
-	// writer that checks nothing (plain SQL, outbox.enqueue), never has to
-	// fit in the relay's memory. Default 17 MiB: the Go writer's default
-	// payload limit (16 MiB) and room for its headers, so that whatever
-	// that writer accepts is read.
+	// MaxMessageBytes is the largest message (payload and headers) the
+	// relay reads; a larger one is dead-lettered at once without being
+	// read (reason permanent), its content moved inside the database.
+	// Default 17 MiB: what the Go writer accepts by default, and room for
+	// its headers.
 	MaxMessageBytes int64
 	// PollInterval is how often an idle worker looks for work when nothing
-	// wakes it. A safety net: the schema's watcher wakes the workers for
-	// new rows, for rows that come due (retries, delayed messages) and
-	// for out-of-order commits, the fan-out router for its copies, and an
-	// operator's replay or purge for what it made claimable; a wake-up
-	// lost all the same (when polling and nothing else is written, a
-	// writer's transaction that took its id more than a second before it
-	// committed; a LISTEN session that died silently) waits for this.
-	// Each idle worker's look is one small transaction. Default 10s.
+	// wakes it: a safety net for a wake-up lost (see Wakeup), one small
+	// transaction per idle worker. Default 10s.
 	PollInterval time.Duration
-	// Wakeup is how relays learn of new rows (see docs/design.md, Wake-up):
-	//   - "wal": one relay process per schema (the watcher) follows the
-	//     outbox's inserts in the WAL (logical replication, a temporary
-	//     slot, the publication `migrate` creates where wal_level =
-	//     logical) and wakes the others with a NOTIFY from its session;
-	//     when the stream cannot start or breaks, it polls instead.
-	//   - "poll": the watcher polls the outbox for new rows, every few
-	//     milliseconds while rows arrive, backing off to WatchInterval when
-	//     idle, and wakes the others the same way.
-	//   - "notify": the writers' trigger notifies every relay at commit.
-	//     The writers pay for it (every notifying commit is serialized);
-	//     the relay enables the trigger if it may, else run `migrate
-	//     --wakeup notify`.
-	//   - "auto": "wal" where the server allows it, else "poll".
-	// Default "auto".
+	// Wakeup is how relays learn of new rows (docs/design.md, "Wake-up"):
+	// WakeupWAL follows the outbox's inserts in the WAL (one watcher per
+	// schema, which wakes the others; it polls while it cannot), WakeupPoll
+	// polls for them, WakeupNotify relies on the writers' trigger (their
+	// commits pay for it), WakeupAuto is WAL where the server allows it,
+	// else polling. Default WakeupAuto.
 	Wakeup string
-	// WatchInterval is the longest the watcher waits between two looks at
-	// the outbox while it polls (Wakeup "poll", or "wal" fallen back to
-	// polling): the worst wake-up delay of the first message after a
-	// quiet spell, and one small transaction per interval. Default 100ms.
+	// WatchInterval is the longest the polling watcher waits between two
+	// looks: the worst wake-up delay after a quiet spell. Default 100ms.
 	WatchInterval time.Duration
 	// PublishTimeout bounds one Send to the sink; a Send that takes longer
 	// counts as a failed attempt. Default 30s.
@@ -110,21 +80,15 @@ type Config struct {
 	// pending, in order, until an operator replays the dead letter (which
 	// goes first) or purges it (which releases the key). Default "skip".
 	OnDeadLetter string
-	// Destination describes where the sink delivers, for the summary of
-	// the route's configuration operators see in status (the CLI sets the
-	// sink's URL with its secrets redacted), and for the fingerprint each
-	// relay registers when the sink does not name its target itself
-	// (sinks.Targeter, as the built-in sinks of brokers and webhooks
-	// do). Never put a secret in it. Default "": the sink's Go type
-	// stands for it.
+	// Destination describes where the sink delivers, for status and for
+	// the route's configuration fingerprint when the sink does not name
+	// its target (sinks.Targeter). Never put a secret in it. Default "":
+	// the sink's Go type.
 	Destination string
 	// OnConfigChange is what the relay does while live relays of its
 	// route, registered before it, run another configuration (topics,
-	// sink and Destination, payload format, OnDeadLetter, fan-out):
-	// ConfigChangeWait takes no lane until they are gone,
-	// ConfigChangeFail makes Run return an error wrapping ErrConfig, and
-	// ConfigChangeAllow takes a share of the lanes beside them (a rolling
-	// change; see Hooks.RouteConfigs). Default "wait".
+	// sink, format, OnDeadLetter, fan-out): ConfigChangeWait,
+	// ConfigChangeFail or ConfigChangeAllow. Default ConfigChangeWait.
 	OnConfigChange string
 	// RetryInitial is the delay after the first failure. Default 1s.
 	RetryInitial time.Duration
@@ -140,25 +104,19 @@ type Config struct {
 	// message whose dead letter the database refused: RetryMax). Default
 	// nil: ExponentialRetry built from those fields.
 	RetryPolicy RetryPolicy
-	// LeaseTTL is how long a relay owns its lanes without renewing them: the
-	// longest a dead relay's lanes wait before another relay takes them
-	// (sooner when the dead relay's connection is seen closed, see
-	// FastFailover). Default 15s.
+	// LeaseTTL is how long a relay owns its lanes without renewing them:
+	// the longest a dead relay's lanes wait for another. Default 15s.
 	LeaseTTL time.Duration
 	// Heartbeat is how often lanes are renewed and rebalanced. Default
 	// LeaseTTL/3.
 	Heartbeat time.Duration
-	// DisableFastFailover turns off treating a relay whose lease connection
-	// is gone from pg_stat_activity as dead (only its heartbeat's age then
-	// tells). Not needed behind a transaction-pooling proxy (PgBouncer): a
-	// relay that runs through one registers no backend, and is never
-	// reaped by one. Default false.
+	// DisableFastFailover: a relay whose lease connection is gone from
+	// pg_stat_activity is not taken for dead (only its heartbeat's age
+	// tells). Default false.
 	DisableFastFailover bool
-	// RateLimit bounds the route's deliveries, in messages a second,
-	// shared by the relay's workers: a claim takes at most RateBurst
-	// messages, and a batch waits for its share before it goes to the
-	// sink. It bounds one relay process: with N relays on a route, give
-	// each a Nth of the destination's limit. 0: no limit. Default 0.
+	// RateLimit bounds the route's deliveries by this relay process, in
+	// messages a second (with N relays, give each an Nth). 0: no limit.
+	// Default 0.
 	RateLimit float64
 	// RateBurst is how many messages may go at once under RateLimit (and
 	// so the largest batch). Default: RateLimit rounded up (at least 1).
@@ -177,29 +135,12 @@ type Config struct {
 	// ConnectTimeout is how long Run waits for the database at start-up
 	// before giving up. Default 30s.
 	ConnectTimeout time.Duration
-	// Producer names this outbox to consumers: the relay adds it to every
-	// message's Headers under sinks.HeaderProducer ("outbox-producer")
-	// unless the application set that header itself (in any case). A
-	// message's position is this outbox's row id, comparable only with
-	// this outbox's other positions, so a consumer of several outboxes
-	// (package inbox) orders each key per producer; without names it
-	// keeps one order per key and refuses, for good, the messages of the
-	// producer whose ids run lower. At most 255 bytes of printable ASCII,
-	// without a space at either end. ProducerNone ("-") sends no header.
-	// Default: the cluster's system identifier, the database's name and
-	// the schema, percent-encoded and joined by "/"
-	// ("7713292241186691262/orders/outbox"), read at start-up: the schema
-	// and the database alone repeat across services (every service's
-	// "app" database and "outbox" schema), while the identifier is drawn
-	// at random by initdb and kept by physical replicas, failovers and
-	// base backups, so a producer keeps its name where its id sequence
-	// goes on. Where the server refuses the identifier, the database and
-	// the schema alone ("orders/outbox"). Name it explicitly when the
-	// name must survive what changes the identifier (pg_upgrade, a
-	// logical-replication move, a restore from pg_dump) or tell apart
-	// clusters cloned from one backup: a new name starts every key's
-	// order over at the consumers, checking nothing for the first message
-	// of each key under it.
+	// Producer names this outbox to consumers in every message's
+	// sinks.HeaderProducer header (unless the application set it), so
+	// that a consumer of several outboxes orders each key per producer
+	// (docs/inbox.md, "Producers"). At most 255 bytes of printable
+	// ASCII; ProducerNone sends no header. Default: the cluster's system
+	// identifier, the database and the schema ("7713292241186691262/orders/outbox").
 	Producer string
 	// Version is recorded in the relays table. Default "dev".
 	Version string

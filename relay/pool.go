@@ -22,20 +22,11 @@ type PoolConfig struct {
 	// Workers is how many workers the pool serves, over every relay that
 	// shares it; it sizes the default MaxConns. Default 2.
 	Workers int
-	// MaxConns caps every connection the process opens through the pool:
-	// the workers', the lane leases' and LISTEN's (which keep theirs for
-	// their whole life, still counted), and those of health checks,
-	// metrics and start-up checks, which wait for a free one. Conns tells
-	// the least a set of relays needs. A relay whose workers cannot get a
-	// connection (the cap, or the server's max_connections) for longer
-	// than its LeaseTTL hands its lanes to other relays. Default
-	// Workers × DefaultPipeline + 3: a connection per batch a worker may
-	// have in flight, the lane lease, LISTEN and one for health checks
-	// and metrics, which fits one relay; for several relays on one pool
-	// use Conns(their configs...) + PipelineConns(their configs...) + 1.
-	// A worker claims a batch beside the one it has in flight only while
-	// the pool has a connection to spare beyond one, so a smaller cap
-	// (down to Conns) only narrows the pipeline.
+	// MaxConns caps every connection the process opens through the pool
+	// (docs/operations.md, "Sizing the pool of an embedded relay").
+	// Default Workers × DefaultPipeline + 3, which fits one relay; for
+	// several relays on one pool, Conns + PipelineConns + 1 of their
+	// configurations; down to Conns only narrows the pipeline.
 	MaxConns int
 	// PublishTimeout sets the idle-in-transaction timeout (PublishTimeout +
 	// 30s): a relay that stops talking to the database mid-batch has its
@@ -50,19 +41,13 @@ type PoolConfig struct {
 
 // NewPool connects to the database with the session settings the relay
 // relies on: bounded transactions and statements, TCP keepalives so a
-// vanished relay host is noticed, an application_name for
-// pg_stat_activity, read committed whatever the database's default, and
-// no idle_session_timeout (its LISTEN and lease sessions are idle by
-// design).
+// vanished relay host is noticed, an application_name, read committed
+// whatever the database's default, and no idle_session_timeout (its
+// LISTEN and lease sessions are idle by design).
 //
-// Behind a transaction-pooling proxy (PgBouncer in transaction mode, and
-// the like) sessions are not the relay's own: the first connection the
-// pool opens finds out (see store.Pooled) with a probe connection, and
-// from then on the pool sends no session settings (a proxy refuses them,
-// or drops them on a backend others share; the relay sets what it needs
-// in each claim's transaction instead) and runs statements without
-// prepared statements (pgx's exec mode) unless the URL chose the simple
-// protocol. docs/operations.md, "Behind PgBouncer", says what changes.
+// Behind a transaction-pooling proxy (PgBouncer in transaction mode) the
+// pool finds out with a probe connection, sends no session settings and
+// prepares no statements (docs/operations.md, "Behind PgBouncer").
 func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(pc.URL)
 	if err != nil {
