@@ -99,13 +99,15 @@ func FanOutOf(cfg Config) []Destination { return cfg.fanOut }
 
 // ListenConfig runs the wake-up of cfg.Schema for relays configured
 // WithSharedListener, calling wake when there may be new rows and members
-// (unless nil) when relays came, went or handed lanes back.
+// (unless nil) when relays came, went or handed lanes back, until ctx ends.
 func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, members func()) {
 	var notified func(bool)
 	if members != nil {
 		notified = func(bool) { members() }
 	}
-	listen(ctx, pool, cfg, func(lanes.Set) { wake() }, notified)
+	stop := listen(ctx, pool, cfg, func(lanes.Set) { wake() }, notified)
+	<-ctx.Done()
+	stop()
 }
 
 // RouterFeeds is routerFeeds.

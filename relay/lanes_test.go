@@ -1,41 +1,10 @@
 package relay
 
 import (
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 )
-
-// The polling watcher's gaps: ids missing below the newest it saw, looked
-// for again until found, expired, or pushed out by newer ones.
-func TestGapList(t *testing.T) {
-	now := time.Now()
-	var g gapList
-	g.add(10, []int64{11, 14, 15, 17}, now)
-	if got := g.ids(now); !slices.Equal(got, []int64{12, 13, 16}) {
-		t.Fatalf("gaps after 10 → 11,14,15,17: %v, want 12 13 16", got)
-	}
-	g.fill([]int64{13})
-	if got := g.ids(now); !slices.Equal(got, []int64{12, 16}) {
-		t.Fatalf("after 13 was found: %v, want 12 16", got)
-	}
-	if got := g.ids(now.Add(gapTTL)); len(got) != 0 {
-		t.Fatalf("gaps outlived gapTTL: %v", got)
-	}
-	g = nil
-	g.add(0, []int64{1000}, now) // a jump: only the newest maxGaps below it
-	got := g.ids(now)
-	if len(got) != maxGaps || got[0] != 1000-maxGaps || got[len(got)-1] != 999 {
-		t.Fatalf("after a jump to 1000: %d gaps from %d to %d, want %d from %d to 999", len(got), got[0], got[len(got)-1], maxGaps, 1000-maxGaps)
-	}
-	g.add(1000, []int64{1002}, now) // newer gaps push out the oldest
-	got = g.ids(now)
-	if len(got) != maxGaps || got[len(got)-1] != 1001 || slices.Contains(got, 1000-maxGaps) {
-		t.Fatalf("the newest gap 1001 kept and the oldest dropped: %v", got)
-	}
-}
 
 // A claim that filled its batch is followed by one that starts after the
 // last lane it took rows from, not one lane further: the lanes it found

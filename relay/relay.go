@@ -292,13 +292,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.cfg.sig.Emit(testsig.Started, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
-	listenDone := spawn(func() {
-		if !r.cfg.sharedListener {
-			cfg := r.cfg
-			cfg.Logger = r.log
-			listen(ctx, r.pool, cfg, r.wakeSet, r.membersNotified)
-		}
-	})
+	stopListen := func() {}
+	if !r.cfg.sharedListener {
+		cfg := r.cfg
+		cfg.Logger = r.log
+		stopListen = listen(ctx, r.pool, cfg, r.wakeSet, r.membersNotified)
+	}
 
 	var wg sync.WaitGroup
 	for i := 0; i < r.cfg.Workers; i++ {
@@ -309,7 +308,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}()
 	}
 	wg.Wait()
-	<-listenDone
+	stopListen()
 	<-leaseDone
 	// Hand the lanes to the other relays now rather than after LeaseTTL.
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -391,7 +390,7 @@ func (r *Relay) drainOnCancel(ctx context.Context) (hard context.Context, stop f
 // checkSessions finds out whether the pool's sessions go through a
 // transaction-pooling proxy. Through one, the relay keeps no session
 // state: its claims set their timeouts in their own transactions, its
-// wake-up neither listens nor takes the watcher's lock (see listen), and
+// wake-up neither listens nor takes the watcher's lock (see package wake), and
 // its registration names no backend. A pool that prepares statements
 // there is refused: the proxy hands them to other clients' backends
 // (errors 42P05 and 26000, and batches settled twice).

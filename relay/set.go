@@ -334,16 +334,12 @@ func (s *Set) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if len(s.relays) > 1 {
-		listenDone := make(chan struct{})
-		go func() {
-			defer close(listenDone)
-			listen(ctx, s.pool, s.cfgs[0], func(ls lanes.Set) {
-				for _, r := range s.relays {
-					r.wakeSet(ls)
-				}
-			}, s.membersNotified)
-		}()
-		defer func() { cancel(); <-listenDone }()
+		stopListen := listen(ctx, s.pool, s.cfgs[0], func(ls lanes.Set) {
+			for _, r := range s.relays {
+				r.wakeSet(ls)
+			}
+		}, s.membersNotified)
+		defer stopListen()
 	}
 	for i, r := range s.relays {
 		wg.Add(1)

@@ -1,4 +1,4 @@
-package relay
+package wake
 
 import (
 	"context"
@@ -21,9 +21,9 @@ import (
 // the NOTIFYs to the other processes. Each concern is one method that
 // step calls in turn; wait and heard handle what comes in between. Only
 // loop's goroutine touches it; the WAL follower talks to it through the
-// waker's atomics (walUp, walRows, walDone) and kick.
+// Waker's atomics (walUp, walRows, walDone) and kick.
 type watch struct {
-	k         *waker
+	k         *Waker
 	pc        *pgx.Conn
 	wal, rows bool // follow the WAL; watch for new rows at all
 	host      string
@@ -71,7 +71,7 @@ type watch struct {
 	othersAt   time.Time
 }
 
-func newWatch(k *waker, pc *pgx.Conn, wal, rows bool) *watch {
+func newWatch(k *Waker, pc *pgx.Conn, wal, rows bool) *watch {
 	host, pid := processIdentity()
 	return &watch{k: k, pc: pc, wal: wal, rows: rows, host: host, pid: pid,
 		seen: -1, interval: watchFast, walRetry: walRetryMin, stopWAL: func() {}, recent: recentIDs{}}
@@ -81,7 +81,7 @@ func newWatch(k *waker, pc *pgx.Conn, wal, rows bool) *watch {
 // watcher lock, watches for rows that came due and, with rows (unless the
 // writers' trigger does), for new rows: through the WAL when wal is set
 // and the server allows it, else by polling.
-func (k *waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
+func (k *Waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	w := newWatch(k, pc, wal, rows)
 	defer func() { w.stopWAL() }()
 	for {
@@ -140,11 +140,11 @@ func (w *watch) elect(ctx context.Context, now time.Time) error {
 		if w.rows {
 			k.setSource("follow", false, nil)
 		}
-		k.cfg.sig.Emit(testsig.Following, 0)
+		k.cfg.Signals.Emit(testsig.Following, 0)
 		return nil
 	}
 	w.watching = true
-	k.cfg.sig.Emit(testsig.Elected, 0)
+	k.cfg.Signals.Emit(testsig.Elected, 0)
 	switch {
 	case k.pooled:
 		k.log.Info("connected through a transaction-pooling proxy: this process looks for new rows and rows that come due itself, without LISTEN or the watcher's lock")
@@ -167,7 +167,7 @@ func (w *watch) elect(ctx context.Context, now time.Time) error {
 }
 
 // startWAL starts following the WAL in a goroutine of its own, which
-// reports through the waker's atomics.
+// reports through the Waker's atomics.
 func (w *watch) startWAL(ctx context.Context) {
 	k := w.k
 	walCtx, cancel := context.WithCancel(ctx)
@@ -265,7 +265,7 @@ func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
 		w.walRetry = walRetryMax
 	}
 	lvl := slog.LevelWarn
-	if k.cfg.Wakeup == WakeupAuto && walRefused(err) {
+	if k.cfg.Mode == ModeAuto && walRefused(err) {
 		lvl = slog.LevelInfo // auto, and the server does not allow it: expected
 		if w.walLogged {
 			lvl = slog.LevelDebug
@@ -481,10 +481,10 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 		deadline = w.lastNotify.Add(notifyGap)
 	}
 	if w.idle(now) {
-		k.cfg.sig.Emit(testsig.WatcherIdle, 0)
+		k.cfg.Signals.Emit(testsig.WatcherIdle, 0)
 	}
 	// A timeout rather than the deadline itself: the deadline is on the
-	// waker's clock (see waker.now).
+	// Waker's clock (see Waker.now).
 	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(k.now()))
 	k.cancelWait.Store(&cancel)
 	if (k.isPending() && k.now().Sub(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil {
@@ -503,7 +503,7 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 		return nil, err
 	}
 	if n.PID == w.pc.PgConn().PID() {
-		return nil, nil // our own: our workers were woken when it was sent
+		return nil, nil // this session's own: its workers were woken when it was sent
 	}
 	return n, nil
 }
@@ -526,18 +526,18 @@ func (w *watch) heard(n *pgconn.Notification) {
 	case n.Payload == store.FreedPayload:
 		// Lanes were handed back: the relays below their share take them
 		// (the set of relays is the same).
-		k.members(true)
+		k.cfg.Members(true)
 	case n.Payload == store.MembersPayload:
 		// Relays came or went (this process's own too): check again
 		// before the next wake-up.
 		w.othersAt = time.Time{}
-		k.members(false)
+		k.cfg.Members(false)
 		if !w.watching {
 			// A relay left or was reaped: it may have been the watcher,
 			// whose rows nobody watches until a follower takes its lock.
-			// At most one try per rebalanceGap: sixteen relays starting
+			// At most one try per electGap: sixteen relays starting
 			// together send sixteen notifications.
-			if t := w.lastElect.Add(rebalanceGap); t.Before(w.nextElect) {
+			if t := w.lastElect.Add(electGap); t.Before(w.nextElect) {
 				w.nextElect = t
 			}
 		}

@@ -1,4 +1,4 @@
-package relay
+package wake
 
 import (
 	"context"
@@ -40,7 +40,7 @@ import (
 // it could look too early and, visiting only the lanes it was woken
 // about, leave the row for the safety poll (seen: a message in a hundred
 // 100 ms late at 1,000 msg/s, some 10 s). The watcher looks for the rows
-// themselves at each report instead (see waker.loop).
+// themselves at each report instead (see Waker.loop).
 
 // walStatusEvery is how often the follower confirms what it has read, so
 // that the server may recycle the WAL behind it.
@@ -50,7 +50,7 @@ const walStatusEvery = 5 * time.Second
 // ids of the rows (at most walReportIDs of them) after each transaction that
 // inserted rows, until ctx ends or the stream fails. started is called
 // once the stream runs: what commits from then on is in it.
-func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
+func (k *Waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
 	version, err := k.walAllowed(ctx)
 	if err != nil {
 		return err
@@ -72,8 +72,8 @@ func (k *waker) followWAL(ctx context.Context, committed func(ids []int64), star
 // server_version_num. A publication that exists and publishes nothing of
 // this outbox (a dropped schema leaves it behind) would start a stream
 // that never carries a row: the workers would wait for their safety poll.
-func (k *waker) walAllowed(ctx context.Context) (int, error) {
-	st, err := k.w.WALState(ctx, k.pool, migrations.Publication(k.s.Name()))
+func (k *Waker) walAllowed(ctx context.Context) (int, error) {
+	st, err := k.w.WALState(ctx, k.cfg.Pool, migrations.Publication(k.s.Name()))
 	if err != nil {
 		return 0, fmt.Errorf("outbox: WAL: %w", err)
 	}
@@ -93,8 +93,8 @@ func (k *waker) walAllowed(ctx context.Context) (int, error) {
 // slot on it and starts streaming the publication from the slot's
 // consistent point, which it returns. The connection, when not nil, is
 // the caller's to close, error or not.
-func (k *waker) startReplication(ctx context.Context, version int) (*pgconn.PgConn, pglogrepl.LSN, error) {
-	cc := k.pool.Config().ConnConfig.Config.Copy()
+func (k *Waker) startReplication(ctx context.Context, version int) (*pgconn.PgConn, pglogrepl.LSN, error) {
+	cc := k.cfg.Pool.Config().ConnConfig.Config.Copy()
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["application_name"] = "outbox-relay-wal"
 	delete(cc.RuntimeParams, "idle_in_transaction_session_timeout")

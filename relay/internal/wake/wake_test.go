@@ -1,0 +1,144 @@
+package wake
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
+)
+
+// The polling watcher's gaps: ids missing below the newest it saw, looked
+// for again until found, expired, or pushed out by newer ones.
+func TestGapList(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	var g gapList
+	g.add(10, []int64{11, 14, 15, 17}, now)
+	if got := g.ids(now); !slices.Equal(got, []int64{12, 13, 16}) {
+		t.Fatalf("gaps after 10 → 11,14,15,17: %v, want 12 13 16", got)
+	}
+	g.fill([]int64{13})
+	if got := g.ids(now); !slices.Equal(got, []int64{12, 16}) {
+		t.Fatalf("after 13 was found: %v, want 12 16", got)
+	}
+	if got := g.ids(now.Add(gapTTL)); len(got) != 0 {
+		t.Fatalf("gaps outlived gapTTL: %v", got)
+	}
+	g = nil
+	g.add(0, []int64{1000}, now) // a jump: only the newest maxGaps below it
+	got := g.ids(now)
+	if len(got) != maxGaps || got[0] != 1000-maxGaps || got[len(got)-1] != 999 {
+		t.Fatalf("after a jump to 1000: %d gaps from %d to %d, want %d from %d to 999", len(got), got[0], got[len(got)-1], maxGaps, 1000-maxGaps)
+	}
+	g.add(1000, []int64{1002}, now) // newer gaps push out the oldest
+	got = g.ids(now)
+	if len(got) != maxGaps || got[len(got)-1] != 1001 || slices.Contains(got, 1000-maxGaps) {
+		t.Fatalf("the newest gap 1001 kept and the oldest dropped: %v", got)
+	}
+}
+
+// New names each field it refuses, and fills in the optional ones.
+func TestNewNamesTheField(t *testing.T) {
+	t.Parallel()
+	// A pool that never connects: New does no I/O.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = New(Config{Mode: "sometimes", WatchInterval: time.Microsecond})
+	for _, field := range []string{"pool", "mode", "watch-interval", "heartbeat", "wake"} {
+		require.ErrorContains(t, err, "outbox: wake: "+field+":")
+	}
+	_, err = New(Config{Pool: pool, Schema: string([]byte{'a', 0}), WatchInterval: time.Second, Heartbeat: time.Second, Wake: func(lanes.Set) {}})
+	require.ErrorContains(t, err, "outbox: schema:")
+	k, err := New(Config{Pool: pool, WatchInterval: time.Second, Heartbeat: time.Second, Wake: func(lanes.Set) {}})
+	require.NoError(t, err)
+	require.Equal(t, ModeAuto, k.cfg.Mode)
+	require.Equal(t, ident.DefaultSchema, k.s.Name())
+	require.NotNil(t, k.cfg.Logger)
+	require.NotNil(t, k.cfg.Hooks)
+	require.NotNil(t, k.cfg.Members)
+}
+
+// sources records what the hooks heard.
+type sources struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *sources) Wakeup(source string, _ bool, _ error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen = append(s.seen, source)
+}
+
+func (s *sources) get() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seen)
+}
+
+// A Waker alone on its schema becomes the watcher, wakes every lane once
+// (rows written before it watched), then the lane of a row committed
+// while it polls. It runs once; TestMain checks that Stop ended it.
+func TestWakerWakesTheLaneOfANewRow(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	ctx := context.Background()
+	bus := testsig.New()
+	hooks := &sources{}
+	var mu sync.Mutex
+	var all int
+	var named lanes.Set
+	k, err := New(Config{
+		Pool: pool, Schema: schema, Mode: ModePoll, WatchInterval: 20 * time.Millisecond, Heartbeat: time.Second,
+		Logger: testkit.Logger(t, slog.LevelDebug), Hooks: hooks, Signals: bus,
+		Wake: func(ls lanes.Set) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ls.Empty() {
+				all++
+			}
+			named.Union(ls)
+		},
+	})
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
+	defer k.Stop()
+	require.ErrorIs(t, k.Start(ctx), service.ErrStarted)
+
+	await := func(sig testsig.Signal) {
+		t.Helper()
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := bus.Await(actx, sig, 0, nil)
+		require.NoError(t, err, "signal %s", sig)
+	}
+	await(testsig.Elected)
+	// Idle: its first look has set the baseline the next ones start from.
+	await(testsig.WatcherIdle)
+	mu.Lock()
+	require.Positive(t, all, "every lane woken at the start")
+	mu.Unlock()
+	require.Equal(t, []string{"poll"}, hooks.get())
+
+	var lane int16
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+ident.Quote(schema)+".messages (topic, key, payload) VALUES ('t', 'k', 'x') RETURNING lane").Scan(&lane))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return named.Has(int(lane))
+	}, 10*time.Second, 5*time.Millisecond, "lane %d woken", lane)
+
+}
