@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
@@ -72,7 +73,7 @@ type watch struct {
 }
 
 func newWatch(k *waker, pc *pgx.Conn, wal, rows bool) *watch {
-	host, pid := processIdentity()
+	host, pid := lease.ProcessIdentity()
 	return &watch{k: k, pc: pc, wal: wal, rows: rows, host: host, pid: pid,
 		seen: -1, interval: watchFast, walRetry: walRetryMin, stopWAL: func() {}, recent: recentIDs{}}
 }
@@ -535,9 +536,9 @@ func (w *watch) heard(n *pgconn.Notification) {
 		if !w.watching {
 			// A relay left or was reaped: it may have been the watcher,
 			// whose rows nobody watches until a follower takes its lock.
-			// At most one try per rebalanceGap: sixteen relays starting
-			// together send sixteen notifications.
-			if t := w.lastElect.Add(rebalanceGap); t.Before(w.nextElect) {
+			// At most one try per lease.RebalanceGap: sixteen relays
+			// starting together send sixteen notifications.
+			if t := w.lastElect.Add(lease.RebalanceGap); t.Before(w.nextElect) {
 				w.nextElect = t
 			}
 		}
