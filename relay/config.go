@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
@@ -224,6 +225,33 @@ const (
 	WakeupPoll   = "poll"
 	WakeupNotify = "notify"
 )
+
+// Configuration-change policies (Config.OnConfigChange): what a relay does
+// while live relays of its route, registered before it, run another
+// configuration.
+const (
+	// ConfigChangeWait: it takes no lane (it does not even register),
+	// Ready reports why, and it logs a warning naming both
+	// configurations each minute; it joins once they are gone (the end
+	// of a rolling deploy).
+	ConfigChangeWait = "wait"
+	// ConfigChangeFail: Run stops and returns an error wrapping ErrConfig
+	// that names both configurations.
+	ConfigChangeFail = "fail"
+	// ConfigChangeAllow: it takes its share of the lanes beside them (a
+	// rolling change of a route's configuration that the operator
+	// chose), logs a warning, and reports the coexistence to
+	// Hooks.RouteConfigs.
+	ConfigChangeAllow = "allow"
+)
+
+// configPolicies maps each policy to the leaser's own (Validate admits
+// no other).
+var configPolicies = map[string]lease.ConfigPolicy{
+	ConfigChangeWait:  lease.ConfigWait,
+	ConfigChangeFail:  lease.ConfigFail,
+	ConfigChangeAllow: lease.ConfigAllow,
+}
 
 // WithDefaults returns c with every unset field set to its default.
 func (c Config) WithDefaults() Config {

@@ -113,9 +113,10 @@ func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, mem
 // RouterFeeds is routerFeeds.
 var RouterFeeds = routerFeeds
 
-// MembersChanged is membersChanged.
-func (r *Relay) MembersChanged() { r.membersChanged() }
+// MembersChanged asks r's leaser for a heartbeat now (see
+// lease.Leaser.MembersChanged).
+func (r *Relay) MembersChanged() { r.lease.MembersChanged() }
 
-// UnworkedLanes is unworkedLanes: how many lanes of the route no live
-// relay worked at the last heartbeat.
-func (r *Relay) UnworkedLanes() int { return r.unworkedLanes() }
+// UnworkedLanes returns how many lanes of the route no live relay worked
+// at the last heartbeat (see lease.Leaser.UnworkedLanes).
+func (r *Relay) UnworkedLanes() int { return r.lease.UnworkedLanes() }

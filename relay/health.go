@@ -89,13 +89,13 @@ func (r *Relay) readyToClaim(ctx context.Context) error {
 	if err := r.schemaErr.Load(); err != nil {
 		return *err
 	}
-	if err := r.lease.waitingConfig.Load(); err != nil {
-		return *err
+	if err := r.lease.Conflict(); err != nil {
+		return err
 	}
 	if d, starved := r.starved(); starved {
 		return fmt.Errorf("outbox: database: a worker has had no connection for %s (its lanes are handed to other relays)", d.Round(time.Second))
 	}
-	if err := r.lease.healthy(); err != nil {
+	if err := r.lease.Healthy(); err != nil {
 		return err
 	}
 	readOnly, err := store.ReadOnly(ctx, r.pool)

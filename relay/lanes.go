@@ -6,7 +6,7 @@ import "github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 // each (see lanes.Pending); all of them while this relay does not know
 // its lanes yet.
 func (r *Relay) wakeLanes(ls lanes.Set) {
-	owned := r.lease.set.Load()
+	owned := r.lease.Owned().Load()
 	var mine lanes.Set
 	for i := range mine {
 		mine[i] = owned[i] & ls[i]

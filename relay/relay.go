@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
@@ -44,8 +45,8 @@ type Relay struct {
 	leftover    atomic.Bool
 	leftoverSrc *source
 	// lease keeps the relay's share of the lanes, and owns the lane
-	// state (see leaser).
-	lease *leaser
+	// state (see package lease).
+	lease *lease.Leaser
 	// brk is the route's outage breaker (see breaker).
 	brk *breaker
 	// dests holds the outages of the sink's destinations when it has
@@ -187,7 +188,16 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	if cfg.Route != "" {
 		r.log = r.log.With("route", cfg.Route)
 	}
-	r.lease = r.newLeaser(fingerprint(cfg, sink))
+	confHash, confSummary := fingerprint(cfg, sink)
+	r.lease, err = lease.New(lease.Config{
+		Pool: pool, Leases: store.NewLeases(schema, cfg.ID, cfg.Route), Logger: r.log, Hooks: cfg.Hooks, Signals: cfg.sig,
+		Route: cfg.Route, LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat, FastFailover: !cfg.DisableFastFailover,
+		Version: cfg.Version, OnConfigChange: configPolicies[cfg.OnConfigChange], ConfigHash: confHash, ConfigSummary: confSummary,
+		ErrConflict: ErrConfig, Starved: r.starved, InFlight: r.inFlight.Load, WakeAll: r.wakeAll, Report: r.leaseReport,
+	})
+	if err != nil {
+		return nil, err
+	}
 	r.brk = newBreaker(cfg.Workers, r.log, cfg.Hooks, cfg.sig, r.wakeWorker)
 	r.dests = newDestinations(sink, r.log)
 	if cfg.RateLimit > 0 {
@@ -195,19 +205,6 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		r.rateCause = fmt.Errorf("rate limit %g/s (burst %d)", cfg.RateLimit, cfg.RateBurst)
 	}
 	return r, nil
-}
-
-// newLeaser returns the relay's leaser, registering the configuration
-// hash and summary.
-func (r *Relay) newLeaser(confHash, confSummary string) *leaser {
-	cfg := r.cfg
-	return newLeaser(leaserConfig{
-		pool: r.pool, q: store.NewLeases(r.schema, cfg.ID, cfg.Route), log: r.log, hooks: cfg.Hooks, sig: cfg.sig,
-		route: cfg.Route, workers: cfg.Workers, leaseTTL: cfg.LeaseTTL, beatEvery: cfg.Heartbeat,
-		fastFailover: !cfg.DisableFastFailover, version: cfg.Version, onConfigChange: cfg.OnConfigChange,
-		confHash: confHash, confSummary: confSummary,
-		starved: r.starved, inFlight: r.inFlight.Load, wakeAll: r.wakeAll, outage: r.State,
-	})
 }
 
 // State returns the route's delivery state: whether its destination is
@@ -224,6 +221,26 @@ func (r *Relay) State() RouteState {
 	return st
 }
 
+// leaseReport is the route's state as each heartbeat of the leaser
+// records it (see State), which it also hands to Hooks.RouteState and
+// announces to tests.
+func (r *Relay) leaseReport() lease.Report {
+	st := r.State()
+	var rep lease.Report
+	if st.Open {
+		rep.DownSince, rep.DownCause, rep.DownProbes = st.Since, st.Cause, st.Probes
+	}
+	if st.Limited {
+		rep.LimitedSince, rep.LimitCause = st.LimitedSince, st.LimitCause
+	}
+	if st.Failing {
+		rep.FailingSince, rep.LastError = st.FailingSince, st.LastError
+	}
+	r.cfg.Hooks.RouteState(st)
+	r.cfg.sig.Emit(testsig.RouteState, healthLevel(st.Health()))
+	return rep
+}
+
 // ID returns the relay's id.
 func (r *Relay) ID() string { return r.cfg.ID }
 
@@ -231,7 +248,16 @@ func (r *Relay) ID() string { return r.cfg.ID }
 func (r *Relay) Route() string { return r.cfg.Route }
 
 // OwnedLanes returns how many lanes this relay holds right now.
-func (r *Relay) OwnedLanes() int { return int(r.lease.ownedLanes.Load()) }
+func (r *Relay) OwnedLanes() int { return r.lease.OwnedCount() }
+
+// ConfigSummary returns the summary of the route's configuration this
+// relay registers (what status shows for it).
+func (r *Relay) ConfigSummary() string { return r.lease.Summary() }
+
+// RouteConfigs returns how many configurations the live relays of this
+// relay's route ran at its last heartbeat (see Hooks.RouteConfigs); 0 before the
+// first.
+func (r *Relay) RouteConfigs() int { return r.lease.RouteConfigs() }
 
 // Stats returns running totals.
 func (r *Relay) Stats() StatsSnapshot {
@@ -288,7 +314,11 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		defer func() { <-archiveDone }()
 	}
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer.name)
-	leaseDone := spawn(func() { r.lease.run(ctx, r.pooled, r.abort) })
+	r.lease.Prepare(r.pooled, r.abort)
+	if err := r.lease.Start(ctx); err != nil {
+		r.abort(err) // ends what Run started so far
+		return err
+	}
 	r.cfg.sig.Emit(testsig.Started, 0)
 	watchDone := spawn(func() { r.watchSchema(ctx) })
 	defer func() { <-watchDone }()
@@ -296,7 +326,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if !r.cfg.sharedListener {
 		cfg := r.cfg
 		cfg.Logger = r.log
-		stopListen = listen(ctx, r.pool, cfg, r.wakeSet, r.membersNotified)
+		stopListen = listen(ctx, r.pool, cfg, r.wakeSet, r.lease.MembersNotified)
 	}
 
 	var wg sync.WaitGroup
@@ -309,11 +339,11 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 	wg.Wait()
 	stopListen()
-	<-leaseDone
+	r.lease.Stop()
 	// Hand the lanes to the other relays now rather than after LeaseTTL.
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	r.lease.releaseAll(relCtx)
+	r.lease.Release(relCtx)
 	s := r.Stats()
 	r.log.Info("relay stopped", "delivered", s.Delivered, "retried", s.Retried, "dead_lettered", s.DeadLettered)
 	r.cfg.sig.Emit(testsig.Stopped, 0)

@@ -248,7 +248,7 @@ func (c *cluster) apply(d deployment) {
 				c.e.t.Errorf("relay %s: %v", p.r.ID(), err)
 			}
 			// A stop that takes seconds is the first thing to look at
-			// when this test is slow (see leaser.closeConn).
+			// when this test is slow (see lease.Leaser.closeConn).
 			c.e.t.Logf("old relay %s stopped in %s", p.r.ID(), time.Since(start).Round(time.Millisecond))
 		}()
 	}

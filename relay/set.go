@@ -366,7 +366,7 @@ func (s *Set) Wake() {
 // and those below their share take them.
 func (s *Set) membersNotified(freed bool) {
 	for _, r := range s.relays {
-		r.membersNotified(freed)
+		r.lease.MembersNotified(freed)
 	}
 }
 

@@ -438,7 +438,7 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, bu
 	src := r.source()
 	visit := only
 	if visit == nil {
-		visit = r.lease.set.Of(worker, r.cfg.Workers)
+		visit = r.lease.Owned().Of(worker, r.cfg.Workers)
 	}
 	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, limit, skip, visit)
 	r.stats.Claims.Add(1)
@@ -500,13 +500,13 @@ func release(hard context.Context, conn *pgxpool.Conn, err error) {
 // being handed over may have been this one, and the lane can go now.
 func (r *Relay) handoverMayGoOn() {
 	if len(r.handoverLanes()) > 0 {
-		r.membersChanged()
+		r.lease.MembersChanged()
 	}
 }
 
 // handoverLanes are the lanes the leaser is giving up: not to be claimed.
 func (r *Relay) handoverLanes() []int16 {
-	if h := r.lease.handingOver(); h != nil {
+	if h := r.lease.HandingOver(); h != nil {
 		return h
 	}
 	return []int16{}

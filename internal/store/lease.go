@@ -12,8 +12,8 @@ import (
 
 // Leases: how relays register (the relays table, with heartbeats) and
 // share a route's lanes (the lanes table, with leases). The decisions
-// (the fair share, when to give lanes up) are the relay's (package relay,
-// lease.go); these are its statements.
+// (the fair share, when to give lanes up) are the relay's (package
+// relay/internal/lease); these are its statements.
 
 // Leases holds the lease statements of one relay in one route, rendered
 // once for a schema. The relay and the route are bound here: a relay only

@@ -1,4 +1,12 @@
-package relay
+// Package lease owns a relay's lane lease: the heartbeat that keeps the
+// relay registered in its route and owning its fair share of the route's
+// lanes, the judgement of the configurations the route's other live
+// relays run, and the lane state the rest of the engine reads (the lanes
+// held and being handed over, the health of the lease, the lanes no
+// relay works). The fingerprint of a configuration is the relay's: the
+// leaser is given its hash and summary. The statements are package
+// store's.
+package lease
 
 import (
 	"context"
@@ -21,15 +29,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
-// leaser keeps this relay registered and owning its fair share of lanes,
+// Leaser keeps a relay registered and owning its fair share of lanes,
 // and owns the lane state the rest of the relay reads: the lanes it holds
 // and hands over, whether it is below its share, the health of its lease
 // and what it knows of the route's configurations. It holds one
 // connection for its whole life: the server-side identity of that
 // connection (pid, start time) is how other relays tell that this one
 // died without waiting for the lease to expire.
-type leaser struct {
-	leaserConfig
+//
+// Start runs its heartbeat until the context ends or Stop is called, and
+// then hands back the lanes no claim is using; Release hands back the
+// rest once the relay's batches have ended.
+type Leaser struct {
+	service.Loop
+
+	cfg Config
+	// cfg's, under the short names the heartbeat uses at every turn.
+	q     *store.Leases
+	log   *slog.Logger
+	hooks Hooks
+	sig   *testsig.Bus
 
 	// The lane state, read by the workers, the wake-up and the relay's
 	// accessors while run writes it.
@@ -44,9 +63,9 @@ type leaser struct {
 	handover atomic.Pointer[[]int16]
 	// short: the last heartbeat left this relay below its fair share
 	// (true until the first): a notification that lanes were handed back
-	// is for it (see membersNotified).
+	// is for it (see MembersNotified).
 	short atomic.Bool
-	// rebalance asks for a heartbeat now (see membersChanged).
+	// rebalance asks for a heartbeat now (see MembersChanged).
 	rebalance chan struct{}
 	// leaseOK: when the heartbeat last succeeded (unix nanos); unworked:
 	// see noteUnworked.
@@ -57,10 +76,11 @@ type leaser struct {
 	waitingConfig atomic.Pointer[error]
 	routeConfigs  atomic.Int64
 
-	// What run is given: the sessions go through a transaction-pooling
-	// proxy; abort stops the relay with a cause (ConfigChangeFail).
+	// What Prepare gives run: the sessions go through a
+	// transaction-pooling proxy; abort stops the relay with a cause
+	// (ConfigFail).
 	pooled bool
-	abort  context.CancelCauseFunc
+	abort  func(cause error)
 
 	// run's own state.
 	held  *pgxpool.Conn // conn's pool handle (see service.DropConn)
@@ -79,48 +99,68 @@ type leaser struct {
 	conflictWarned, coexistWarned, unknownWarned time.Time
 }
 
-// leaserConfig is what a leaser works with: the relay's pool and lease
-// statements, the settings of its configuration that concern the lanes,
-// and the relay's workers, seen through three functions.
-type leaserConfig struct {
-	pool  *pgxpool.Pool
-	q     *store.Leases
-	log   *slog.Logger
-	hooks Hooks
-	sig   *testsig.Bus
-
-	route               string
-	workers             int
-	leaseTTL, beatEvery time.Duration
-	fastFailover        bool
-	version             string
-	onConfigChange      string
-	// confHash and confSummary: the route's configuration this relay
-	// registers (see fingerprint).
-	confHash, confSummary string
-
-	// starved reports whether a worker has waited for a connection for
-	// longer than the lease TTL, and for how long; inFlight counts the
-	// claimed messages not yet settled; wakeAll makes every worker visit
-	// all of its lanes.
-	starved  func() (time.Duration, bool)
-	inFlight func() int64
-	wakeAll  func()
-	// outage is the route's delivery state, which the heartbeat records
-	// for operators (nil: always delivering).
-	outage func() RouteState
-}
-
-func newLeaser(c leaserConfig) *leaser {
-	l := &leaser{leaserConfig: c, rebalance: make(chan struct{}, 1)}
+// New returns the leaser of cfg, or an error naming the first field of
+// cfg that is missing or out of range. It takes no lane before Start.
+func New(cfg Config) (*Leaser, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	l := &Leaser{cfg: cfg, q: cfg.Leases, log: cfg.Logger, hooks: cfg.Hooks, sig: cfg.Signals,
+		rebalance: make(chan struct{}, 1)}
 	l.short.Store(true) // no lanes before the first heartbeat
-	return l
+	return l, nil
 }
+
+// Prepare gives the leaser what the relay learns only when it runs: its
+// sessions go through a transaction-pooling proxy (pooled: the
+// registration names no backend), and abort stops the relay with a cause
+// (ConfigFail: the conflict's error). Call it before Start.
+func (l *Leaser) Prepare(pooled bool, abort func(cause error)) {
+	l.pooled, l.abort = pooled, abort
+}
+
+// Start runs the heartbeat in a goroutine of its own until ctx ends or
+// Stop is called; it then hands back the lanes no claim is using (see
+// leaveEarly). Release hands back the others.
+func (l *Leaser) Start(ctx context.Context) error { return l.StartLoop(ctx, l.run) }
+
+// Owned returns the lanes this relay held at the last heartbeat: the
+// workers claim from them, and a wake-up about some lanes wakes only the
+// workers that claim those.
+func (l *Leaser) Owned() *lanes.Owned { return &l.set }
+
+// OwnedCount returns how many lanes this relay holds right now.
+func (l *Leaser) OwnedCount() int { return int(l.ownedLanes.Load()) }
+
+// Conflict returns, while this relay takes no lane because live relays
+// of its route run another configuration, the error that says so (it
+// wraps Config.ErrConflict); nil otherwise.
+func (l *Leaser) Conflict() error {
+	if err := l.waitingConfig.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// RouteConfigs returns how many configurations the live relays of this
+// relay's route ran at its last heartbeat (see Hooks.RouteConfigs); 0
+// before the first.
+func (l *Leaser) RouteConfigs() int { return int(l.routeConfigs.Load()) }
+
+// UnworkedLanes returns how many lanes of the relay's route no live relay
+// has worked for longer than a lease TTL, as of its last heartbeat (0
+// when every lane is worked, or only briefly was not).
+func (l *Leaser) UnworkedLanes() int { return int(l.unworked.Load()) }
+
+// Summary returns the summary of the route's configuration this relay
+// registers (Config.ConfigSummary).
+func (l *Leaser) Summary() string { return l.cfg.ConfigSummary }
 
 // rebalanceGap is the least time between two heartbeats that a
 // membership notification (or a lane handover) brings forward: a burst of
 // notifications (sixteen relays starting together) costs a heartbeat at
-// once and at most one more after the gap, not one each.
+// once and at most one more after the gap, not one each. The wake-up
+// paces its watcher elections by it too.
 const rebalanceGap = 50 * time.Millisecond
 
 // shortGap is rebalanceGap for a relay below its fair share: the lanes it
@@ -132,20 +172,18 @@ const shortGap = 10 * time.Millisecond
 const handoverRetry = 100 * time.Millisecond
 
 // run keeps the lease until ctx ends, then hands back the lanes no claim
-// is using (see leaveEarly). pooled: the relay's sessions go through a
-// transaction-pooling proxy; abort stops the relay with a cause.
-func (l *leaser) run(ctx context.Context, pooled bool, abort context.CancelCauseFunc) {
-	l.pooled, l.abort = pooled, abort
-	// Ready allows the first heartbeat a lease TTL.
+// is using (see leaveEarly).
+func (l *Leaser) run(ctx context.Context) {
+	// Healthy allows the first heartbeat a lease TTL.
 	l.leaseOK.Store(time.Now().UnixNano())
 	bo := service.ReconnectBackoff()
-	t := time.NewTicker(l.beatEvery)
+	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
 	for {
 		if err := l.tick(ctx); err != nil {
 			if ctx.Err() != nil {
 				// A heartbeat cut short may have left its transaction
-				// open: closing ends it (releaseAll reconnects).
+				// open: closing ends it (Release reconnects).
 				l.closeConn(ctx)
 				break
 			}
@@ -170,11 +208,11 @@ func (l *leaser) run(ctx context.Context, pooled bool, abort context.CancelCause
 }
 
 // wait waits for the next heartbeat: the ticker's, or an earlier one when
-// relays joined or left (membersChanged) or lanes wait to be handed over.
+// relays joined or left (MembersChanged) or lanes wait to be handed over.
 // It returns false when ctx ended.
-func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time) bool {
+func (l *Leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time) bool {
 	var retry <-chan time.Time
-	if len(l.handingOver()) > 0 {
+	if len(l.HandingOver()) > 0 {
 		tm := time.NewTimer(handoverRetry)
 		defer tm.Stop()
 		retry = tm.C
@@ -202,29 +240,35 @@ func (l *leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 	return ctx.Err() == nil
 }
 
-// handingOver returns the lanes this relay is handing over.
-func (l *leaser) handingOver() []int16 {
+// HandingOver returns the lanes this relay is handing over: the workers
+// claim nothing from them, so that a heartbeat can release them once no
+// batch holds them (nil when none are).
+func (l *Leaser) HandingOver() []int16 {
 	if h := l.handover.Load(); h != nil {
 		return *h
 	}
 	return nil
 }
 
-// membersChanged asks for a heartbeat now (see Relay.MembersChanged).
-func (l *leaser) membersChanged() {
+// MembersChanged asks for a heartbeat now: relays of the schema joined,
+// left or handed lanes back, or a batch that held a lane being handed
+// over ended, and the relay recomputes its share of the lanes within
+// ~rebalanceGap rather than at its next heartbeat.
+func (l *Leaser) MembersChanged() {
 	select {
 	case l.rebalance <- struct{}{}:
 	default:
 	}
 }
 
-// membersNotified handles a membership notification: every relay
-// rebalances when relays came or went, and only one below its share
-// when lanes were handed back (freed).
-func (l *leaser) membersNotified(freed bool) {
+// MembersNotified handles a membership notification (the relay's LISTEN,
+// or a Set's shared one for each of its relays): every relay rebalances
+// when relays came or went, and only one below its share when lanes were
+// handed back (freed).
+func (l *Leaser) MembersNotified(freed bool) {
 	ask := !freed || l.short.Load()
 	if ask {
-		l.membersChanged()
+		l.MembersChanged()
 	}
 	v := 0
 	if freed {
@@ -236,16 +280,9 @@ func (l *leaser) membersNotified(freed bool) {
 	l.sig.Emit(testsig.MembersHeard, v)
 }
 
-// membersChanged tells the relay that relays of its schema joined, left
-// or handed lanes back: it recomputes its share of the lanes now (within
-// ~50ms) rather than at its next heartbeat. The relay's own LISTEN calls
-// it; a Set's shared one calls it for each of its relays.
-func (r *Relay) membersChanged() { r.lease.membersChanged() }
-
-// membersNotified passes a membership notification to the leaser.
-func (r *Relay) membersNotified(freed bool) { r.lease.membersNotified(freed) }
-
-func (l *leaser) closeConn(ctx context.Context) {
+// closeConn ends the leaser's use of its connection, which it closes
+// (see service.DropConn); connect takes another.
+func (l *Leaser) closeConn(ctx context.Context) {
 	if l.held != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		service.DropConn(cctx, l.held)
@@ -257,17 +294,17 @@ func (l *leaser) closeConn(ctx context.Context) {
 		// while the server kept the heartbeat's transaction open with
 		// this relay's row and lanes locked: reaping skipped the row (the
 		// relay looked alive, and relays of a new configuration waited
-		// for it) and releaseAll gave up after 5 s.
+		// for it) and Release gave up after 5 s.
 		l.held, l.conn = nil, nil
 	}
 }
 
 // connect takes the leaser's connection from the pool, unless it has one.
-func (l *leaser) connect(ctx context.Context) error {
+func (l *Leaser) connect(ctx context.Context) error {
 	if l.conn != nil {
 		return nil
 	}
-	pc, err := l.pool.Acquire(ctx)
+	pc, err := l.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -277,18 +314,18 @@ func (l *leaser) connect(ctx context.Context) error {
 
 // tick registers the heartbeat, reaps dead relays, renews this relay's
 // lanes and moves it towards its fair share.
-func (l *leaser) tick(ctx context.Context) error {
+func (l *Leaser) tick(ctx context.Context) error {
 	if err := l.connect(ctx); err != nil {
 		return err
 	}
-	if d, starved := l.starved(); starved {
+	if d, starved := l.cfg.Starved(); starved {
 		return l.giveUp(ctx, d)
 	}
 	if !l.joined {
 		// Before it registers, so that the relays of the route do not
 		// even count it in their shares: a relay that will take no lane
 		// must not make them hand lanes over.
-		others, err := l.q.OtherConfigs(ctx, l.conn, l.confHash, l.leaseTTL, l.fastFailover)
+		others, err := l.q.OtherConfigs(ctx, l.conn, l.cfg.ConfigHash, l.cfg.LeaseTTL, l.cfg.FastFailover)
 		if err != nil {
 			return fmt.Errorf("read the route's configurations: %w", err)
 		}
@@ -316,14 +353,14 @@ func (l *leaser) tick(ctx context.Context) error {
 }
 
 // took records the share a heartbeat left this relay with.
-func (l *leaser) took(s share) {
+func (l *Leaser) took(s share) {
 	changed := s.owned != l.owned
 	if changed {
 		l.log.Info("lanes rebalanced", "owned", s.owned, "was", l.owned)
 		if s.owned > l.owned {
 			// The lanes it took may hold a backlog that no wake-up named:
-			// every worker visits all of its lanes (see pending).
-			l.wakeAll()
+			// every worker visits all of its lanes (see lanes.Pending).
+			l.cfg.WakeAll()
 		}
 	}
 	l.owned = s.owned
@@ -355,7 +392,7 @@ type share struct {
 // relays (beat); then take or hand over lanes towards its fair share
 // (rebalance); then count the worked lanes, tell the others if lanes
 // were freed, and commit (endBeat).
-func (l *leaser) heartbeat(ctx context.Context) (share, error) {
+func (l *Leaser) heartbeat(ctx context.Context) (share, error) {
 	var s share
 	beat, err := l.beat(ctx)
 	if err != nil {
@@ -382,7 +419,7 @@ func (l *leaser) heartbeat(ctx context.Context) (share, error) {
 // tells the others (when it has not yet), then begins the heartbeat's
 // transaction, renews the leases, reaps dead relays and counts the live
 // ones.
-func (l *leaser) beat(ctx context.Context) (store.Beat, error) {
+func (l *Leaser) beat(ctx context.Context) (store.Beat, error) {
 	var beat store.Beat
 	b := &pgx.Batch{}
 	joining := !l.joined
@@ -401,7 +438,7 @@ func (l *leaser) beat(ctx context.Context) (store.Beat, error) {
 		b.Queue("COMMIT")
 	}
 	b.Queue(store.Begin)
-	l.q.QueueBeat(b, l.registration(), l.leaseTTL, l.fastFailover, &beat)
+	l.q.QueueBeat(b, l.registration(), l.cfg.LeaseTTL, l.cfg.FastFailover, &beat)
 	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
 		// run closes the connection, which ends the transaction.
 		if joining {
@@ -416,7 +453,7 @@ func (l *leaser) beat(ctx context.Context) (store.Beat, error) {
 // withdraw hands back, in the heartbeat's transaction, what this relay
 // took, and unregisters: live relays of the route run another
 // configuration (err says which).
-func (l *leaser) withdraw(ctx context.Context, refusal error) error {
+func (l *Leaser) withdraw(ctx context.Context, refusal error) error {
 	l.set.Store(nil, false)
 	b := &pgx.Batch{}
 	l.q.QueueRelease(b, lanes.All)
@@ -435,13 +472,13 @@ func (l *leaser) withdraw(ctx context.Context, refusal error) error {
 // counted fewer than lanes.N: lane rows were deleted under the running
 // relays, and the messages of those lanes would wait forever. The insert
 // is idempotent; the count keeps it off the usual heartbeat.
-func (l *leaser) ensureLanes(ctx context.Context, c store.RelayCount) error {
+func (l *Leaser) ensureLanes(ctx context.Context, c store.RelayCount) error {
 	if c.Lanes >= lanes.N {
 		return nil
 	}
 	n, err := l.q.EnsureLanes(ctx, l.conn)
 	if err != nil {
-		return fmt.Errorf("recreate lanes of route %q: %w", l.route, err)
+		return fmt.Errorf("recreate lanes of route %q: %w", l.cfg.Route, err)
 	}
 	if n > 0 {
 		l.log.Warn("lane rows were missing from the lanes table; created them again", "created", n)
@@ -452,7 +489,7 @@ func (l *leaser) ensureLanes(ctx context.Context, c store.RelayCount) error {
 // endBeat is the heartbeat's last round trip: it counts the lanes a live
 // relay works, tells the other relays when every share changed (a dead
 // relay was reaped) or lanes were handed back, and commits.
-func (l *leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
+func (l *Leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
 	b := &pgx.Batch{}
 	l.q.QueueWorkedLanes(b, &s.worked)
 	switch {
@@ -472,23 +509,21 @@ func (l *leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
 }
 
 // registration is what this relay's heartbeat says about it.
-func (l *leaser) registration() store.Heartbeat {
+func (l *Leaser) registration() store.Heartbeat {
 	host, pid := processIdentity()
-	h := store.Heartbeat{Hostname: host, PID: pid, Version: l.version, InFlight: l.inFlight(), Pooled: l.pooled,
-		ConfigHash: l.confHash, ConfigSummary: l.confSummary}
-	if l.outage != nil {
-		st := l.outage()
-		if st.Open {
-			h.DownSince, h.DownCause, h.DownProbes = st.Since, downCause(st.Cause), st.Probes
+	h := store.Heartbeat{Hostname: host, PID: pid, Version: l.cfg.Version, InFlight: l.cfg.InFlight(), Pooled: l.pooled,
+		ConfigHash: l.cfg.ConfigHash, ConfigSummary: l.cfg.ConfigSummary}
+	if l.cfg.Report != nil {
+		st := l.cfg.Report()
+		if !st.DownSince.IsZero() {
+			h.DownSince, h.DownCause, h.DownProbes = st.DownSince, downCause(st.DownCause), st.DownProbes
 		}
-		if st.Limited {
+		if !st.LimitedSince.IsZero() {
 			h.LimitedSince, h.LimitCause = st.LimitedSince, downCause(st.LimitCause)
 		}
-		if st.Failing {
+		if !st.FailingSince.IsZero() {
 			h.FailingSince, h.LastError = st.FailingSince, downCause(st.LastError)
 		}
-		l.hooks.RouteState(st)
-		l.sig.Emit(testsig.RouteState, healthLevel(st.Health()))
 	}
 	return h
 }
@@ -515,12 +550,12 @@ func downCause(err error) string {
 
 // refused records that the relay holds no lane because live relays of
 // its route run another configuration (err says which); with
-// ConfigChangeFail, Run stops with err.
-func (l *leaser) refused(err error) {
+// ConfigFail, the relay stops with err.
+func (l *Leaser) refused(err error) {
 	l.owned = 0
 	l.ownedLanes.Store(0)
 	l.hooks.Lanes(0)
-	if l.onConfigChange == ConfigChangeFail && l.abort != nil {
+	if l.cfg.OnConfigChange == ConfigFail && l.abort != nil {
 		l.abort(err)
 	}
 }
@@ -546,11 +581,11 @@ func fairShare(c store.RelayCount) int {
 // rebalanceTo acquires lanes, or hands over the highest of mine, until
 // this relay owns target lanes. It returns how many it owns and the lanes
 // it is still handing over.
-func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16, target int) (int, []int16, error) {
+func (l *Leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16, target int) (int, []int16, error) {
 	owned := len(mine)
 	switch {
 	case owned < target:
-		got, err := l.q.Acquire(ctx, tx, l.leaseTTL, target-owned)
+		got, err := l.q.Acquire(ctx, tx, l.cfg.LeaseTTL, target-owned)
 		if err != nil {
 			return 0, nil, fmt.Errorf("acquire: %w", err)
 		}
@@ -559,7 +594,7 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 	case owned > target:
 		// Hand over the highest lanes. Those a claim is using right now
 		// are skipped here; the workers stop claiming from them (see
-		// leaser.handover) so that the next heartbeat can release them.
+		// Leaser.HandingOver) so that the next heartbeat can release them.
 		sort.Slice(mine, func(i, j int) bool { return mine[i] > mine[j] })
 		giving := mine[:owned-target]
 		gone, err := l.q.Release(ctx, tx, giving)
@@ -577,9 +612,9 @@ func (l *leaser) rebalanceTo(ctx context.Context, tx store.Querier, mine []int16
 // a missing lane row), as seen at this heartbeat. For a moment that is
 // normal: a relay died or handed lanes over, and the others take them at
 // their next heartbeat. For longer than a lease TTL it is not (their
-// messages wait): it is logged, counted (unworkedLanes) and reported to
+// messages wait): it is logged, counted (UnworkedLanes) and reported to
 // Hooks.UnworkedLanes.
-func (l *leaser) noteUnworked(n int) {
+func (l *Leaser) noteUnworked(n int) {
 	now := time.Now()
 	stuck := 0
 	switch {
@@ -590,7 +625,7 @@ func (l *leaser) noteUnworked(n int) {
 		l.unworkedSince, l.warned = time.Time{}, time.Time{}
 	case l.unworkedSince.IsZero():
 		l.unworkedSince = now
-	case now.Sub(l.unworkedSince) > l.leaseTTL:
+	case now.Sub(l.unworkedSince) > l.cfg.LeaseTTL:
 		stuck = n
 		if now.Sub(l.warned) >= time.Minute {
 			l.log.Warn("lanes of the route have been worked by no live relay for longer than the lease TTL; their messages wait",
@@ -602,16 +637,11 @@ func (l *leaser) noteUnworked(n int) {
 	l.hooks.UnworkedLanes(stuck)
 }
 
-// unworkedLanes returns how many lanes of the relay's route no live relay
-// has worked for longer than a lease TTL, as of its last heartbeat (0
-// when every lane is worked, or only briefly was not).
-func (r *Relay) unworkedLanes() int { return int(r.lease.unworked.Load()) }
-
-// healthy reports an error before the first heartbeat has taken lanes
-// (or found that the relay must wait: then Ready reports that), and when
+// Healthy reports an error before the first heartbeat has taken lanes
+// (or found that the relay must wait: then Conflict says why), and when
 // the lease heartbeat has not succeeded for longer than a lease TTL: this
 // relay's lanes have expired, and it works nothing.
-func (l *leaser) healthy() error {
+func (l *Leaser) Healthy() error {
 	last := l.leaseOK.Load()
 	if last == 0 || (!l.set.Known() && l.waitingConfig.Load() == nil) {
 		// Until its first heartbeat has judged the route's other
@@ -621,20 +651,20 @@ func (l *leaser) healthy() error {
 		// relays it is about to wait for.
 		return errors.New("outbox: starting: no lane lease heartbeat has ended yet")
 	}
-	if age := time.Since(time.Unix(0, last)); age > l.leaseTTL {
-		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), l.leaseTTL)
+	if age := time.Since(time.Unix(0, last)); age > l.cfg.LeaseTTL {
+		return fmt.Errorf("outbox: lane lease not renewed for %s (lease TTL %s): this relay holds no lanes", age.Round(time.Second), l.cfg.LeaseTTL)
 	}
 	return nil
 }
 
-// leaveEarly is the drain's first step, as soon as Run's context ends:
-// the relay unregisters and hands back every lane no claim is using, and
-// tells the others, which take them at once. The lanes of the batches
-// still in flight (their owner no longer registered) follow when those
-// batches end (releaseAll). The workers claim nothing new meanwhile.
-func (l *leaser) leaveEarly(ctx context.Context) {
+// leaveEarly is the drain's first step, as soon as the relay's context
+// ends: the relay unregisters and hands back every lane no claim is
+// using, and tells the others, which take them at once. The lanes of the
+// batches still in flight (their owner no longer registered) follow when
+// those batches end (Release). The workers claim nothing new meanwhile.
+func (l *Leaser) leaveEarly(ctx context.Context) {
 	if l.conn == nil || l.conn.IsClosed() {
-		return // releaseAll reconnects
+		return // Release reconnects
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
@@ -647,15 +677,15 @@ func (l *leaser) leaveEarly(ctx context.Context) {
 	l.q.QueueNotifyMembers(b)
 	b.Queue("COMMIT")
 	if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
-		l.closeConn(ctx) // ends the transaction; releaseAll reconnects
+		l.closeConn(ctx) // ends the transaction; Release reconnects
 		l.log.Warn("could not hand lanes over at the start of the drain; they go when it ends", "error", err)
 	}
 }
 
-// releaseAll hands every lane back and unregisters, and tells the other
+// Release hands every lane back and unregisters, and tells the other
 // relays, which take the lanes over at once instead of after the lease
-// TTL.
-func (l *leaser) releaseAll(ctx context.Context) {
+// TTL. The relay calls it after Stop, once its batches have ended.
+func (l *Leaser) Release(ctx context.Context) {
 	defer l.closeConn(ctx)
 	if l.conn != nil && l.conn.IsClosed() {
 		// A heartbeat cancelled by the shutdown closed it.
@@ -690,7 +720,7 @@ func (l *leaser) releaseAll(ctx context.Context) {
 // later heartbeat; meanwhile the workers stop claiming from them. The
 // relay registers and takes its share again at the first heartbeat after
 // every worker has a connection.
-func (l *leaser) giveUp(ctx context.Context, d time.Duration) error {
+func (l *Leaser) giveUp(ctx context.Context, d time.Duration) error {
 	q := l.q
 	var left []int16
 	err := pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
