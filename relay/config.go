@@ -1,10 +1,14 @@
 package relay
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -439,4 +443,25 @@ func (c Config) Validate() error {
 		bad("producer", "%v", err)
 	}
 	return errors.Join(errs...)
+}
+
+// defaultID is Config.ID's default: hostname-pid-random.
+func defaultID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "relay"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+// retryPolicy is c's RetryPolicy: its own, or ExponentialRetry from its
+// Retry fields.
+func (c Config) retryPolicy() RetryPolicy {
+	if c.RetryPolicy != nil {
+		return c.RetryPolicy
+	}
+	return ExponentialRetry{Initial: c.RetryInitial, Max: c.RetryMax, Multiplier: c.RetryMultiplier,
+		Jitter: c.RetryJitter, MaxAttempts: c.MaxAttempts}
 }

@@ -2,13 +2,9 @@ package relay
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,8 +17,10 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay/internal/archive"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
+	"github.com/outbox-relay/outbox-relay/relay/internal/schemacheck"
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
@@ -303,15 +301,21 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		return err
 	}
 	if r.cfg.Archive {
+		keeper, err := archive.New(archive.Config{Pool: r.pool, Schema: r.schema, Retention: r.cfg.ArchiveRetention, Log: r.log})
+		if err != nil {
+			return err
+		}
 		// Partitions must exist before the first delivery is archived.
-		if err := r.maintainArchive(ctx); err != nil {
+		if err := keeper.Maintain(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		archiveDone := spawn(func() { r.keepArchive(ctx) })
-		defer func() { <-archiveDone }()
+		if err := keeper.Start(ctx); err != nil {
+			return err
+		}
+		defer keeper.Stop()
 	}
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer.name)
 	r.lease.Prepare(r.pooled, r.abort)
@@ -320,8 +324,18 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		return err
 	}
 	r.cfg.sig.Emit(testsig.Started, 0)
-	watchDone := spawn(func() { r.watchSchema(ctx) })
-	defer func() { <-watchDone }()
+	stopWatch, err := watchSchema(ctx, r.pool, r.cfg, r.log, func(err error) {
+		if err != nil {
+			r.schemaErr.Store(&err)
+			return
+		}
+		r.schemaErr.Store(nil)
+		r.wakeAll()
+	})
+	if err != nil {
+		return err
+	}
+	defer stopWatch()
 	stopListen := func() {}
 	if !r.cfg.sharedListener {
 		cfg := r.cfg
@@ -364,7 +378,7 @@ func (r *Relay) preflight(ctx context.Context) (int, error) {
 	if err := r.atStart(ctx, func() error { return migrations.CheckEncoding(ctx, r.pool) }, migrations.ErrServerEncoding); err != nil {
 		return 0, err
 	}
-	if err := r.runsOn(v, relayMin); err != nil {
+	if err := schemacheck.RunsOn(r.cfg.Schema, v, relayMin); err != nil {
 		return 0, err
 	}
 	if v > migrations.Latest() {
@@ -575,23 +589,3 @@ func startupRefused(err error) bool {
 // ErrConfig marks a configuration the relay cannot run with: waiting or
 // retrying cannot help (the command line exits 2).
 var ErrConfig = errors.New("outbox: configuration")
-
-// spawn runs f in a goroutine and returns a channel closed when f returns.
-func spawn(f func()) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	return done
-}
-
-func defaultID() string {
-	host, _ := os.Hostname()
-	if host == "" {
-		host = "relay"
-	}
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
-}

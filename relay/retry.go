@@ -56,13 +56,3 @@ func (p ExponentialRetry) Retry(failures int, err error) (time.Duration, bool) {
 	}
 	return d, true
 }
-
-// retryPolicy is c's RetryPolicy: its own, or ExponentialRetry from its
-// Retry fields.
-func (c Config) retryPolicy() RetryPolicy {
-	if c.RetryPolicy != nil {
-		return c.RetryPolicy
-	}
-	return ExponentialRetry{Initial: c.RetryInitial, Max: c.RetryMax, Multiplier: c.RetryMultiplier,
-		Jitter: c.RetryJitter, MaxAttempts: c.MaxAttempts}
-}
