@@ -27,8 +27,7 @@ type Config struct {
 	// Schema holds the outbox tables. Default "outbox".
 	Schema string
 	// Route names the route this relay serves when one process runs
-	// several (each route leases its own lanes). Default "": the single
-	// route of a relay without a routes table.
+	// several (each leases its own lanes). Default "".
 	Route string
 	// Topics are the patterns (package topic: '*' any run of characters,
 	// '?' one character) of the topics this route takes. Default: every
@@ -37,8 +36,8 @@ type Config struct {
 	// ExcludeTopics are patterns taken by earlier routes (first match
 	// wins). Default none.
 	ExcludeTopics []string
-	// Workers is the number of claim loops, each with its own share of the
-	// lanes this process owns and one database connection. Default 2.
+	// Workers is the number of claim loops, each with its share of the
+	// lanes and a database connection. Default 2.
 	Workers int
 	// Pipeline is how many batches a worker has in flight at most: while
 	// the sink takes one, the worker claims the next from its other lanes
@@ -81,9 +80,8 @@ type Config struct {
 	// dead-letter table. Default 20.
 	MaxAttempts int
 	// OnDeadLetter is what a dead letter does to the later messages of its
-	// key: OnDeadLetterSkip lets them go on; OnDeadLetterHold keeps them
-	// pending, in order, until an operator replays the dead letter (which
-	// goes first) or purges it (which releases the key). Default "skip".
+	// key: OnDeadLetterSkip lets them go on, OnDeadLetterHold keeps them
+	// until it is replayed or purged. Default OnDeadLetterSkip.
 	OnDeadLetter string
 	// Destination describes where the sink delivers, for status and for
 	// the route's configuration fingerprint when the sink does not name
@@ -105,9 +103,7 @@ type Config struct {
 	// negative disables jitter.
 	RetryJitter float64
 	// RetryPolicy, when set, decides every retry in place of MaxAttempts
-	// and the Retry fields above (which then only bound the wait of a
-	// message whose dead letter the database refused: RetryMax). Default
-	// nil: ExponentialRetry built from those fields.
+	// and the Retry fields above. Default: ExponentialRetry of those.
 	RetryPolicy RetryPolicy
 	// LeaseTTL is how long a relay owns its lanes without renewing them:
 	// the longest a dead relay's lanes wait for another. Default 15s.
@@ -127,12 +123,10 @@ type Config struct {
 	// so the largest batch). Default: RateLimit rounded up (at least 1).
 	RateBurst int
 	// DrainTimeout is how long Run waits for in-flight batches after its
-	// context is cancelled before rolling them back (their messages come
-	// back untouched). Default PublishTimeout.
+	// context is cancelled before rolling them back. Default PublishTimeout.
 	DrainTimeout time.Duration
-	// Archive keeps delivered messages in the archive table (partitioned
-	// by delivery day) instead of only deleting them, for replays.
-	// Default false.
+	// Archive keeps delivered messages in the archive table, by delivery
+	// day, for replays. Default false.
 	Archive bool
 	// ArchiveRetention is how long archived messages are kept; older
 	// daily partitions are dropped. Default 7 days.
@@ -234,18 +228,12 @@ const (
 // while live relays of its route, registered before it, run another
 // configuration.
 const (
-	// ConfigChangeWait: it takes no lane (it does not even register),
-	// Ready reports why, and it logs a warning naming both
-	// configurations each minute; it joins once they are gone (the end
-	// of a rolling deploy).
+	// ConfigChangeWait: it takes no lane, Ready says why, and it joins
+	// once they are gone (the end of a rolling deploy).
 	ConfigChangeWait = "wait"
-	// ConfigChangeFail: Run stops and returns an error wrapping ErrConfig
-	// that names both configurations.
+	// ConfigChangeFail: Run returns an error wrapping ErrConfig.
 	ConfigChangeFail = "fail"
-	// ConfigChangeAllow: it takes its share of the lanes beside them (a
-	// rolling change of a route's configuration that the operator
-	// chose), logs a warning, and reports the coexistence to
-	// Hooks.RouteConfigs.
+	// ConfigChangeAllow: it takes its share of the lanes beside them.
 	ConfigChangeAllow = "allow"
 )
 

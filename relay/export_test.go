@@ -120,3 +120,38 @@ func (r *Relay) MembersChanged() { r.lease.MembersChanged() }
 // UnworkedLanes returns how many lanes of the route no live relay worked
 // at the last heartbeat (see lease.Leaser.UnworkedLanes).
 func (r *Relay) UnworkedLanes() int { return r.lease.UnworkedLanes() }
+
+// Accessors only the tests need.
+
+// ID returns the relay's id.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// ConfigSummary returns the summary of the route's configuration this
+// relay registers (what status shows for it).
+func (r *Relay) ConfigSummary() string { return r.lease.Summary() }
+
+// RouteConfigs returns how many configurations the live relays of this
+// relay's route ran at its last heartbeat; 0 before the first.
+func (r *Relay) RouteConfigs() int { return r.lease.RouteConfigs() }
+
+// Wake makes every worker look for work now (as a notification does).
+func (r *Relay) Wake() {
+	r.stats.Wakeups.Add(1)
+	r.wakeAll()
+}
+
+// Degraded is what Readiness says is degraded while the Set is ready.
+func (s *Set) Degraded(ctx context.Context) string {
+	degraded, _ := s.Readiness(ctx)
+	return degraded
+}
+
+// Conns returns the connections a Set of c holds when every worker is
+// busy (see the function Conns); 0 when c is invalid.
+func (c SetConfig) Conns() int {
+	cfgs, err := c.Plan()
+	if err != nil {
+		return 0
+	}
+	return Conns(cfgs...)
+}

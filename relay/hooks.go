@@ -12,8 +12,7 @@ type BatchEvent struct {
 	// Claimed is how many messages the claim returned.
 	Claimed int
 	// Delivered, Retried and DeadLettered count the settled outcomes;
-	// Untouched counts messages held back because an earlier message of
-	// their key failed in the same batch.
+	// Untouched, the messages held back behind their key.
 	Delivered, Retried, DeadLettered, Untouched int
 	// Messages are the claimed messages in the order handed to the sink;
 	// sinks.Outcome(SendErr, i, len(Messages)) is the answer for
@@ -29,12 +28,10 @@ type BatchEvent struct {
 	SendStart time.Time
 	// SendErr is what the sink returned (nil when all were delivered).
 	SendErr error
-	// Committed is false when settling failed: delivered messages will be
-	// delivered again (at-least-once).
+	// Committed is false when settling failed: the batch comes again.
 	Committed bool
-	// AckedAt is when the sink accepted the batch, on the database's clock
-	// (the relay's clock corrected by the offset seen at claim time), so
-	// AckedAt.Sub(m.CreatedAt) is a commit-to-ack latency free of clock skew.
+	// AckedAt is when the sink accepted the batch on the database's
+	// clock: AckedAt.Sub(m.CreatedAt) is free of clock skew.
 	AckedAt time.Time
 }
 
@@ -46,23 +43,17 @@ type Hooks interface {
 	// Batch reports a batch once it is settled (or failed to be).
 	Batch(ev BatchEvent)
 	// CycleError reports a cycle that failed before a batch could be
-	// settled (the database unreachable or read-only, a connection
-	// lost): no BatchEvent reports those.
+	// settled (the database unreachable, a connection lost).
 	CycleError(err error)
 	// Lanes reports how many lanes the relay owns, at each heartbeat
 	// that changed them.
 	Lanes(owned int)
 	// UnworkedLanes reports, at every heartbeat, how many lanes of the
-	// route no live relay has worked for longer than a lease TTL (0 when
-	// all are worked): lanes whose messages wait although the relay
-	// itself is healthy.
+	// route no live relay has worked for longer than a lease TTL.
 	UnworkedLanes(n int)
 	// RouteConfigs reports, at every heartbeat, how many configurations
-	// the live relays of the route run (1 when they agree; relays of
-	// versions that register none are not counted). More than 1 lasts
-	// only while an operator allows it (ConfigChangeAllow) or for a
-	// heartbeat after two relays that disagree started at the same
-	// moment.
+	// the live relays of the route run: 1 when they agree, more while
+	// ConfigChangeAllow lets them differ.
 	RouteConfigs(n int)
 	// Outage reports that the route's destination went down as a whole
 	// (open: its breaker opened, and the route claims nothing but a probe
@@ -72,12 +63,10 @@ type Hooks interface {
 	// RouteState reports, at every heartbeat, the route's state as the
 	// heartbeat records it (see Relay.State).
 	RouteState(st RouteState)
-	// Wakeup reports how the process learns of new rows, when that
-	// changes: source is "wal" or "poll" while this process is the
-	// schema's watcher, "follow" while another process is, "notify" when
-	// the writers' trigger wakes the relays; fallback is true when the
-	// WAL was wanted and could not be followed (the stream broke, or
-	// logical replication is not allowed), err says why.
+	// Wakeup reports how the process learns of new rows when that
+	// changes: "wal" or "poll" while it is the schema's watcher, "follow"
+	// while another process is, "notify"; fallback: the WAL could not be
+	// followed, err says why.
 	Wakeup(source string, fallback bool, err error)
 }
 

@@ -148,14 +148,10 @@ func (k *sessionKind) get(ctx context.Context, cc *pgx.ConnConfig) (*sessionKind
 	return k, nil
 }
 
-// Conns returns how many connections one process running relays with
-// these configurations on one pool holds when every worker is busy: one
-// per worker and one lane lease per relay, a LISTEN connection per relay
-// that runs its own, and one shared LISTEN connection when relays have
-// a Set's shared listener (the Set runs it). It is the least
-// PoolConfig.MaxConns that lets every worker work; with exactly that many,
-// health checks and metrics wait for a worker's connection between
-// batches, so give one more.
+// Conns returns how many connections relays of these configurations hold
+// on one pool when every worker is busy (a worker each, a lane lease and
+// a LISTEN per relay or Set): the least PoolConfig.MaxConns that lets
+// every worker work. Give one more for health checks and metrics.
 func Conns(cfgs ...Config) int {
 	n, shared := 0, false
 	for _, c := range cfgs {

@@ -112,17 +112,10 @@ type totals struct {
 // StatsSnapshot is a copy of a relay's running totals (Relay.Stats).
 type StatsSnapshot struct {
 	Claimed, Delivered, Retried, DeadLettered, Batches, CommitFailures int64
-	// Claims counts claim transactions, empty ones included: Claims per
-	// Delivered is what the relay's polling costs the database.
-	Claims int64
-	// LaneClaims are the Claims that visited only the lanes a wake-up
-	// named; the others visited every lane of their worker.
-	LaneClaims int64
-	// EmptyClaims are the Claims that found nothing to deliver.
-	EmptyClaims int64
-	// Wakeups counts the wake-ups the relay received (from the watcher,
-	// a notification, the WAL stream, or Wake), each naming lanes that
-	// may have rows or every lane.
+	// Claims counts claim transactions, empty ones (EmptyClaims)
+	// included; LaneClaims visited only the lanes a wake-up named.
+	Claims, LaneClaims, EmptyClaims int64
+	// Wakeups counts the wake-ups the relay received.
 	Wakeups int64
 }
 
@@ -239,23 +232,11 @@ func (r *Relay) leaseReport() lease.Report {
 	return rep
 }
 
-// ID returns the relay's id.
-func (r *Relay) ID() string { return r.cfg.ID }
-
 // Route returns the relay's route ("" outside a Set).
 func (r *Relay) Route() string { return r.cfg.Route }
 
 // OwnedLanes returns how many lanes this relay holds right now.
 func (r *Relay) OwnedLanes() int { return r.lease.OwnedCount() }
-
-// ConfigSummary returns the summary of the route's configuration this
-// relay registers (what status shows for it).
-func (r *Relay) ConfigSummary() string { return r.lease.Summary() }
-
-// RouteConfigs returns how many configurations the live relays of this
-// relay's route ran at its last heartbeat (see Hooks.RouteConfigs); 0 before the
-// first.
-func (r *Relay) RouteConfigs() int { return r.lease.RouteConfigs() }
 
 // Stats returns running totals.
 func (r *Relay) Stats() StatsSnapshot {

@@ -20,7 +20,7 @@ import (
 // with '~', so the router's cannot clash with a route's.
 const (
 	// RouterRoute is the fan-out router's route: it copies messages to
-	// the routes it feeds (see routerFeeds).
+	// the routes it feeds (see SetConfig.Feeds).
 	RouterRoute = "~fanout"
 	// UnroutedRoute dead-letters messages no route takes, with the
 	// reason `no route matches topic "…"`, so that an operator sees them
@@ -44,13 +44,10 @@ type Route struct {
 	// Sink receives the route's messages. Required. The Set does not
 	// close it.
 	Sink sinks.Sink
-	// Config tunes the route's relay: workers, batch size and bytes,
-	// retry policy, publish timeout, logger, hooks... It is a whole
-	// configuration: its zero fields take the package defaults, not
-	// SetConfig.Config's (copy that and change what differs). The Set
-	// sets its ID (SetConfig.Config.ID + "/" + Name), Schema, Producer,
-	// Route, Topics and ExcludeTopics, and how it is fed and woken.
-	// Default nil: SetConfig.Config.
+	// Config tunes the route's relay. It is a whole configuration (zero
+	// fields take the package defaults, not SetConfig.Config's); the Set
+	// sets its ID, Schema, Producer, Route and topics. Default
+	// SetConfig.Config.
 	Config *Config
 }
 
@@ -69,20 +66,13 @@ type SetConfig struct {
 	// Config.Hooks: metrics labelled by route. Default: Config.Hooks.
 	Hooks func(route string) Hooks
 	// IsolateRoutes feeds every route from the fan-out router's copies
-	// (the deliveries table, indexed by route) instead of the outbox,
-	// when there are two routes or more. Routes then cannot slow each
-	// other: a route whose destination is down keeps its backlog among
-	// its own copies, where the other routes' claims never read. The
-	// price is a copy of every message (the router's insert and delete)
-	// and one more claim transaction between commit and delivery. Without
-	// it, the routes share the outbox table, and a claim walks past the
-	// older rows of the other routes in each lane it visits (about 1 µs a
-	// row): a backlog of 200k rows behind one route's outage makes the
-	// other routes' full claims tens of times slower. Default false.
+	// instead of the outbox, so that a route's backlog cannot slow the
+	// others, for a copy of every message (docs/operations.md, "Isolated
+	// routes"). Default false.
 	IsolateRoutes bool
 	// ReadyOnEveryRoute makes Ready fail as soon as one route's
 	// destination is down. Default false: Ready fails only when every
-	// route's destination is down, and Degraded names the routes that are,
+	// route's destination is down, and Readiness names the routes that are,
 	// so that one broken sink does not take the whole process out of
 	// service.
 	ReadyOnEveryRoute bool
@@ -256,7 +246,8 @@ func (c SetConfig) router(base Config, cfgs []Config) (Config, bool) {
 
 // Feeds reports, route by route, whether the route takes its messages
 // from the fan-out router's copies: every route when IsolateRoutes holds
-// and there are two or more, else as routerFeeds says.
+// and there are two or more; else the routes that may share a topic with
+// a fan-out route.
 func (c SetConfig) Feeds() []bool {
 	fed := routerFeeds(c.Routes)
 	if c.IsolateRoutes && len(c.Routes) > 1 {
@@ -307,24 +298,6 @@ func routerFeeds(routes []Route) []bool {
 	return fed
 }
 
-// Conns returns the connections a Set of c holds when every worker is
-// busy (see the function Conns): give the pool one more for health checks
-// and metrics. It is 0 when c is invalid.
-func (c SetConfig) Conns() int {
-	cfgs, err := c.Plan()
-	if err != nil {
-		return 0
-	}
-	return Conns(cfgs...)
-}
-
-// Configs returns the configuration of each relay the Set runs, as Plan
-// made them (in the order of Relays).
-func (s *Set) Configs() []Config { return append([]Config(nil), s.cfgs...) }
-
-// Relays returns the Set's relays, in the order of Plan.
-func (s *Set) Relays() []*Relay { return append([]*Relay(nil), s.relays...) }
-
 // Run runs every relay until ctx is cancelled, then drains them (see
 // Relay.Run). A relay that fails stops the others: the process must not
 // half-run. It returns every relay's error.
@@ -354,13 +327,6 @@ func (s *Set) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Wake makes every relay look for work now.
-func (s *Set) Wake() {
-	for _, r := range s.relays {
-		r.Wake()
-	}
-}
-
 // membersNotified: relays joined or left, and every relay of the Set
 // recomputes its share of the lanes; or lanes were handed back (freed),
 // and those below their share take them.
@@ -369,6 +335,9 @@ func (s *Set) membersNotified(freed bool) {
 		r.lease.MembersNotified(freed)
 	}
 }
+
+// Relays returns the Set's relays, in the order of Plan.
+func (s *Set) Relays() []*Relay { return append([]*Relay(nil), s.relays...) }
 
 // Live reports the first relay that is not live (see Relay.Live).
 func (s *Set) Live() error {
@@ -383,7 +352,7 @@ func (s *Set) Live() error {
 // Ready reports whether the Set can do its job: every relay can claim
 // (see Relay.Ready), and at least one route's destination is up. A route
 // whose destination is down while others deliver leaves the Set ready but
-// degraded (see Degraded): one broken sink does not make the whole
+// degraded (see Readiness): one broken sink does not make the whole
 // process look dead, unless SetConfig.ReadyOnEveryRoute asks for that.
 // When every route's destination is down, the error names each.
 func (s *Set) Ready(ctx context.Context) error {
@@ -391,18 +360,11 @@ func (s *Set) Ready(ctx context.Context) error {
 	return err
 }
 
-// Degraded describes the routes whose destination is down (see
-// Relay.State) or whose sink reports itself unhealthy, then those that
-// deliver slowed by their rate limit or with messages failing, one a
-// line, while the Set is ready; "" when every route delivers unhindered.
-func (s *Set) Degraded(ctx context.Context) string {
-	degraded, _ := s.Readiness(ctx)
-	return degraded
-}
-
-// Readiness is Ready and Degraded in one pass (each asks every sink that
-// can tell whether it is healthy): err when the Set is not ready, else
-// degraded ("" when every route delivers).
+// Readiness is Ready, and when the Set is ready, what is degraded: the
+// routes whose destination is down or whose sink reports itself
+// unhealthy, then those that deliver slowed by their rate limit or with
+// messages failing, one a line ("" when every route delivers unhindered).
+// It asks every sink that can tell whether it is healthy.
 func (s *Set) Readiness(ctx context.Context) (degraded string, err error) {
 	var down, strained []error
 	routes := 0

@@ -31,12 +31,6 @@ func (r *Relay) wakeWorker(w int) {
 	}
 }
 
-// Wake makes every worker look for work now (as a notification does).
-func (r *Relay) Wake() {
-	r.stats.Wakeups.Add(1)
-	r.wakeAll()
-}
-
 // wakeSet wakes the workers of lanes, or all of them when lanes is empty.
 func (r *Relay) wakeSet(ls lanes.Set) {
 	r.stats.Wakeups.Add(1)
