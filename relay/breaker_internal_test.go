@@ -14,6 +14,9 @@ import (
 )
 
 var (
+	errDown    = errors.New("connection refused")
+	errBad     = sinks.Permanent(errors.New("400 bad request"))
+	errNA      = sinks.ErrNotAttempted
 	errRefused = sinks.NotSent(errors.New("connection refused"))
 	err503     = sinks.Unavailable(errors.New("503 Service Unavailable"))
 	// errThrottled: not attempted, for the sink's own reasons.

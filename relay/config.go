@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
@@ -183,6 +184,25 @@ type fanOutDest struct {
 func (d fanOutDest) matches(t string) bool {
 	return !topic.MatchAny(d.ExcludeTopics, t) && topic.MatchAny(d.Topics, t)
 }
+
+// routesOf returns the routes a fan-out router of c copies a message of
+// topic t to.
+func (c Config) routesOf(t string) []string {
+	var out []string
+	for _, d := range c.fanOut {
+		if d.matches(t) {
+			out = append(out, d.Route)
+		}
+	}
+	return out
+}
+
+// Dead-letter reasons (BatchEvent.DeadReasons; the operator's selections
+// accept these only).
+const (
+	ReasonPermanent   = store.ReasonPermanent
+	ReasonMaxAttempts = store.ReasonMaxAttempts
+)
 
 // Defaults, exported for documentation and flags.
 const (

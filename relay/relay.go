@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
 	"github.com/outbox-relay/outbox-relay/relay/internal/schemacheck"
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/settle"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
@@ -80,8 +81,8 @@ type Relay struct {
 	priority []bool
 	inFlight atomic.Int64 // claimed messages not yet settled
 	// rules decide each batch's settlement; settler carries it out.
-	rules    rules
-	settler  *settler
+	rules    settle.Rules
+	settler  *settle.Settler
 	draining atomic.Bool
 	// schemaErr is set while the schema needs a newer relay (it was
 	// migrated under a running relay): workers claim nothing.
@@ -160,10 +161,12 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		connWait:  make([]atomic.Int64, cfg.Workers),
 		priority:  make([]bool, cfg.Workers),
 		laneLimit: cfg.BatchSize,
-		rules:     rules{retry: cfg.retryPolicy(), hold: cfg.OnDeadLetter == OnDeadLetterHold},
+		rules:     settle.Rules{Retry: cfg.retryPolicy(), Hold: cfg.OnDeadLetter == OnDeadLetterHold},
 	}
 	r.strain = newStrain(cfg.Heartbeat)
-	r.settler = &settler{log: r.log, hooks: cfg.Hooks, stats: &r.stats, archive: cfg.Archive, park: cfg.RetryMax, strain: r.strain}
+	if r.settler, err = settle.New(settle.Config{Log: r.log, Archive: cfg.Archive, Park: cfg.RetryMax}); err != nil {
+		return nil, err
+	}
 	if sinks.IsKeySerial(sink) {
 		lanes := keySerialLanes
 		if b, ok := sinks.As[sinks.BatchLanes](sink); ok && b.BatchLanes() > 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/settle"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
@@ -470,13 +471,39 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 	defer func() { release(hard, f.conn, err) }()
 	r.inFlight.Add(int64(len(f.batch)))
 	defer r.inFlight.Add(-int64(len(f.batch)))
-	var s settlement
+	var s settle.Settlement
 	if f.src.router() {
-		s = route(f.batch, r.cfg.fanOut)
+		s = settle.Route(f.batch, r.cfg.routesOf)
 	} else if s, err = r.publish(hard, f.batch, f.probe, &f.ev); err != nil {
 		return err
 	}
-	return r.settler.settle(hard, f.conn.Conn(), f.src, f.batch, s, &f.ev)
+	res, err := r.settler.Settle(hard, f.conn.Conn(), f.src.Engine, f.batch, s, f.ev.SendErr)
+	r.settled(&f.ev, res, err)
+	return err
+}
+
+// settled reports a batch's settlement (err: its transaction did not
+// commit) to the relay's totals, its strain and Hooks.Batch, with ev,
+// which holds what the claim and the send recorded.
+func (r *Relay) settled(ev *BatchEvent, res settle.Result, err error) {
+	s := &res.Settled
+	ev.Delivered, ev.Retried, ev.DeadLettered, ev.Untouched = s.Counts()
+	ev.DeadReasons = s.DeadReasons()
+	ev.DeliveredMessages = s.DeliveredOf(ev.Messages)
+	ev.SettleDuration = res.Duration
+	ev.Committed = err == nil
+	r.stats.Batches.Add(1)
+	defer r.cfg.Hooks.Batch(*ev)
+	if err != nil {
+		r.stats.CommitFailures.Add(1)
+		return
+	}
+	if failed := s.Failed(); failed > 0 || ev.Delivered > 0 {
+		r.strain.settled(failed, settle.FirstFailure(ev.SendErr))
+	}
+	r.stats.Delivered.Add(int64(ev.Delivered))
+	r.stats.Retried.Add(int64(ev.Retried))
+	r.stats.DeadLettered.Add(int64(ev.DeadLettered))
 }
 
 // release ends a batch's use of conn: it rolls back a transaction err
@@ -528,12 +555,12 @@ func rollback(hard context.Context, pc *pgx.Conn) {
 // publish hands a claimed batch to the sink and decides, from its
 // answer, the batch's settlement; ev holds what the claim knows, and
 // publish records the send in it.
-func (r *Relay) publish(hard context.Context, batch []claim.Row, probe bool, ev *BatchEvent) (settlement, error) {
+func (r *Relay) publish(hard context.Context, batch []claim.Row, probe bool, ev *BatchEvent) (settle.Settlement, error) {
 	if r.limiter != nil {
 		// The rows stay locked in the claim's transaction meanwhile, as
 		// they would while a slow sink takes them.
 		if err := r.waitRate(hard, len(batch)); err != nil {
-			return settlement{}, fmt.Errorf("outbox: waiting for the rate limit: batch rolled back: %w", err)
+			return settle.Settlement{}, fmt.Errorf("outbox: waiting for the rate limit: batch rolled back: %w", err)
 		}
 	}
 	var pre []error
@@ -548,28 +575,28 @@ func (r *Relay) publish(hard context.Context, batch []claim.Row, probe bool, ev 
 		if r.dests != nil {
 			r.dests.abandon(probes)
 		}
-		return settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
+		return settle.Settlement{}, fmt.Errorf("outbox: drain timeout during publish: batch rolled back: %w", hard.Err())
 	}
 	if r.dests != nil {
 		// Each destination has its outage (see destinations), not the
 		// route.
 		ev.SendErr = r.dests.judge(batch, ev.SendErr, probes, r.confirmer(hard))
-		return decide(batch, ev.SendErr, r.rules), nil
+		return settle.Decide(batch, ev.SendErr, r.rules), nil
 	}
 	switch v, cause := down(batch, ev.SendErr, probe, r.confirmer(hard)); v {
 	case isDown:
 		// Nothing got through, and nothing failed on its own: roll the
 		// batch back untouched (no attempt counted) and let the breaker
 		// probe the destination (see breaker).
-		return settlement{}, fmt.Errorf("%w: none of %d messages got through: %w", errDestinationDown, len(batch), cause)
+		return settle.Settlement{}, fmt.Errorf("%w: none of %d messages got through: %w", errDestinationDown, len(batch), cause)
 	case untouched:
 		// The sink tried nothing and said nothing about the destination
 		// (it broke off, or breaks the contract): claiming the same batch
 		// again at once would spin. Release it and let the worker back
 		// off.
-		return settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), cause)
+		return settle.Settlement{}, fmt.Errorf("%w: none of %d messages: %w", errNothingAttempted, len(batch), cause)
 	}
-	return decide(batch, ev.SendErr, r.rules), nil
+	return settle.Decide(batch, ev.SendErr, r.rules), nil
 }
 
 // confirmer returns how publish asks the sink whether a message's

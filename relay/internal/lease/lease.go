@@ -90,6 +90,10 @@ type Leaser struct {
 	// after it gave up).
 	joined bool
 	gaveUp bool // the lanes were handed back for want of connections
+	// shortRetry: the last heartbeat left this relay below its fair share,
+	// and the next comes this soon (0: at the ticker's), doubling while it
+	// stays short (see took).
+	shortRetry time.Duration
 	// unworkedSince is when this relay's heartbeats began to see lanes of
 	// its route that no live relay works (zero: all worked); warned is
 	// when that was last logged.
@@ -212,8 +216,8 @@ func (l *Leaser) run(ctx context.Context) {
 // It returns false when ctx ended.
 func (l *Leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time) bool {
 	var retry <-chan time.Time
-	if len(l.HandingOver()) > 0 {
-		tm := time.NewTimer(handoverRetry)
+	if d := l.retryIn(); d > 0 {
+		tm := time.NewTimer(d)
 		defer tm.Stop()
 		retry = tm.C
 	}
@@ -238,6 +242,16 @@ func (l *Leaser) wait(ctx context.Context, tick <-chan time.Time, last time.Time
 		}
 	}
 	return ctx.Err() == nil
+}
+
+// retryIn is how soon the next heartbeat comes, before the ticker's: while
+// lanes wait to be handed over, or while this relay is below its share (0:
+// at the ticker's).
+func (l *Leaser) retryIn() time.Duration {
+	if len(l.HandingOver()) > 0 {
+		return handoverRetry
+	}
+	return l.shortRetry
 }
 
 // HandingOver returns the lanes this relay is handing over: the workers
@@ -362,6 +376,20 @@ func (l *Leaser) took(s share) {
 			// every worker visits all of its lanes (see lanes.Pending).
 			l.cfg.WakeAll()
 		}
+	}
+	// A relay below its share takes lanes as they are handed back, told by
+	// the notification of the relay that freed them. Two relays below
+	// their share that heard it at once may miss a lane between them (the
+	// first one's acquire locks the free lanes, the other's skips them),
+	// and no further notification comes: the short one looks again soon,
+	// then less and less often, until it has its share.
+	switch {
+	case s.owned >= s.target:
+		l.shortRetry = 0
+	case l.shortRetry == 0:
+		l.shortRetry = handoverRetry
+	default:
+		l.shortRetry = min(2*l.shortRetry, l.cfg.Heartbeat)
 	}
 	l.owned = s.owned
 	l.handover.Store(&s.handover)

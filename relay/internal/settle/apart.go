@@ -1,4 +1,4 @@
-package relay
+package settle
 
 import (
 	"context"
@@ -23,28 +23,28 @@ import (
 // that cannot be archived is removed without its archive copy. A row that
 // cannot even be dead-lettered stays in the outbox, is logged, and comes
 // back (alone) in a later batch. It returns what was settled.
-func (st *settler) apart(ctx context.Context, pc *pgx.Conn, src *source, s settlement) (settlement, error) {
+func (st *Settler) apart(ctx context.Context, pc *pgx.Conn, src *store.Engine, s Settlement) (Settlement, error) {
 	if _, err := pc.Exec(ctx, "ROLLBACK"); err != nil {
-		return settlement{}, err
+		return Settlement{}, err
 	}
 	ids := make([]int64, 0, len(s.delivered)+len(s.retries.IDs)+len(s.defers.IDs)+len(s.dead.IDs))
 	ids = append(append(append(append(ids, s.delivered...), s.retries.IDs...), s.defers.IDs...), s.dead.IDs...)
 	if _, err := pc.Exec(ctx, store.Begin); err != nil {
-		return settlement{}, err
+		return Settlement{}, err
 	}
 	tids, err := src.Relock(ctx, pc, ids)
 	if err != nil {
-		return settlement{}, err
+		return Settlement{}, err
 	}
 	a := &apart{st: st, ctx: ctx, pc: pc, src: src, tids: tids}
 	a.out.untouched = s.untouched
-	for _, phase := range []func(settlement) error{a.delivered, a.retries, a.defers, a.deadLetters} {
+	for _, phase := range []func(Settlement) error{a.delivered, a.retries, a.defers, a.deadLetters} {
 		if err := phase(s); err != nil {
-			return settlement{}, err
+			return Settlement{}, err
 		}
 	}
 	if _, err := pc.Exec(ctx, "COMMIT"); err != nil {
-		return settlement{}, err
+		return Settlement{}, err
 	}
 	return a.out, nil
 }
@@ -52,12 +52,12 @@ func (st *settler) apart(ctx context.Context, pc *pgx.Conn, src *source, s settl
 // apart is one settler.apart: the rows still this worker's (tids, by id)
 // and what has been settled of them (out).
 type apart struct {
-	st   *settler
+	st   *Settler
 	ctx  context.Context
 	pc   *pgx.Conn
-	src  *source
+	src  *store.Engine
 	tids map[int64]pgtype.TID
-	out  settlement
+	out  Settlement
 }
 
 // try runs the statement that queue queues in a savepoint. A refusal is
@@ -132,9 +132,9 @@ func (a *apart) present(ids []int64) []int {
 // removed without its archive copy; one the router cannot copy is
 // dead-lettered saying why; one that cannot even be removed stays, and
 // will be delivered again.
-func (a *apart) delivered(s settlement) error {
+func (a *apart) delivered(s Settlement) error {
 	dl := a.present(s.delivered)
-	router := a.src.router()
+	router := a.src.Source() == store.Router
 	var routes map[int64][]string
 	if router {
 		routes = make(map[int64][]string, len(dl))
@@ -157,7 +157,7 @@ func (a *apart) delivered(s settlement) error {
 			c.CTIDs = ts
 			a.src.QueueCopy(b, c)
 			a.src.QueueDelete(b, ts)
-		case a.st.archive:
+		case a.st.cfg.Archive:
 			a.src.QueueArchive(b, ids)
 		default:
 			a.src.QueueDelete(b, ts)
@@ -174,13 +174,13 @@ func (a *apart) delivered(s settlement) error {
 		id := s.delivered[dl[i]]
 		switch {
 		case router:
-			a.st.log.Error("message cannot be copied to its routes; dead-lettering it", "id", id, "error", refused)
-			return a.deadLetter(id, ReasonPermanent, errText(fmt.Errorf("cannot be copied to its routes: %v", refused)))
-		case !a.st.archive:
-			a.st.log.Error("delivered message cannot be removed from the outbox; it will be delivered again", "id", id, "error", refused)
+			a.st.cfg.Log.Error("message cannot be copied to its routes; dead-lettering it", "id", id, "error", refused)
+			return a.deadLetter(id, store.ReasonPermanent, errText(fmt.Errorf("cannot be copied to its routes: %v", refused)))
+		case !a.st.cfg.Archive:
+			a.st.cfg.Log.Error("delivered message cannot be removed from the outbox; it will be delivered again", "id", id, "error", refused)
 			return nil
 		}
-		a.st.log.Error("delivered message cannot be archived; removing it from the outbox without its archive copy", "id", id, "error", refused)
+		a.st.cfg.Log.Error("delivered message cannot be archived; removing it from the outbox without its archive copy", "id", id, "error", refused)
 		refused, err := a.try(func(b *pgx.Batch) { a.src.QueueDelete(b, []pgtype.TID{a.tids[id]}) })
 		if err == nil && refused == nil {
 			a.out.deliver(id, a.tids[id])
@@ -191,18 +191,18 @@ func (a *apart) delivered(s settlement) error {
 
 // retries schedules s's retries. A retry that cannot be scheduled becomes
 // a dead letter saying why.
-func (a *apart) retries(s settlement) error {
+func (a *apart) retries(s Settlement) error {
 	rt := s.retries
 	return settleRows(a, rt.IDs, rt, addRetry, a.src.QueueRetry, &a.out.retries, func(k int, refused error) error {
 		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, rt.Errors[k]))
-		a.st.log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
-		return a.deadLetter(rt.IDs[k], ReasonPermanent, text)
+		a.st.cfg.Log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
+		return a.deadLetter(rt.IDs[k], store.ReasonPermanent, text)
 	})
 }
 
 // defers defers s's deferred rows. One that cannot be deferred stays as
 // it is: it was not sent, and comes back in a later claim.
-func (a *apart) defers(s settlement) error {
+func (a *apart) defers(s Settlement) error {
 	d := s.defers
 	return settleRows(a, d.IDs, d, addRetry, a.src.QueueDefer, &a.out.defers, func(int, error) error {
 		a.out.untouched++
@@ -212,7 +212,7 @@ func (a *apart) defers(s settlement) error {
 
 // deadLetters moves s's dead letters. One that cannot be dead-lettered is
 // parked.
-func (a *apart) deadLetters(s settlement) error {
+func (a *apart) deadLetters(s Settlement) error {
 	dd := s.dead
 	return settleRows(a, dd.IDs, dd, addDead, a.src.QueueDeadLetter, &a.out.dead, func(k int, refused error) error {
 		return a.park(dd.IDs[k], dd.Errors[k], refused)
@@ -255,8 +255,8 @@ func (a *apart) deadLetter(id int64, reason, text string) error {
 // outbox: its next attempt waits RetryMax, so it is neither lost nor sent
 // again at every cycle.
 func (a *apart) park(id int64, text string, refused error) error {
-	wait := a.st.park
-	a.st.log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
+	wait := a.st.cfg.Park
+	a.st.cfg.Log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
 		"id", id, "retry_in", wait, "error", refused)
 	text = errText(fmt.Errorf("cannot be dead-lettered (%v) after: %s", refused, text))
 	p := store.Retries{IDs: []int64{id}, DelayMillis: []int64{wait.Milliseconds()}, Errors: []string{text}}

@@ -1,4 +1,4 @@
-package relay
+package settle
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/sinks"
+	"github.com/outbox-relay/outbox-relay/topic"
 )
 
 // fixedRetry retries after wait until a message has failed limit times.
@@ -32,8 +33,8 @@ var (
 // (delivered out of order), U (untouched), R<wait> (retried) or
 // X<reason> (dead-lettered; X+ when the dead letter holds its key).
 func TestDecide(t *testing.T) {
-	skip := rules{retry: fixedRetry{wait: 5 * time.Second, limit: 3}}
-	hold := rules{retry: skip.retry, hold: true}
+	skip := Rules{Retry: fixedRetry{wait: 5 * time.Second, limit: 3}}
+	hold := Rules{Retry: skip.Retry, Hold: true}
 	type msg struct {
 		key      string
 		attempts int
@@ -41,7 +42,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
-		rules rules
+		rules Rules
 		batch []msg
 		// whole: the sink's answer for the whole batch instead of a
 		// BatchError of the answers (nil: build one).
@@ -83,7 +84,7 @@ func TestDecide(t *testing.T) {
 			if tc.whole != nil {
 				sendErr = tc.whole
 			}
-			s := decide(batch, sendErr, tc.rules)
+			s := Decide(batch, sendErr, tc.rules)
 			if got := verdicts(s, len(batch)); got != tc.want {
 				t.Fatalf("verdicts %q, want %q", got, tc.want)
 			}
@@ -94,7 +95,7 @@ func TestDecide(t *testing.T) {
 
 // verdicts renders s in the notation of TestDecide. The rows of a batch
 // built there have Seq = index+1.
-func verdicts(s settlement, n int) string {
+func verdicts(s Settlement, n int) string {
 	v := make([]string, n)
 	for i := range v {
 		v[i] = "U"
@@ -130,7 +131,7 @@ func verdicts(s settlement, n int) string {
 
 // checkParallel fails unless s's parallel slices agree and every failure
 // is noted for the log with its error.
-func checkParallel(t *testing.T, s settlement) {
+func checkParallel(t *testing.T, s Settlement) {
 	t.Helper()
 	if len(s.delivered) != len(s.deliveredTIDs) || len(s.retries.IDs) != len(s.retries.DelayMillis) ||
 		len(s.retries.IDs) != len(s.retries.Errors) || len(s.dead.IDs) != len(s.dead.Reasons) || len(s.dead.IDs) != len(s.dead.Errors) {
@@ -153,53 +154,37 @@ func checkParallel(t *testing.T, s settlement) {
 // TestRoute: the router copies each message to every destination whose
 // topics match, and dead-letters one no destination takes.
 func TestRoute(t *testing.T) {
-	dests := []fanOutDest{
-		{Route: "billing", Topics: []string{"orders.*"}},
-		{Route: "audit", Topics: []string{"*"}, ExcludeTopics: []string{"orders.draft"}},
+	// What relay.Config's fan-out destinations say: billing takes
+	// orders.*, audit every topic but orders.draft.
+	routes := func(t string) []string {
+		var out []string
+		if topic.Match("orders.*", t) {
+			out = append(out, "billing")
+		}
+		if t != "orders.draft" {
+			out = append(out, "audit")
+		}
+		return out
+	}
+	billingOnly := func(t string) []string {
+		if topic.Match("orders.*", t) {
+			return []string{"billing"}
+		}
+		return nil
 	}
 	batch := []claim.Row{
 		{Msg: sinks.Message{Seq: 1, Topic: "orders.paid"}},
 		{Msg: sinks.Message{Seq: 2, Topic: "orders.draft"}},
 		{Msg: sinks.Message{Seq: 3, Topic: "users.created"}},
 	}
-	s := route(batch, dests)
+	s := Route(batch, routes)
 	got := fmt.Sprint(s.copies.IDs, s.copies.Routes, s.delivered)
 	if want := "[1 1 2 3] [billing audit billing audit] [1 2 3]"; got != want {
 		t.Fatalf("copies %s, want %s", got, want)
 	}
-	s = route(batch, dests[:1])
+	s = Route(batch, billingOnly)
 	if fmt.Sprint(s.delivered, s.dead.IDs, s.dead.Reasons) != "[1 2] [3] [permanent]" || !strings.Contains(s.dead.Errors[0], `"users.created"`) {
 		t.Fatalf("unroutable message: delivered %v, dead %v %v %q", s.delivered, s.dead.IDs, s.dead.Reasons, s.dead.Errors)
 	}
 	checkParallel(t, s)
-}
-
-// TestExponentialRetry: the default policy's waits grow and cap, a
-// sink's Retry-After lengthens (never shortens) a wait up to the cap, and
-// the policy gives up at MaxAttempts.
-func TestExponentialRetry(t *testing.T) {
-	p := ExponentialRetry{Initial: time.Second, Max: time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 5}
-	for _, tc := range []struct {
-		failures int
-		err      error
-		want     time.Duration
-		ok       bool
-	}{
-		{1, errDown, time.Second, true},
-		{2, errDown, 2 * time.Second, true},
-		{4, errDown, 8 * time.Second, true},
-		{1, &sinks.RetryAfterError{Err: errDown, After: 30 * time.Second}, 30 * time.Second, true},
-		{4, &sinks.RetryAfterError{Err: errDown, After: time.Second}, 8 * time.Second, true},
-		{1, &sinks.RetryAfterError{Err: errDown, After: time.Hour}, time.Minute, true},
-		{5, errDown, 0, false},
-	} {
-		got, ok := p.Retry(tc.failures, tc.err)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("Retry(%d, %v) = %s, %v; want %s, %v", tc.failures, tc.err, got, ok, tc.want, tc.ok)
-		}
-	}
-	big := ExponentialRetry{Initial: time.Second, Max: time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 100}
-	if d, _ := big.Retry(40, errDown); d != time.Minute {
-		t.Errorf("40th failure waits %s, want the cap 1m", d)
-	}
 }

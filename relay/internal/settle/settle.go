@@ -1,4 +1,13 @@
-package relay
+// Package settle owns Settlement: what happens to a claimed batch once
+// the sink has answered (or, for the fan-out router, once its
+// destinations are known). It has two halves. The decision (Decide,
+// Route) is pure: a batch and an answer in, a Settlement out. The
+// Settler carries a Settlement out in the claim's transaction and ends
+// it: one round trip of statements and COMMIT, row by row when the
+// database refuses them as a whole (apart.go). Every batch, published or
+// fanned out, goes through the same Settler; the relay reports what it
+// settled (Result) to its totals and hooks.
+package settle
 
 import (
 	"context"
@@ -17,26 +26,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// Settlement: what happens to a claimed batch once the sink has answered
-// (or, for the fan-out router, once its destinations are known). It has
-// two halves. The decision (decide, route) is pure: a batch and an answer
-// in, a settlement out. The settler carries a settlement out in the
-// claim's transaction and ends it: one round trip of statements and
-// COMMIT, row by row when the database refuses them as a whole (apart.go).
-// Every batch, published or fanned out, goes through the same settler and
-// is reported to Hooks.Batch.
-
-// Dead-letter reasons (the operator's selections accept these only).
-const (
-	ReasonPermanent   = store.ReasonPermanent
-	ReasonMaxAttempts = store.ReasonMaxAttempts
-)
-
-// settlement is what the decision made of a batch: the delivered rows go
+// Settlement is what the decision made of a batch: the delivered rows go
 // (deleted, or archived; the router copies them to their routes first),
 // the retries wait in their rows, the dead letters move to the dead-letter
 // table, and the untouched rows stay as they are.
-type settlement struct {
+type Settlement struct {
 	delivered     []int64
 	deliveredTIDs []pgtype.TID
 	// copies: the fan-out router's copies of the delivered rows (IDs and
@@ -58,21 +52,28 @@ type note struct {
 	at     int // its index in the batch
 	err    error
 	wait   time.Duration // retried: until the next attempt
-	reason string        // dead-lettered: ReasonPermanent or ReasonMaxAttempts
+	reason string        // dead-lettered: store.ReasonPermanent or store.ReasonMaxAttempts
 	// outOfOrder: the sink delivered it after an earlier message of its
 	// key failed; holds: its dead letter holds its key (OnDeadLetterHold).
 	outOfOrder, holds bool
 }
 
-// rules are what the decision depends on besides the batch and the answer.
-type rules struct {
-	retry RetryPolicy
-	// hold: a dead letter holds the later messages of its key
-	// (OnDeadLetterHold).
-	hold bool
+// Retrier decides a failed message's next attempt (relay.RetryPolicy's
+// method: every relay.RetryPolicy is one).
+type Retrier interface {
+	Retry(failures int, err error) (wait time.Duration, ok bool)
 }
 
-// decide decides what happens to each message of a published batch given
+// Rules are what the decision depends on besides the batch and the
+// answer.
+type Rules struct {
+	Retry Retrier
+	// Hold: a dead letter holds the later messages of its key
+	// (relay.OnDeadLetterHold).
+	Hold bool
+}
+
+// Decide decides what happens to each message of a published batch given
 // the sink's answer (sinks.Outcome of sendErr for each). Walking in batch
 // order, the first failure of a key decides that key: its later messages
 // stay untouched (no attempt counted), held back by the failed one. A
@@ -81,8 +82,8 @@ type rules struct {
 // max attempts). A dead letter lets the key go on, unless the rules hold
 // it. A later message of a held key that the sink delivered anyway (it
 // broke the ordering contract) counts as delivered, never twice.
-func decide(batch []claim.Row, sendErr error, rl rules) settlement {
-	var s settlement
+func Decide(batch []claim.Row, sendErr error, rl Rules) Settlement {
+	var s Settlement
 	var held map[string]bool
 	hold := func(key string) {
 		if key == "" {
@@ -122,15 +123,15 @@ func decide(batch []claim.Row, sendErr error, rl rules) settlement {
 			s.untouched++
 			hold(m.Key)
 		case sinks.IsPermanent(err):
-			s.deadLetter(i, m.Seq, ReasonPermanent, err, rl.hold && m.Key != "")
-			if rl.hold {
+			s.deadLetter(i, m.Seq, store.ReasonPermanent, err, rl.Hold && m.Key != "")
+			if rl.Hold {
 				hold(m.Key)
 			}
 		default:
-			wait, ok := rl.retry.Retry(c.Attempts+1, err)
+			wait, ok := rl.Retry.Retry(c.Attempts+1, err)
 			if !ok {
-				s.deadLetter(i, m.Seq, ReasonMaxAttempts, err, rl.hold && m.Key != "")
-				if rl.hold {
+				s.deadLetter(i, m.Seq, store.ReasonMaxAttempts, err, rl.Hold && m.Key != "")
+				if rl.Hold {
 					hold(m.Key)
 				}
 				continue
@@ -145,21 +146,20 @@ func decide(batch []claim.Row, sendErr error, rl rules) settlement {
 	return s
 }
 
-// route is the fan-out router's decision: each message is copied to
-// every destination whose topics match and leaves the outbox; a message
-// no destination takes (the routes changed under it) is dead-lettered.
-func route(batch []claim.Row, dests []fanOutDest) settlement {
-	var s settlement
+// Route is the fan-out router's decision: each message is copied to
+// every route that routes (given its topic) names, and leaves the outbox;
+// a message no route takes (the routes changed under it) is
+// dead-lettered.
+func Route(batch []claim.Row, routes func(topic string) []string) Settlement {
+	var s Settlement
 	for i, c := range batch {
 		n := len(s.copies.IDs)
-		for _, d := range dests {
-			if d.matches(c.Msg.Topic) {
-				s.copies.IDs = append(s.copies.IDs, c.Msg.Seq)
-				s.copies.Routes = append(s.copies.Routes, d.Route)
-			}
+		for _, rt := range routes(c.Msg.Topic) {
+			s.copies.IDs = append(s.copies.IDs, c.Msg.Seq)
+			s.copies.Routes = append(s.copies.Routes, rt)
 		}
 		if len(s.copies.IDs) == n {
-			s.deadLetter(i, c.Msg.Seq, ReasonPermanent, fmt.Errorf("no route matches topic %q", c.Msg.Topic), false)
+			s.deadLetter(i, c.Msg.Seq, store.ReasonPermanent, fmt.Errorf("no route matches topic %q", c.Msg.Topic), false)
 			continue
 		}
 		s.deliver(c.Msg.Seq, c.CTID)
@@ -168,28 +168,32 @@ func route(batch []claim.Row, dests []fanOutDest) settlement {
 }
 
 // deliver adds row id (at ctid) to the delivered rows.
-func (s *settlement) deliver(id int64, ctid pgtype.TID) {
+func (s *Settlement) deliver(id int64, ctid pgtype.TID) {
 	s.delivered = append(s.delivered, id)
 	s.deliveredTIDs = append(s.deliveredTIDs, ctid)
 }
 
-func (s *settlement) deadLetter(at int, id int64, reason string, err error, holds bool) {
+func (s *Settlement) deadLetter(at int, id int64, reason string, err error, holds bool) {
 	s.dead.IDs = append(s.dead.IDs, id)
 	s.dead.Reasons = append(s.dead.Reasons, reason)
 	s.dead.Errors = append(s.dead.Errors, errText(err))
 	s.notes = append(s.notes, note{at: at, err: err, reason: reason, holds: holds})
 }
 
-// record sets ev's counts from s.
-func (s *settlement) record(ev *BatchEvent) {
-	ev.Delivered, ev.Retried, ev.DeadLettered = len(s.delivered), len(s.retries.IDs), len(s.dead.IDs)
-	ev.Untouched = s.untouched + len(s.defers.IDs) // not attempted: held back, or waiting for their destination
-	ev.DeadReasons = s.dead.Reasons
+// Counts are s's outcomes: delivered, retried, dead-lettered, and
+// untouched (not attempted: held back, or waiting for their
+// destination).
+func (s *Settlement) Counts() (delivered, retried, dead, untouched int) {
+	return len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.untouched + len(s.defers.IDs)
 }
 
-// deliveredOf returns the messages of msgs (a published batch's, in batch
+// DeadReasons has one entry per dead letter: store.ReasonPermanent or
+// store.ReasonMaxAttempts.
+func (s *Settlement) DeadReasons() []string { return s.dead.Reasons }
+
+// DeliveredOf returns the messages of msgs (a published batch's, in batch
 // order) that s delivered.
-func (s *settlement) deliveredOf(msgs []sinks.Message) []sinks.Message {
+func (s *Settlement) DeliveredOf(msgs []sinks.Message) []sinks.Message {
 	if len(s.delivered) == len(msgs) || len(s.delivered) == 0 {
 		return msgs[:len(s.delivered)]
 	}
@@ -206,26 +210,49 @@ func (s *settlement) deliveredOf(msgs []sinks.Message) []sinks.Message {
 	return out
 }
 
-// settler carries settlements out and ends their transactions. It is
-// shared by the workers of a relay.
-type settler struct {
-	log     *slog.Logger
-	hooks   Hooks
-	stats   *totals
-	archive bool
-	// park is how long a row whose dead letter the database refused waits
-	// before its next attempt (see apart.park).
-	park    time.Duration
-	failing failingLog
-	// strain learns of the failures (see strain).
-	strain *strain
+// Config is what a Settler works with.
+type Config struct {
+	Log *slog.Logger
+	// Archive: delivered rows move to the archive table instead of only
+	// being deleted.
+	Archive bool
+	// Park is how long a row whose dead letter the database refused waits
+	// before its next attempt (see apart.park): the longest retry delay.
+	Park time.Duration
 }
 
-// settle carries s out in the claim's transaction on pc, commits it, and
-// reports the batch: to the log, the relay's totals and Hooks.Batch (ev,
-// which holds what the claim and the send recorded). A nil error means
-// the transaction committed.
-func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch []claim.Row, s settlement, ev *BatchEvent) error {
+// Settler carries settlements out and ends their transactions. It is
+// shared by the workers of a relay.
+type Settler struct {
+	cfg     Config
+	failing failingLog
+}
+
+// New returns the Settler of cfg.
+func New(cfg Config) (*Settler, error) {
+	if cfg.Log == nil {
+		return nil, errors.New("outbox: settle: a logger is required")
+	}
+	if cfg.Park <= 0 {
+		return nil, fmt.Errorf("outbox: settle: park must be positive, got %s", cfg.Park)
+	}
+	return &Settler{cfg: cfg}, nil
+}
+
+// Result is what a Settle carried out.
+type Result struct {
+	// Settled is the settlement as carried out: the one asked for, or
+	// less when the database refused some rows (see apart).
+	Settled Settlement
+	// Duration is how long the settlement took, COMMIT included.
+	Duration time.Duration
+}
+
+// Settle carries s out in the claim's transaction on pc (reading from
+// src), commits it, and logs what the batch's messages need said
+// (sendErr is the sink's answer, for the periodic "deliveries failing"
+// warning). A nil error means the transaction committed.
+func (st *Settler) Settle(ctx context.Context, pc *pgx.Conn, src *store.Engine, batch []claim.Row, s Settlement, sendErr error) (Result, error) {
 	st.logNotes(batch, s)
 	start := time.Now()
 	b := &pgx.Batch{}
@@ -233,44 +260,35 @@ func (st *settler) settle(ctx context.Context, pc *pgx.Conn, src *source, batch 
 	b.Queue("COMMIT")
 	err := pc.SendBatch(ctx, b).Close()
 	if refusedRow(err) {
-		st.log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
+		st.cfg.Log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
 		s, err = st.apart(ctx, pc, src, s)
 	}
-	s.record(ev)
-	ev.DeliveredMessages = s.deliveredOf(ev.Messages)
-	ev.SettleDuration = time.Since(start)
-	ev.Committed = err == nil
-	st.stats.Batches.Add(1)
-	defer st.hooks.Batch(*ev)
+	res := Result{Settled: s, Duration: time.Since(start)}
 	if err != nil {
-		st.stats.CommitFailures.Add(1)
-		return fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+		return res, fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
-	failed := len(s.retries.IDs) + len(s.dead.IDs)
-	if failed > 0 {
-		st.failing.add(st.log, len(s.retries.IDs), len(s.dead.IDs), s.untouched, ev.SendErr)
+	if failed := s.Failed(); failed > 0 {
+		st.failing.add(st.cfg.Log, len(s.retries.IDs), len(s.dead.IDs), s.untouched, sendErr)
 	}
-	if st.strain != nil && (failed > 0 || len(s.delivered) > 0) {
-		st.strain.settled(failed, firstFailure(ev.SendErr))
-	}
-	st.stats.Delivered.Add(int64(len(s.delivered)))
-	st.stats.Retried.Add(int64(len(s.retries.IDs)))
-	st.stats.DeadLettered.Add(int64(len(s.dead.IDs)))
-	return nil
+	return res, nil
 }
+
+// Failed counts the messages of s that failed and counted an attempt
+// (retried or dead-lettered).
+func (s *Settlement) Failed() int { return len(s.retries.IDs) + len(s.dead.IDs) }
 
 // queue adds s's statements to b: copy (the router) and delete, or
 // archive, the delivered rows, schedule the retries, move the dead
 // letters.
-func (st *settler) queue(b *pgx.Batch, src *source, s settlement) {
+func (st *Settler) queue(b *pgx.Batch, src *store.Engine, s Settlement) {
 	if len(s.delivered) > 0 {
 		switch {
-		case src.router():
+		case src.Source() == store.Router:
 			c := s.copies
 			c.CTIDs = s.deliveredTIDs
 			src.QueueCopy(b, c)
 			src.QueueDelete(b, s.deliveredTIDs)
-		case st.archive:
+		case st.cfg.Archive:
 			src.QueueArchive(b, s.delivered)
 		default:
 			src.QueueDelete(b, s.deliveredTIDs)
@@ -289,20 +307,20 @@ func (st *settler) queue(b *pgx.Batch, src *source, s settlement) {
 
 // logNotes logs what s says about the messages of batch that were not
 // simply delivered.
-func (st *settler) logNotes(batch []claim.Row, s settlement) {
+func (st *Settler) logNotes(batch []claim.Row, s Settlement) {
 	for _, n := range s.notes {
 		m := &batch[n.at].Msg
 		switch {
 		case n.outOfOrder:
-			st.log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
+			st.cfg.Log.Error("sink delivered a message after an earlier message of its key failed; per-key order broken",
 				"message_id", m.ID, "topic", m.Topic)
 		case n.reason != "" && n.holds:
-			st.log.Warn("message dead-lettered; its key is held until the dead letter is replayed or purged",
+			st.cfg.Log.Warn("message dead-lettered; its key is held until the dead letter is replayed or purged",
 				"message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", n.reason, "error", n.err)
 		case n.reason != "":
-			st.log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", n.reason, "error", n.err)
+			st.cfg.Log.Warn("message dead-lettered", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "reason", n.reason, "error", n.err)
 		default:
-			st.log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", n.wait, "error", n.err)
+			st.cfg.Log.Debug("delivery failed; retry scheduled", "message_id", m.ID, "topic", m.Topic, "attempt", m.Attempt, "retry_in", n.wait, "error", n.err)
 		}
 	}
 }
@@ -329,18 +347,18 @@ func (f *failingLog) add(log *slog.Logger, retried, dead, held int, sample error
 	f.retried.Add(-nr)
 	f.dead.Add(-nd)
 	f.held.Add(-nh)
-	args := []any{"failed", nr + nd, "retried", nr, "dead_lettered", nd, "held_back", nh, "error", firstFailure(sample)}
+	args := []any{"failed", nr + nd, "retried", nr, "dead_lettered", nd, "held_back", nh, "error", FirstFailure(sample)}
 	if last != 0 {
 		args = append(args, "since", time.Duration(now-last).Round(time.Second).String())
 	}
 	log.Warn("deliveries failing", args...)
 }
 
-// firstFailure is the error of the first message a sink tried and failed
+// FirstFailure is the error of the first message a sink tried and failed
 // in a batch error (whose own text counts the held-back messages among
 // the failed ones: "4 of 17 messages failed" for 1 failure and 3 held
 // back), or err itself.
-func firstFailure(err error) error {
+func FirstFailure(err error) error {
 	var be *sinks.BatchError
 	if !errors.As(err, &be) {
 		return err
