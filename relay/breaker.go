@@ -42,37 +42,29 @@ const (
 // The batch rolls back untouched and the breaker opens.
 var errDestinationDown = errors.New("outbox: destination unavailable")
 
-// RouteState is a route's delivery state: what its outage breaker says
-// (Open), whether it waits for a rate limit (Limited) and whether its
-// messages fail (Failing). Health names the worst of them.
+// RouteState is a route's delivery state (docs/operations.md, "Route
+// health"): what its outage breaker says (Open), whether it waits for a
+// rate limit (Limited) and whether its messages fail (Failing). Health
+// names the worst of them.
 type RouteState struct {
-	// Open: the destination was found unavailable; the route claims one
-	// message at a time, as a probe, until one gets through.
-	Open bool
-	// Since is when the breaker opened (zero while closed).
-	Since time.Time
-	// Cause is the error that opened the breaker, or the latest probe's.
-	Cause error
-	// Probes counts the probes that found the destination still down.
+	// Open: the destination was found unavailable since Since (Cause
+	// says why); the route claims one message at a time, as a probe,
+	// until one gets through. Probes counts those that found it down.
+	Open   bool
+	Since  time.Time
+	Cause  error
 	Probes int
 	// PausedUntil: the destination asked the route to wait (a 429 with
 	// Retry-After); it claims nothing before then.
 	PausedUntil time.Time
-
-	// Limited: within the last heartbeat interval (Config.Heartbeat) the
-	// route waited for its rate limit (Config.RateLimit: a batch that had
-	// to wait for it) or for its destination, which asked it to slow down
-	// (a Retry-After: see PausedUntil). LimitedSince is when it started
-	// waiting, and a heartbeat interval without a wait ends it;
-	// LimitCause says what it waits for: "rate limit 50/s (burst 50)", or
-	// the error that carried the Retry-After.
+	// Limited: within the last heartbeat interval the route waited for
+	// its rate limit or a Retry-After, since LimitedSince, for LimitCause.
 	Limited      bool
 	LimitedSince time.Time
 	LimitCause   error
-	// Failing: messages of the route failed and counted an attempt
-	// (retried or dead-lettered) since FailingSince, the first failure
-	// of the streak; LastError is the latest. A heartbeat interval with
-	// deliveries and no failure ends it.
+	// Failing: messages failed and counted an attempt since FailingSince;
+	// LastError is the latest. A heartbeat interval with deliveries and
+	// no failure ends it.
 	Failing      bool
 	FailingSince time.Time
 	LastError    error

@@ -10,10 +10,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
-// Live reports whether every worker's loop has turned recently. A worker
-// may legitimately spend up to PublishTimeout in the sink plus the
-// statement timeouts in the database, so "recently" is generous. It does
-// not touch the database.
+// Live reports whether every worker's loop has turned recently (within
+// PublishTimeout, PollInterval and two minutes), without the database.
 func (r *Relay) Live() error {
 	limit := r.cfg.PublishTimeout + r.cfg.PollInterval + 2*time.Minute
 	now := time.Now()
@@ -42,9 +40,7 @@ func (r *Relay) Ready(ctx context.Context) error {
 }
 
 // Readiness is Ready, and what slows the route while it still delivers
-// ("" when nothing does): its rate limit or its failing messages (see
-// strained). A relay alone is never degraded by a destination that is
-// down: it is not ready.
+// ("" when nothing does): its rate limit or its failing messages.
 func (r *Relay) Readiness(ctx context.Context) (degraded string, err error) {
 	if err := r.Ready(ctx); err != nil {
 		return "", err

@@ -28,14 +28,11 @@ type PoolConfig struct {
 	// several relays on one pool, Conns + PipelineConns + 1 of their
 	// configurations; down to Conns only narrows the pipeline.
 	MaxConns int
-	// PublishTimeout sets the idle-in-transaction timeout (PublishTimeout +
-	// 30s): a relay that stops talking to the database mid-batch has its
-	// transaction aborted and its rows freed.
+	// PublishTimeout + 30s is the idle-in-transaction timeout, which frees
+	// the rows of a relay that went silent mid-batch.
 	PublishTimeout time.Duration
 	// SynchronousCommit keeps synchronous_commit on for the relay's own
-	// sessions. Off by default: a relay transaction lost in a database
-	// crash only means a redelivery, never a loss. Applications' writes are
-	// not affected.
+	// sessions (off by default: a lost settle is a redelivery, not a loss).
 	SynchronousCommit bool
 }
 

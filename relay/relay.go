@@ -120,11 +120,8 @@ type StatsSnapshot struct {
 	Wakeups int64
 }
 
-// New returns a relay that reads the outbox through pool and publishes to
-// sink. The pool needs at least a connection per worker, one for the lane
-// lease and, unless it runs in a Set, one for LISTEN (Conns counts them for
-// a whole process); use NewPool to get one with the session settings the
-// relay wants.
+// New returns a relay that reads the outbox through pool (see NewPool and
+// Conns) and publishes to sink.
 func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -30,9 +30,8 @@ const (
 
 // Route is one route of a Set: where the messages of some topics go.
 type Route struct {
-	// Name names the route in the lanes, relays and dead-letter tables,
-	// in logs and in metrics: 1-63 lower-case letters, digits, '.', '_'
-	// or '-', unique in the Set. Required.
+	// Name names the route in tables, logs and metrics: 1-63 lower-case
+	// letters, digits, '.', '_' or '-', unique in the Set. Required.
 	Name string
 	// Topics are the route's topic patterns (package topic). Routes are
 	// tried in order and the first whose patterns match a topic takes the
@@ -53,11 +52,8 @@ type Route struct {
 
 // SetConfig configures a Set.
 type SetConfig struct {
-	// Config is the relay configuration of every route without one of
-	// its own, and of the relays the Set adds (the fan-out router, the
-	// unrouted route). Its ID names the process (default
-	// hostname-pid-random), and its Schema and Producer are every
-	// route's.
+	// Config configures every route without one of its own and the
+	// relays the Set adds; its ID, Schema and Producer are every route's.
 	Config Config
 	// Routes, in order of precedence. At least one.
 	Routes []Route
@@ -71,18 +67,13 @@ type SetConfig struct {
 	// routes"). Default false.
 	IsolateRoutes bool
 	// ReadyOnEveryRoute makes Ready fail as soon as one route's
-	// destination is down. Default false: Ready fails only when every
-	// route's destination is down, and Readiness names the routes that are,
-	// so that one broken sink does not take the whole process out of
-	// service.
+	// destination is down. Default false: only when every one is.
 	ReadyOnEveryRoute bool
 }
 
-// Set runs the relays of several routes in one process, on one pool, as
-// the CLI's routes table does: one relay per route, and when routes fan
-// out, the fan-out router feeding them; an unrouted route that
-// dead-letters what no route takes, unless a route takes "*"; one LISTEN
-// connection waking them all. One relay failing stops the others.
+// Set runs the relays of several routes in one process, on one pool (see
+// SetConfig.Plan), woken by one LISTEN. One relay failing stops the
+// others.
 type Set struct {
 	relays []*Relay
 	cfgs   []Config
@@ -350,21 +341,16 @@ func (s *Set) Live() error {
 }
 
 // Ready reports whether the Set can do its job: every relay can claim
-// (see Relay.Ready), and at least one route's destination is up. A route
-// whose destination is down while others deliver leaves the Set ready but
-// degraded (see Readiness): one broken sink does not make the whole
-// process look dead, unless SetConfig.ReadyOnEveryRoute asks for that.
-// When every route's destination is down, the error names each.
+// (see Relay.Ready), and a route's destination is up (every route's with
+// SetConfig.ReadyOnEveryRoute). The error names each route that is down.
 func (s *Set) Ready(ctx context.Context) error {
 	_, err := s.Readiness(ctx)
 	return err
 }
 
-// Readiness is Ready, and when the Set is ready, what is degraded: the
-// routes whose destination is down or whose sink reports itself
-// unhealthy, then those that deliver slowed by their rate limit or with
-// messages failing, one a line ("" when every route delivers unhindered).
-// It asks every sink that can tell whether it is healthy.
+// Readiness is Ready, and when the Set is ready, the routes that are
+// down or slowed (rate limited, messages failing), one a line ("" when
+// none is).
 func (s *Set) Readiness(ctx context.Context) (degraded string, err error) {
 	var down, strained []error
 	routes := 0

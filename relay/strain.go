@@ -18,17 +18,10 @@ import (
 // Route health states (RouteState.Health), from the worst. A route in
 // several states is in the worst of them.
 const (
-	// RouteDestinationDown: the outage breaker is open (RouteState.Open).
-	RouteDestinationDown = "destination_down"
-	// RouteRateLimited: the route waits for its rate limit or for its
-	// destination (RouteState.Limited).
-	RouteRateLimited = "rate_limited"
-	// RouteDegraded: the route delivers, but messages fail and count
-	// attempts (RouteState.Failing).
-	RouteDegraded = "degraded"
-	// RouteDelivering is the healthy state: the route delivers, or has
-	// nothing to deliver.
-	RouteDelivering = "delivering"
+	RouteDestinationDown = "destination_down" // RouteState.Open
+	RouteRateLimited     = "rate_limited"     // RouteState.Limited
+	RouteDegraded        = "degraded"         // RouteState.Failing
+	RouteDelivering      = "delivering"       // none of them
 )
 
 // Health is the route's state, the worst that holds: RouteDestinationDown,

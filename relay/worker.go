@@ -669,7 +669,7 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claim.Row, msgs []sink
 		switch {
 		case c.Oversize > 0:
 			be.Errs[i] = sinks.Permanent(fmt.Errorf("%w: %d bytes, max-message-bytes %d; not read, not sent",
-				ErrMessageTooLarge, c.Oversize, r.cfg.MaxMessageBytes))
+				errMessageTooLarge, c.Oversize, r.cfg.MaxMessageBytes))
 		case c.Msg.Key != "" && blocked[c.Msg.Key]:
 			be.Errs[i] = sinks.ErrNotAttempted
 			continue
@@ -693,9 +693,9 @@ func (r *Relay) sendReadable(ctx context.Context, batch []claim.Row, msgs []sink
 	return be
 }
 
-// ErrMessageTooLarge: a message is over Config.MaxMessageBytes. It is
+// errMessageTooLarge: a message is over Config.MaxMessageBytes. It is
 // dead-lettered without being read.
-var ErrMessageTooLarge = errors.New("outbox: message too large for the relay")
+var errMessageTooLarge = errors.New("outbox: message too large for the relay")
 
 // decodeHeaders decodes a jsonb headers value; "{}" (the common case)
 // costs nothing.
