@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -53,9 +52,9 @@ func (r *Relay) source() *source {
 	return r.src
 }
 
-// claim begins the batch's transaction on pc and claims up to BatchSize
-// rows (and BatchBytes of payload) from src, in the lanes of worker
-// (rotation chooses the first lane, handover are lanes no longer to be
+// claimRows begins the batch's transaction on pc and claims up to BatchSize
+// rows (and BatchBytes of payload) from src, in the lanes of the worker
+// (its rotation chooses the first lane, handover are lanes no longer to be
 // claimed). BEGIN, the priority probe and the claim go out in one round
 // trip. The transaction stays open: the caller settles and commits it.
 //
@@ -72,8 +71,9 @@ func (r *Relay) source() *source {
 // skip are lanes not to claim: those being handed over, and those of
 // the worker's batches in flight. only, unless nil, are the only lanes
 // visited.
-func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, rotation, limit int, skip, only []int16) (_ []claim.Row, more, cut bool, _ error) {
-	partial := r.priority[worker]
+func (w *worker) claimRows(pc *pgx.Conn, src *source, limit int, skip, only []int16) (_ []claim.Row, more, cut bool, _ error) {
+	r, hard := w.r, w.hard
+	partial := w.priority
 	found := 0
 	cb := &pgx.Batch{}
 	cb.Queue(store.Begin)
@@ -86,11 +86,11 @@ func (r *Relay) claim(hard context.Context, pc *pgx.Conn, src *source, worker, r
 	batch := make([]claim.Row, 0, min(limit, 64))
 	laneLimit := min(r.laneLimit, limit)
 	src.QueueClaim(cb, store.ClaimParams{
-		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: worker, Rotation: rotation,
+		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: w.id, Rotation: w.rotation,
 		Limit: limit, LaneLimit: laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
-		Priority: r.priority[worker], Settings: r.claimSettings,
-	}, &r.priority[worker], func(row store.ClaimedRow) error {
+		Priority: w.priority, Settings: r.claimSettings,
+	}, &w.priority, func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
 		if err != nil {
 			return fmt.Errorf("headers of message %d: %w", row.ID, err)

@@ -15,8 +15,8 @@ import (
 func (r *Relay) Live() error {
 	limit := r.cfg.PublishTimeout + r.cfg.PollInterval + 2*time.Minute
 	now := time.Now()
-	for i := range r.lastLoop {
-		last := r.lastLoop[i].Load()
+	for i, w := range r.workers {
+		last := w.lastLoop.Load()
 		if last == 0 {
 			continue // not started yet
 		}

@@ -186,30 +186,3 @@ func PipelineConns(cfgs ...Config) int {
 	}
 	return n
 }
-
-// Starvation: a worker that cannot get a connection cannot work its
-// lanes, and while its relay keeps renewing them no other relay can
-// either. connWait[w] is when worker w started waiting for the
-// connection it still does not have (unix nanos, 0 while it has one or is
-// idle); the leaser hands the relay's lanes back when some worker has
-// waited longer than LeaseTTL, as if the relay were dead, and takes a
-// share again once every worker has a connection.
-
-func (r *Relay) waitingForConn(worker int) {
-	r.connWait[worker].CompareAndSwap(0, time.Now().UnixNano())
-}
-
-func (r *Relay) gotConn(worker int) { r.connWait[worker].Store(0) }
-
-// starved reports whether some worker has been without a connection for
-// longer than LeaseTTL, and for how long.
-func (r *Relay) starved() (time.Duration, bool) {
-	var longest time.Duration
-	now := time.Now()
-	for i := range r.connWait {
-		if since := r.connWait[i].Load(); since != 0 {
-			longest = max(longest, now.Sub(time.Unix(0, since)))
-		}
-	}
-	return longest, longest > r.cfg.LeaseTTL
-}

@@ -18,7 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/internal/archive"
-	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
 	"github.com/outbox-relay/outbox-relay/relay/internal/schemacheck"
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
@@ -60,12 +59,8 @@ type Relay struct {
 	// strain records the route's waits and failures (see strain).
 	strain *strain
 
-	wake []chan struct{}
-	// pend[w] is what woke worker w since its claims last took it (see
-	// pending).
-	pend     []lanes.Pending
-	lastLoop []atomic.Int64 // unix nanos of each worker's latest loop turn
-	connWait []atomic.Int64 // see starved
+	// workers are the claim loops, each with its own state.
+	workers []*worker
 	// laneLimit is the most messages a claim takes from one lane: the
 	// batch size, or an eighth of it for a sink that sends a key's
 	// messages one round trip after another (sinks.KeySerial), whose
@@ -76,10 +71,7 @@ type Relay struct {
 	// what each claim's transaction sets in place of session settings.
 	pooled        bool
 	claimSettings string
-	// priority[w]: worker w's last claim saw priority messages in its
-	// lanes (only worker w touches it).
-	priority []bool
-	inFlight atomic.Int64 // claimed messages not yet settled
+	inFlight      atomic.Int64 // claimed messages not yet settled
 	// rules decide each batch's settlement; settler carries it out.
 	rules    settle.Rules
 	settler  *settle.Settler
@@ -152,11 +144,6 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		sink:      sink,
 		schema:    schema,
 		log:       cfg.Logger.With("relay_id", cfg.ID),
-		wake:      make([]chan struct{}, cfg.Workers),
-		pend:      make([]lanes.Pending, cfg.Workers),
-		lastLoop:  make([]atomic.Int64, cfg.Workers),
-		connWait:  make([]atomic.Int64, cfg.Workers),
-		priority:  make([]bool, cfg.Workers),
 		laneLimit: cfg.BatchSize,
 		rules:     settle.Rules{Retry: cfg.retryPolicy(), Hold: cfg.OnDeadLetter == OnDeadLetterHold},
 	}
@@ -171,9 +158,9 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		}
 		r.laneLimit = max(1, cfg.BatchSize/lanes)
 	}
-	for i := range r.wake {
-		r.wake[i] = make(chan struct{}, 1)
-		r.priority[i] = true // until the first probe says otherwise
+	r.workers = make([]*worker, cfg.Workers)
+	for i := range r.workers {
+		r.workers[i] = newWorker(r, i)
 	}
 	r.src, r.leftoverSrc = newSources(schema, cfg)
 	if cfg.Route != "" {
@@ -325,11 +312,11 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 
 	var wg sync.WaitGroup
-	for i := 0; i < r.cfg.Workers; i++ {
+	for _, w := range r.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(ctx, hard, i)
+			w.run(ctx, hard)
 		}()
 	}
 	wg.Wait()

@@ -16,17 +16,25 @@ import (
 // are an optimization: a lost one costs latency up to PollInterval,
 // never a message.
 
+// wakeAll makes every worker visit all of its lanes now.
 func (r *Relay) wakeAll() {
-	for i := range r.wake {
-		r.wakeWorker(i)
+	for _, w := range r.workers {
+		w.wakeUp(nil)
 	}
 }
 
 // wakeWorker makes worker w visit all of its lanes now.
-func (r *Relay) wakeWorker(w int) {
-	r.pend[w].AddAll()
+func (r *Relay) wakeWorker(w int) { r.workers[w].wakeUp(nil) }
+
+// wakeUp wakes the worker about ls (nil: every lane of it).
+func (w *worker) wakeUp(ls *lanes.Set) {
+	if ls == nil {
+		w.pend.AddAll()
+	} else {
+		w.pend.Add(*ls)
+	}
 	select {
-	case r.wake[w] <- struct{}{}:
+	case w.wake <- struct{}{}:
 	default:
 	}
 }
@@ -65,4 +73,32 @@ func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wakeUp func(lan
 		return func() {}
 	}
 	return k.Stop
+}
+
+// wakeLanes wakes the workers that claim any of ls, naming those lanes to
+// each (see lanes.Pending); all of them while this relay does not know
+// its lanes yet.
+func (r *Relay) wakeLanes(ls lanes.Set) {
+	owned := r.lease.Owned().Load()
+	var mine lanes.Set
+	for i := range mine {
+		mine[i] = owned[i] & ls[i]
+	}
+	if owned.Empty() {
+		r.wakeAll()
+		return
+	}
+	n := r.cfg.Workers
+	per := make([]lanes.Set, n)
+	for l := range lanes.N {
+		if mine.Has(l) {
+			per[l%n].Add(l)
+		}
+	}
+	for w := range per {
+		if per[w].Empty() {
+			continue
+		}
+		r.workers[w].wakeUp(&per[w])
+	}
 }

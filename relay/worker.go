@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -25,13 +26,30 @@ import (
 // worker is one worker's loop and its state: it claims a batch, hands it
 // to a goroutine that publishes and settles it (see flight), and claims
 // the next one from its other lanes while up to Config.Pipeline batches
-// are in flight. Only its own goroutine touches it.
+// are in flight. Only its own goroutine touches it, except the fields
+// said to be shared.
 type worker struct {
-	r         *Relay
+	r   *Relay
+	id  int
+	log *slog.Logger
+
+	// Shared with the wake-up, the leaser, the breaker and the health
+	// checks. wake wakes the loop; pend is what woke it since its claims
+	// last took it (see lanes.Pending); lastLoop is when its loop last
+	// turned (unix nanos, see Relay.Live); connWait is when it started
+	// waiting for the connection it still does not have (unix nanos, 0
+	// while it has one or is idle; see Relay.starved).
+	wake     chan struct{}
+	pend     lanes.Pending
+	lastLoop atomic.Int64
+	connWait atomic.Int64
+
+	// The loop's own.
 	ctx, hard context.Context
-	id        int
-	log       *slog.Logger
 	bo        *backoff.ExponentialBackOff
+	// priority: the last claim saw priority messages in the worker's
+	// lanes (true until the first claim says otherwise).
+	priority bool
 	// rotation is the lane the next claim starts at (see nextRotation).
 	rotation int
 	flying   []*flight
@@ -67,18 +85,23 @@ const (
 	stop                   // the relay is stopping
 )
 
-// work runs worker id's loop until ctx ends, then lets the batches in
+func newWorker(r *Relay, id int) *worker {
+	return &worker{r: r, id: id, log: r.log.With("worker", id), wake: make(chan struct{}, 1), priority: true}
+}
+
+// run runs the worker's loop until ctx ends, then lets the batches in
 // flight finish (they run on hard).
-func (r *Relay) work(ctx, hard context.Context, id int) {
-	w := &worker{r: r, ctx: ctx, hard: hard, id: id, log: r.log.With("worker", id), bo: service.ReconnectBackoff(),
-		rotation: id, done: make(chan *flight, r.cfg.Pipeline), claimNow: true, full: true}
+func (w *worker) run(ctx, hard context.Context) {
+	r, id := w.r, w.id
+	w.ctx, w.hard, w.bo = ctx, hard, service.ReconnectBackoff()
+	w.rotation, w.done, w.claimNow, w.full = id, make(chan *flight, r.cfg.Pipeline), true, true
 	defer func() {
 		for range w.flying {
 			<-w.done
 		}
 	}()
 	for ctx.Err() == nil {
-		r.lastLoop[id].Store(time.Now().UnixNano())
+		w.lastLoop.Store(time.Now().UnixNano())
 		if r.schemaErr.Load() != nil && len(w.flying) == 0 {
 			// Claim nothing on a schema this relay does not know.
 			if !w.held {
@@ -111,9 +134,9 @@ func (w *worker) claim(probe bool) next {
 	r := w.r
 	w.claimNow = false
 	busy := busyLanes(w.flying)
-	woken, all := r.pend[w.id].Take(busy)
+	woken, all := w.pend.Take(busy)
 	var only []int16 // nil: every lane
-	if !w.full && !all && !r.priority[w.id] && time.Since(w.lastFull) < fullEvery {
+	if !w.full && !all && !w.priority && time.Since(w.lastFull) < fullEvery {
 		only = woken.List()
 	}
 	w.full = false
@@ -135,7 +158,7 @@ func (w *worker) claim(probe bool) next {
 	if probe {
 		limit = 1
 	}
-	f, err := r.begin(w.ctx, w.hard, w.id, w.rotation, limit, busy, only)
+	f, err := w.begin(limit, busy, only)
 	w.rotation = nextRotation(w.rotation, r.cfg.Workers, f)
 	if only == nil {
 		for _, o := range w.flying {
@@ -160,7 +183,7 @@ func (w *worker) claim(probe bool) next {
 		if f.more {
 			if only != nil {
 				// What it left is in the lanes it visited.
-				r.pend[w.id].Add(woken)
+				w.pend.Add(woken)
 			} else {
 				w.full = true
 			}
@@ -237,7 +260,7 @@ func (w *worker) wait() bool {
 	select {
 	case <-w.ctx.Done():
 	case ended = <-w.done:
-	case <-r.wake[w.id]:
+	case <-w.wake:
 		w.claimNow, w.besideEmpty = true, false
 	case <-poll:
 		w.claimNow, w.besideEmpty, w.full = true, false, true
@@ -289,7 +312,7 @@ func (w *worker) landed(f *flight) bool {
 	// later claim of every lane passed over its lanes, or a wake-up named
 	// them while it held them.
 	w.full = w.full || f.passed
-	w.claimNow = w.claimNow || f.more || f.passed || r.pend[w.id].Waiting(busyLanes(w.flying))
+	w.claimNow = w.claimNow || f.more || f.passed || w.pend.Waiting(busyLanes(w.flying))
 	return true
 }
 
@@ -405,16 +428,17 @@ func nextRotation(rotation, workers int, f *flight) int {
 // skipping the lanes being handed over and busy (those of the batches in
 // flight). A claim that finds nothing commits at once and returns a nil
 // flight.
-func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, busy lanes.Set, only []int16) (_ *flight, err error) {
+func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err error) {
+	r, ctx, hard := w.r, w.ctx, w.hard
 	start := time.Now()
-	r.waitingForConn(worker)
+	w.connWait.CompareAndSwap(0, start.UnixNano())
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		// Still without a connection (through the backoff too): see
 		// starved.
 		return nil, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
-	r.gotConn(worker)
+	w.connWait.Store(0)
 	if r.schemaErr.Load() != nil {
 		// The schema outgrew this relay while the worker waited for the
 		// connection: claim nothing.
@@ -439,9 +463,9 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, bu
 	src := r.source()
 	visit := only
 	if visit == nil {
-		visit = r.lease.Owned().Of(worker, r.cfg.Workers)
+		visit = r.lease.Owned().Of(w.id, r.cfg.Workers)
 	}
-	batch, more, cut, err := r.claim(hard, pc, src, worker, rotation, limit, skip, visit)
+	batch, more, cut, err := w.claimRows(pc, src, limit, skip, visit)
 	r.stats.Claims.Add(1)
 	if only != nil {
 		r.stats.LaneClaims.Add(1)
@@ -460,7 +484,7 @@ func (r *Relay) begin(ctx, hard context.Context, worker, rotation, limit int, bu
 	open = false
 	now := time.Now()
 	return &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now,
-		ev: BatchEvent{Worker: worker, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil
+		ev: BatchEvent{Worker: w.id, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil
 }
 
 // finish publishes f's batch (or, for the fan-out router, routes it to
@@ -708,4 +732,23 @@ func decodeHeaders(raw []byte) (map[string]string, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// Starvation: a worker that cannot get a connection cannot work its
+// lanes, and while its relay keeps renewing them no other relay can
+// either. The leaser hands the relay's lanes back when some worker has
+// waited longer than LeaseTTL, as if the relay were dead, and takes a
+// share again once every worker has a connection.
+
+// starved reports whether some worker has been without a connection for
+// longer than LeaseTTL, and for how long.
+func (r *Relay) starved() (time.Duration, bool) {
+	var longest time.Duration
+	now := time.Now()
+	for _, w := range r.workers {
+		if since := w.connWait.Load(); since != 0 {
+			longest = max(longest, now.Sub(time.Unix(0, since)))
+		}
+	}
+	return longest, longest > r.cfg.LeaseTTL
 }
