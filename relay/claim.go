@@ -93,7 +93,7 @@ func (w *worker) claimRows(pc *pgx.Conn, src *source, limit int, skip, only []in
 	}, &w.priority, func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
 		if err != nil {
-			return fmt.Errorf("headers of message %d: %w", row.ID, err)
+			return fmt.Errorf("headers of message %d: %w", row.Seq, err)
 		}
 		headers = r.producer.named(headers)
 		found = row.Found
@@ -102,7 +102,7 @@ func (w *worker) claimRows(pc *pgx.Conn, src *source, limit int, skip, only []in
 			oversize = row.Size
 		}
 		batch = append(batch, claim.Row{Attempts: row.Attempts, CTID: row.CTID, Lane: row.Lane, Oversize: oversize, Msg: sinks.Message{
-			Seq: row.ID, ID: row.MessageID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
+			Seq: row.Seq, ID: row.ID, Topic: row.Topic, Key: row.Key, Payload: row.Payload, Headers: headers,
 			// A created_at of ±infinity (only ever written by hand) is
 			// delivered as the claim's time.
 			CreatedAt: finiteTime(row.CreatedAt, row.ClaimedAt),

@@ -107,12 +107,13 @@ func (p ClaimParams) lanes() []int16 {
 
 // ClaimedRow is one claimed message, as stored.
 type ClaimedRow struct {
-	ID        int64
-	MessageID string
-	Topic     string
-	Key       string // "" for NULL
-	Payload   []byte // empty for the router
-	Headers   []byte // jsonb; "{}" for the router
+	// Seq is the row's id (the message's position); ID is the message id.
+	Seq     int64
+	ID      string
+	Topic   string
+	Key     string // "" for NULL
+	Payload []byte // empty for the router
+	Headers []byte // jsonb; "{}" for the router
 	// CreatedAt may be ±infinity in a row written by hand.
 	CreatedAt pgtype.Timestamptz
 	Attempts  int
@@ -248,7 +249,7 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		// One ClaimedRow serves every row: pgx scans each value into
 		// fresh memory, and row gets a copy.
 		var c ClaimedRow
-		dest := []any{&c.ID, &c.MessageID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
+		dest := []any{&c.Seq, &c.ID, &c.Topic, &c.Key, &c.Payload, &c.Headers,
 			&c.CreatedAt, &c.Attempts, &c.ClaimedAt, &c.CTID, &c.Lane}
 		if e.source != Router {
 			dest = append(dest, &c.Size, &c.Found)

@@ -150,7 +150,7 @@ func (e *engineEnv) claim(en *Engine, p ClaimParams, settle func(b *pgx.Batch, c
 func ids(rows []ClaimedRow) []int64 {
 	out := make([]int64, len(rows))
 	for i, r := range rows {
-		out[i] = r.ID
+		out[i] = r.Seq
 	}
 	return out
 }
@@ -246,8 +246,8 @@ func TestSettleDeleteRetryDeadLetter(t *testing.T) {
 	en := NewEngine(e.s, Outbox, "", false)
 	e.claim(en, ClaimParams{}, func(b *pgx.Batch, c claim) {
 		en.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
-		en.QueueRetry(b, Retries{IDs: []int64{2}, DelayMillis: []int64{3_600_000}, Errors: []string{"boom"}})
-		en.QueueDeadLetter(b, DeadLetters{IDs: []int64{3}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
+		en.QueueRetry(b, Retries{Seqs: []int64{2}, DelayMillis: []int64{3_600_000}, Errors: []string{"boom"}})
+		en.QueueDeadLetter(b, DeadLetters{Seqs: []int64{3}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
 	})
 	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("messages") + ` m WHERE m.id = 2 AND m.attempts = 1 AND m.last_error = 'boom' AND ` + Waiting("m")); n != 1 {
 		t.Fatal("the retry was not scheduled")
@@ -273,7 +273,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 		if len(c.Rows) != 1 || len(c.Rows[0].Payload) != 0 {
 			t.Fatalf("router claimed %+v, want message 1 without its payload", c.Rows)
 		}
-		router.QueueCopy(b, CopyParams{IDs: []int64{1, 1}, Routes: []string{"a", "b"}, CTIDs: []pgtype.TID{c.Rows[0].CTID}})
+		router.QueueCopy(b, CopyParams{Seqs: []int64{1, 1}, Routes: []string{"a", "b"}, CTIDs: []pgtype.TID{c.Rows[0].CTID}})
 		router.QueueDelete(b, []pgtype.TID{c.Rows[0].CTID})
 	})
 	a := NewEngine(e.s, Copies, "a", false)
@@ -291,7 +291,7 @@ func TestFanOutCopiesAndTheirRoute(t *testing.T) {
 		if len(c.Rows) != 1 || string(c.Rows[0].Payload) != "p" {
 			t.Fatalf("route a claimed %+v, want its copy of message 1", c.Rows)
 		}
-		a.QueueDeadLetter(b, DeadLetters{IDs: []int64{1}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
+		a.QueueDeadLetter(b, DeadLetters{Seqs: []int64{1}, Reasons: []string{"permanent"}, Errors: []string{"bad"}})
 	})
 	if n := e.count(`SELECT count(*) FROM ` + e.s.Table("deliveries") + ` WHERE route = 'b'`); n != 1 {
 		t.Fatal("route a's dead letter took route b's copy")

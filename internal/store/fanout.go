@@ -12,10 +12,10 @@ import (
 // claim them as their source Copies.
 
 // CopyParams are the copies the router makes, as parallel slices: message
-// IDs[i] goes to route Routes[i] (a message appears once per
+// Seqs[i] goes to route Routes[i] (a message appears once per
 // destination). CTIDs are the claimed messages' ctids, each once.
 type CopyParams struct {
-	IDs    []int64
+	Seqs   []int64
 	Routes []string
 	CTIDs  []pgtype.TID
 }
@@ -26,7 +26,7 @@ type CopyParams struct {
 // only exist already if ids were reused by hand, and then failing loudly
 // beats dropping a copy (the statement is also a third cheaper).
 func (e *Engine) QueueCopy(b *pgx.Batch, c CopyParams) {
-	b.Queue(e.copyToRoutes.sql, e.args(e.copyToRoutes, pgx.NamedArgs{"ids": c.IDs, "routes": c.Routes, "ctids": c.CTIDs})...)
+	b.Queue(e.copyToRoutes.sql, e.args(e.copyToRoutes, pgx.NamedArgs{"ids": c.Seqs, "routes": c.Routes, "ctids": c.CTIDs})...)
 }
 
 // CopiesLeft reports whether fan-out copies made for the relay's route are

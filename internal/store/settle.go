@@ -13,18 +13,18 @@ import (
 // They are queued on the batch that commits, so a whole settlement costs
 // one round trip.
 
-// Retries are rows to try again later, as parallel slices: row IDs[i]
+// Retries are rows to try again later, as parallel slices: row Seqs[i]
 // failed with Errors[i] and waits DelayMillis[i].
 type Retries struct {
-	IDs         []int64
+	Seqs        []int64
 	DelayMillis []int64
 	Errors      []string
 }
 
 // DeadLetters are rows the relay gives up on, as parallel slices: row
-// IDs[i] for Reasons[i] after Errors[i].
+// Seqs[i] for Reasons[i] after Errors[i].
 type DeadLetters struct {
-	IDs     []int64
+	Seqs    []int64
 	Reasons []string
 	Errors  []string
 }
@@ -46,14 +46,14 @@ func (e *Engine) QueueArchive(b *pgx.Batch, ids []int64) {
 // QueueRetry queues the retries r: each row counts one more attempt,
 // becomes deliverable after its delay, and keeps its first and last error.
 func (e *Engine) QueueRetry(b *pgx.Batch, r Retries) {
-	b.Queue(e.scheduleRetry.sql, e.args(e.scheduleRetry, pgx.NamedArgs{"ids": r.IDs, "delay_ms": r.DelayMillis, "errors": r.Errors})...)
+	b.Queue(e.scheduleRetry.sql, e.args(e.scheduleRetry, pgx.NamedArgs{"ids": r.Seqs, "delay_ms": r.DelayMillis, "errors": r.Errors})...)
 }
 
 // QueueDefer queues the deferral of rows d: each becomes deliverable
 // after its delay and records its error as the last one, without
 // counting an attempt (its destination was down: it was not sent).
 func (e *Engine) QueueDefer(b *pgx.Batch, d Retries) {
-	b.Queue(e.deferRows.sql, e.args(e.deferRows, pgx.NamedArgs{"ids": d.IDs, "delay_ms": d.DelayMillis, "errors": d.Errors})...)
+	b.Queue(e.deferRows.sql, e.args(e.deferRows, pgx.NamedArgs{"ids": d.Seqs, "delay_ms": d.DelayMillis, "errors": d.Errors})...)
 }
 
 // QueueDeadLetter queues the move of rows d to the dead letters. A dead
@@ -61,7 +61,7 @@ func (e *Engine) QueueDefer(b *pgx.Batch, d Retries) {
 // the outbox (a replay routes it again), the relay's own for a fan-out
 // copy (a replay goes to that route only).
 func (e *Engine) QueueDeadLetter(b *pgx.Batch, d DeadLetters) {
-	b.Queue(e.deadLetter.sql, e.args(e.deadLetter, pgx.NamedArgs{"ids": d.IDs, "reasons": d.Reasons, "errors": d.Errors})...)
+	b.Queue(e.deadLetter.sql, e.args(e.deadLetter, pgx.NamedArgs{"ids": d.Seqs, "reasons": d.Reasons, "errors": d.Errors})...)
 }
 
 // Relock locks the rows ids of this source again in a new transaction,

@@ -27,8 +27,8 @@ func (st *Settler) apart(ctx context.Context, pc *pgx.Conn, src *store.Engine, s
 	if _, err := pc.Exec(ctx, "ROLLBACK"); err != nil {
 		return Settlement{}, err
 	}
-	ids := make([]int64, 0, len(s.delivered)+len(s.retries.IDs)+len(s.defers.IDs)+len(s.dead.IDs))
-	ids = append(append(append(append(ids, s.delivered...), s.retries.IDs...), s.defers.IDs...), s.dead.IDs...)
+	ids := make([]int64, 0, len(s.delivered)+len(s.retries.Seqs)+len(s.defers.Seqs)+len(s.dead.Seqs))
+	ids = append(append(append(append(ids, s.delivered...), s.retries.Seqs...), s.defers.Seqs...), s.dead.Seqs...)
 	if _, err := pc.Exec(ctx, store.Begin); err != nil {
 		return Settlement{}, err
 	}
@@ -138,7 +138,7 @@ func (a *apart) delivered(s Settlement) error {
 	var routes map[int64][]string
 	if router {
 		routes = make(map[int64][]string, len(dl))
-		for k, id := range s.copies.IDs {
+		for k, id := range s.copies.Seqs {
 			routes[id] = append(routes[id], s.copies.Routes[k])
 		}
 	}
@@ -149,7 +149,7 @@ func (a *apart) delivered(s Settlement) error {
 			id := s.delivered[dl[i]]
 			ids[j], ts[j] = id, a.tids[id]
 			for _, rt := range routes[id] {
-				c.IDs, c.Routes = append(c.IDs, id), append(c.Routes, rt)
+				c.Seqs, c.Routes = append(c.Seqs, id), append(c.Routes, rt)
 			}
 		}
 		switch {
@@ -167,7 +167,7 @@ func (a *apart) delivered(s Settlement) error {
 		a.out.deliver(id, a.tids[id])
 		if router {
 			for _, rt := range routes[id] {
-				a.out.copies.IDs, a.out.copies.Routes = append(a.out.copies.IDs, id), append(a.out.copies.Routes, rt)
+				a.out.copies.Seqs, a.out.copies.Routes = append(a.out.copies.Seqs, id), append(a.out.copies.Routes, rt)
 			}
 		}
 	}, func(i int, refused error) error {
@@ -193,10 +193,10 @@ func (a *apart) delivered(s Settlement) error {
 // a dead letter saying why.
 func (a *apart) retries(s Settlement) error {
 	rt := s.retries
-	return settleRows(a, rt.IDs, rt, addRetry, a.src.QueueRetry, &a.out.retries, func(k int, refused error) error {
+	return settleRows(a, rt.Seqs, rt, addRetry, a.src.QueueRetry, &a.out.retries, func(k int, refused error) error {
 		text := errText(fmt.Errorf("cannot schedule a retry (%v) after: %s", refused, rt.Errors[k]))
-		a.st.cfg.Log.Warn("message dead-lettered: the database refused its retry", "id", rt.IDs[k], "error", refused)
-		return a.deadLetter(rt.IDs[k], store.ReasonPermanent, text)
+		a.st.cfg.Log.Warn("message dead-lettered: the database refused its retry", "id", rt.Seqs[k], "error", refused)
+		return a.deadLetter(rt.Seqs[k], store.ReasonPermanent, text)
 	})
 }
 
@@ -204,7 +204,7 @@ func (a *apart) retries(s Settlement) error {
 // it is: it was not sent, and comes back in a later claim.
 func (a *apart) defers(s Settlement) error {
 	d := s.defers
-	return settleRows(a, d.IDs, d, addRetry, a.src.QueueDefer, &a.out.defers, func(int, error) error {
+	return settleRows(a, d.Seqs, d, addRetry, a.src.QueueDefer, &a.out.defers, func(int, error) error {
 		a.out.untouched++
 		return nil
 	})
@@ -214,8 +214,8 @@ func (a *apart) defers(s Settlement) error {
 // parked.
 func (a *apart) deadLetters(s Settlement) error {
 	dd := s.dead
-	return settleRows(a, dd.IDs, dd, addDead, a.src.QueueDeadLetter, &a.out.dead, func(k int, refused error) error {
-		return a.park(dd.IDs[k], dd.Errors[k], refused)
+	return settleRows(a, dd.Seqs, dd, addDead, a.src.QueueDeadLetter, &a.out.dead, func(k int, refused error) error {
+		return a.park(dd.Seqs[k], dd.Errors[k], refused)
 	})
 }
 
@@ -239,7 +239,7 @@ func settleRows[P any](a *apart, ids []int64, rows P, add func(to *P, from P, k 
 
 // deadLetter moves row id to the dead letters, or parks it.
 func (a *apart) deadLetter(id int64, reason, text string) error {
-	d := store.DeadLetters{IDs: []int64{id}, Reasons: []string{reason}, Errors: []string{text}}
+	d := store.DeadLetters{Seqs: []int64{id}, Reasons: []string{reason}, Errors: []string{text}}
 	refused, err := a.try(func(b *pgx.Batch) { a.src.QueueDeadLetter(b, d) })
 	if err != nil || refused != nil {
 		if refused != nil {
@@ -259,7 +259,7 @@ func (a *apart) park(id int64, text string, refused error) error {
 	a.st.cfg.Log.Error("message cannot be dead-lettered; it stays in the outbox and is tried again after the longest retry delay",
 		"id", id, "retry_in", wait, "error", refused)
 	text = errText(fmt.Errorf("cannot be dead-lettered (%v) after: %s", refused, text))
-	p := store.Retries{IDs: []int64{id}, DelayMillis: []int64{wait.Milliseconds()}, Errors: []string{text}}
+	p := store.Retries{Seqs: []int64{id}, DelayMillis: []int64{wait.Milliseconds()}, Errors: []string{text}}
 	refused, err := a.try(func(b *pgx.Batch) { a.src.QueueRetry(b, p) })
 	if err == nil && refused == nil {
 		addRetry(&a.out.retries, p, 0)
@@ -269,14 +269,14 @@ func (a *apart) park(id int64, text string, refused error) error {
 
 // addRetry appends from's k-th retry to to.
 func addRetry(to *store.Retries, from store.Retries, k int) {
-	to.IDs = append(to.IDs, from.IDs[k])
+	to.Seqs = append(to.Seqs, from.Seqs[k])
 	to.DelayMillis = append(to.DelayMillis, from.DelayMillis[k])
 	to.Errors = append(to.Errors, from.Errors[k])
 }
 
 // addDead appends from's k-th dead letter to to.
 func addDead(to *store.DeadLetters, from store.DeadLetters, k int) {
-	to.IDs = append(to.IDs, from.IDs[k])
+	to.Seqs = append(to.Seqs, from.Seqs[k])
 	to.Reasons = append(to.Reasons, from.Reasons[k])
 	to.Errors = append(to.Errors, from.Errors[k])
 }

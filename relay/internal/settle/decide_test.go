@@ -103,10 +103,10 @@ func verdicts(s Settlement, n int) string {
 	for _, id := range s.delivered {
 		v[id-1] = "D"
 	}
-	for k, id := range s.retries.IDs {
+	for k, id := range s.retries.Seqs {
 		v[id-1] = "R" + (time.Duration(s.retries.DelayMillis[k]) * time.Millisecond).String()
 	}
-	for k, id := range s.dead.IDs {
+	for k, id := range s.dead.Seqs {
 		v[id-1] = "X" + s.dead.Reasons[k]
 	}
 	for _, nt := range s.notes {
@@ -133,8 +133,8 @@ func verdicts(s Settlement, n int) string {
 // is noted for the log with its error.
 func checkParallel(t *testing.T, s Settlement) {
 	t.Helper()
-	if len(s.delivered) != len(s.deliveredTIDs) || len(s.retries.IDs) != len(s.retries.DelayMillis) ||
-		len(s.retries.IDs) != len(s.retries.Errors) || len(s.dead.IDs) != len(s.dead.Reasons) || len(s.dead.IDs) != len(s.dead.Errors) {
+	if len(s.delivered) != len(s.deliveredTIDs) || len(s.retries.Seqs) != len(s.retries.DelayMillis) ||
+		len(s.retries.Seqs) != len(s.retries.Errors) || len(s.dead.Seqs) != len(s.dead.Reasons) || len(s.dead.Seqs) != len(s.dead.Errors) {
 		t.Fatalf("parallel slices disagree: %+v", s)
 	}
 	failed := 0
@@ -146,8 +146,8 @@ func checkParallel(t *testing.T, s Settlement) {
 			}
 		}
 	}
-	if failed != len(s.retries.IDs)+len(s.dead.IDs) {
-		t.Fatalf("%d failures noted for %d retried and dead-lettered", failed, len(s.retries.IDs)+len(s.dead.IDs))
+	if failed != len(s.retries.Seqs)+len(s.dead.Seqs) {
+		t.Fatalf("%d failures noted for %d retried and dead-lettered", failed, len(s.retries.Seqs)+len(s.dead.Seqs))
 	}
 }
 
@@ -178,13 +178,13 @@ func TestRoute(t *testing.T) {
 		{Msg: sinks.Message{Seq: 3, Topic: "users.created"}},
 	}
 	s := Route(batch, routes)
-	got := fmt.Sprint(s.copies.IDs, s.copies.Routes, s.delivered)
+	got := fmt.Sprint(s.copies.Seqs, s.copies.Routes, s.delivered)
 	if want := "[1 1 2 3] [billing audit billing audit] [1 2 3]"; got != want {
 		t.Fatalf("copies %s, want %s", got, want)
 	}
 	s = Route(batch, billingOnly)
-	if fmt.Sprint(s.delivered, s.dead.IDs, s.dead.Reasons) != "[1 2] [3] [permanent]" || !strings.Contains(s.dead.Errors[0], `"users.created"`) {
-		t.Fatalf("unroutable message: delivered %v, dead %v %v %q", s.delivered, s.dead.IDs, s.dead.Reasons, s.dead.Errors)
+	if fmt.Sprint(s.delivered, s.dead.Seqs, s.dead.Reasons) != "[1 2] [3] [permanent]" || !strings.Contains(s.dead.Errors[0], `"users.created"`) {
+		t.Fatalf("unroutable message: delivered %v, dead %v %v %q", s.delivered, s.dead.Seqs, s.dead.Reasons, s.dead.Errors)
 	}
 	checkParallel(t, s)
 }

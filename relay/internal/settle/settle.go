@@ -33,7 +33,7 @@ import (
 type Settlement struct {
 	delivered     []int64
 	deliveredTIDs []pgtype.TID
-	// copies: the fan-out router's copies of the delivered rows (IDs and
+	// copies: the fan-out router's copies of the delivered rows (Seqs and
 	// Routes; CTIDs are deliveredTIDs).
 	copies  store.CopyParams
 	retries store.Retries
@@ -113,7 +113,7 @@ func Decide(batch []claim.Row, sendErr error, rl Rules) Settlement {
 			// Its destination is down: it waits for it, and the later
 			// messages of its key wait behind it.
 			de := claim.DeferredBy(err)
-			s.defers.IDs = append(s.defers.IDs, m.Seq)
+			s.defers.Seqs = append(s.defers.Seqs, m.Seq)
 			s.defers.DelayMillis = append(s.defers.DelayMillis, max(time.Until(de.Until), 0).Milliseconds())
 			s.defers.Errors = append(s.defers.Errors, errText(err))
 			hold(m.Key)
@@ -136,7 +136,7 @@ func Decide(batch []claim.Row, sendErr error, rl Rules) Settlement {
 				}
 				continue
 			}
-			s.retries.IDs = append(s.retries.IDs, m.Seq)
+			s.retries.Seqs = append(s.retries.Seqs, m.Seq)
 			s.retries.DelayMillis = append(s.retries.DelayMillis, wait.Milliseconds())
 			s.retries.Errors = append(s.retries.Errors, errText(err))
 			s.notes = append(s.notes, note{at: i, err: err, wait: wait})
@@ -153,12 +153,12 @@ func Decide(batch []claim.Row, sendErr error, rl Rules) Settlement {
 func Route(batch []claim.Row, routes func(topic string) []string) Settlement {
 	var s Settlement
 	for i, c := range batch {
-		n := len(s.copies.IDs)
+		n := len(s.copies.Seqs)
 		for _, rt := range routes(c.Msg.Topic) {
-			s.copies.IDs = append(s.copies.IDs, c.Msg.Seq)
+			s.copies.Seqs = append(s.copies.Seqs, c.Msg.Seq)
 			s.copies.Routes = append(s.copies.Routes, rt)
 		}
-		if len(s.copies.IDs) == n {
+		if len(s.copies.Seqs) == n {
 			s.deadLetter(i, c.Msg.Seq, store.ReasonPermanent, fmt.Errorf("no route matches topic %q", c.Msg.Topic), false)
 			continue
 		}
@@ -174,7 +174,7 @@ func (s *Settlement) deliver(id int64, ctid pgtype.TID) {
 }
 
 func (s *Settlement) deadLetter(at int, id int64, reason string, err error, holds bool) {
-	s.dead.IDs = append(s.dead.IDs, id)
+	s.dead.Seqs = append(s.dead.Seqs, id)
 	s.dead.Reasons = append(s.dead.Reasons, reason)
 	s.dead.Errors = append(s.dead.Errors, errText(err))
 	s.notes = append(s.notes, note{at: at, err: err, reason: reason, holds: holds})
@@ -184,7 +184,7 @@ func (s *Settlement) deadLetter(at int, id int64, reason string, err error, hold
 // untouched (not attempted: held back, or waiting for their
 // destination).
 func (s *Settlement) Counts() (delivered, retried, dead, untouched int) {
-	return len(s.delivered), len(s.retries.IDs), len(s.dead.IDs), s.untouched + len(s.defers.IDs)
+	return len(s.delivered), len(s.retries.Seqs), len(s.dead.Seqs), s.untouched + len(s.defers.Seqs)
 }
 
 // DeadReasons has one entry per dead letter: store.ReasonPermanent or
@@ -268,14 +268,14 @@ func (st *Settler) Settle(ctx context.Context, pc *pgx.Conn, src *store.Engine, 
 		return res, fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
 	}
 	if failed := s.Failed(); failed > 0 {
-		st.failing.add(st.cfg.Log, len(s.retries.IDs), len(s.dead.IDs), s.untouched, sendErr)
+		st.failing.add(st.cfg.Log, len(s.retries.Seqs), len(s.dead.Seqs), s.untouched, sendErr)
 	}
 	return res, nil
 }
 
 // Failed counts the messages of s that failed and counted an attempt
 // (retried or dead-lettered).
-func (s *Settlement) Failed() int { return len(s.retries.IDs) + len(s.dead.IDs) }
+func (s *Settlement) Failed() int { return len(s.retries.Seqs) + len(s.dead.Seqs) }
 
 // queue adds s's statements to b: copy (the router) and delete, or
 // archive, the delivered rows, schedule the retries, move the dead
@@ -294,13 +294,13 @@ func (st *Settler) queue(b *pgx.Batch, src *store.Engine, s Settlement) {
 			src.QueueDelete(b, s.deliveredTIDs)
 		}
 	}
-	if len(s.retries.IDs) > 0 {
+	if len(s.retries.Seqs) > 0 {
 		src.QueueRetry(b, s.retries)
 	}
-	if len(s.defers.IDs) > 0 {
+	if len(s.defers.Seqs) > 0 {
 		src.QueueDefer(b, s.defers)
 	}
-	if len(s.dead.IDs) > 0 {
+	if len(s.dead.Seqs) > 0 {
 		src.QueueDeadLetter(b, s.dead)
 	}
 }
