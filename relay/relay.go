@@ -286,12 +286,6 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		defer keeper.Stop()
 	}
 	r.log.Info("relay running", "schema", r.cfg.Schema, "schema_version", v, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "lane_limit", r.laneLimit, "batch_bytes", r.cfg.BatchBytes, "archive", r.cfg.Archive, "producer", r.producer.name)
-	r.lease.Prepare(r.pooled, r.abort)
-	if err := r.lease.Start(ctx); err != nil {
-		r.abort(err) // ends what Run started so far
-		return err
-	}
-	r.cfg.sig.Emit(testsig.Started, 0)
 	stopWatch, err := watchSchema(ctx, r.pool, r.cfg, r.log, func(err error) {
 		if err != nil {
 			r.schemaErr.Store(&err)
@@ -304,6 +298,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer stopWatch()
+	r.lease.Prepare(r.pooled, r.abort)
+	if err := r.lease.Start(ctx); err != nil {
+		r.abort(err) // ends what Run started so far
+		return err
+	}
+	r.cfg.sig.Emit(testsig.Started, 0)
 	stopListen := func() {}
 	if !r.cfg.sharedListener {
 		cfg := r.cfg
