@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -538,7 +537,7 @@ func (l *Leaser) endBeat(ctx context.Context, beat store.Beat, s *share) error {
 
 // registration is what this relay's heartbeat says about it.
 func (l *Leaser) registration() store.Heartbeat {
-	host, pid := processIdentity()
+	host, pid := service.ProcessIdentity()
 	h := store.Heartbeat{Hostname: host, PID: pid, Version: l.cfg.Version, InFlight: l.cfg.InFlight(), Pooled: l.pooled,
 		ConfigHash: l.cfg.ConfigHash, ConfigSummary: l.cfg.ConfigSummary}
 	if l.cfg.Report != nil {
@@ -586,13 +585,6 @@ func (l *Leaser) refused(err error) {
 	if l.cfg.OnConfigChange == ConfigFail && l.abort != nil {
 		l.abort(err)
 	}
-}
-
-// processIdentity is how the relays table tells this process's relays
-// from other processes' (the watcher wakes only the others).
-func processIdentity() (hostname string, pid int) {
-	hostname, _ = os.Hostname()
-	return hostname, os.Getpid()
 }
 
 // fairShare is how many lanes this relay should own: an equal part, the

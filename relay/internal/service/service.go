@@ -10,6 +10,7 @@ package service
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"time"
 
@@ -123,4 +124,12 @@ func DropConn(ctx context.Context, c *pgxpool.Conn) {
 	_ = c.Conn().Close(ctx)
 	_ = sock.Close()
 	c.Release() // destroys it: it is closed
+}
+
+// ProcessIdentity is how the relays table tells this process's relays
+// from other processes': the leaser registers its relays with it, and the
+// watcher wakes only the listeners of other processes.
+func ProcessIdentity() (hostname string, pid int) {
+	hostname, _ = os.Hostname()
+	return hostname, os.Getpid()
 }

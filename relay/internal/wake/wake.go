@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -354,14 +353,6 @@ func (k *Waker) setSource(source string, fallback bool, err error) {
 
 // now is the Waker's clock: time.Now, unless a test moved it ahead.
 func (k *Waker) now() time.Time { return k.cfg.Signals.Now() }
-
-// processIdentity is how the relays table tells this process's relays
-// from other processes' (the watcher wakes only the others). The leaser
-// registers its relays with the same pair.
-func processIdentity() (hostname string, pid int) {
-	hostname, _ = os.Hostname()
-	return hostname, os.Getpid()
-}
 
 // session runs one LISTEN session until it fails or ctx ends.
 func (k *Waker) session(ctx context.Context, connected func()) error {

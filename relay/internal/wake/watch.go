@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 )
 
@@ -72,7 +73,7 @@ type watch struct {
 }
 
 func newWatch(k *Waker, pc *pgx.Conn, wal, rows bool) *watch {
-	host, pid := processIdentity()
+	host, pid := service.ProcessIdentity()
 	return &watch{k: k, pc: pc, wal: wal, rows: rows, host: host, pid: pid,
 		seen: -1, interval: watchFast, walRetry: walRetryMin, stopWAL: func() {}, recent: recentIDs{}}
 }
