@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit/relaybin"
 )
 
 const (
@@ -291,10 +293,22 @@ func TestDockerfileBuilder(t *testing.T) {
 		t.Errorf("builder FROM %s does not satisfy go.mod's go %s", builder.image, m[1])
 	}
 
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags "-s -w ` + versionFlag + `"`,
-		"./cmd/outbox-relay", "./cmd/outbox-demo", "-o /out/"} {
+	// The image's binaries are built as make build and the suites'
+	// relays are (relaybin's static settings).
+	static := append(slices.Clone(relaybin.StaticEnv), relaybin.StaticFlags...)
+	for _, want := range append(static, `-ldflags "-s -w `+versionFlag+`"`,
+		"./cmd/outbox-relay", "./cmd/outbox-demo", "-o /out/") {
 		if !strings.Contains(run.args, want) {
 			t.Errorf("line %d: the go build step lacks %s", run.line, want)
+		}
+	}
+	recipe := regexp.MustCompile(`(?m)^build:.*\n\t(.*)$`).FindSubmatch(readFile(t, "Makefile"))
+	if recipe == nil {
+		t.Fatal("the Makefile has no build target")
+	}
+	for _, want := range static {
+		if !strings.Contains(string(recipe[1]), want) {
+			t.Errorf("the Makefile's build target (%s) lacks %s, which the image's build uses", recipe[1], want)
 		}
 	}
 	var declared []string
