@@ -2,21 +2,19 @@ package mqttsink
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/mqtttest"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/tcpproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 	"github.com/outbox-relay/outbox-relay/sinks/sinktest"
@@ -56,7 +54,7 @@ type testEnv struct {
 	sink   *Sink
 	cfg    Config
 	direct bool
-	sub    *subscriber
+	sub    *mqtttest.Subscriber
 }
 
 type envOpt func(*testEnv)
@@ -81,7 +79,7 @@ func setup(tb testing.TB, b *throwaway.Server, opts ...envOpt) *testEnv {
 	for _, o := range opts {
 		o(e)
 	}
-	e.sub = subscribe(tb, b.URL(), e.prefix+"/#", 0)
+	e.sub = mqtttest.Subscribe(tb, b.URL(), e.prefix+"/#", mqtttest.Options{KeepAlive: 30, Reconnect: 20 * time.Millisecond})
 	u, err := url.Parse(b.URL())
 	require.NoError(tb, err)
 	if !e.direct {
@@ -102,101 +100,6 @@ func setup(tb testing.TB, b *throwaway.Server, opts ...envOpt) *testEnv {
 
 // topic returns a topic under the env's prefix.
 func (e *testEnv) topic(suffix string) string { return e.prefix + "/" + suffix }
-
-// subscriber is a paho client subscribed with QoS 1 to one filter, which
-// keeps what arrives in arrival order. With a session expiry it keeps its
-// session across reconnections (a broker with persistence keeps it across
-// its restarts).
-type subscriber struct {
-	cm   *autopaho.ConnectionManager
-	mu   sync.Mutex
-	got  []*paho.Publish
-	next int
-	more chan struct{} // signalled on each arrival
-}
-
-func subscribe(tb testing.TB, brokerURL, filter string, sessionExpiry uint32) *subscriber {
-	tb.Helper()
-	u, err := url.Parse(brokerURL)
-	require.NoError(tb, err)
-	s := &subscriber{more: make(chan struct{}, 1)}
-	subscribed := make(chan error, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
-		ServerUrls:            []*url.URL{u},
-		KeepAlive:             30,
-		SessionExpiryInterval: sessionExpiry,
-		ReconnectBackoff:      func(int) time.Duration { return 20 * time.Millisecond },
-		ConnectTimeout:        2 * time.Second,
-		OnConnectionUp: func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
-			go func() {
-				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				_, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
-				select {
-				case subscribed <- err:
-				default:
-				}
-			}()
-		},
-		ClientConfig: paho.ClientConfig{
-			ClientID: testkit.RandName("sub"),
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-				s.mu.Lock()
-				s.got = append(s.got, pr.Packet)
-				s.mu.Unlock()
-				select {
-				case s.more <- struct{}{}:
-				default:
-				}
-				return true, nil
-			}},
-		},
-	})
-	require.NoError(tb, err)
-	s.cm = cm
-	tb.Cleanup(func() {
-		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer dcancel()
-		_ = cm.Disconnect(dctx)
-		cancel()
-		<-cm.Done()
-	})
-	select {
-	case err := <-subscribed:
-		require.NoError(tb, err, "subscribe to %s", filter)
-	case <-time.After(15 * time.Second):
-		tb.Fatalf("subscriber: not subscribed to %s on %s after 15s", filter, brokerURL)
-	}
-	return s
-}
-
-// read returns the next n messages that arrived.
-func (s *subscriber) read(ctx context.Context, n int) ([]*paho.Publish, error) {
-	for {
-		s.mu.Lock()
-		if len(s.got)-s.next >= n {
-			out := s.got[s.next : s.next+n]
-			s.next += n
-			s.mu.Unlock()
-			return out, nil
-		}
-		have := len(s.got) - s.next
-		s.mu.Unlock()
-		select {
-		case <-s.more:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("read %d of %d messages: %w", have, n, ctx.Err())
-		}
-	}
-}
-
-// all returns every message that arrived so far.
-func (s *subscriber) all() []*paho.Publish {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]*paho.Publish(nil), s.got...)
-}
 
 func delivered(p *paho.Publish) sinktest.Delivered {
 	d := sinktest.Delivered{Topic: p.Topic, Payload: p.Payload, Headers: map[string]string{}, Partition: -1}

@@ -29,7 +29,7 @@ func TestConformance(t *testing.T) {
 				Sink:  e.sink,
 				Topic: e.topic,
 				Read: func(ctx context.Context, n int) ([]sinktest.Delivered, error) {
-					ps, err := e.sub.read(ctx, n)
+					ps, err := e.sub.Read(ctx, n)
 					out := make([]sinktest.Delivered, len(ps))
 					for i, p := range ps {
 						out[i] = delivered(p)
@@ -77,7 +77,7 @@ func TestPubackErrorIsPermanent(t *testing.T) {
 	require.Contains(t, be.Errs[1].Error(), "not authorized")
 	require.ErrorIs(t, be.Errs[2], sinks.ErrNotAttempted)
 	require.NoError(t, be.Errs[3])
-	got, err := e.sub.read(context.Background(), 2)
+	got, err := e.sub.Read(context.Background(), 2)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{batch[0].ID, batch[3].ID}, []string{delivered(got[0]).ID, delivered(got[1]).ID})
 }
@@ -139,7 +139,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	require.Contains(t, e0.Error(), "Maximum Packet Size of 2097152")
 	require.ErrorIs(t, sinks.Outcome(err, 1, 3), sinks.ErrNotAttempted)
 	require.NoError(t, sinks.Outcome(err, 2, 3))
-	got, err := e.sub.read(ctx, 2)
+	got, err := e.sub.Read(ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, fits.ID, delivered(got[1]).ID)
 }
@@ -192,7 +192,7 @@ func TestProperties(t *testing.T) {
 	m := sinktest.Msg(e.topic("props"), "k1", 42, []byte{0, 1, 2, 0xff})
 	m.Headers = map[string]string{"trace": "abc", "Content-Type": "application/json", PropID: "forged", "ünï": "cödé"}
 	require.NoError(t, e.sink.Send(context.Background(), []sinks.Message{m}))
-	got, err := e.sub.read(context.Background(), 1)
+	got, err := e.sub.Read(context.Background(), 1)
 	require.NoError(t, err)
 	p := got[0]
 	require.Equal(t, m.Payload, p.Payload)

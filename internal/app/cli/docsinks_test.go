@@ -23,8 +23,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	kinesistypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
-	"github.com/eclipse/paho.golang/autopaho"
-	"github.com/eclipse/paho.golang/paho"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,6 +33,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/mqtttest"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/throwaway"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -528,45 +527,15 @@ func pubsubFixture(t *testing.T, topic string) docFixture {
 // example renders for topic.
 func mqttFixture(t *testing.T, topic string) docFixture {
 	srv := throwaway.Mosquitto(t)
-	u, err := url.Parse(srv.URL())
-	require.NoError(t, err)
-	c := &collector{}
-	subscribed := make(chan error, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
-		ServerUrls:     []*url.URL{u},
-		KeepAlive:      30,
-		ConnectTimeout: 5 * time.Second,
-		OnConnectionUp: func(cm *autopaho.ConnectionManager, _ *paho.Connack) {
-			go func() {
-				_, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "events/" + topic, QoS: 1}}})
-				select {
-				case subscribed <- err:
-				default:
-				}
-			}()
+	sub := mqtttest.Subscribe(t, srv.URL(), "events/"+topic, mqtttest.Options{KeepAlive: 30})
+	return docFixture{
+		replace: map[string]string{"127.0.0.1:1883": srv.Addr()},
+		received: func(context.Context) ([]string, error) {
+			var got []string
+			for _, p := range sub.All() {
+				got = append(got, string(p.Payload))
+			}
+			return got, nil
 		},
-		ClientConfig: paho.ClientConfig{
-			ClientID: testkit.RandName("docs"),
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-				c.add(string(pr.Packet.Payload))
-				return true, nil
-			}},
-		},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer dcancel()
-		_ = cm.Disconnect(dctx)
-		cancel()
-		<-cm.Done()
-	})
-	select {
-	case err := <-subscribed:
-		require.NoError(t, err)
-	case <-time.After(15 * time.Second):
-		t.Fatalf("not subscribed on %s after 15s", srv.URL())
 	}
-	return docFixture{replace: map[string]string{"127.0.0.1:1883": srv.Addr()}, received: c.received}
 }
