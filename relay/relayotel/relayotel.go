@@ -2,15 +2,19 @@
 // relay.Hooks: each message a sink attempted becomes a producer span,
 // child of the trace context the application stored with the message (its
 // W3C traceparent and tracestate headers), so a consumer's trace continues
-// the writer's trace through the outbox. Setup installs an OTLP/HTTP
-// exporter configured by the standard OTEL_* environment variables.
+// the writer's trace through the outbox. Setup configures OpenTelemetry
+// from the standard OTEL_* environment variables: OTLP exporters over gRPC
+// or HTTP for the spans and for metrics read from a producer (the relay
+// gives it its Prometheus registry, so that OTLP and /metrics show the
+// same metrics), exporting nothing until a variable asks for it.
 // Inject, the writer-side helper that stores the current trace context in
 // a message's headers, is outboxotel.Inject (outbox/outboxotel), kept
 // here for code that already calls it.
 //
 // The relay and sink packages know nothing of OpenTelemetry; this package
 // is the only place on the relay side that imports it (outbox/outboxotel
-// is its writer-side counterpart). See docs/tracing.md.
+// is its writer-side counterpart). It defines no metric of its own: the
+// relay's metrics are relay/relayprom's. See docs/tracing.md.
 package relayotel
 
 import (

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	otelprom "go.opentelemetry.io/contrib/bridges/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/internal/app/adminhttp"
 	"github.com/outbox-relay/outbox-relay/internal/app/console"
@@ -605,16 +606,24 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		relayprom.NewPoolCollector(pool))
 	metrics := relayprom.New(reg, version())
-	shutdownTracing, tracing, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log))
+	// OpenTelemetry exports the registry's metrics through the Prometheus
+	// bridge: one definition of each metric, the same names on /metrics
+	// and over OTLP.
+	shutdownOTel, otelOn, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log),
+		relayotel.WithMetricProducer(otelprom.NewMetricProducer(otelprom.WithGatherer(reg))), relayotel.WithConsoleWriter(g.stderr))
 	if err != nil {
 		return &usageError{err}
 	}
 	defer func() {
+		// After the relays and the backlog watch stopped (deferred later,
+		// run earlier): the last export holds their final counts.
 		cctx, cancel := closing(5 * time.Second)
 		defer cancel()
-		_ = shutdownTracing(cctx)
+		if err := shutdownOTel(cctx); err != nil {
+			g.log.Warn("opentelemetry: flushing at exit", "error", err)
+		}
 	}()
-	hooks, err := routeHooks(routes, planned, metrics, tracing)
+	hooks, err := routeHooks(routes, planned, metrics, otelOn.Traces)
 	if err != nil {
 		return err
 	}
@@ -628,11 +637,16 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}
 	if o.adminAddr != "" {
 		stopAdmin, err := g.serveAdmin(parent, o, adminParts{pool: pool, base: base, tokens: tokens, routes: routes,
-			planned: planned, reg: reg, relays: relays, metrics: metrics}, closing)
+			planned: planned, reg: reg, relays: relays}, closing)
 		defer stopAdmin()
 		if err != nil {
 			return err
 		}
+	}
+	if o.adminAddr != "" || otelOn.Metrics {
+		// The backlog gauges count the outbox (0.85 s of database time
+		// on a 1M backlog here): only when something reads them.
+		defer g.watchOutbox(parent, pool, metrics, o.metricsInterval)()
 	}
 	// Each relay says "relay running" once it has reached the database and
 	// checked the schema; nothing here has connected yet.
@@ -726,12 +740,11 @@ type adminParts struct {
 	planned []relay.Config
 	reg     *prometheus.Registry
 	relays  runner
-	metrics *relayprom.Metrics
 }
 
-// serveAdmin starts the admin listener (metrics, health, the console),
-// the console's sampler and the backlog gauges' watch. stop ends them, in
-// the reverse order; it is also the one to call when serveAdmin fails.
+// serveAdmin starts the admin listener (metrics, health, the console)
+// and the console's sampler. stop ends them, in the reverse order; it is
+// also the one to call when serveAdmin fails.
 func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts, closing func(time.Duration) (context.Context, context.CancelFunc)) (stop func(), err error) {
 	var stops []func()
 	stop = func() {
@@ -764,20 +777,22 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 		defer cancel()
 		_ = srv.Close(cctx)
 	})
-	// The backlog gauges count the outbox (0.85 s of database time
-	// on a 1M backlog here): only when someone can scrape them.
-	watchCtx, stopWatch := context.WithCancel(parent)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		p.metrics.WatchOutbox(watchCtx, p.pool, g.schema, o.metricsInterval, g.log)
-	}()
-	stops = append(stops, func() { stopWatch(); <-watchDone })
 	return stop, nil
 }
 
+// watchOutbox keeps the backlog gauges fresh until stop is called.
+func (g *globals) watchOutbox(parent context.Context, pool *pgxpool.Pool, metrics *relayprom.Metrics, every time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		metrics.WatchOutbox(ctx, pool, g.schema, every, g.log)
+	}()
+	return func() { cancel(); <-done }
+}
+
 // closeGrace is how long past the drain timeout a stop may take to close
-// the sinks, the admin listener and the tracing exporter once the drain
+// the sinks, the admin listener and the OpenTelemetry exporters once the drain
 // used all of it: enough for a clean close, bounded whatever a sink does.
 const closeGrace = time.Second
 
