@@ -602,27 +602,11 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 			return err
 		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		relayprom.NewPoolCollector(pool))
-	metrics := relayprom.New(reg, version())
-	// OpenTelemetry exports the registry's metrics through the Prometheus
-	// bridge: one definition of each metric, the same names on /metrics
-	// and over OTLP.
-	shutdownOTel, otelOn, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log),
-		relayotel.WithMetricProducer(otelprom.NewMetricProducer(otelprom.WithGatherer(reg))), relayotel.WithConsoleWriter(g.stderr))
+	reg, metrics, otelOn, flushOTel, err := g.telemetry(ctx, pool, closing)
 	if err != nil {
-		return &usageError{err}
+		return err
 	}
-	defer func() {
-		// After the relays and the backlog watch stopped (deferred later,
-		// run earlier): the last export holds their final counts.
-		cctx, cancel := closing(5 * time.Second)
-		defer cancel()
-		if err := shutdownOTel(cctx); err != nil {
-			g.log.Warn("opentelemetry: flushing at exit", "error", err)
-		}
-	}()
+	defer flushOTel()
 	hooks, err := routeHooks(routes, planned, metrics, otelOn.Traces)
 	if err != nil {
 		return err
@@ -664,6 +648,34 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	return nil
+}
+
+// telemetry builds the metrics registry that /metrics serves and installs
+// OpenTelemetry from the OTEL_* variables, which exports that registry's
+// metrics through the Prometheus bridge: one definition of each metric,
+// the same names on /metrics and over OTLP. flush is to be deferred
+// before the relays and the backlog watch start, so that it runs after
+// they stopped and the last export holds their final counts.
+func (g *globals) telemetry(ctx context.Context, pool *pgxpool.Pool, closing func(time.Duration) (context.Context, context.CancelFunc)) (
+	_ *prometheus.Registry, _ *relayprom.Metrics, _ relayotel.Signals, flush func(), _ error,
+) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		relayprom.NewPoolCollector(pool))
+	metrics := relayprom.New(reg, version())
+	shutdown, on, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log),
+		relayotel.WithMetricProducer(otelprom.NewMetricProducer(otelprom.WithGatherer(reg))), relayotel.WithConsoleWriter(g.stderr))
+	if err != nil {
+		return nil, nil, relayotel.Signals{}, nil, &usageError{err}
+	}
+	flush = func() {
+		cctx, cancel := closing(5 * time.Second)
+		defer cancel()
+		if err := shutdown(cctx); err != nil {
+			g.log.Warn("opentelemetry: flushing at exit", "error", err)
+		}
+	}
+	return reg, metrics, on, flush, nil
 }
 
 // planRoutes reads the routes (the config file's table, or --sink for a
