@@ -160,11 +160,8 @@ func (l *Leaser) UnworkedLanes() int { return int(l.unworked.Load()) }
 func (l *Leaser) Summary() string { return l.cfg.ConfigSummary }
 
 // rebalanceGap is the least time between two heartbeats that a
-// membership notification (or a lane handover) brings forward: a burst of
-// notifications (sixteen relays starting together) costs a heartbeat at
-// once and at most one more after the gap, not one each. The wake-up
-// paces its watcher elections by it too.
-const rebalanceGap = 50 * time.Millisecond
+// membership notification (or a lane handover) brings forward.
+const rebalanceGap = service.NotificationGap
 
 // shortGap is rebalanceGap for a relay below its fair share: the lanes it
 // waits for are handed back one relay at a time.

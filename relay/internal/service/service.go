@@ -126,6 +126,13 @@ func DropConn(ctx context.Context, c *pgxpool.Conn) {
 	c.Release() // destroys it: it is closed
 }
 
+// NotificationGap is the least time between two acts that membership
+// notifications prompt, in every component that acts on them (the
+// leaser's heartbeats, the wake-up's tries of the watcher's lock): a
+// burst of notifications (sixteen relays starting together) costs one
+// act at once and at most one more after the gap, not one each.
+const NotificationGap = 50 * time.Millisecond
+
 // ProcessIdentity is how the relays table tells this process's relays
 // from other processes': the leaser registers its relays with it, and the
 // watcher wakes only the listeners of other processes.

@@ -218,11 +218,8 @@ const (
 	// A listener that joins says so at once (store.ListenerPayload).
 	othersEvery = time.Second
 	// electGap is the least time between a follower's tries of the
-	// watcher's lock prompted by membership notifications: sixteen
-	// relays starting together send sixteen. It matches the leaser's
-	// rebalanceGap, the least time between two of its heartbeats, which
-	// those notifications prompt too.
-	electGap = 50 * time.Millisecond
+	// watcher's lock prompted by membership notifications.
+	electGap = service.NotificationGap
 )
 
 // Waker is one process's wake-up: its LISTEN session and, while it is the
