@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -34,6 +35,20 @@ type PoolConfig struct {
 	// SynchronousCommit keeps synchronous_commit on for the relay's own
 	// sessions (off by default: a lost settle is a redelivery, not a loss).
 	SynchronousCommit bool
+	// Password, when set, gives the password of each new connection, in
+	// place of URL's (and of PGPASSWORD's or a .pgpass file's): the pool
+	// calls it before every connection it opens, and the WAL wake-up
+	// before its replication connection, so that credentials that rotate
+	// (a file a secret manager rewrites, an RDS IAM token valid 15
+	// minutes) are read when a connection needs them, not once at start.
+	// Open connections keep the password they logged in with. It is
+	// called concurrently, with the context of the connection attempt; an
+	// error or an empty password fails that attempt, which the relay
+	// retries as any failed connection. A source that is slow or charged
+	// per call should cache (the command line's command and IAM sources
+	// do). Errors must not carry the password. Default nil: URL's
+	// password.
+	Password func(ctx context.Context) (string, error)
 }
 
 // NewPool connects to the database with the session settings the relay
@@ -82,6 +97,17 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	}
 	var k sessionKind
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if pc.Password != nil {
+			// Before the probe, which connects with cc.
+			pw, err := pc.Password(ctx)
+			if err != nil {
+				return fmt.Errorf("outbox: database password: %w", err)
+			}
+			if pw == "" {
+				return errors.New("outbox: database password: the password source gave an empty password")
+			}
+			cc.Password = pw
+		}
 		kind, err := k.get(ctx, cc)
 		if err != nil {
 			return err

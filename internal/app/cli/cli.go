@@ -120,6 +120,8 @@ type globals struct {
 	schema      string
 	logLevel    string
 	logFormat   string
+	// The database password's source instead of the URL (dbpassword.go).
+	passwordFile, passwordCommand, iamAuth string
 
 	file    *fileConfig
 	files   envFiles          // what was read through *_FILE variables
@@ -181,6 +183,9 @@ order of precedence. Config-file keys are the long flag names.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.configPath, "config", "", "YAML config file; keys are long flag names (env OUTBOX_CONFIG)")
 	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres URL, e.g. postgres://user:pass@host:5432/db")
+	pf.StringVar(&g.passwordFile, optPasswordFile, "", "file holding the database password, read again for each new connection (a secret manager may rewrite it); replaces the URL's password")
+	pf.StringVar(&g.passwordCommand, optPasswordCommand, "", "shell command (sh -c) that prints the database password, run when a new connection needs one (output reused 10s, 30s timeout); replaces the URL's password")
+	pf.StringVar(&g.iamAuth, optIAMAuth, "", "aws: sign in with AWS RDS/Aurora IAM tokens (region and credentials from the AWS SDK's defaults; needs sslmode=require or stricter); replaces the URL's password")
 	pf.StringVar(&g.schema, "schema", migrations.DefaultSchema, "schema holding the outbox tables")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
@@ -281,9 +286,16 @@ func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := g.requireDatabase(); err != nil {
 		return nil, err
 	}
+	password, _, err := g.databasePassword(ctx)
+	if err != nil {
+		return nil, err
+	}
 	cfg, _ := pgxpool.ParseConfig(g.databaseURL)
 	cfg.MaxConns = 4
 	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-relay-admin"
+	if password != nil {
+		cfg.BeforeConnect = withPassword(password)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: connect to %s: %w", redactURL(g.databaseURL), err)
@@ -580,6 +592,10 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if err := g.requireDatabase(); err != nil {
 		return err
 	}
+	password, passwordFrom, err := g.databasePassword(parent)
+	if err != nil {
+		return err
+	}
 
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -592,6 +608,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 
 	pool, err := relay.NewPool(parent, relay.PoolConfig{
 		URL: g.databaseURL, Workers: workers, MaxConns: maxConns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
+		Password: password,
 	})
 	if err != nil {
 		return err
@@ -634,7 +651,11 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	}
 	// Each relay says "relay running" once it has reached the database and
 	// checked the schema; nothing here has connected yet.
-	g.log.Info("starting", "database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns)
+	starting := []any{"database", redactURL(g.databaseURL), "routes", len(planned), "max_conns", maxConns}
+	if passwordFrom != "" {
+		starting = append(starting, "password_from", passwordFrom)
+	}
+	g.log.Info("starting", starting...)
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()

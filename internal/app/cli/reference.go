@@ -38,6 +38,9 @@ func Reference() []byte {
 	w("*command line only* are never read from the environment or the file.\n")
 	w("How to choose the values: [operations.md](operations.md).\n\n")
 
+	var names []string
+	root.PersistentFlags().VisitAll(func(f *pflag.Flag) { names = append(names, "`--"+f.Name+"`") })
+	inherited := strings.Join(names, ", ")
 	cmds := commands(root)
 	w("Commands:\n\n")
 	for _, c := range cmds {
@@ -57,7 +60,7 @@ func Reference() []byte {
 		}
 		flagTable(&b, c.LocalFlags())
 		if c != root && c.HasAvailableInheritedFlags() {
-			w("The options of [`outbox-relay`](#outbox-relay) (`--config`, `--database-url`, `--schema`, `--log-level`, `--log-format`) apply too.\n\n")
+			w("The options of [`outbox-relay`](#outbox-relay) (%s) apply too.\n\n", inherited)
 		}
 	}
 

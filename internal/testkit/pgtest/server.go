@@ -58,9 +58,39 @@ func Server(t testing.TB) *Instance {
 // "wal_level = logical".
 func ServerConf(t testing.TB, conf ...string) *Instance {
 	t.Helper()
+	return ServerWith(t, Options{Conf: conf})
+}
+
+// Options are what ServerWith sets up beyond what Server does.
+type Options struct {
+	// Conf are extra postgresql.conf lines, such as "wal_level = logical".
+	Conf []string
+	// PasswordAuth makes the server ask every role but postgres for its
+	// password (scram-sha-256) on TCP connections, replication
+	// connections included. postgres, and every role on the Unix socket,
+	// stay trusted, so that URL, Pool and Schema work as on any throwaway
+	// server; a role gets its password with CREATE ROLE ... PASSWORD.
+	PasswordAuth bool
+}
+
+// hbaPassword is pg_hba.conf under Options.PasswordAuth. A connection
+// takes the first line that matches it: postgres is trusted before the
+// lines that ask every other role for a password.
+const hbaPassword = `# throwaway test server (internal/testkit/pgtest), Options.PasswordAuth
+local all         all                    trust
+local replication all                    trust
+host  all         postgres 127.0.0.1/32 trust
+host  replication postgres 127.0.0.1/32 trust
+host  all         all      127.0.0.1/32 scram-sha-256
+host  replication all      127.0.0.1/32 scram-sha-256
+`
+
+// ServerWith is Server set up as o says.
+func ServerWith(t testing.TB, o Options) *Instance {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := start(ctx, t.Logf, conf)
+	s, err := start(ctx, t.Logf, o)
 	if errors.Is(err, ErrUnavailable) {
 		Unavailable(t, "%v", err)
 	}
@@ -88,13 +118,13 @@ func ServerConf(t testing.TB, conf ...string) *Instance {
 // the next Start or Server. Errors wrap ErrUnavailable when this machine
 // cannot run one.
 func Start(ctx context.Context, conf ...string) (*Instance, error) {
-	return start(ctx, nil, conf)
+	return start(ctx, nil, Options{Conf: conf})
 }
 
-// start makes the instance directory, runs initdb and starts the server;
-// on error nothing of it is left. logf (nil: silent) hears of stale
-// instances reaped.
-func start(ctx context.Context, logf func(string, ...any), conf []string) (*Instance, error) {
+// start makes the instance directory, runs initdb and starts the server
+// as o says; on error nothing of it is left. logf (nil: silent) hears of
+// stale instances reaped.
+func start(ctx context.Context, logf func(string, ...any), o Options) (*Instance, error) {
 	bin, err := pgBin()
 	if err != nil {
 		return nil, fmt.Errorf("%w: a throwaway PostgreSQL server needs initdb and pg_ctl: %v "+
@@ -113,7 +143,7 @@ func start(ctx context.Context, logf func(string, ...any), conf []string) (*Inst
 		data:  filepath.Join(proc.Dir, "data"),
 		log:   filepath.Join(proc.Dir, "postgres.log"),
 	}
-	if err := s.init(ctx, bin, conf); err != nil {
+	if err := s.init(ctx, bin, o); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
 	}
@@ -123,13 +153,24 @@ func start(ctx context.Context, logf func(string, ...any), conf []string) (*Inst
 
 // init runs initdb, writes the configuration and starts the server on a
 // free port.
-func (s *Instance) init(ctx context.Context, bin string, conf []string) error {
+func (s *Instance) init(ctx context.Context, bin string, o Options) error {
 	begin := time.Now()
 	if out, err := s.run(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres",
 		"--auth=trust", "--encoding=UTF8", "--no-locale", "--no-sync"); err != nil {
 		return fmt.Errorf("initdb: %v\n%s", err, out)
 	}
 	s.inited = time.Since(begin)
+	conf := o.Conf
+	if o.PasswordAuth {
+		// The file initdb wrote belongs to the server's OS user: replace
+		// its content, keeping the file.
+		if err := replaceFile(filepath.Join(s.data, "pg_hba.conf"), hbaPassword); err != nil {
+			return err
+		}
+		// Servers before 14 store md5 by default, which a scram-sha-256
+		// line refuses.
+		conf = append([]string{"password_encryption = 'scram-sha-256'"}, conf...)
+	}
 	// A port free a moment ago may be taken by the time the server binds
 	// it: try another.
 	for attempt := 1; ; attempt++ {
@@ -219,6 +260,19 @@ func (s *Instance) ctl(ctx context.Context, action string, args ...string) error
 // is for error messages.
 func (s *Instance) run(ctx context.Context, name string, args ...string) (string, error) {
 	return testproc.Output(ctx, s.proc.Command(name, args, []string{"LC_ALL=C"}, "PG"))
+}
+
+// replaceFile writes text over the content of the existing file path.
+func replaceFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_TRUNC|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func appendFile(path, text string) error {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit/testproc"
@@ -98,4 +99,43 @@ func TestStart(t *testing.T) {
 	_, err = os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "server directory %s left behind: %v", dir, err)
 	require.Empty(t, testproc.ProcessesIn(dir), "server processes left behind")
+}
+
+// TestServerPasswordAuth: with Options.PasswordAuth, a role other than
+// postgres connects over TCP with its password only (a wrong one and none
+// are refused, SQLSTATE 28P01), replication connections too, while
+// postgres stays trusted, so that the instance's URL, Pool and Schema
+// work unchanged.
+func TestServerPasswordAuth(t *testing.T) {
+	t.Parallel()
+	s := ServerWith(t, Options{PasswordAuth: true, Conf: []string{"wal_level = logical"}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, _ := s.Schema(t) // postgres, trusted
+	_, err := pool.Exec(ctx, "CREATE ROLE pw_role LOGIN REPLICATION PASSWORD 'right-one'")
+	require.NoError(t, err)
+	as := func(password string, params ...string) error {
+		cfg, err := pgconn.ParseConfig(s.URL())
+		require.NoError(t, err)
+		cfg.User, cfg.Password = "pw_role", password
+		for i := 0; i+1 < len(params); i += 2 {
+			cfg.RuntimeParams[params[i]] = params[i+1]
+		}
+		c, err := pgconn.ConnectConfig(ctx, cfg)
+		if err == nil {
+			require.NoError(t, c.Close(ctx))
+		}
+		return err
+	}
+	refused := func(err error, what string) {
+		t.Helper()
+		var pe *pgconn.PgError
+		require.True(t, errors.As(err, &pe), "%s: must be refused, got %v", what, err)
+		require.Equal(t, "28P01", pe.Code, "%s: %s", what, pe.Message)
+	}
+	require.NoError(t, as("right-one"))
+	refused(as("wrong"), "a wrong password")
+	refused(as(""), "no password")
+	require.NoError(t, as("right-one", "replication", "database"), "a replication connection with the password")
+	refused(as("wrong", "replication", "database"), "a replication connection with a wrong password")
 }

@@ -58,7 +58,9 @@ type Hooks interface {
 type Config struct {
 	// Pool gives the LISTEN session, one connection held while the Waker
 	// runs; the WAL stream opens a replication connection of its own
-	// with the pool's connection settings. Required.
+	// with the pool's connection settings, its BeforeConnect hook run
+	// for it (the password of the moment: relay.PoolConfig.Password).
+	// Required.
 	Pool *pgxpool.Pool
 	// Schema is the outbox's schema. Default "outbox" (as
 	// store.NewSchema).

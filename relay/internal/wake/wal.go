@@ -94,7 +94,19 @@ func (k *Waker) walAllowed(ctx context.Context) (int, error) {
 // consistent point, which it returns. The connection, when not nil, is
 // the caller's to close, error or not.
 func (k *Waker) startReplication(ctx context.Context, version int) (*pgconn.PgConn, pglogrepl.LSN, error) {
-	cc := k.cfg.Pool.Config().ConnConfig.Config.Copy()
+	// The pool's BeforeConnect runs for this connection as for the pool's
+	// own: it gives the password of the moment (relay.PoolConfig.Password,
+	// or a pool's own hook), which a copy of the pool's configuration,
+	// made once, would not have after a rotation; and the session
+	// settings, which those below then adjust.
+	pc := k.cfg.Pool.Config()
+	conf := pc.ConnConfig
+	if pc.BeforeConnect != nil {
+		if err := pc.BeforeConnect(ctx, conf); err != nil {
+			return nil, 0, fmt.Errorf("outbox: WAL: connect: %w", err)
+		}
+	}
+	cc := &conf.Config
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["application_name"] = "outbox-relay-wal"
 	delete(cc.RuntimeParams, "idle_in_transaction_session_timeout")
