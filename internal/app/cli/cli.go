@@ -606,7 +606,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 
-	pool, err := relay.NewPool(parent, relay.PoolConfig{
+	pool, err := g.openPool(ctx, parent, o, relay.PoolConfig{
 		URL: g.databaseURL, Workers: workers, MaxConns: maxConns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
 		Password: password,
 	})
@@ -614,11 +614,6 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	defer pool.Close()
-	if o.migrate {
-		if _, err := migrations.Apply(ctx, pool, g.schema); err != nil {
-			return err
-		}
-	}
 	reg, metrics, otelOn, flushOTel, err := g.telemetry(ctx, pool, closing)
 	if err != nil {
 		return err
@@ -669,6 +664,23 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	return nil
+}
+
+// openPool connects the relay's pool (on parent: it outlives the signal
+// that starts the drain) and, with --migrate, migrates the schema (on
+// ctx).
+func (g *globals) openPool(ctx, parent context.Context, o runOptions, pc relay.PoolConfig) (*pgxpool.Pool, error) {
+	pool, err := relay.NewPool(parent, pc)
+	if err != nil {
+		return nil, err
+	}
+	if o.migrate {
+		if _, err := migrations.Apply(ctx, pool, g.schema); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	return pool, nil
 }
 
 // telemetry builds the metrics registry that /metrics serves and installs
