@@ -234,11 +234,15 @@ func yamlKey(f reflect.StructField) string {
 	return strings.ToLower(f.Name)
 }
 
-// shown formats v for an error: a URL as its scheme and host (a
-// webhook's path or query may hold its token, a broker URL a password),
-// another string quoted, anything else as fmt shows it (a
-// sinkconf.Secret prints "xxxxx"); all of it through redact.URL.
+// shown formats v for an error: a pointer as what it points to, a URL
+// as its scheme and host (a webhook's path or query may hold its token, a
+// broker URL a password), another string quoted, anything else as fmt
+// shows it (a sinkconf.Secret prints "xxxxx"); all of it through
+// redact.URL.
 func shown(v reflect.Value) string {
+	if v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem() // an optional value (a *bool whose nil means "default")
+	}
 	if v.Kind() != reflect.String || v.Type().Implements(stringerType) {
 		return redact.URL(fmt.Sprint(v.Interface()))
 	}

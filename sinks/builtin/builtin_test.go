@@ -20,7 +20,7 @@ var fullURLs = map[string]string{
 	"stdout":  "stdout://",
 	"discard": "discard://",
 	"kafka": "kafka://relay:" + secret + "@h1:9092,h2:9093?client_id=me&topic_prefix=prod.&topic_map=orders:o.v1&balancer=crc32" +
-		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true" +
+		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true&idempotent=true" +
 		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_server_name=k&tls_insecure_skip_verify=true&sasl_mechanism=scram-sha-256",
 	// aws-msk-iam takes no password: the second kafka URL sets its region.
 	"kafka+iam": "kafka://b1:9098?tls=true&sasl_mechanism=aws-msk-iam&sasl_aws_region=eu-west-1",

@@ -105,6 +105,18 @@ type Config struct {
 	// message for a topic that does not exist fails as permanent.
 	// Default false.
 	AllowAutoTopicCreation bool `yaml:"allow_auto_topic_creation"`
+	// Idempotent turns Kafka's idempotent producer on or off (see Send):
+	// the brokers then drop a record batch the sink sends again after its
+	// answer was lost, instead of appending it twice.
+	//
+	//   - nil (the default): on where the brokers support it. Brokers that
+	//     refuse it (before Kafka 0.11, or ACLs without IDEMPOTENT_WRITE)
+	//     are told apart at the first Send: the sink logs a warning and
+	//     produces without it.
+	//   - true: required. Sends fail, not attempted, with an error naming
+	//     this option while the brokers refuse it.
+	//   - false: off, as kafka-go's own producer.
+	Idempotent *bool `yaml:"idempotent"`
 	// TLS configures encrypted connections (see sinkconf.TLS): on when
 	// tls.enable or any other TLS field is set. Default: plaintext.
 	TLS sinkconf.TLS `yaml:"tls"`
@@ -144,7 +156,8 @@ type SASLConfig struct {
 //
 //	client_id, topic_prefix, topic_map (out1:kafka1,out2:kafka2), balancer,
 //	max_message_bytes, write_timeout, dial_timeout, metadata_ttl (Go
-//	durations), allow_auto_topic_creation (bool), sasl_mechanism,
+//	durations), allow_auto_topic_creation (bool), idempotent (bool; unset
+//	means on where the brokers support it), sasl_mechanism,
 //	sasl_aws_region, and the
 //	TLS parameters of sinkconf.TLSParams: tls (bool), tls_ca_file,
 //	tls_cert_file, tls_key_file, tls_server_name,
@@ -200,9 +213,49 @@ var params = sinkconf.NewParams("kafka", "",
 	sinkconf.Duration("dial_timeout", func(c *Config) *time.Duration { return &c.DialTimeout }),
 	sinkconf.Duration("metadata_ttl", func(c *Config) *time.Duration { return &c.MetadataTTL }),
 	sinkconf.Bool("allow_auto_topic_creation", func(c *Config) *bool { return &c.AllowAutoTopicCreation }),
+	sinkconf.Func("idempotent", setIdempotent, idempotentString),
 	sinkconf.String("sasl_mechanism", func(c *Config) *string { return &c.SASL.Mechanism }),
 	sinkconf.String("sasl_aws_region", func(c *Config) *string { return &c.SASL.AWSRegion }),
 ).With(sinkconf.TLSParams(func(c *Config) *sinkconf.TLS { return &c.TLS })...)
+
+// setIdempotent parses the idempotent parameter. Unlike the other
+// booleans it has three states (see Config.Idempotent), so false is a
+// value, not "unset".
+func setIdempotent(cfg *Config, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", redact.URL(v))
+	}
+	cfg.Idempotent = &b
+	return nil
+}
+
+func idempotentString(cfg *Config) string {
+	if cfg.Idempotent == nil {
+		return ""
+	}
+	return strconv.FormatBool(*cfg.Idempotent)
+}
+
+// idempotence is how the sink uses the idempotent producer.
+type idempotence int
+
+const (
+	idempotenceAuto     idempotence = iota // on where the brokers support it
+	idempotenceRequired                    // on, or Sends fail
+	idempotenceOff
+)
+
+func (c Config) idempotence() idempotence {
+	switch {
+	case c.Idempotent == nil:
+		return idempotenceAuto
+	case *c.Idempotent:
+		return idempotenceRequired
+	default:
+		return idempotenceOff
+	}
+}
 
 func setTopicMap(cfg *Config, v string) error {
 	cfg.TopicMap = map[string]string{}

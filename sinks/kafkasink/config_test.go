@@ -10,12 +10,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
 func TestParseURL(t *testing.T) {
 	t.Parallel()
 	cfg, err := ParseURL("kafka://relay:pa%24%24@h1:9092,h2:9093?client_id=me&topic_prefix=prod.&topic_map=orders:o.v1,users:u&balancer=crc32" +
-		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true" +
+		"&max_message_bytes=2000000&write_timeout=3s&dial_timeout=1s&metadata_ttl=2s&allow_auto_topic_creation=true&idempotent=false" +
 		"&tls=true&tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&tls_insecure_skip_verify=false&sasl_mechanism=scram-sha-256")
 	require.NoError(t, err)
 	require.Equal(t, Config{
@@ -29,6 +31,7 @@ func TestParseURL(t *testing.T) {
 		DialTimeout:            time.Second,
 		MetadataTTL:            2 * time.Second,
 		AllowAutoTopicCreation: true,
+		Idempotent:             ptr(false),
 		TLS:                    TLSConfig{Enable: true, CAFile: "/ca.pem", CertFile: "/c.pem", KeyFile: "/k.pem"},
 		SASL:                   SASLConfig{Mechanism: "scram-sha-256", Username: "relay", Password: "pa$$"},
 	}, cfg)
@@ -65,6 +68,7 @@ func TestParseURLErrors(t *testing.T) {
 		"kafka://h:9092?topic_map=a":             "topic_map",
 		"kafka://h:9092?topic_map=a:b,a:c":       "mapped twice",
 		"kafka://h:9092?max_message_bytes=lots":  "max_message_bytes",
+		"kafka://h:9092?idempotent=sometimes":    `"idempotent": "sometimes" is not true or false`,
 	} {
 		_, err := ParseURL(raw)
 		require.ErrorContains(t, err, want, raw)
@@ -116,6 +120,42 @@ func TestValidateNamesTheField(t *testing.T) {
 		"the region may come from the AWS SDK's chain")
 }
 
+// idempotent has three states: unset (on where the brokers support it),
+// true (required) and false (off); false is a value, in the URL, the
+// config file and the redacted URL alike, and a URL and a section that
+// disagree are refused with both values shown.
+func TestIdempotentOption(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]idempotence{
+		"kafka://h:9092":                 idempotenceAuto,
+		"kafka://h:9092?idempotent=true": idempotenceRequired,
+		"kafka://h:9092?idempotent=0":    idempotenceOff,
+	} {
+		cfg, err := ParseURL(raw)
+		require.NoError(t, err)
+		require.Equal(t, want, cfg.idempotence(), raw)
+		again, err := ParseURL(cfg.Redacted())
+		require.NoError(t, err)
+		require.Equal(t, cfg.Idempotent, again.Idempotent, "Redacted keeps it: %s", cfg.Redacted())
+	}
+	var fromYAML Config
+	require.NoError(t, yaml.Unmarshal([]byte("idempotent: false\n"), &fromYAML))
+	require.Equal(t, idempotenceOff, fromYAML.idempotence())
+
+	section := func(text string) sinks.Decoder {
+		return func(dst any) error { return yaml.Unmarshal([]byte(text), dst) }
+	}
+	_, err := Driver.Parse("kafka://h:9092?idempotent=false", section("client_id: c\n"))
+	require.NoError(t, err, "the URL's false is kept beside the section")
+	_, err = Driver.Parse("kafka://h:9092", section("idempotent: false\n"))
+	require.NoError(t, err)
+	_, err = Driver.Parse("kafka://h:9092?idempotent=true", section("idempotent: false\n"))
+	var conflict *sinks.ConflictError
+	require.ErrorAs(t, err, &conflict)
+	require.Equal(t, "idempotent", conflict.Key)
+	require.Equal(t, " (sink URL true, section false)", conflict.Values())
+}
+
 func TestDefaults(t *testing.T) {
 	t.Parallel()
 	s, err := New(Config{Brokers: []string{"127.0.0.1:1"}}, nil)
@@ -128,6 +168,8 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, DefaultDialTimeout, c.DialTimeout)
 	require.Equal(t, DefaultMetadataTTL, c.MetadataTTL)
 	require.False(t, c.AllowAutoTopicCreation)
+	require.Nil(t, c.Idempotent, "on where the brokers support it")
+	require.NotNil(t, s.producer)
 	require.NoError(t, s.Close(t.Context()))
 }
 

@@ -87,6 +87,18 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceNotIdempotent runs the suite with the idempotent
+// producer off: kafka-go's own produce requests.
+func TestConformanceNotIdempotent(t *testing.T) {
+	t.Parallel()
+	sinktest.Run(t, sinktest.Harness{
+		Features: sinktest.Features{Partitions: true, Poison: true, Transient: true, Restart: true, Outage: true},
+		Setup: func(t *testing.T) *sinktest.Env {
+			return conformanceEnv(t, nil, func(cfg *Config) { cfg.Idempotent = ptr(false) }, nil)
+		},
+	})
+}
+
 // TestConformanceSASL runs the suite with SCRAM-SHA-512 on: every
 // connection the sink opens, also after the broker restarts, authenticates.
 func TestConformanceSASL(t *testing.T) {

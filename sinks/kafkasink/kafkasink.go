@@ -10,6 +10,10 @@
 //
 // The sink talks to the brokers through kafka-go's Transport and builds the
 // produce requests itself instead of using kafka.Writer; see Send for why.
+// It is an idempotent producer (kafka-go has none): it encodes its own
+// record batches, with a producer id, epoch and sequence numbers, and
+// resends a batch whose outcome is unknown unchanged, so the broker
+// appends it once (see Send, batch.go and idempotence.go).
 // What lives elsewhere: retries and their backoff (the relay persists them
 // in the outbox row), dead-lettering (the relay), consumers (not our job).
 package kafkasink
@@ -23,7 +27,6 @@ import (
 	"log/slog"
 	"net"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -72,6 +75,8 @@ type Sink struct {
 	sasl      sasl.Mechanism
 	balancer  kafka.Balancer
 	transport *kafka.Transport
+	// producer is the idempotent producer; nil with idempotent=false.
+	producer *producer
 	// now reads the relay host's wall clock. Tests replace it to play a
 	// host whose clock is off.
 	now func() time.Time
@@ -107,6 +112,10 @@ func New(cfg Config, logger *slog.Logger) (*Sink, error) {
 		now:      time.Now,
 	}
 	s.transport = s.newTransport(nil)
+	if mode := cfg.idempotence(); mode != idempotenceOff {
+		client := &kafka.Client{Addr: s.addr, Transport: s.transport, Timeout: cfg.WriteTimeout}
+		s.producer = newProducer(mode, s.log, client)
+	}
 	return s, nil
 }
 
@@ -212,12 +221,28 @@ func (s *Sink) Healthy(ctx context.Context) error {
 //     one after the other, recursively, so only the offending record is
 //     reported permanent. The halves keep slice order and the key gate.
 //
-// There are no in-process retries: the relay persists retries with backoff
-// and holds later messages of a failing key, which is exactly the ordering
-// rule; an in-process retry would also hit the same stale leader until the
-// metadata cache refreshes, and after a timeout could only add duplicates.
-// kafka-go has no idempotent producer; consumers deduplicate on
-// HeaderMessageID.
+// The relay persists retries with backoff and holds later messages of a
+// failing key, which is exactly the ordering rule; the sink retries
+// nothing whose failure is known (an in-process retry would also hit the
+// same stale leader until the metadata cache refreshes).
+//
+// An unknown outcome is another matter: a request without an answer (its
+// connection broke, write_timeout passed) or answered REQUEST_TIMED_OUT
+// may have been appended. kafka-go has no idempotent producer, so the sink
+// is one (Config.Idempotent, on by default where the brokers support it):
+// a producer id from InitProducerId, once per Sink, and per partition a
+// sequence number in every record batch, which the broker uses to drop a
+// batch it already appended. A batch whose outcome is unknown is resent
+// by the sink, byte for byte, within the same Send, for up to twice
+// metadata_ttl (see resend); only if it is still unanswered then does
+// the Send report it unavailable, and the producer moves to a new epoch,
+// so that the relay's retry may append it a second time. Consumers still
+// deduplicate on HeaderMessageID: for that case, for a relay that
+// crashed, and for the rows another relay delivers again (every Sink has
+// its own producer id). Requests to one partition go one at a time (see
+// producer): within a Send a wave holds one batch per partition, and
+// concurrent Sends take turns, except that a partition whose batch is
+// being resent takes none: its messages are not sent (see lease.take).
 func (s *Sink) Send(ctx context.Context, msgs []sinks.Message) error {
 	return s.inflight.Guard(ctx, msgs, "outbox: kafka: send", s.send)
 }
@@ -696,11 +721,24 @@ func (s *Sink) produceWave(ctx context.Context, msgs []sinks.Message, groups []*
 // partition's batch is atomic), so the batch is sent once more stamped
 // with the send time on the database clock.
 //
+// A batch the broker refused for the idempotent producer's state
+// (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, a fenced epoch) was
+// not appended either; the producer has moved on (a new epoch or id), and
+// the batch is sent once more under it.
+//
 // A multi-record batch refused as a whole for something one record (or
 // the batch size) causes is resent by halves to find the offending
 // records. Any other error is the outcome of every message in g.
+//
+// Each of these sends comes before the next wave, so a key's later
+// messages still wait for the outcome.
 func (s *Sink) failed(ctx context.Context, msgs []sinks.Message, g *group, err error, clk sendClock, be *sinks.BatchError) {
 	stamp := clk.created
+	if producerStateReset(err) != resetNone {
+		if err = s.produce(ctx, msgs, []*group{g}, stamp)[0]; err == nil {
+			return
+		}
+	}
 	if errors.Is(err, kafka.InvalidTimestamp) && hasCreatedAt(msgs, g.idx) {
 		s.log.WarnContext(ctx, "kafka: broker refused the records' creation times; sending them again stamped with the send time",
 			"topic", g.tp.topic, "partition", g.tp.partition, "messages", len(g.idx), "error", err)
@@ -768,9 +806,24 @@ func (s *Sink) sendHalves(ctx context.Context, msgs []sinks.Message, g *group, i
 
 // produce sends groups (all led by one broker) in one produce request,
 // each record stamped with stamp, and returns one error per group: nil when
-// the broker appended its batch.
+// the broker appended its batch. With the idempotent producer on, see
+// produceIdempotent; else the request is kafka-go's own.
 func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*group, stamp func(*sinks.Message) time.Time) []error {
-	errs := make([]error, len(groups))
+	if s.producer != nil {
+		tps := make([]topicPartition, len(groups))
+		for j, g := range groups {
+			tps[j] = g.tp
+		}
+		l, err := s.producer.acquire(ctx, tps)
+		switch {
+		case err != nil:
+			return fill(len(groups), s.leaseErr(ctx, err))
+		case l != nil:
+			defer l.release()
+			return s.produceIdempotent(ctx, l, msgs, groups, stamp)
+		}
+		// The brokers refused the idempotent producer: produce without.
+	}
 	req := &produce.Request{
 		Acks:    int16(kafka.RequireAll),
 		Timeout: int32(s.cfg.WriteTimeout / time.Millisecond),
@@ -792,7 +845,35 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 			RecordSet: protocol.RecordSet{Records: protocol.NewRecordReader(records...)},
 		})
 	}
+	return s.exchange(ctx, req, groups)
+}
 
+// leaseErr describes why a produce request could not start: the producer
+// has no id (InitProducerId failed or was refused), a partition is busy
+// resending a batch, or ctx ended while it waited for its turn. Nothing
+// was sent.
+func (s *Sink) leaseErr(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return fmt.Errorf("outbox: kafka: not sent: %w", err)
+	case sinks.IsNotSent(err):
+		return err
+	}
+	return sinks.NotSent(s.connErr(err))
+}
+
+func fill(n int, err error) []error {
+	errs := make([]error, n)
+	for j := range errs {
+		errs[j] = err
+	}
+	return errs
+}
+
+// exchange sends req, a produce request for groups, and returns one error
+// per group: nil when the broker appended its batch, or answered
+// DUPLICATE_SEQUENCE_NUMBER (it had appended it before).
+func (s *Sink) exchange(ctx context.Context, req kafka.Request, groups []*group) []error {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.WriteTimeout)
 	defer cancel()
 	r, err := s.transport.RoundTrip(rctx, s.addr, req)
@@ -806,10 +887,7 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 			// answer: its connection broke, or write_timeout passed.
 			err = sinks.Unavailable(err)
 		}
-		for j := range errs {
-			errs[j] = err
-		}
-		return errs
+		return fill(len(groups), err)
 	}
 	res := r.(*produce.Response)
 	type result struct {
@@ -826,12 +904,13 @@ func (s *Sink) produce(ctx context.Context, msgs []sinks.Message, groups []*grou
 			got[topicPartition{t.Topic, p.Partition}] = result{p.ErrorCode, msg}
 		}
 	}
+	errs := make([]error, len(groups))
 	for j, g := range groups {
 		res, ok := got[g.tp]
 		switch {
 		case !ok:
 			errs[j] = fmt.Errorf("outbox: kafka: produce to %s[%d]: the broker's response does not mention the partition", g.tp.topic, g.tp.partition)
-		case res.code != 0:
+		case res.code != 0 && kafka.Error(res.code) != kafka.DuplicateSequenceNumber:
 			errs[j] = produceError(g.tp.topic, g.tp.partition, res.code, res.msg)
 		}
 	}
@@ -851,16 +930,7 @@ func record(m *sinks.Message, ts time.Time) protocol.Record {
 		v = []byte{}
 	}
 	r.Value = protocol.NewBytes(v)
-	r.Headers = make([]protocol.Header, 0, 2+len(m.Headers))
-	r.Headers = append(r.Headers,
-		protocol.Header{Key: HeaderMessageID, Value: []byte(m.ID)},
-		protocol.Header{Key: HeaderSeq, Value: strconv.AppendInt(nil, m.Seq, 10)})
-	for _, k := range sortedKeys(m.Headers) {
-		if k == HeaderMessageID || k == HeaderSeq {
-			continue
-		}
-		r.Headers = append(r.Headers, protocol.Header{Key: k, Value: []byte(m.Headers[k])})
-	}
+	r.Headers = recordHeaders(m)
 	return r
 }
 

@@ -264,24 +264,38 @@ func TestRetriableErrorOnOnePartition(t *testing.T) {
 	cons.mustRead(t, len(retry))
 }
 
-// REQUEST_TIMED_OUT after the append (kfake appends and then answers with
-// it, like a broker whose followers were too slow): the outcome is unknown,
-// the error is retriable, and nothing after the batch is sent for its keys.
+// REQUEST_TIMED_OUT on every produce (a broker whose followers never
+// catch up): the outcome is unknown, the error is retriable, and nothing
+// after the batch is sent for its keys. The idempotent producer first
+// resends the batch unchanged for twice metadata_ttl, and says that the
+// outcome stays unknown; then it moves to a new epoch, and the relay's
+// retry is accepted.
 func TestTimedOutAppendIsRetriable(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, kfake.SeedTopics(1, "t"))
-	s := newSink(t, c)
-	restore := failProduce(c, kerr.RequestTimedOut.Code)
-	err := s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "a"), msg("t", "k", 2, "b")})
-	restore()
-	var be *sinks.BatchError
-	require.ErrorAs(t, err, &be)
-	for _, e := range be.Errs {
-		require.ErrorIs(t, e, kafka.RequestTimedOut)
-		require.ErrorIs(t, e, sinks.ErrUnavailable)
-		require.False(t, sinks.IsPermanent(e))
+	for _, idempotent := range []bool{true, false} {
+		t.Run(fmt.Sprintf("idempotent=%t", idempotent), func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, kfake.SeedTopics(1, "t"))
+			s := newSink(t, c, func(cfg *Config) {
+				cfg.Idempotent = &idempotent
+				cfg.MetadataTTL = 100 * time.Millisecond // the resends' window: 200ms
+			})
+			restore := failProduce(c, kerr.RequestTimedOut.Code)
+			err := s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "a"), msg("t", "k", 2, "b")})
+			restore()
+			var be *sinks.BatchError
+			require.ErrorAs(t, err, &be)
+			for _, e := range be.Errs {
+				require.ErrorIs(t, e, kafka.RequestTimedOut)
+				require.ErrorIs(t, e, sinks.ErrUnavailable)
+				require.False(t, sinks.IsPermanent(e))
+				if idempotent {
+					require.ErrorContains(t, e, "outcome unknown")
+				}
+			}
+			require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "a")}))
+		})
 	}
-	require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("t", "k", 1, "a")}))
 }
 
 // The same key on two topics is never in flight twice: a failure on the

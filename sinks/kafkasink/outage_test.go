@@ -47,7 +47,9 @@ func TestBrokerDownIsNotAttempted(t *testing.T) {
 
 	rc.stop()
 	// A connection the broker dropped may fail a request already written
-	// (unexpected EOF): that one is an attempt. Dials that fail are not.
+	// (unexpected EOF): that one is an attempt, whose batch the idempotent
+	// producer resends for twice metadata_ttl (12s) before the Send gives
+	// up. Dials that fail are not attempts.
 	var err error
 	for i := range 3 {
 		err = s.Send(ctx, batch())

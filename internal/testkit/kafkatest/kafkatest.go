@@ -1,6 +1,7 @@
 // Package kafkatest holds what the Kafka tests share about franz-go's
-// in-process broker (kfake): for now the fault they inject, a produce
-// request refused with an error code.
+// in-process broker (kfake): the faults they inject, a produce request
+// refused with an error code (Refuse) and a produce answer lost after
+// the append (AnswerLoss).
 package kafkatest
 
 import "github.com/twmb/franz-go/pkg/kmsg"
