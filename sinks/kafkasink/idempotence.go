@@ -14,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/initproducerid"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 	"golang.org/x/sync/semaphore"
 
@@ -286,14 +287,6 @@ func (p *producer) reinit(ctx context.Context) error {
 // without a transactional id), after checking once that they support it.
 // An answer that says to try again is retried up to initAttempts times;
 // a refusal wraps ErrIdempotenceRefused.
-//
-// kafka-go's transport routes InitProducerId like a transactional request
-// (transport.go, connPool.sendRequest, case protocol.TransactionalMessage):
-// a FindCoordinator for the transactional id "" goes first, and its
-// answer, whatever its error code, only chooses the broker (any broker
-// can serve an idempotent producer's InitProducerId). On Kafka that
-// FindCoordinator may create the __transaction_state topic if the cluster
-// has none.
 func (p *producer) initProducerID(ctx context.Context) (int64, int16, error) {
 	if err := p.checkVersions(ctx); err != nil {
 		return 0, 0, err
@@ -333,14 +326,58 @@ func (p *producer) initProducerID(ctx context.Context) (int64, int16, error) {
 const initAttempts = 3
 
 func (p *producer) initOnce(ctx context.Context) (*kafka.InitProducerIDResponse, error) {
-	return p.client.InitProducerID(ctx, &kafka.InitProducerIDRequest{
+	rt := p.client.Transport
+	if rt == nil {
+		rt = kafka.DefaultTransport
+	}
+	m, err := rt.RoundTrip(ctx, p.client.Addr, &initPIDRequest{
 		// The transactional id stays "": kafka-go sends it as null, the
 		// idempotent producer's. Brokers ignore the timeout then.
 		TransactionTimeoutMs: math.MaxInt32,
 		ProducerID:           -1,
 		ProducerEpoch:        -1,
 	})
+	if err != nil {
+		return nil, err
+	}
+	r := m.(*initproducerid.Response)
+	res := &kafka.InitProducerIDResponse{Producer: &kafka.ProducerSession{ProducerID: int(r.ProducerID), ProducerEpoch: int(r.ProducerEpoch)}}
+	if r.ErrorCode != 0 {
+		res.Error = kafka.Error(r.ErrorCode)
+	}
+	return res, nil
 }
+
+// initPIDRequest is InitProducerId as an idempotent producer sends it:
+// without a transactional id, to any broker. kafka-go's own request type
+// (protocol/initproducerid) is a transactional message, which its
+// transport routes by sending a FindCoordinator for the transactional id
+// "" first; on Kafka that lookup creates the __transaction_state topic
+// (50 partitions) on a cluster that has none, and a cluster whose
+// replication factor for it cannot be met answers it with an error. This
+// type has the same fields and is registered as an override of the
+// request's type (the mechanism kafka-go's rawproduce uses for Produce);
+// not being a transactional message, it goes to any broker.
+type initPIDRequest struct {
+	// A tagged field marks the flexible versions, as in kafka-go's type.
+	_                    struct{} `kafka:"min=v2,max=v4,tag"`
+	TransactionalID      string   `kafka:"min=v0,max=v4,nullable"`
+	TransactionTimeoutMs int32    `kafka:"min=v0,max=v4"`
+	ProducerID           int64    `kafka:"min=v3,max=v4"`
+	ProducerEpoch        int16    `kafka:"min=v3,max=v4"`
+}
+
+// initPIDOverride is initPIDRequest's key among kafka-go's overrides of
+// request types (rawproduce's is 0).
+const initPIDOverride protocol.OverrideTypeKey = 0x0b
+
+func init() {
+	protocol.RegisterOverride(&initPIDRequest{}, &initproducerid.Response{}, initPIDOverride)
+}
+
+func (r *initPIDRequest) ApiKey() protocol.ApiKey { return protocol.InitProducerId }
+
+func (r *initPIDRequest) TypeKey() protocol.OverrideTypeKey { return initPIDOverride }
 
 // checkVersions asks a bootstrap broker, once, which requests it
 // supports: InitProducerId at all (Kafka 0.11; kafka-go would send it to

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -437,4 +438,28 @@ func TestGivenUpSequenceIsNotReused(t *testing.T) {
 		got[string(r.Value)]++
 	}
 	require.Equal(t, map[string]int{"first": 5, "second": 5}, got)
+}
+
+// The producer id comes from InitProducerId sent to any broker, as an
+// idempotent producer asks for it: no FindCoordinator for a transactional
+// id first (kafka-go's own request type is routed that way, and on Kafka
+// the lookup creates the __transaction_state topic).
+func TestProducerIDWithoutCoordinatorLookup(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, kfake.SeedTopics(1, "t"))
+	var lookups, inits atomic.Int32
+	c.ControlKey(int16(kmsg.FindCoordinator), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lookups.Add(1)
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		inits.Add(1)
+		return nil, nil, false
+	})
+	s := newSink(t, c, func(cfg *Config) { cfg.Idempotent = ptr(true) })
+	require.NoError(t, s.Send(context.Background(), []sinks.Message{msg("t", "k", 0, "v")}))
+	require.Equal(t, int32(1), inits.Load(), "one InitProducerId")
+	require.Zero(t, lookups.Load(), "no FindCoordinator before it")
 }
