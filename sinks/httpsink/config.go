@@ -83,10 +83,12 @@ type Config struct {
 	// AllowInsecureHTTP permits http:// URLs to hosts other than loopback
 	// addresses and "localhost". Default: false.
 	AllowInsecureHTTP bool `yaml:"allow_insecure_http"`
-	// BlockPrivateNetworks refuses to connect to loopback, private,
-	// link-local, carrier-grade NAT, multicast and other non-public
-	// addresses, checked on the resolved address at dial time (so DNS
-	// cannot be used to reach internal services). Default: false.
+	// BlockPrivateNetworks refuses to connect to the addresses of IANA's
+	// IPv4 and IPv6 special-purpose registries (loopback, private,
+	// link-local, carrier-grade NAT, NAT64, 6to4, Teredo, documentation,
+	// ...), to multicast and to IPv6 outside global unicast, on any port,
+	// checked on the resolved address at dial time (so DNS cannot be used
+	// to reach internal services). Default: false.
 	BlockPrivateNetworks bool `yaml:"block_private_networks"`
 }
 

@@ -2,10 +2,12 @@ package deploytest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -69,6 +71,74 @@ type k8sPrometheusRule struct {
 	} `yaml:"spec"`
 }
 
+// scaleTarget is the scaleTargetRef of a ScaledObject or a
+// HorizontalPodAutoscaler.
+type scaleTarget struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	Name       string `yaml:"name"`
+}
+
+type k8sScaledObject struct {
+	APIVersion string  `yaml:"apiVersion"`
+	Kind       string  `yaml:"kind"`
+	Metadata   k8sMeta `yaml:"metadata"`
+	Spec       struct {
+		ScaleTargetRef  scaleTarget `yaml:"scaleTargetRef"`
+		PollingInterval *int        `yaml:"pollingInterval"`
+		CooldownPeriod  *int        `yaml:"cooldownPeriod"`
+		MinReplicaCount *int        `yaml:"minReplicaCount"`
+		MaxReplicaCount *int        `yaml:"maxReplicaCount"`
+		Advanced        *struct {
+			HorizontalPodAutoscalerConfig struct {
+				Behavior map[string]any `yaml:"behavior"`
+			} `yaml:"horizontalPodAutoscalerConfig"`
+		} `yaml:"advanced"`
+		Triggers []struct {
+			Type       string `yaml:"type"`
+			MetricType string `yaml:"metricType"`
+			// any, not string: KEDA takes strings only, which the test
+			// checks rather than letting the decoder convert.
+			Metadata          map[string]any `yaml:"metadata"`
+			AuthenticationRef *struct {
+				Name string `yaml:"name"`
+			} `yaml:"authenticationRef"`
+		} `yaml:"triggers"`
+	} `yaml:"spec"`
+}
+
+type metricTarget struct {
+	Type               string `yaml:"type"`
+	AverageValue       any    `yaml:"averageValue"`
+	AverageUtilization *int   `yaml:"averageUtilization"`
+}
+
+type k8sHPA struct {
+	APIVersion string  `yaml:"apiVersion"`
+	Kind       string  `yaml:"kind"`
+	Metadata   k8sMeta `yaml:"metadata"`
+	Spec       struct {
+		ScaleTargetRef scaleTarget `yaml:"scaleTargetRef"`
+		MinReplicas    *int        `yaml:"minReplicas"`
+		MaxReplicas    int         `yaml:"maxReplicas"`
+		Metrics        []struct {
+			Type     string `yaml:"type"`
+			External *struct {
+				Metric struct {
+					Name     string        `yaml:"name"`
+					Selector labelSelector `yaml:"selector"`
+				} `yaml:"metric"`
+				Target metricTarget `yaml:"target"`
+			} `yaml:"external"`
+			Resource *struct {
+				Name   string       `yaml:"name"`
+				Target metricTarget `yaml:"target"`
+			} `yaml:"resource"`
+		} `yaml:"metrics"`
+		Behavior map[string]any `yaml:"behavior"`
+	} `yaml:"spec"`
+}
+
 func (m *manifests) decodeMore(kind string, doc *yaml.Node) error {
 	var err error
 	switch kind {
@@ -92,6 +162,14 @@ func (m *manifests) decodeMore(kind string, doc *yaml.Node) error {
 		var v k8sPrometheusRule
 		err = decodeStrict(doc, &v)
 		m.prometheusRules = append(m.prometheusRules, v)
+	case "ScaledObject":
+		var v k8sScaledObject
+		err = decodeStrict(doc, &v)
+		m.scaledObjects = append(m.scaledObjects, v)
+	case "HorizontalPodAutoscaler":
+		var v k8sHPA
+		err = decodeStrict(doc, &v)
+		m.hpas = append(m.hpas, v)
 	}
 	return err
 }
@@ -117,6 +195,8 @@ func TestHelmLint(t *testing.T) {
 	t.Parallel()
 	helm(t, "lint", "--strict", chartDir)
 	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/full-values.yaml")
+	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/keda-values.yaml")
+	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/hpa-values.yaml")
 }
 
 // The chart's alert rules are those of deploy/prometheus (a copy, since a
@@ -301,4 +381,344 @@ func checkChart(t *testing.T, m manifests, full bool) {
 	cmd.Env = append(os.Environ(), "OUTBOX_CONFIG=")
 	out, _ := cmd.CombinedOutput()
 	require.Contains(t, string(out), "database-url: cannot parse", "the chart's config was refused:\n%s", out)
+}
+
+// helmFails runs helm, which must fail, and returns what it wrote.
+func helmFails(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("helm")
+	if err != nil {
+		unavailable(t, "helm not found (scripts/services.sh helm builds it from its Go module)")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = root(t)
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "helm %s succeeded:\n%s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+// renderChart renders the chart as release "relay" in namespace "apps"
+// with args added, and decodes it strictly.
+func renderChart(t *testing.T, name string, args ...string) manifests {
+	t.Helper()
+	out := helm(t, append([]string{"template", "relay", chartDir, "--namespace", "apps", "--kube-version", "1.29.0"}, args...)...)
+	return parseManifests(t, "helm template "+name, out)
+}
+
+const (
+	chartRelease = "relay-outbox-relay" // the fullname of release "relay"
+	kedaOn       = "keda.enabled=true"
+	kedaServer   = "keda.prometheus.serverAddress=http://prometheus-operated.monitoring.svc:9090"
+)
+
+// An autoscaler's bounds, as the test expects them.
+type bounds struct{ min, max int }
+
+// The chart scales the relays with KEDA or a HorizontalPodAutoscaler
+// only when asked, and then leaves the Deployment's replicas to it. The
+// maximum left empty is what the lanes can use: ceil(256 / workers) for
+// the route with the fewest workers.
+func TestHelmAutoscaling(t *testing.T) {
+	t.Parallel()
+	t.Run("neither by default", func(t *testing.T) {
+		t.Parallel()
+		m := renderChart(t, "defaults")
+		require.Empty(t, m.scaledObjects)
+		require.Empty(t, m.hpas)
+		require.Len(t, m.deployments, 1)
+		require.NotNil(t, m.deployments[0].Spec.Replicas, "a Deployment nobody scales sets its replicas")
+		require.Equal(t, 2, *m.deployments[0].Spec.Replicas)
+	})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bounds
+	}{
+		{"keda, defaults", []string{"--set", kedaOn, "--set", kedaServer}, bounds{2, 128}},
+		{"keda, 4 workers", []string{"--set", kedaOn, "--set", kedaServer, "--set", "relay.workers=4"}, bounds{2, 64}},
+		{"keda, 3 workers", []string{"--set", kedaOn, "--set", kedaServer, "--set", "relay.workers=3"}, bounds{2, 86}},
+		// Routes: the fewest workers of any route sets the ceiling, a
+		// route without its own workers having relay.workers.
+		{"keda, routes", append([]string{"--set", kedaOn, "--set", kedaServer, "--set", "relay.workers=16"}, routes(8, 32)...), bounds{2, 32}},
+		{"keda, a route on relay.workers", append([]string{"--set", kedaOn, "--set", kedaServer, "--set", "relay.workers=4"}, routes(8, 0)...), bounds{2, 64}},
+		{"keda, ci values", []string{"-f", chartDir + "/ci/keda-values.yaml"}, bounds{3, 24}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := renderChart(t, tc.name, tc.args...)
+			checkAutoscaled(t, m)
+			require.Len(t, m.scaledObjects, 1)
+			require.Empty(t, m.hpas)
+			checkScaledObject(t, m.scaledObjects[0], tc.want)
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bounds
+	}{
+		{"hpa, defaults", []string{"--set", "hpa.enabled=true"}, bounds{2, 128}},
+		{"hpa, 8 workers", []string{"--set", "hpa.enabled=true", "--set", "relay.workers=8"}, bounds{2, 32}},
+		{"hpa, ci values", []string{"-f", chartDir + "/ci/hpa-values.yaml"}, bounds{2, 16}},
+		{"hpa, CPU only", []string{"--set", "hpa.enabled=true", "--set", "hpa.external.metricName=", "--set", "hpa.cpuUtilization=70", "--set", "hpa.minReplicas=1", "--set", "hpa.maxReplicas=6"}, bounds{1, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := renderChart(t, tc.name, tc.args...)
+			checkAutoscaled(t, m)
+			require.Len(t, m.hpas, 1)
+			require.Empty(t, m.scaledObjects)
+			checkHPA(t, m.hpas[0], tc.name, tc.want)
+		})
+	}
+}
+
+// routes returns --set arguments for two routes with the given workers
+// (0: the route sets none).
+func routes(workers ...int) []string {
+	args := []string{"--set", "sink.url="}
+	for i, w := range workers {
+		r := fmt.Sprintf("config.routes[%d].", i)
+		args = append(args, "--set", r+"name=r"+strconv.Itoa(i), "--set", r+"topics={t"+strconv.Itoa(i)+".*}", "--set", r+"sink=kafka://kafka:9092")
+		if w > 0 {
+			args = append(args, "--set", r+"workers="+strconv.Itoa(w))
+		}
+	}
+	return args
+}
+
+// checkAutoscaled checks the Deployment of an autoscaled rendering: no
+// replicas (the autoscaler's), and the checks every relay pod passes.
+func checkAutoscaled(t *testing.T, m manifests) {
+	t.Helper()
+	require.Len(t, m.deployments, 1)
+	d := m.deployments[0]
+	require.Nil(t, d.Spec.Replicas, "%s: the Deployment sets replicas, which the autoscaler owns", m.file)
+	require.Equal(t, chartRelease, d.Metadata.Name)
+	runs := checkPod(t, m.file+": Deployment", d.Spec.Template.Spec)
+	require.Len(t, runs, 1)
+	checkRolloutEnds(t, m.file+": Deployment", d, runs[0].settings())
+	require.Len(t, m.pdbs, 1, "the disruption budget stays")
+}
+
+func checkTarget(t *testing.T, ref scaleTarget) {
+	t.Helper()
+	require.Equal(t, scaleTarget{APIVersion: "apps/v1", Kind: "Deployment", Name: chartRelease}, ref)
+}
+
+func checkScaledObject(t *testing.T, so k8sScaledObject, want bounds) {
+	t.Helper()
+	checkTarget(t, so.Spec.ScaleTargetRef)
+	require.Equal(t, chartRelease, so.Metadata.Name)
+	require.NotNil(t, so.Spec.MinReplicaCount, "minReplicaCount unset: KEDA's default is 0, no relay at all")
+	require.NotNil(t, so.Spec.MaxReplicaCount)
+	require.Equal(t, want, bounds{*so.Spec.MinReplicaCount, *so.Spec.MaxReplicaCount})
+	require.NotNil(t, so.Spec.PollingInterval)
+	require.NotNil(t, so.Spec.CooldownPeriod)
+
+	require.Len(t, so.Spec.Triggers, 1)
+	tr := so.Spec.Triggers[0]
+	require.Equal(t, "prometheus", tr.Type)
+	require.Equal(t, "AverageValue", tr.MetricType, "relays wanted: the backlog over the threshold")
+	for k, v := range tr.Metadata {
+		require.IsType(t, "", v, "trigger metadata %s: KEDA reads strings only", k)
+	}
+	require.Equal(t, "http://prometheus-operated.monitoring.svc:9090", tr.Metadata["serverAddress"])
+	query, _ := tr.Metadata["query"].(string)
+	require.Equal(t, chartBacklogQuery(t), query, "the default query")
+
+	if want.min != 3 { // not ci/keda-values.yaml
+		require.Equal(t, "5000", tr.Metadata["threshold"])
+		require.Nil(t, so.Spec.Advanced)
+		require.Nil(t, tr.AuthenticationRef)
+		return
+	}
+	require.Equal(t, "2000", tr.Metadata["threshold"])
+	require.Equal(t, "false", tr.Metadata["unsafeSsl"])
+	require.Equal(t, 15, *so.Spec.PollingInterval)
+	require.Equal(t, 120, *so.Spec.CooldownPeriod)
+	require.NotNil(t, tr.AuthenticationRef)
+	require.Equal(t, "prometheus-credentials", tr.AuthenticationRef.Name)
+	require.NotNil(t, so.Spec.Advanced)
+	require.Equal(t, map[string]any{"scaleDown": map[string]any{"stabilizationWindowSeconds": 600}}, so.Spec.Advanced.HorizontalPodAutoscalerConfig.Behavior)
+}
+
+func checkHPA(t *testing.T, h k8sHPA, name string, want bounds) {
+	t.Helper()
+	checkTarget(t, h.Spec.ScaleTargetRef)
+	require.NotNil(t, h.Spec.MinReplicas, "minReplicas unset")
+	require.Equal(t, want, bounds{*h.Spec.MinReplicas, h.Spec.MaxReplicas})
+	var external, cpu int
+	for _, m := range h.Spec.Metrics {
+		switch m.Type {
+		case "External":
+			external++
+			require.NotNil(t, m.External)
+			require.Equal(t, adapterMetricName(t), m.External.Metric.Name, "the metric docs/deploy.md's adapter rule serves")
+			require.Equal(t, "AverageValue", m.External.Target.Type)
+			require.IsType(t, "", m.External.Target.AverageValue, "averageValue is a quantity string")
+			require.Equal(t, chartRelease, m.External.Metric.Selector.MatchLabels["service"])
+		case "Resource":
+			cpu++
+			require.NotNil(t, m.Resource)
+			require.Equal(t, "cpu", m.Resource.Name)
+			require.Equal(t, "Utilization", m.Resource.Target.Type)
+			require.NotNil(t, m.Resource.Target.AverageUtilization)
+		default:
+			t.Fatalf("%s: metric type %q", name, m.Type)
+		}
+	}
+	switch name {
+	case "hpa, ci values":
+		require.Equal(t, []int{1, 1}, []int{external, cpu})
+		require.Equal(t, "3000", h.Spec.Metrics[0].External.Target.AverageValue)
+		require.Equal(t, 80, *h.Spec.Metrics[1].Resource.Target.AverageUtilization)
+		require.Equal(t, map[string]any{"scaleDown": map[string]any{"stabilizationWindowSeconds": 600}}, h.Spec.Behavior)
+	case "hpa, CPU only":
+		require.Equal(t, []int{0, 1}, []int{external, cpu})
+	default:
+		require.Equal(t, []int{1, 0}, []int{external, cpu})
+		require.Equal(t, "5000", h.Spec.Metrics[0].External.Target.AverageValue)
+		require.Equal(t, map[string]string{"service": chartRelease}, h.Spec.Metrics[0].External.Metric.Selector.MatchLabels)
+		require.Nil(t, h.Spec.Behavior)
+	}
+}
+
+// The chart refuses, naming the value, two autoscalers, fewer than one
+// relay, a maximum below the minimum or beyond the lanes, a ScaledObject
+// without a Prometheus and a HorizontalPodAutoscaler without a metric.
+func TestHelmAutoscalingRefusals(t *testing.T) {
+	t.Parallel()
+	keda := []string{"--set", kedaOn, "--set", kedaServer}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(keda, "--set", "hpa.enabled=true"), "keda.enabled and hpa.enabled: enable one autoscaler"},
+		// Before any other refusal: the one that says what to choose.
+		{[]string{"--set", kedaOn, "--set", "hpa.enabled=true", "--set", "hpa.minReplicas=0"}, "keda.enabled and hpa.enabled: enable one autoscaler"},
+		{append(keda, "--set", "keda.minReplicaCount=0"), "keda.minReplicaCount: 0: at least 1"},
+		{[]string{"--set", "hpa.enabled=true", "--set", "hpa.minReplicas=0"}, "hpa.minReplicas: 0: at least 1"},
+		{append(keda, "--set", "keda.minReplicaCount=two"), `keda.minReplicaCount: "two" is not a whole number`},
+		{append(keda, "--set", "keda.maxReplicaCount=1"), "keda.maxReplicaCount: 1 is below keda.minReplicaCount (2)"},
+		{append(keda, "--set", "keda.maxReplicaCount=257"), "keda.maxReplicaCount: 257: a route has 256 lanes"},
+		{[]string{"--set", "hpa.enabled=true", "--set", "hpa.maxReplicas=300", "--set", "relay.workers=4"}, "hpa.maxReplicas: 300: a route has 256 lanes, and a relay beyond 256 holds none; with these workers relays add workers up to 64"},
+		{[]string{"--set", kedaOn}, "keda.prometheus.serverAddress: the Prometheus KEDA queries"},
+		{[]string{"--set", "hpa.enabled=true", "--set", "hpa.external.metricName="}, "hpa.external.metricName or hpa.cpuUtilization: the HorizontalPodAutoscaler needs a metric"},
+	} {
+		out := helmFails(t, append([]string{"template", "relay", chartDir}, tc.args...)...)
+		require.Contains(t, out, tc.want, "helm template %s", strings.Join(tc.args, " "))
+	}
+	// The same values render with the bounds right.
+	renderChart(t, "bounds equal", append(keda, "--set", "keda.minReplicaCount=1", "--set", "keda.maxReplicaCount=1")...)
+	renderChart(t, "at the lanes", append(keda, "--set", "keda.maxReplicaCount=256")...)
+}
+
+// chartBacklogQuery is the query a ScaledObject of release "relay" in
+// namespace "apps" gets by default.
+func chartBacklogQuery(t *testing.T) string {
+	t.Helper()
+	m := renderChart(t, "backlog query", "--set", kedaOn, "--set", kedaServer)
+	require.Len(t, m.scaledObjects, 1)
+	q, ok := m.scaledObjects[0].Spec.Triggers[0].Metadata["query"].(string)
+	require.True(t, ok, "no query")
+	return q
+}
+
+// adapterRule is the prometheus-adapter rule of docs/deploy.md: the name
+// it serves the backlog as, and its query.
+var adapterRule = regexp.MustCompile(`(?s)externalRules:.*?as: (\S+)\n.*?metricsQuery: '([^']+)'`)
+
+func adapterMetricName(t *testing.T) string {
+	t.Helper()
+	m := adapterRule.FindStringSubmatch(string(readFile(t, "docs/deploy.md")))
+	require.NotNil(t, m, "docs/deploy.md has no prometheus-adapter externalRules with a name and a metricsQuery")
+	return m[1]
+}
+
+// The backlog query, the chart's and the one docs/deploy.md gives
+// prometheus-adapter (with the label matchers the adapter puts in for the
+// chart's HorizontalPodAutoscaler), evaluated by Prometheus on made-up
+// series: the largest of the relays' ready counts (pending − retrying −
+// delayed, per pod), only this release's relays, 0 while a destination of
+// theirs is down, and 0 with no relay reporting.
+func TestHelmBacklogQuery(t *testing.T) {
+	t.Parallel()
+	pt := promtool(t)
+	m := adapterRule.FindStringSubmatch(string(readFile(t, "docs/deploy.md")))
+	require.NotNil(t, m, "docs/deploy.md has no prometheus-adapter rule")
+	adapter := strings.ReplaceAll(m[2], "<<.LabelMatchers>>", `namespace="apps",service="`+chartRelease+`"`)
+	for name, query := range map[string]string{"chart": chartBacklogQuery(t), "docs/deploy.md adapter rule": adapter} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "t.yaml"), backlogQueryTests(t, query), 0o600))
+			cmd := exec.Command(pt, "test", "rules", "t.yaml")
+			cmd.Dir = dir
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "promtool test rules on %s:\n%s", query, out)
+		})
+	}
+}
+
+// backlogQueryTests is a promtool rule test of query.
+func backlogQueryTests(t *testing.T, query string) []byte {
+	t.Helper()
+	type sample struct {
+		Labels string  `yaml:"labels"`
+		Value  float64 `yaml:"value"`
+	}
+	type exprTest struct {
+		Expr       string   `yaml:"expr"`
+		EvalTime   string   `yaml:"eval_time"`
+		ExpSamples []sample `yaml:"exp_samples"`
+	}
+	type series struct {
+		Series string `yaml:"series"`
+		Values string `yaml:"values"`
+	}
+	type group struct {
+		Interval string     `yaml:"interval"`
+		Input    []series   `yaml:"input_series"`
+		Tests    []exprTest `yaml:"promql_expr_test"`
+	}
+	gauge := func(name, ns, svc, pod, values string) series {
+		return series{fmt.Sprintf(`outbox_relay_%s{namespace=%q,service=%q,pod=%q}`, name, ns, svc, pod), values}
+	}
+	relays := func(ns, svc, pod, pending, retrying, delayed string) []series {
+		return []series{
+			gauge("pending_messages", ns, svc, pod, pending),
+			gauge("retrying_messages", ns, svc, pod, retrying),
+			gauge("delayed_messages", ns, svc, pod, delayed),
+		}
+	}
+	at := func(eval string, want float64) exprTest {
+		return exprTest{Expr: query, EvalTime: eval, ExpSamples: []sample{{Labels: "{}", Value: want}}}
+	}
+	var busy []series
+	// Two relays of the release, one a refresh behind the other: 850 and
+	// 800 ready, then a backlog of retries and delayed messages only.
+	busy = append(busy, relays("apps", chartRelease, "a", "1000 1000 1000 5000", "100 100 100 4000", "50 50 50 1000")...)
+	busy = append(busy, relays("apps", chartRelease, "b", "900 900 900 5000", "100 100 100 4000", "0 0 0 1000")...)
+	// Another release beside it, and this release's name in another
+	// namespace: neither counts, nor does their destination.
+	busy = append(busy, relays("apps", "other-outbox-relay", "c", "99999x3", "0x3", "0x3")...)
+	busy = append(busy, relays("staging", chartRelease, "d", "99999x3", "0x3", "0x3")...)
+	busy = append(busy, gauge("destination_down", "apps", "other-outbox-relay", "c", "1x3"),
+		series{fmt.Sprintf(`outbox_relay_destination_down{namespace="apps",service=%q,pod="a",route="",sink="kafka"}`, chartRelease), "0 0 1 0"})
+	file := struct {
+		RuleFiles          []string `yaml:"rule_files"`
+		EvaluationInterval string   `yaml:"evaluation_interval"`
+		Tests              []group  `yaml:"tests"`
+	}{
+		RuleFiles: []string{}, EvaluationInterval: "1m",
+		Tests: []group{
+			{Interval: "1m", Input: busy, Tests: []exprTest{at("0m", 850), at("1m", 850), at("2m", 0), at("3m", 0)}},
+			// No relay of the release reports anything.
+			{Interval: "1m", Input: relays("apps", "other-outbox-relay", "c", "99999x3", "0x3", "0x3"), Tests: []exprTest{at("1m", 0)}},
+		},
+	}
+	b, err := yaml.Marshal(file)
+	require.NoError(t, err)
+	return b
 }

@@ -229,12 +229,15 @@ type manifests struct {
 	configMaps      []k8sConfigMap
 	serviceMonitors []k8sServiceMonitor
 	prometheusRules []k8sPrometheusRule
+	scaledObjects   []k8sScaledObject
+	hpas            []k8sHPA
 }
 
 var apiVersions = map[string]string{
 	"Deployment": "apps/v1", "Job": "batch/v1", "PodDisruptionBudget": "policy/v1",
 	"Service": "v1", "ServiceAccount": "v1", "ConfigMap": "v1",
 	"ServiceMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+	"ScaledObject": "keda.sh/v1alpha1", "HorizontalPodAutoscaler": "autoscaling/v2",
 }
 
 func loadManifests(t *testing.T, rel string) manifests {
