@@ -449,6 +449,10 @@ routes:
 	require.NoError(t, tx.Commit(bg))
 
 	base := "http://" + addr
+	// Each route's row comes with its relay's first report: the orders
+	// route's is waited for too, before the page that shows billing down
+	// (loaded last, it has both).
+	b.awaitBadge(base, `#route-health tr[data-route="orders"] .badge`, "the orders route's badge", logs)
 	badge := `#route-health tr[data-route="billing"] .badge.down`
 	b.awaitBadge(base, badge, "the billing route's badge", logs)
 	require.Equal(t, "destination down", b.text(badge))
