@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -488,6 +489,24 @@ func (st *liveStats) fill(s0, s1 liveSnap, writers int64) {
 // liveRates are the offered rates of the live group.
 var liveRates = []float64{100, 1000, 5000}
 
+// liveChoice narrows the live group to the comma-separated values of the
+// environment variable name (BENCH_LIVE_SINKS, BENCH_LIVE_RATES), for an
+// A/B run of one row; unset, all of all.
+func liveChoice[T comparable](name string, all []T, parse func(string) (T, error)) []T {
+	v := os.Getenv(name)
+	if v == "" {
+		return all
+	}
+	var out []T
+	for _, f := range strings.Split(v, ",") {
+		x, err := parse(strings.TrimSpace(f))
+		if err == nil && slices.Contains(all, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 // live runs the live group into the discard sink and into Kafka (kfake),
 // on the shared server and, with BENCH_LIVE_WAL, on a throwaway logical
 // cluster (livewal.go). The sets of one sink run one after the other
@@ -527,7 +546,8 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	defer recv.close()
-	for _, sink := range []string{"discard", "kafka"} {
+	sinkNames := liveChoice("BENCH_LIVE_SINKS", []string{"discard", "kafka"}, func(s string) (string, error) { return s, nil })
+	for _, sink := range sinkNames {
 		for _, set := range ready {
 			if err := b.liveSink(ctx, set, recv, sink); err != nil {
 				b.liveFailed(set, sink, err)
@@ -674,7 +694,8 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 		return err
 	}
 
-	for _, rate := range liveRates {
+	rates := liveChoice("BENCH_LIVE_RATES", liveRates, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })
+	for _, rate := range rates {
 		st, p50, p99, notes, err := b.liveRate(ctx, lr, recv, sink, rate, window)
 		if err != nil {
 			return fmt.Errorf("%.0f msg/s: %w", rate, err)
