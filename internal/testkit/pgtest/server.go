@@ -263,20 +263,15 @@ func (s *Instance) run(ctx context.Context, name string, args ...string) (string
 }
 
 // replaceFile writes text over the content of the existing file path.
-func replaceFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_TRUNC|os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	if _, err := f.WriteString(text); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
+func replaceFile(path, text string) error { return writeExisting(path, text, os.O_TRUNC) }
 
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+// appendFile adds text at the end of the existing file path.
+func appendFile(path, text string) error { return writeExisting(path, text, os.O_APPEND) }
+
+// writeExisting writes text into the existing file path, opened with
+// flag (truncating or appending) besides O_WRONLY.
+func writeExisting(path, text string, flag int) error {
+	f, err := os.OpenFile(path, flag|os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
