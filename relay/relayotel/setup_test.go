@@ -3,7 +3,6 @@ package relayotel_test
 import (
 	"bytes"
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/otlptest"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/relayotel"
@@ -316,7 +316,7 @@ func TestSetupConsole(t *testing.T) {
 	setenv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "console"})
 	reg := prometheus.NewRegistry()
 	hooks := relayprom.New(reg, "1.2.3").Hooks("orders", "kafka")
-	var out syncBuffer
+	var out testkit.SyncBuffer
 	shutdown, enabled, err := relayotel.Setup(context.Background(), relayotel.WithMetricProducer(producer(reg)), relayotel.WithConsoleWriter(&out))
 	require.NoError(t, err)
 	require.Equal(t, relayotel.Signals{Traces: true, Metrics: true}, enabled)
@@ -328,23 +328,6 @@ func TestSetupConsole(t *testing.T) {
 	require.NoError(t, shutdown(context.Background()))
 	require.Contains(t, out.String(), `"Name":"send orders"`)
 	require.Contains(t, out.String(), `"Name":"outbox_relay_messages_published_total"`)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func hexID(b []byte) string {

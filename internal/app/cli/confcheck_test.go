@@ -139,13 +139,13 @@ func TestStatusShowsRoutesWhoseRelaysDisagree(t *testing.T) {
 // address; out and logs collect its standard output and error.
 type background struct {
 	addr      string
-	out, logs *syncWriter
+	out, logs *testkit.SyncBuffer
 	stop      func() int
 }
 
 func runInBackground(t *testing.T, args ...string) *background {
 	t.Helper()
-	b := &background{addr: freeAddr(t), out: &syncWriter{}, logs: &syncWriter{}}
+	b := &background{addr: freeAddr(t), out: &testkit.SyncBuffer{}, logs: &testkit.SyncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan int, 1)
 	go func() { exited <- cli.MainContext(ctx, append(args, "--admin-addr", b.addr), b.out, b.logs) }()

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -132,24 +131,6 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// syncWriter collects the relay's log for the failure message.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A relay process serving two routes, its console driven from a real
 // browser: the overview shows the backlog of a route whose webhook is
 // down; the dead letters page finds, by filter, the message the other
@@ -210,7 +191,7 @@ routes:
 `, srv.Base())), 0o600))
 	addr := freeAddr(t)
 	runCtx, stop := context.WithCancel(context.Background())
-	logs := &syncWriter{}
+	logs := &testkit.SyncBuffer{}
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.MainContext(runCtx, []string{"run", "--config", cfgFile, "--admin-addr", addr,
@@ -425,7 +406,7 @@ routes:
 `, srv.Base(), closed, srv.Base())), 0o600))
 	addr := freeAddr(t)
 	runCtx, stop := context.WithCancel(context.Background())
-	logs := &syncWriter{}
+	logs := &testkit.SyncBuffer{}
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.MainContext(runCtx, []string{"run", "--config", cfgFile, "--admin-addr", addr}, io.Discard, logs)
@@ -527,7 +508,7 @@ func TestMissingExchangeSignalsAgreeInBrowser(t *testing.T) {
 // awaitBadge reloads the overview until it shows exactly one node of sel
 // (a route's state badge: a heartbeat records the state first) and fails
 // with what, the last look and the relay's log when it never does.
-func (b *tab) awaitBadge(base, sel, what string, logs *syncWriter) {
+func (b *tab) awaitBadge(base, sel, what string, logs *testkit.SyncBuffer) {
 	b.t.Helper()
 	var last atomic.Value
 	last.Store("no page loaded")

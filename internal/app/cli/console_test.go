@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/app/cli"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -72,7 +73,7 @@ VALUES (1, gen_random_uuid(), 'payments', 'c1', convert_to('{"card":"4111 1111 1
 		t.Helper()
 		addr := freeAddr(t)
 		ctx, stop := context.WithCancel(context.Background())
-		logs := &syncWriter{}
+		logs := &testkit.SyncBuffer{}
 		exited := make(chan int, 1)
 		go func() {
 			exited <- cli.MainContext(ctx, append([]string{"run", "--sink", "discard", "--admin-addr", addr, "--id", name}, args...), io.Discard, logs)

@@ -147,7 +147,7 @@ func TestRunExportsTheBacklogWithoutAdminListener(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 
 	runCtx, stop := context.WithCancel(ctx)
-	logs := &syncWriter{}
+	logs := &testkit.SyncBuffer{}
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.MainContext(runCtx, []string{"run", "--sink", "discard", "--metrics-interval", "100ms"}, io.Discard, logs)

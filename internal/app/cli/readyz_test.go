@@ -33,7 +33,7 @@ func TestReadyzSaysTheExchangeIsMissing(t *testing.T) {
 	sinkURL := strings.TrimSuffix(amqpURL, "/") + "/?exchange=" + url.QueryEscape(exchange)
 	addr := freeAddr(t)
 	ctx, stop := context.WithCancel(context.Background())
-	logs := &syncWriter{}
+	logs := &testkit.SyncBuffer{}
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.MainContext(ctx, []string{"run", "--sink", sinkURL, "--admin-addr", addr}, io.Discard, logs)

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/app/console"
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
@@ -42,25 +43,8 @@ type env struct {
 	pool   *pgxpool.Pool
 	schema string
 	srv    *httptest.Server
-	audit  *syncBuffer
+	audit  *testkit.SyncBuffer
 	router routers.Router
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type option func(*console.Config)
@@ -77,7 +61,7 @@ func setup(t *testing.T, opts ...option) *env {
 	require.NoError(t, err)
 	tokens, err := console.ParseTokens(strings.NewReader("# operators\nalice:" + adminToken + "\nviewer:" + readToken + ":read\n"))
 	require.NoError(t, err)
-	audit := &syncBuffer{}
+	audit := &testkit.SyncBuffer{}
 	cfg := console.Config{
 		Admin:  admin,
 		Tokens: tokens,

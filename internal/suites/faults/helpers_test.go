@@ -39,23 +39,9 @@ func eventually(t testing.TB, timeout, interval time.Duration, cond func() (bool
 	testkit.Eventually(t, timeout, interval, cond)
 }
 
-// syncBuffer is a goroutine-safe buffer for a child's output or a logger.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is a goroutine-safe buffer for a child's output or a
+// logger, with the suite's line searches.
+type syncBuffer struct{ testkit.SyncBuffer }
 
 // Count returns how many lines contain sub.
 func (b *syncBuffer) Count(sub string) int {
