@@ -68,6 +68,7 @@ type liveSnap struct {
 	each      map[int]time.Duration // CPU of each live backend
 	xacts     int64
 	stmts     int64 // -1: pg_stat_statements not available
+	byStmt    map[string]int64 // calls per statement (BENCH_LIVE_TRACE)
 	published float64
 	batches   float64
 	own       int64 // the bench's own transactions on the live database so far
@@ -448,6 +449,12 @@ func (lr *liveRelay) snap(ctx context.Context, b *bench) (liveSnap, error) {
 		if err := lr.db.pool.QueryRow(ctx, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&s.stmts); err != nil {
 			s.stmts = -1
 		}
+		if os.Getenv("BENCH_LIVE_TRACE") == "1" {
+			lr.db.ownXacts.Add(1)
+			if s.byStmt, err = stmtCalls(ctx, lr.db.pool); err != nil {
+				return s, err
+			}
+		}
 	}
 	s.own = lr.db.ownXacts.Load()
 	m, err := scrapeMetrics(ctx, lr.admin, metricPublished, metricBatches)
@@ -810,6 +817,7 @@ func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sin
 	}
 	st.WriterCommits = w1 - w0
 	st.fill(s0, s1, st.WriterCommits)
+	traceStatements(b, st, s0, s1)
 	n := written.Load()
 	notes := []string{fmt.Sprintf("%d writers offering single-message transactions open loop; %d committed in %s (%.0f/s); window %s in the middle of it",
 		liveWriters, n, elapsed.Round(100*time.Millisecond), float64(n)/elapsed.Seconds(), window), fmt.Sprintf("%d writer commits in the window taken out of the transactions", st.WriterCommits),
@@ -942,4 +950,46 @@ func (b *bench) profileLive(ctx context.Context) error {
 	}
 	fmt.Println(out.String())
 	return os.WriteFile(fmt.Sprintf("%s/profile-live-%d.md", b.cfg.outDir, rate), []byte(out.String()), 0o644)
+}
+
+// stmtCalls reads the calls of each statement of the live database
+// (BENCH_LIVE_TRACE=1), by its text's first 100 characters.
+func stmtCalls(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
+	rows, err := pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 100), sum(calls)::bigint FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		out[q] += n
+	}
+	return out, rows.Err()
+}
+
+// traceStatements logs the statements of a live row's window, calls per
+// delivered message, most called first (BENCH_LIVE_TRACE=1).
+func traceStatements(b *bench, st *liveStats, s0, s1 liveSnap) {
+	if s0.byStmt == nil || s1.byStmt == nil || st.Messages == 0 {
+		return
+	}
+	type call struct {
+		q string
+		n int64
+	}
+	var calls []call
+	for q, n := range s1.byStmt {
+		if d := n - s0.byStmt[q]; d > 0 {
+			calls = append(calls, call{q, d})
+		}
+	}
+	slices.SortFunc(calls, func(a, b call) int { return int(b.n - a.n) })
+	for _, c := range calls[:min(len(calls), 12)] {
+		b.log.Info("statement", "load", st.Load, "per_msg", fmt.Sprintf("%.3f", float64(c.n)/float64(st.Messages)), "query", c.q)
+	}
 }
