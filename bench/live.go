@@ -67,7 +67,7 @@ type liveSnap struct {
 	sessions  int
 	each      map[int]time.Duration // CPU of each live backend
 	xacts     int64
-	stmts     int64 // -1: pg_stat_statements not available
+	stmts     int64            // -1: pg_stat_statements not available
 	byStmt    map[string]int64 // calls per statement (BENCH_LIVE_TRACE)
 	published float64
 	batches   float64
