@@ -36,27 +36,35 @@ const liveDrainN = 100_000
 
 // liveStats is one row of the live group.
 type liveStats struct {
-	Set            string  `json:"set,omitempty"` // the liveSet's label; empty on the shared server
-	Sink           string  `json:"sink"`
-	Load           string  `json:"load"`
-	Offered        float64 `json:"offered_per_s,omitempty"`
-	Achieved       float64 `json:"achieved_per_s,omitempty"` // messages delivered per second in the window
-	WindowS        float64 `json:"window_s"`
-	Messages       int64   `json:"messages_in_window"`
-	RelayCPUUs     float64 `json:"relay_cpu_us_per_msg,omitempty"`
-	DBCPUUs        float64 `json:"db_cpu_us_per_msg,omitempty"`
-	RelayX         float64 `json:"relay_x_drain,omitempty"`
-	DBX            float64 `json:"db_x_drain,omitempty"`
-	RelayCores     float64 `json:"relay_cores"`
-	DBCores        float64 `json:"db_cores"`
-	TxPerMsg       float64 `json:"relay_tx_per_msg,omitempty"`
-	TxPerS         float64 `json:"relay_tx_per_s"`
-	StmtPerMsg     float64 `json:"statements_per_msg,omitempty"` // all sessions of the database, writers' included
-	BatchesPerMsg  float64 `json:"batches_per_msg,omitempty"`
-	MsgsPerBatch   float64 `json:"msgs_per_batch,omitempty"`
-	DBSessions     int     `json:"db_sessions"`
-	WriterCommits  int64   `json:"writer_commits_in_window,omitempty"`
-	LatencyMatched int     `json:"latency_messages,omitempty"`
+	Set        string  `json:"set,omitempty"` // the liveSet's label; empty on the shared server
+	Sink       string  `json:"sink"`
+	Load       string  `json:"load"`
+	Offered    float64 `json:"offered_per_s,omitempty"`
+	Achieved   float64 `json:"achieved_per_s,omitempty"` // messages delivered per second in the window
+	WindowS    float64 `json:"window_s"`
+	Messages   int64   `json:"messages_in_window"`
+	RelayCPUUs float64 `json:"relay_cpu_us_per_msg,omitempty"`
+	DBCPUUs    float64 `json:"db_cpu_us_per_msg,omitempty"`
+	RelayX     float64 `json:"relay_x_drain,omitempty"`
+	DBX        float64 `json:"db_x_drain,omitempty"`
+	RelayCores float64 `json:"relay_cores"`
+	DBCores    float64 `json:"db_cores"`
+	TxPerMsg   float64 `json:"relay_tx_per_msg,omitempty"`
+	TxPerS     float64 `json:"relay_tx_per_s"`
+	StmtPerMsg float64 `json:"statements_per_msg,omitempty"` // all sessions of the database, writers' included
+	// OwnStmtPerMsg is the relay's (or the floor's) statements alone: the
+	// writers' (writerStmts a commit) and the bench's own taken out.
+	OwnStmtPerMsg float64 `json:"own_statements_per_msg,omitempty"`
+	// Floor names the floor a floor row measures (livefloor.go): A or B.
+	Floor string `json:"floor,omitempty"`
+	// VsFloors are a relay row's ratios to the floor rows of its rate
+	// (compareWithFloors).
+	VsFloors       []floorRatio `json:"vs_floors,omitempty"`
+	BatchesPerMsg  float64      `json:"batches_per_msg,omitempty"`
+	MsgsPerBatch   float64      `json:"msgs_per_batch,omitempty"`
+	DBSessions     int          `json:"db_sessions"`
+	WriterCommits  int64        `json:"writer_commits_in_window,omitempty"`
+	LatencyMatched int          `json:"latency_messages,omitempty"`
 }
 
 // liveSnap is what the live group reads at each end of a window.
@@ -130,6 +138,24 @@ func (b *bench) openLiveDB(ctx context.Context, set *liveSet, what string) (*liv
 		d.pgss = true
 	}
 	return d, cleanup, nil
+}
+
+// counters is the start of a window with no process to follow yet: the
+// database's transactions and statements so far (those of the migrations
+// and of a backlog's load then stay out of it).
+func (d *liveDB) counters(ctx context.Context) (liveSnap, error) {
+	s := liveSnap{stmts: -1}
+	if err := d.admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&s.xacts); err != nil {
+		return s, err
+	}
+	if d.pgss {
+		d.ownXacts.Add(1)
+		if err := d.pool.QueryRow(ctx, stmtCountSQL).Scan(&s.stmts); err != nil {
+			s.stmts = -1
+		}
+	}
+	s.own = d.ownXacts.Load()
+	return s, nil
 }
 
 // exec runs one statement on the live database, counting its transaction.
@@ -446,7 +472,7 @@ func (lr *liveRelay) snap(ctx context.Context, b *bench) (liveSnap, error) {
 	}
 	if lr.db.pgss {
 		lr.db.ownXacts.Add(1)
-		if err := lr.db.pool.QueryRow(ctx, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&s.stmts); err != nil {
+		if err := lr.db.pool.QueryRow(ctx, stmtCountSQL).Scan(&s.stmts); err != nil {
 			s.stmts = -1
 		}
 		if os.Getenv("BENCH_LIVE_TRACE") == "1" {
@@ -465,9 +491,19 @@ func (lr *liveRelay) snap(ctx context.Context, b *bench) (liveSnap, error) {
 	return s, nil
 }
 
+// stmtCountSQL reads the calls of every statement of the live database
+// so far (one statement, counted with the bench's own).
+const stmtCountSQL = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
+// writerStmts is what pg_stat_statements counts of a writer's commit:
+// BEGIN, the INSERT, COMMIT (BENCH_LIVE_TRACE=1 shows the INSERT once a
+// message).
+const writerStmts = 3
+
 // fill computes st's per-message figures from two snapshots; writers is
 // how many transactions the writers committed between them (the bench's
-// own are in the snapshots).
+// own are in the snapshots: one statement each, the snapshots' reads of
+// pg_stat_statements included).
 func (st *liveStats) fill(s0, s1 liveSnap, writers int64) {
 	others := writers + s1.own - s0.own
 	el := s1.at.Sub(s0.at).Seconds()
@@ -489,6 +525,7 @@ func (st *liveStats) fill(s0, s1 liveSnap, writers int64) {
 		}
 		if s0.stmts >= 0 && s1.stmts >= 0 {
 			st.StmtPerMsg = float64(s1.stmts-s0.stmts) / float64(n)
+			st.OwnStmtPerMsg = float64(s1.stmts-s0.stmts-writerStmts*writers-(s1.own-s0.own)) / float64(n)
 		}
 	}
 }
@@ -564,14 +601,12 @@ func (b *bench) live(ctx context.Context) error {
 			continue
 		}
 		for _, set := range ready {
-			if set.wakeup == "wal" {
-				continue // the floor is a poller's
-			}
 			if err := b.liveFloor(ctx, set, recv, set.discardDrain); err != nil {
-				b.liveFailed(set, "raw SQL poll loop every 5 ms (floor)", err)
+				b.liveFailed(set, set.floor().name, err)
 			}
 		}
 	}
+	compareWithFloors(b.rep.Rows, ready)
 	return nil
 }
 
@@ -609,8 +644,8 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 		return err
 	}
 	b.checkpointOn(ctx, d.admin)
-	s0 := liveSnap{own: d.ownXacts.Load()}
-	if err := d.admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", d.name).Scan(&s0.xacts); err != nil {
+	s0, err := d.counters(ctx)
+	if err != nil {
 		return err
 	}
 	lr, err := b.spawnLiveRelay(ctx, d, sinkURL, set.relayArgs()...)

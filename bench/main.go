@@ -15,7 +15,9 @@
 //     HTTP sink and through Kafka;
 //   - live rates: one relay's CPU and its database sessions' CPU per
 //     message at 100, 1,000 and 5,000 msg/s and idle, against its own
-//     100k drain's per-message cost in the same run;
+//     100k drain's per-message cost and against a floor (a raw poll loop,
+//     or a logical-replication reader where the relay follows the WAL) in
+//     the same run;
 //   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
 //     with per-key order checked on the output;
 //   - River and Watermill's SQL subscriber draining the same backlog.

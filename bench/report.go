@@ -182,7 +182,7 @@ func (rep *report) markdown() string {
 		{"latency", "Steady-state latency (commit returned in the writer → request received by the webhook receiver, or record fetched by an independent Kafka consumer)", "Targets: p99 ≤ 10 ms at 50/s and 1,000/s, HTTP and Kafka, with the writers keeping up (commits/s achieved = offered); p99 ≤ 25 ms at 5,000/s."},
 		{"scaling", "Scaling (relay processes started and lane-balanced on an empty outbox; backlog committed in one transaction; time to empty)", "Target: aggregate throughput never below one process."},
 		{"together", "Relays started together on a full backlog (clock from the processes' start; default lease settings)", "Target: N = 2, 4, 16 each ≥ 0.9 × one relay of the same binary in the same run (see each row's note); rebalance ≤ 200 ms."},
-		{"live", "Live rates: one relay (binary, default settings) at the rates services run, against its own 100k drain in the same run", "Targets (issue 36): at 1,000 msg/s relay CPU and database-session CPU per message each ≤ 6 × the drain's per-message cost, p99 ≤ 10 ms; at 100 msg/s each ≤ 40 ×, p99 ≤ 10 ms; idle ≤ 0.01 of a core each. CPU from /proc: the relay process, and its database backends (application_name outbox-relay*); transactions from pg_stat_database of a database of the group's own, the writers' commits and the bench's own queries taken out; batches from the relay's /metrics (claims that returned rows; empty claims and wake-ups are not exported)."},
+		{"live", "Live rates: one relay (binary, default settings) at the rates services run, against its own 100k drain in the same run", "Targets (issue 36): at 1,000 msg/s relay CPU and database-session CPU per message each ≤ 6 × the drain's per-message cost, p99 ≤ 10 ms; at 100 msg/s each ≤ 40 ×, p99 ≤ 10 ms; idle ≤ 0.01 of a core each. CPU from /proc: the relay process, and its database backends (application_name outbox-relay*); transactions from pg_stat_database of a database of the group's own, the writers' commits and the bench's own queries taken out; batches from the relay's /metrics (claims that returned rows; empty claims and wake-ups are not exported). Targets (issue 49): at 1,000 msg/s relay + DB CPU per message ≤ 2 × floor A's, DB ≤ 1.5 × floor A's, own statements ≤ 0.5 a message; at 100 msg/s ≤ 1.5 × floor B's, own statements ≤ 1.5 a message. \"× floor\" divides by the floor row of the same set and rate: floor A (a raw poll loop) where the relay polls, floor B (a logical-replication reader) where it follows the WAL, and there floor A of the polling set on the same server too. Own statements: pg_stat_statements calls of the database less the writers' (3 a commit) and the bench's own."},
 		{"peers", "Peers (same Postgres, same message count and size)", "Target: faster than every peer."},
 		{"brokers", "NATS JetStream and Redis Streams against their raw publishers (alternating raw, relay per run; the relay rows' notes give the ratio)", "Target: ≥ 0.8 × the raw publisher."},
 	}
@@ -278,8 +278,8 @@ func liveTable(b *strings.Builder, rs []*row) {
 }
 
 func liveSetTable(b *strings.Builder, rs []*row) {
-	b.WriteString("| sink | load | msg/s delivered | relay CPU µs/msg | DB sessions CPU µs/msg | × drain (relay / DB) | relay cores | DB cores | relay tx/msg | relay tx/s | statements/msg | batches/msg | DB sessions | p50 ms | p99 ms | notes |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| sink | load | msg/s delivered | relay CPU µs/msg | DB sessions CPU µs/msg | × drain (relay / DB) | × floor (relay+DB / DB) | relay cores | DB cores | relay tx/msg | relay tx/s | statements/msg | own statements/msg | batches/msg | DB sessions | p50 ms | p99 ms | notes |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	us := func(v float64) string {
 		if v == 0 {
 			return "–"
@@ -295,7 +295,7 @@ func liveSetTable(b *strings.Builder, rs []*row) {
 	for _, r := range rs {
 		l := r.Live
 		if l == nil {
-			fmt.Fprintf(b, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | – | %s |\n", r.Name, orDash(r.Note))
+			fmt.Fprintf(b, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – | %s |\n", r.Name, orDash(r.Note))
 			continue
 		}
 		x := "1 (yardstick)"
@@ -305,8 +305,23 @@ func liveSetTable(b *strings.Builder, rs []*row) {
 		case l.Offered == 0 && l.Messages == 0:
 			x = "–"
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f | %s | %s | %d | %s | %s | %s |\n",
-			l.Sink, l.Load, fmtRate(l.Achieved), us(l.RelayCPUUs), us(l.DBCPUUs), x, l.RelayCores, l.DBCores,
-			per(l.TxPerMsg), l.TxPerS, per(l.StmtPerMsg), per(l.BatchesPerMsg), l.DBSessions, fmtMS(r.P50), fmtMS(r.P99), orDash(r.Note))
+		fx := "–"
+		if l.Floor != "" {
+			fx = "1 (floor " + l.Floor + ")"
+		}
+		var fxs []string
+		for _, f := range l.VsFloors {
+			s := fmt.Sprintf("**%.2f× / %.2f×** floor %s", f.X, f.DBX, f.Floor)
+			if f.Set != "" {
+				s += " (of the polling set, same server)"
+			}
+			fxs = append(fxs, s)
+		}
+		if len(fxs) > 0 {
+			fx = strings.Join(fxs, "; ")
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f | %s | %s | %s | %d | %s | %s | %s |\n",
+			l.Sink, l.Load, fmtRate(l.Achieved), us(l.RelayCPUUs), us(l.DBCPUUs), x, fx, l.RelayCores, l.DBCores,
+			per(l.TxPerMsg), l.TxPerS, per(l.StmtPerMsg), per(l.OwnStmtPerMsg), per(l.BatchesPerMsg), l.DBSessions, fmtMS(r.P50), fmtMS(r.P99), orDash(r.Note))
 	}
 }
