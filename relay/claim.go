@@ -56,7 +56,9 @@ func (r *Relay) source() *source {
 // rows (and BatchBytes of payload) from src, in the lanes of the worker
 // (its rotation chooses the first lane, handover are lanes no longer to be
 // claimed). BEGIN, the priority probe and the claim go out in one round
-// trip. The transaction stays open: the caller settles and commits it.
+// trip, after what cb already holds (the settlement of the session's
+// previous batch, see worker.parked). The transaction stays open: the
+// caller settles and commits it.
 //
 // more says whether the worker's lanes may hold deliverable messages this
 // claim left behind: it is full, it may have taken a whole lane's share
@@ -70,12 +72,12 @@ func (r *Relay) source() *source {
 //
 // skip are lanes not to claim: those being handed over, and those of
 // the worker's batches in flight. only, unless nil, are the only lanes
-// visited.
-func (w *worker) claimRows(pc *pgx.Conn, src *source, limit int, skip, only []int16) (_ []claim.Row, more, cut bool, _ error) {
+// visited. probe: the claim probes for priority messages (see
+// store.ClaimParams.NoProbe).
+func (w *worker) claimRows(pc *pgx.Conn, cb *pgx.Batch, src *source, limit int, skip, only []int16, probe bool) (_ []claim.Row, more, cut bool, _ error) {
 	r, hard := w.r, w.hard
 	partial := w.priority
 	found := 0
-	cb := &pgx.Batch{}
 	cb.Queue(store.Begin)
 	// What the probe finds chooses the claim of the worker's next cycle
 	// (the one with a priority phase costs more, so it runs only while
@@ -90,6 +92,11 @@ func (w *worker) claimRows(pc *pgx.Conn, src *source, limit int, skip, only []in
 		Limit: limit, LaneLimit: laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
 		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
 		Priority: w.priority, Settings: r.claimSettings,
+		// A claim of the lanes wake-ups named: the worker's claims of
+		// all its lanes (at least every fullEvery while it is woken, and
+		// every claim of a backlog) probe for priorities.
+		NoProbe: !probe && !w.priority,
+		Session: r.claimSettings == "" && store.ClaimsPrepared(pc),
 	}, &w.priority, func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
 		if err != nil {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
@@ -86,9 +87,48 @@ type ClaimParams struct {
 	// Priority runs the claim with a first phase for priorities: set it
 	// while the previous claim's probe (see QueueClaim) found some.
 	Priority bool
+	// NoProbe leaves the priority probe out (the caller's priority flag
+	// keeps its value): for a claim of the few lanes a wake-up named, at
+	// rates where each message is a claim of its own and there is no
+	// backlog for a priority to overtake. The probe was one statement of
+	// five a message at 100 msg/s.
+	NoProbe bool
 	// Settings is the statement run first in the claim's transaction
-	// (TxSettings.SQL); NoSeqScan when empty.
+	// (TxSettings.SQL); NoSeqScan when empty, unless Session.
 	Settings string
+	// Session: the claim's session has NoSeqScan's settings for the
+	// whole session (PrepareClaims), and Settings is empty: the claim
+	// sets nothing in its transaction.
+	Session bool
+}
+
+// claimsReady is the key of PgConn.CustomData that marks a session
+// PrepareClaims set up.
+const claimsReady = "outbox-relay.claims"
+
+// PrepareClaims gives c's session NoSeqScan's settings for good, once,
+// so that its claims need no statement of their own for them (one of five
+// statements a message at 100 msg/s). Run outside a transaction: a
+// rollback would undo it. The other statements of the session run under
+// the same settings; each has an index made for it, and those that read a
+// whole table (the metrics' counts) are planned as index-only scans.
+// Never through a transaction-pooling proxy (the settings would stay on a
+// backend that others then use).
+func PrepareClaims(ctx context.Context, c *pgx.Conn) error {
+	if ClaimsPrepared(c) {
+		return nil
+	}
+	if _, err := c.Exec(ctx, noSeqScanSession); err != nil {
+		return err
+	}
+	c.PgConn().CustomData()[claimsReady] = true
+	return nil
+}
+
+// ClaimsPrepared reports whether PrepareClaims set c's session up.
+func ClaimsPrepared(c *pgx.Conn) bool {
+	ok, _ := c.PgConn().CustomData()[claimsReady].(bool)
+	return ok
 }
 
 // lanes are the lanes the claim visits: Only, or every lane of the
@@ -211,9 +251,10 @@ func (s TxSettings) SQL() string {
 // transaction first and settles it after: the claimed rows stay locked
 // until then.
 func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row func(ClaimedRow) error) {
-	if p.Settings != "" {
+	switch {
+	case p.Settings != "":
 		b.Queue(p.Settings)
-	} else {
+	case !p.Session:
 		b.Queue(NoSeqScan)
 	}
 	handover := p.Handover
@@ -234,16 +275,16 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		"handover": handover, "lanes": p.lanes(), "max_message": maxMessage,
 	}
 	claim := e.claim
-	if e.source != Router {
+	if e.source != Router && !p.NoProbe {
 		b.Queue(e.hasPriority.sql, e.args(e.hasPriority, args)...).QueryRow(func(r pgx.Row) error {
 			if err := r.Scan(priority); err != nil {
 				return fmt.Errorf("priority probe: %w", err)
 			}
 			return nil
 		})
-		if p.Priority {
-			claim = e.claimPriority
-		}
+	}
+	if e.source != Router && p.Priority {
+		claim = e.claimPriority
 	}
 	b.Queue(claim.sql, e.args(claim, args)...).Query(func(rows pgx.Rows) error {
 		// One ClaimedRow serves every row: pgx scans each value into

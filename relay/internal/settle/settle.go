@@ -253,22 +253,62 @@ type Result struct {
 // (sendErr is the sink's answer, for the periodic "deliveries failing"
 // warning). A nil error means the transaction committed.
 func (st *Settler) Settle(ctx context.Context, pc *pgx.Conn, src *store.Engine, batch []claim.Row, s Settlement, sendErr error) (Result, error) {
-	st.logNotes(batch, s)
-	start := time.Now()
 	b := &pgx.Batch{}
+	p := st.Queue(b, src, batch, s, sendErr)
+	return p.Done(ctx, pc, pc.SendBatch(ctx, b).Close())
+}
+
+// Pending is a settlement queued on a batch of statements (Queue) that
+// has not been read yet: the batch may go on past its COMMIT with the
+// worker's next claim, so that a delivered batch costs no round trip of
+// its own.
+type Pending struct {
+	st        *Settler
+	src       *store.Engine
+	batch     []claim.Row
+	s         Settlement
+	sendErr   error
+	start     time.Time
+	committed bool
+}
+
+// Queue queues s's statements and the COMMIT that ends the claim's
+// transaction on b, as Settle would send them; the caller may queue more
+// after them, sends b on the claim's session and hands its error to the
+// Pending's Done.
+func (st *Settler) Queue(b *pgx.Batch, src *store.Engine, batch []claim.Row, s Settlement, sendErr error) *Pending {
+	st.logNotes(batch, s)
+	p := &Pending{st: st, src: src, batch: batch, s: s, sendErr: sendErr, start: time.Now()}
 	st.queue(b, src, s)
-	b.Queue("COMMIT")
-	err := pc.SendBatch(ctx, b).Close()
-	if refusedRow(err) {
-		st.cfg.Log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(batch), "error", err)
-		s, err = st.apart(ctx, pc, src, s)
+	b.Queue("COMMIT").Exec(func(pgconn.CommandTag) error {
+		p.committed = true
+		return nil
+	})
+	return p
+}
+
+// Committed reports whether the settlement's COMMIT went through (an
+// error of its batch came from what was queued after it).
+func (p *Pending) Committed() bool { return p.committed }
+
+// Done ends the settlement after its batch was sent: err is the batch's
+// error. When the database refused the settlement as a whole it is
+// carried out row by row (apart) on pc. A nil error means the settlement
+// committed, whatever became of the statements queued after it.
+func (p *Pending) Done(ctx context.Context, pc *pgx.Conn, err error) (Result, error) {
+	st, s := p.st, p.s
+	if p.committed {
+		err = nil
+	} else if refusedRow(err) {
+		st.cfg.Log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(p.batch), "error", err)
+		s, err = st.apart(ctx, pc, p.src, s)
 	}
-	res := Result{Settled: s, Duration: time.Since(start)}
+	res := Result{Settled: s, Duration: time.Since(p.start)}
 	if err != nil {
-		return res, fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(batch), len(s.delivered), err)
+		return res, fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(p.batch), len(s.delivered), err)
 	}
 	if failed := s.Failed(); failed > 0 {
-		st.failing.add(st.cfg.Log, len(s.retries.Seqs), len(s.dead.Seqs), s.untouched, sendErr)
+		st.failing.add(st.cfg.Log, len(s.retries.Seqs), len(s.dead.Seqs), s.untouched, p.sendErr)
 	}
 	return res, nil
 }
