@@ -59,11 +59,13 @@ func TestRateLimitBoundsTheRoute(t *testing.T) {
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
 	// The limiter bounds when batches may go; each reaches the sink a
 	// little after, by the scheduling delay of a loaded machine (which
-	// can bring two batches closer together): 100 ms of slack per window.
-	// Without the limit the 120 messages arrive within milliseconds.
+	// can bring two batches closer together): 250 ms of slack per window
+	// (100 ms failed once under the whole suite: 40 messages where 39.8
+	// were allowed). Without the limit the 120 messages arrive within
+	// milliseconds, far above 8 + 60/s × 250 ms.
 	for i := range at {
 		for j := i; j < len(at); j++ {
-			span := at[j].Sub(at[i]) + 100*time.Millisecond
+			span := at[j].Sub(at[i]) + 250*time.Millisecond
 			require.LessOrEqual(t, float64(j-i+1), 8+60*span.Seconds(),
 				"%d messages within %s: more than a burst of 8 plus 60/s", j-i+1, span)
 		}
