@@ -4,12 +4,12 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -27,7 +27,7 @@ func TestFailingLogCountsAgree(t *testing.T) {
 		return nil
 	})
 	e.write(msg("t", "k", "first"), msg("t", "k", "2"), msg("t", "k", "3"), msg("t", "k", "4"))
-	var logs lockedBuffer
+	var logs testkit.SyncBuffer
 	cfg := e.config()
 	cfg.Workers = 1
 	cfg.RetryInitial, cfg.RetryMax = time.Minute, time.Minute // one failure, then quiet
@@ -35,22 +35,4 @@ func TestFailingLogCountsAgree(t *testing.T) {
 	e.start(cfg, e.sink)
 	eventually(t, 20*time.Second, func() bool { return strings.Contains(logs.String(), "deliveries failing") }, "no warning: %s", logs.String())
 	require.Regexp(t, `msg="deliveries failing" relay_id=\S+ failed=1 retried=1 dead_lettered=0 held_back=3 error="receiver says 503"\n`, logs.String())
-}
-
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

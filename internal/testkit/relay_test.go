@@ -5,33 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// lockedBuilder is a strings.Builder safe for the copying goroutine and
-// the test.
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuilder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// A stand-in for the relay binary: it logs a line, then exits 0 on SIGTERM.
-func startShell(t *testing.T, script string, stderr *lockedBuilder) *Relay {
+func startShell(t *testing.T, script string, stderr *SyncBuffer) *Relay {
 	t.Helper()
 	sh, err := exec.LookPath("sh")
 	if err != nil {
@@ -46,7 +24,7 @@ func startShell(t *testing.T, script string, stderr *lockedBuilder) *Relay {
 }
 
 func TestRelaySpeaksAndStops(t *testing.T) {
-	var stderr lockedBuilder
+	var stderr SyncBuffer
 	r := startShell(t, `trap 'exit 0' TERM; echo up >&2; while :; do sleep 0.05; done`, &stderr)
 	select {
 	case <-r.Spoke():
