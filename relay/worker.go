@@ -537,27 +537,23 @@ func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err 
 	if err != nil {
 		return nil, err
 	}
-	open = false
 	now := time.Now()
-	f := &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now,
-		ev: BatchEvent{Worker: w.id, Claimed: len(batch), ClaimDuration: now.Sub(start)}}
 	if len(batch) == 0 {
 		r.stats.EmptyClaims.Add(1)
 		if !r.parks() {
-			open = true
 			if _, err = pc.Exec(hard, "COMMIT"); err != nil {
 				return nil, fmt.Errorf("outbox: commit: %w", err)
 			}
-			open = false
-			conn.Release()
-			return nil, nil
+			return nil, nil // released by the deferred release
 		}
-		f.parkedAt = now
-		w.parked = f
+		open = false
+		w.parked = &flight{conn: conn, src: src, claimed: now, parkedAt: now}
 		return nil, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
-	return f, nil
+	open = false
+	return &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now,
+		ev: BatchEvent{Worker: w.id, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil
 }
 
 // session returns the connection of the worker's next claim: that of its
@@ -602,11 +598,8 @@ func (w *worker) session(prev *flight) (*pgxpool.Conn, error) {
 // row, and the claim behind it did not run.
 func (w *worker) settledAhead(prev *flight, settling *settle.Pending, claimErr error) (again bool, _ error) {
 	r := w.r
-	defer r.inFlight.Add(-int64(len(prev.batch)))
 	res, err := settling.Done(w.hard, prev.conn.Conn(), claimErr)
-	if len(prev.batch) > 0 {
-		r.settled(&prev.ev, res, err)
-	}
+	r.parkedSettled(prev, res, err)
 	r.handoverMayGoOn()
 	return err == nil && !settling.Committed(), err
 }
@@ -642,13 +635,20 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 // committed.
 func (r *Relay) settleParked(hard context.Context, f *flight) error {
 	f.parked = false
-	defer r.inFlight.Add(-int64(len(f.batch)))
 	res, err := r.settler.Settle(hard, f.conn.Conn(), f.src.Engine, f.batch, f.settlement, f.ev.SendErr)
+	r.parkedSettled(f, res, err)
+	release(hard, f.conn, err)
+	return err
+}
+
+// parkedSettled reports the settlement of f, a batch finish counted in
+// flight (alone or ahead of a claim); an empty claim's transaction, with
+// no batch, is no batch to report.
+func (r *Relay) parkedSettled(f *flight, res settle.Result, err error) {
+	r.inFlight.Add(-int64(len(f.batch)))
 	if len(f.batch) > 0 {
 		r.settled(&f.ev, res, err)
 	}
-	release(hard, f.conn, err)
-	return err
 }
 
 // settleLinger is how long a published batch's settlement waits for the
