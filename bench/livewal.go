@@ -118,7 +118,7 @@ func (lr *liveRelay) checkWakeup(ctx context.Context, set *liveSet) error {
 	if set.wakeup == "" {
 		return nil
 	}
-	source := fmt.Sprintf("%s{source=%q}", metricWakeSource, set.wakeup)
+	source := fmt.Sprintf("%s{mode=%q}", metricWakeSource, set.wakeup)
 	m, err := scrapeMetrics(ctx, lr.admin, source, metricFallbacks)
 	if err != nil {
 		return err

@@ -86,6 +86,9 @@ type Relay struct {
 	producer producer
 
 	stats totals
+	// running is closed once Run has passed the start-up checks and
+	// started the lease.
+	running chan struct{}
 }
 
 // totals are the relay's running totals, read with Relay.Stats.
@@ -139,6 +142,7 @@ func New(pool *pgxpool.Pool, sink sinks.Sink, cfg Config) (*Relay, error) {
 		cfg.sig = testsig.New()
 	}
 	r := &Relay{
+		running:   make(chan struct{}),
 		cfg:       cfg,
 		pool:      pool,
 		sink:      sink,
@@ -303,6 +307,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		r.abort(err) // ends what Run started so far
 		return err
 	}
+	close(r.running)
 	r.cfg.sig.Emit(testsig.Started, 0)
 	stopListen := func() {}
 	if !r.cfg.sharedListener {

@@ -64,6 +64,35 @@ type Metrics struct {
 // labelled by route ("" for a relay without routes) and sink (the label
 // of the sink's driver, sinks.Driver.Label, for example "kafka").
 func New(reg prometheus.Registerer, version string) *Metrics {
+	RegisterBuildInfo(reg, version)
+	return newMetrics(reg)
+}
+
+// NewSource registers on reg the metrics of one source of a
+// relay.Sources: the series of New, each labelled source=name, but
+// outbox_relay_build_info (see RegisterBuildInfo), which is the
+// process's. Its WatchOutbox counts that source's outbox.
+func NewSource(reg prometheus.Registerer, source string) *Metrics {
+	return newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"source": source}, reg))
+}
+
+// RegisterBuildInfo registers outbox_relay_build_info, the gauge that
+// names the relay's version and Go version (New registers it).
+func RegisterBuildInfo(reg prometheus.Registerer, version string) {
+	goVersion := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "build_info",
+		Help:        "Build information; the value is always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
+}
+
+func newMetrics(reg prometheus.Registerer) *Metrics {
 	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
 	m := &Metrics{
 		published: newCounterVec("messages_published_total",
@@ -122,7 +151,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			"route"),
 		wakeSource: newGaugeVec("wakeup_source",
 			"1 for how this process learns of new rows (wal or poll: it is the database's watcher; follow: another process watches and notifies it; notify: the writers' trigger; -: its LISTEN connection is down), 0 for the others.",
-			"source"),
+			"mode"),
 		wakeFallbacks: newCounter("wakeup_wal_fallbacks_total",
 			"Times the watcher wanted to follow the WAL and polled instead (the stream broke, or logical replication is not allowed: see the logs)."),
 		pending: newGauge("pending_messages",
@@ -145,19 +174,9 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		scrapeErrors: newCounter("outbox_check_errors_total",
 			"Failed periodic outbox checks (the backlog gauges keep their last value)."),
 	}
-	goVersion := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-	}
-	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: ns, Name: "build_info",
-		Help:        "Build information; the value is always 1.",
-		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion},
-	})
-	buildInfo.Set(1)
 	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.destDown, m.outages, m.routeState, m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
-		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors, buildInfo)
+		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors)
 	return m
 }
 

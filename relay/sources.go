@@ -1,0 +1,357 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/sinks"
+)
+
+// Source is one outbox that a Sources relays from: a database, through
+// its pool, and a schema of it, with the routes of its messages.
+type Source struct {
+	// Name names the source in logs, status and metrics: 1-63 lower-case
+	// letters, digits, '.', '_' or '-', unique among the Sources.
+	// Required.
+	Name string
+	// Pool connects to the source's database. Required. Sources does not
+	// close it.
+	Pool *pgxpool.Pool
+	// Set configures the source's relays as NewSet does: Set.Config.Schema
+	// is the source's schema, Set.Routes its routes. Without routes, one
+	// relay of Set.Config delivers every topic to Sink, as New does.
+	Set SetConfig
+	// Sink receives the source's messages when Set has no routes. Several
+	// sources may share a sink; Sources does not close it.
+	Sink sinks.Sink
+}
+
+// SourcesConfig configures a Sources.
+type SourcesConfig struct {
+	// Sources, at least one.
+	Sources []Source
+	// Logger logs a source's failures and restarts; each source's relays
+	// log with a "source" attribute. Default: the first source's
+	// Set.Config.Logger, else slog.Default.
+	Logger *slog.Logger
+	// RestartMax caps the wait before a source whose relays stopped with
+	// an error starts again (the waits grow from a second). Default 1 min.
+	RestartMax time.Duration
+}
+
+// Sources relays from several outboxes in one process: a database per
+// service, per tenant or per region, each source with its own pool,
+// lanes and workers, so that one source's backlog or outage does not
+// delay the others. A source whose relays stop with an error (its
+// database down at start, its schema refused) is reported and started
+// again after a growing wait, while the others run on.
+type Sources struct {
+	srcs       []*sourceRun
+	log        *slog.Logger
+	restartMax time.Duration
+}
+
+// sourceRun is one Source at run time.
+type sourceRun struct {
+	Source
+	mu       sync.Mutex
+	unit     unit // the running relay or Set; nil while down
+	state    SourceState
+	restarts int
+}
+
+// unit is what a source runs: a Relay (no routes) or a Set.
+type unit interface {
+	Run(ctx context.Context) error
+	Live() error
+	Readiness(ctx context.Context) (string, error)
+	Relays() []*Relay
+}
+
+// Relays returns r itself, so that a Relay and a Set answer alike.
+func (r *Relay) Relays() []*Relay { return []*Relay{r} }
+
+// The states of a source (SourceState.State).
+const (
+	SourceStarting = "starting" // its relays run their start-up checks
+	SourceRunning  = "running"  // its relays run
+	SourceDown     = "down"     // its relays stopped with an error; they start again at Retry
+	SourceStopped  = "stopped"  // Run returned
+)
+
+// SourceState is what a source is doing.
+type SourceState struct {
+	// Name is the source's name.
+	Name string
+	// State is SourceStarting, SourceRunning, SourceDown or SourceStopped.
+	State string
+	// Since is when it entered State.
+	Since time.Time
+	// Err is why it is down (nil otherwise).
+	Err error
+	// Retry is when a source that is down starts again.
+	Retry time.Time
+	// Restarts counts its starts after the first.
+	Restarts int
+}
+
+// NewSources validates c and prepares its sources; nothing connects
+// before Run.
+func NewSources(c SourcesConfig) (*Sources, error) {
+	if len(c.Sources) == 0 {
+		return nil, errors.New("outbox: sources: at least one source is required")
+	}
+	s := &Sources{log: c.Logger, restartMax: c.RestartMax}
+	if s.restartMax <= 0 {
+		s.restartMax = time.Minute
+	}
+	if s.log == nil {
+		s.log = c.Sources[0].Set.Config.Logger
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	seen := map[string]bool{}
+	for i, src := range c.Sources {
+		field := fmt.Sprintf("sources[%d]", i)
+		switch {
+		case !routeName.MatchString(src.Name):
+			return nil, fmt.Errorf("outbox: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", field, src.Name)
+		case seen[src.Name]:
+			return nil, fmt.Errorf("outbox: %s.name: %q used twice", field, src.Name)
+		case src.Pool == nil:
+			return nil, fmt.Errorf("outbox: %s.pool: required", field)
+		}
+		seen[src.Name] = true
+		src.Set = src.logged(s.log)
+		if _, err := src.build(); err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		s.srcs = append(s.srcs, &sourceRun{Source: src, state: SourceState{Name: src.Name, State: SourceStarting, Since: time.Now()}})
+	}
+	return s, nil
+}
+
+// logged returns src.Set whose relays log with the source's name.
+func (src Source) logged(fallback *slog.Logger) SetConfig {
+	sc := src.Set
+	with := func(l *slog.Logger) *slog.Logger {
+		if l == nil {
+			l = fallback
+		}
+		return l.With("source", src.Name)
+	}
+	sc.Config.Logger = with(sc.Config.Logger)
+	sc.Routes = append([]Route(nil), sc.Routes...)
+	for i, rt := range sc.Routes {
+		if rt.Config != nil {
+			cfg := *rt.Config
+			cfg.Logger = with(cfg.Logger)
+			sc.Routes[i].Config = &cfg
+		}
+	}
+	return sc
+}
+
+// build makes the source's relays: a Set, or one relay without routes.
+func (src Source) build() (unit, error) {
+	if len(src.Set.Routes) > 0 {
+		return NewSet(src.Pool, src.Set)
+	}
+	if src.Sink == nil {
+		return nil, errors.New("outbox: sink: required when the source has no routes")
+	}
+	cfg := src.Set.Config
+	if src.Set.Hooks != nil {
+		if h := src.Set.Hooks(cfg.Route); h != nil {
+			cfg.Hooks = h
+		}
+	}
+	return New(src.Pool, src.Sink, cfg)
+}
+
+// Run runs every source until ctx is cancelled, then drains them (see
+// Relay.Run) and returns nil. A source whose relays stop with an error is
+// logged, reported as down (States, Readiness) and started again, after
+// a wait that grows from a second to RestartMax while it keeps failing.
+func (s *Sources) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, src := range s.srcs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.runSource(ctx, src)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// runSource runs src, starting it again after each failure, until ctx
+// ends.
+func (s *Sources) runSource(ctx context.Context, src *sourceRun) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = time.Second, s.restartMax, 0
+	bo.Reset()
+	for {
+		began := time.Now()
+		err := s.runOnce(ctx, src)
+		if ctx.Err() != nil {
+			src.set(SourceState{State: SourceStopped}, nil)
+			return
+		}
+		if err == nil {
+			err = errors.New("outbox: relays stopped")
+		}
+		if time.Since(began) > s.restartMax {
+			bo.Reset() // it ran a while: a new failure, not the same one
+		}
+		wait := bo.NextBackOff()
+		src.set(SourceState{State: SourceDown, Err: err, Retry: time.Now().Add(wait)}, nil)
+		s.log.Error("source down; its relays start again later", "source", src.Name, "error", err, "retry_in", wait.Round(time.Millisecond))
+		service.Sleep(ctx, wait)
+		if ctx.Err() != nil {
+			src.set(SourceState{State: SourceStopped}, nil)
+			return
+		}
+		src.mu.Lock()
+		src.restarts++
+		src.mu.Unlock()
+	}
+}
+
+// runOnce builds src's relays and runs them until they return.
+func (s *Sources) runOnce(ctx context.Context, src *sourceRun) error {
+	u, err := src.build()
+	if err != nil {
+		return err
+	}
+	src.set(SourceState{State: SourceStarting}, u)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// Running once every relay has passed its start-up checks and
+		// started its lease; starting until then.
+		for _, r := range u.Relays() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.running:
+			}
+		}
+		src.promote(u)
+	}()
+	return u.Run(ctx)
+}
+
+// set records src's new state and its running unit (nil: none).
+func (src *sourceRun) set(st SourceState, u unit) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	st.Name, st.Since, st.Restarts = src.Name, time.Now(), src.restarts
+	src.state, src.unit = st, u
+}
+
+// promote marks src running if u is still what it runs.
+func (src *sourceRun) promote(u unit) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if src.unit == u && src.state.State == SourceStarting {
+		src.state.State, src.state.Since = SourceRunning, time.Now()
+	}
+}
+
+// current returns src's state and running unit.
+func (src *sourceRun) current() (SourceState, unit) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return src.state, src.unit
+}
+
+// States returns every source's state, in the order of
+// SourcesConfig.Sources.
+func (s *Sources) States() []SourceState {
+	out := make([]SourceState, len(s.srcs))
+	for i, src := range s.srcs {
+		out[i], _ = src.current()
+	}
+	return out
+}
+
+// SourceRelays returns the relays that source name runs now (none while
+// it is down), in the order of SetConfig.Plan.
+func (s *Sources) SourceRelays(name string) []*Relay {
+	for _, src := range s.srcs {
+		if src.Name != name {
+			continue
+		}
+		if _, u := src.current(); u != nil {
+			return u.Relays()
+		}
+	}
+	return nil
+}
+
+// Live reports the first source whose relays run but are not live (see
+// Relay.Live). A source that is down is not a liveness failure: Sources
+// starts it again, and restarting the process would not help the others.
+func (s *Sources) Live() error {
+	for _, src := range s.srcs {
+		if _, u := src.current(); u != nil {
+			if err := u.Live(); err != nil {
+				return fmt.Errorf("source %s: %w", src.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Ready reports whether some source can deliver (see Readiness).
+func (s *Sources) Ready(ctx context.Context) error {
+	_, err := s.Readiness(ctx)
+	return err
+}
+
+// Readiness is an error naming every source when none can deliver
+// (each down, starting, or not ready as Set.Readiness says); otherwise
+// nil, and the sources that are down or slowed, one a line ("" when
+// none is).
+func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
+	var down, strained []string
+	for _, src := range s.srcs {
+		st, u := src.current()
+		var why string
+		var slow string
+		switch {
+		case st.State == SourceDown:
+			why = fmt.Sprintf("down since %s (starts again at %s): %v", st.Since.UTC().Format(time.RFC3339), st.Retry.UTC().Format(time.RFC3339), st.Err)
+		case u == nil || st.State == SourceStarting:
+			why = "starting"
+		default:
+			d, err := u.Readiness(ctx)
+			if err != nil {
+				why = err.Error()
+			}
+			slow = d
+		}
+		switch {
+		case why != "":
+			down = append(down, "source "+src.Name+": "+why)
+		case slow != "":
+			strained = append(strained, "source "+src.Name+": "+slow)
+		}
+	}
+	if len(down) == len(s.srcs) {
+		return "", errors.New(strings.Join(down, "\n"))
+	}
+	return strings.Join(append(down, strained...), "\n"), nil
+}
