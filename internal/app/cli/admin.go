@@ -25,17 +25,10 @@ func newStatus(g *globals) *cobra.Command {
 		Short: "Show the backlog per topic, dead letters and live relays",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			pool, err := g.connect(ctx)
-			if err != nil {
-				return err
+			if g.multiSource() {
+				return g.statusOfSources(cmd.Context(), asJSON)
 			}
-			defer pool.Close()
-			admin, err := operator.New(pool, g.schema)
-			if err != nil {
-				return &usageError{err}
-			}
-			st, err := admin.Status(ctx)
+			st, err := g.status(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -44,6 +37,20 @@ func newStatus(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cliOnly(cmd)
+}
+
+// status reads the status of the command's outbox.
+func (g *globals) status(ctx context.Context) (operator.Status, error) {
+	pool, err := g.connect(ctx)
+	if err != nil {
+		return operator.Status{}, err
+	}
+	defer pool.Close()
+	admin, err := operator.New(pool, g.schema)
+	if err != nil {
+		return operator.Status{}, &usageError{err}
+	}
+	return admin.Status(ctx)
 }
 
 func printStatus(out io.Writer, st operator.Status) {

@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -122,6 +124,10 @@ type globals struct {
 	logFormat   string
 	// The database password's source instead of the URL (dbpassword.go).
 	passwordFile, passwordCommand, iamAuth string
+	// sourceName is --source; sources the config file's sources list
+	// (only the chosen one with --source).
+	sourceName string
+	sources    []source
 
 	file    *fileConfig
 	files   envFiles          // what was read through *_FILE variables
@@ -187,6 +193,7 @@ order of precedence. Config-file keys are the long flag names.`,
 	pf.StringVar(&g.passwordCommand, optPasswordCommand, "", "shell command (sh -c) that prints the database password, run when a new connection needs one (output reused 10s, 30s timeout); replaces the URL's password")
 	pf.StringVar(&g.iamAuth, optIAMAuth, "", "aws: sign in with AWS RDS/Aurora IAM tokens (region and credentials from the AWS SDK's defaults; needs sslmode=require or stricter); replaces the URL's password")
 	pf.StringVar(&g.schema, "schema", migrations.DefaultSchema, "schema holding the outbox tables")
+	pf.StringVar(&g.sourceName, "source", "", "the source, of the config file's sources list, that the command acts on (its database-url and schema): run relays from it alone, status and the dead-letter commands read it (default: run relays from every source, status shows every source)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
 
@@ -239,14 +246,20 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 	default:
 		return usagef("outbox: log-format: %q is not text or json", g.logFormat)
 	}
-	warnReadable(g.log, ef.readable)
 	if err := migrations.ValidateSchema(g.schema); err != nil {
 		return &usageError{err}
 	}
-	return nil
+	if g.sources, err = g.parseSources(); err != nil {
+		return err
+	}
+	warnReadable(g.log, ef.readable)
+	return g.pickSource()
 }
 
 func (g *globals) requireDatabase() error {
+	if g.databaseURL == "" && len(g.sources) > 0 {
+		return usagef("outbox: source: the config file lists sources (%s): give --source to pick the one this command acts on", strings.Join(g.sourceNames(), ", "))
+	}
 	if g.databaseURL == "" {
 		return usagef("outbox: database-url: required (flag --database-url, env DATABASE_URL or OUTBOX_DATABASE_URL)")
 	}
@@ -332,33 +345,38 @@ migrations with their own tool.`,
 					return &usageError{err}
 				}
 			}
-			ctx := cmd.Context()
-			pool, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			applied, err := migrations.Apply(ctx, pool, g.schema)
-			if err != nil {
-				return err
-			}
-			if len(applied) == 0 {
-				g.log.Info("schema is up to date", "schema", g.schema, "version", migrations.Latest())
-			} else {
-				g.log.Info("schema migrated", "schema", g.schema, "applied", applied)
-			}
-			if wakeup != "" {
-				if err := migrations.SetWakeup(ctx, pool, g.schema, wakeup); err != nil {
-					return err
-				}
-				g.log.Info("writers' NOTIFY trigger set", "schema", g.schema, "wakeup", wakeup, "trigger_enabled", wakeup == relay.WakeupNotify)
-			}
-			return nil
+			return g.forEachSource(func(string) error { return g.migrate(cmd.Context(), wakeup) })
 		},
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the migration SQL instead of applying it")
 	cmd.Flags().StringVar(&wakeup, "wakeup", "", "notify: enable the writers' NOTIFY trigger (for run --wakeup notify; the writers pay for it); auto, wal or poll: disable it (the default since schema version 9). Unset: leave it as it is")
 	return cliOnly(cmd)
+}
+
+// migrate applies the migrations to the command's schema and, when
+// wakeup is set, sets the writers' trigger.
+func (g *globals) migrate(ctx context.Context, wakeup string) error {
+	pool, err := g.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	applied, err := migrations.Apply(ctx, pool, g.schema)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		g.log.Info("schema is up to date", "schema", g.schema, "version", migrations.Latest())
+	} else {
+		g.log.Info("schema migrated", "schema", g.schema, "applied", applied)
+	}
+	if wakeup != "" {
+		if err := migrations.SetWakeup(ctx, pool, g.schema, wakeup); err != nil {
+			return err
+		}
+		g.log.Info("writers' NOTIFY trigger set", "schema", g.schema, "wakeup", wakeup, "trigger_enabled", wakeup == relay.WakeupNotify)
+	}
+	return nil
 }
 
 type runOptions struct {
@@ -570,8 +588,14 @@ func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 }
 
 func (g *globals) run(parent context.Context, o runOptions) error {
+	if g.sourceName == "" && len(g.sources) > 0 {
+		return g.runSources(parent, o)
+	}
 	if err := o.check(); err != nil {
 		return err
+	}
+	if g.sourceName != "" && o.producer == "" {
+		o.producer = g.sources[0].producer // --source: that source's
 	}
 	base, err := o.relayConfig(g)
 	if err != nil {
@@ -606,7 +630,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 
-	pool, err := g.openPool(ctx, parent, o, relay.PoolConfig{
+	pool, err := g.openPool(ctx, parent, o, g.schema, relay.PoolConfig{
 		URL: g.databaseURL, Workers: workers, MaxConns: maxConns, PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit,
 		Password: password,
 	})
@@ -614,11 +638,13 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 		return err
 	}
 	defer pool.Close()
-	reg, metrics, otelOn, flushOTel, err := g.telemetry(ctx, pool, closing)
+	reg, otelOn, flushOTel, err := g.telemetry(ctx, closing)
 	if err != nil {
 		return err
 	}
 	defer flushOTel()
+	metrics := relayprom.New(reg, version())
+	reg.MustRegister(relayprom.NewPoolCollector(pool))
 	hooks, err := routeHooks(routes, planned, metrics, otelOn.Traces)
 	if err != nil {
 		return err
@@ -642,7 +668,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.adminAddr != "" || otelOn.Metrics {
 		// The backlog gauges count the outbox (0.85 s of database time
 		// on a 1M backlog here): only when something reads them.
-		defer g.watchOutbox(parent, pool, metrics, o.metricsInterval)()
+		defer g.watchOutbox(parent, pool, g.schema, metrics, o.metricsInterval)()
 	}
 	// Each relay says "relay running" once it has reached the database and
 	// checked the schema; nothing here has connected yet.
@@ -654,7 +680,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.exitWhenEmpty {
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go g.cancelWhenEmpty(runCtx, pool, cancel)
+		go g.cancelWhenEmpty(runCtx, []outboxAt{{pool, g.schema}}, cancel)
 		ctx = runCtx
 	}
 	if err := relays.Run(ctx); err != nil {
@@ -669,13 +695,13 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 // openPool connects the relay's pool (on parent: it outlives the signal
 // that starts the drain) and, with --migrate, migrates the schema (on
 // ctx).
-func (g *globals) openPool(ctx, parent context.Context, o runOptions, pc relay.PoolConfig) (*pgxpool.Pool, error) {
+func (g *globals) openPool(ctx, parent context.Context, o runOptions, schema string, pc relay.PoolConfig) (*pgxpool.Pool, error) {
 	pool, err := relay.NewPool(parent, pc)
 	if err != nil {
 		return nil, err
 	}
 	if o.migrate {
-		if _, err := migrations.Apply(ctx, pool, g.schema); err != nil {
+		if _, err := migrations.Apply(ctx, pool, schema); err != nil {
 			pool.Close()
 			return nil, err
 		}
@@ -689,17 +715,15 @@ func (g *globals) openPool(ctx, parent context.Context, o runOptions, pc relay.P
 // the same names on /metrics and over OTLP. flush is to be deferred
 // before the relays and the backlog watch start, so that it runs after
 // they stopped and the last export holds their final counts.
-func (g *globals) telemetry(ctx context.Context, pool *pgxpool.Pool, closing func(time.Duration) (context.Context, context.CancelFunc)) (
-	_ *prometheus.Registry, _ *relayprom.Metrics, _ relayotel.Signals, flush func(), _ error,
+func (g *globals) telemetry(ctx context.Context, closing func(time.Duration) (context.Context, context.CancelFunc)) (
+	_ *prometheus.Registry, _ relayotel.Signals, flush func(), _ error,
 ) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		relayprom.NewPoolCollector(pool))
-	metrics := relayprom.New(reg, version())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	shutdown, on, err := relayotel.Setup(ctx, relayotel.WithServiceVersion(version()), relayotel.WithLogger(g.log),
 		relayotel.WithMetricProducer(otelprom.NewMetricProducer(otelprom.WithGatherer(reg))), relayotel.WithConsoleWriter(g.stderr))
 	if err != nil {
-		return nil, nil, relayotel.Signals{}, nil, &usageError{err}
+		return nil, relayotel.Signals{}, nil, &usageError{err}
 	}
 	flush = func() {
 		cctx, cancel := closing(5 * time.Second)
@@ -708,7 +732,7 @@ func (g *globals) telemetry(ctx context.Context, pool *pgxpool.Pool, closing fun
 			g.log.Warn("opentelemetry: flushing at exit", "error", err)
 		}
 	}
-	return reg, metrics, on, flush, nil
+	return reg, on, flush, nil
 }
 
 // planRoutes reads the routes (the config file's table, or --sink for a
@@ -784,7 +808,23 @@ type adminParts struct {
 	routes  []route
 	planned []relay.Config
 	reg     *prometheus.Registry
-	relays  runner
+	relays  adminhttp.Checker
+	// sources are the outboxes of a run with a sources list (pool is
+	// then nil).
+	sources []sourceParts
+}
+
+// console builds the operator console of p and the samplers behind its
+// charts.
+func (p adminParts) console(g *globals, o runOptions) (*console.Console, []*console.Sampler, error) {
+	if p.pool == nil {
+		return nil, nil, nil
+	}
+	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
+	if err != nil {
+		return nil, nil, err
+	}
+	return con, []*console.Sampler{sampler}, nil
 }
 
 // serveAdmin starts the admin listener (metrics, health, the console)
@@ -797,19 +837,26 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 			stops[i]()
 		}
 	}
-	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
+	con, samplers, err := p.console(g, o)
 	if err != nil {
 		return stop, err
 	}
 	sampleCtx, stopSampling := context.WithCancel(parent)
-	sampled := make(chan struct{})
-	go func() { defer close(sampled); sampler.Run(sampleCtx) }()
-	stops = append(stops, func() { stopSampling(); <-sampled })
+	var sampled sync.WaitGroup
+	for _, sampler := range samplers {
+		sampled.Add(1)
+		go func() { defer sampled.Done(); sampler.Run(sampleCtx) }()
+	}
+	stops = append(stops, func() { stopSampling(); sampled.Wait() })
 	var opts []adminhttp.Option
 	if o.pprof {
 		opts = append(opts, adminhttp.WithPprof())
 	}
-	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con, opts...)
+	var handler http.Handler
+	if con != nil {
+		handler = con
+	}
+	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, handler, opts...)
 	if err != nil {
 		return stop, &usageError{err}
 	}
@@ -826,12 +873,12 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 }
 
 // watchOutbox keeps the backlog gauges fresh until stop is called.
-func (g *globals) watchOutbox(parent context.Context, pool *pgxpool.Pool, metrics *relayprom.Metrics, every time.Duration) (stop func()) {
+func (g *globals) watchOutbox(parent context.Context, pool *pgxpool.Pool, schema string, metrics *relayprom.Metrics, every time.Duration) (stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		metrics.WatchOutbox(ctx, pool, g.schema, every, g.log)
+		metrics.WatchOutbox(ctx, pool, schema, every, g.log)
 	}()
 	return func() { cancel(); <-done }
 }
@@ -883,11 +930,21 @@ func connBudget(planned []relay.Config, maxConns int) (int, int, error) {
 	return maxConns, workers, nil
 }
 
-// cancelWhenEmpty cancels the run once the outbox holds no message.
-func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cancel func()) {
-	s, err := store.NewSchema(g.schema)
-	if err != nil {
-		return // the relays refuse the schema and end the run
+// outboxAt is an outbox: a pool to its database and its schema.
+type outboxAt struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// cancelWhenEmpty cancels the run once every outbox holds no message.
+func (g *globals) cancelWhenEmpty(ctx context.Context, outboxes []outboxAt, cancel func()) {
+	schemas := make([]store.Schema, len(outboxes))
+	for i, ob := range outboxes {
+		s, err := store.NewSchema(ob.schema)
+		if err != nil {
+			return // the relays refuse the schema and end the run
+		}
+		schemas[i] = s
 	}
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -897,12 +954,22 @@ func (g *globals) cancelWhenEmpty(ctx context.Context, pool *pgxpool.Pool, cance
 			return
 		case <-t.C:
 		}
-		if empty, err := s.Empty(ctx, pool); err == nil && empty {
+		if g.allEmpty(ctx, outboxes, schemas) {
 			g.log.Info("outbox is empty; exiting")
 			cancel()
 			return
 		}
 	}
+}
+
+// allEmpty reports whether every outbox answered that it is empty.
+func (g *globals) allEmpty(ctx context.Context, outboxes []outboxAt, schemas []store.Schema) bool {
+	for i, ob := range outboxes {
+		if empty, err := schemas[i].Empty(ctx, ob.pool); err != nil || !empty {
+			return false
+		}
+	}
+	return true
 }
 
 func newHealthcheck(g *globals) *cobra.Command {

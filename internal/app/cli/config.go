@@ -36,7 +36,7 @@ func usagef(format string, args ...any) error {
 
 // sinkSections are the config-file keys that hold structured sink options
 // rather than flag values.
-var sinkSections = append(sinkDrivers.Sections(), "routes")
+var sinkSections = append(sinkDrivers.Sections(), "routes", "sources")
 
 // fileConfig is the parsed optional YAML file: flag values by flag name,
 // and raw sink sections decoded later by the sink that needs them.
