@@ -53,7 +53,7 @@ func (c *Console) failErr(w http.ResponseWriter, r *http.Request, err error) {
 	case r.Context().Err() != nil:
 		c.fail(w, r, http.StatusServiceUnavailable, "request cancelled: "+err.Error())
 	default:
-		c.log.Error("console: request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		c.log.Error("console: request failed", append(c.sourceAttrs(r), "method", r.Method, "path", r.URL.Path, "error", err)...)
 		c.fail(w, r, http.StatusInternalServerError, err.Error())
 	}
 }
@@ -216,7 +216,7 @@ func (c *Console) listPage(r *http.Request, q url.Values) (page, selector, error
 		return page{}, s, err
 	}
 	sel.AfterID, sel.AfterRoute = after.ID, after.Route
-	rows, err := c.cfg.Admin.List(r.Context(), sel)
+	rows, err := c.src(r).Admin.List(r.Context(), sel)
 	if err != nil {
 		return page{}, s, err
 	}
@@ -243,11 +243,11 @@ type relayView struct {
 }
 
 func (c *Console) status(r *http.Request) (statusView, error) {
-	st, err := c.cfg.Admin.Status(r.Context())
+	st, err := c.src(r).Admin.Status(r.Context())
 	if err != nil {
 		return statusView{}, err
 	}
-	v := statusView{AnsweredBy: c.cfg.Relay, Status: st, Relays: make([]relayView, len(st.Relays)), Routes: c.cfg.Routes}
+	v := statusView{AnsweredBy: c.cfg.Relay, Status: st, Relays: make([]relayView, len(st.Relays)), Routes: c.src(r).Routes}
 	for i, rl := range st.Relays {
 		v.Relays[i] = relayView{RelayStatus: rl, HeartbeatAge: since(st.Now, rl.HeartbeatAt)}
 	}
@@ -305,7 +305,7 @@ func (c *Console) deadLettersOf(w http.ResponseWriter, r *http.Request) (int64, 
 		c.failErr(w, r, err)
 		return 0, nil, false
 	}
-	dls, err := c.cfg.Admin.Show(r.Context(), id)
+	dls, err := c.src(r).Admin.Show(r.Context(), id)
 	if err != nil {
 		c.failErr(w, r, err)
 		return 0, nil, false
@@ -367,7 +367,7 @@ func (c *Console) replay(r *http.Request, who string, s selector, dry, clearKeys
 	if err != nil {
 		return replayResponse{}, err
 	}
-	res, err := c.cfg.Admin.Replay(r.Context(), sel, operator.ReplayOptions{DryRun: dry, ClearConflictingDedupKeys: clearKeys})
+	res, err := c.src(r).Admin.Replay(r.Context(), sel, operator.ReplayOptions{DryRun: dry, ClearConflictingDedupKeys: clearKeys})
 	if err != nil {
 		c.audit(r, who, "replay", s, dry, -1, err)
 		return replayResponse{}, err
@@ -410,7 +410,7 @@ func (c *Console) purge(r *http.Request, who string, s selector, dry bool) (int6
 	if err != nil {
 		return 0, err
 	}
-	n, err := c.cfg.Admin.Purge(r.Context(), sel, dry)
+	n, err := c.src(r).Admin.Purge(r.Context(), sel, dry)
 	c.audit(r, who, "purge", s, dry, n, err)
 	return n, err
 }
@@ -458,7 +458,7 @@ func (c *Console) apiArchiveReplay(w http.ResponseWriter, r *http.Request, who s
 		c.failErr(w, r, badf("from or from_ago: required (the start of the range to replay, as the CLI's --from)"))
 		return
 	}
-	n, err := c.cfg.Admin.ReplayArchive(r.Context(), sel, req.DryRun)
+	n, err := c.src(r).Admin.ReplayArchive(r.Context(), sel, req.DryRun)
 	c.auditArgs(r, who, "archive_replay", req, req.DryRun, n, err)
 	if err != nil {
 		c.failErr(w, r, err)
@@ -467,15 +467,16 @@ func (c *Console) apiArchiveReplay(w http.ResponseWriter, r *http.Request, who s
 	writeJSON(w, http.StatusOK, countResponse{DryRun: req.DryRun, Count: n})
 }
 
-// audit writes the audit line of a mutation: who (the token's name), what,
-// on which selector, how many, and whether it was a dry run.
+// audit writes the audit line of a mutation: on which source (when there
+// are several), who (the token's name), what, on which selector, how many,
+// and whether it was a dry run.
 func (c *Console) audit(r *http.Request, who, action string, s selector, dry bool, n int64, err error, extra ...any) {
 	c.auditArgs(r, who, action, s, dry, n, err, extra...)
 }
 
 func (c *Console) auditArgs(r *http.Request, who, action string, args any, dry bool, n int64, err error, extra ...any) {
 	b, _ := json.Marshal(args)
-	attrs := []any{"action", action, "token", who, "selector", string(b), "dry_run", dry, "count", n, "remote", r.RemoteAddr}
+	attrs := append(c.sourceAttrs(r), "action", action, "token", who, "selector", string(b), "dry_run", dry, "count", n, "remote", r.RemoteAddr)
 	attrs = append(attrs, extra...)
 	if err != nil {
 		c.log.Warn("console audit: failed", append(attrs, "error", err)...)

@@ -9,6 +9,13 @@
 // (html/template, assets embedded, no JavaScript needed to read or act).
 // It starts no relay; the backlog samples behind the overview's charts
 // come from a Sampler the relay process runs.
+//
+// A process that relays from several outboxes (Config.Sources) has a
+// console for all of them: GET /api/v1/sources and the UI's summary list
+// them, and every other request names the one it acts on in its source
+// parameter. The calls on one outbox's data refuse a request that names
+// none while there are several (400): an action on an outbox chosen for
+// the caller could replay on the wrong tenant.
 package console
 
 import (
@@ -19,13 +26,18 @@ import (
 	"os"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/operator"
 )
 
 // Config configures the console.
 type Config struct {
-	// Admin runs the operator actions. Required.
+	// Admin runs the operator actions. Required unless Sources is set.
 	Admin *operator.Admin
+	// Sources, when set, are the outboxes of a process that relays from
+	// several (relay.Sources), in the order they are configured; Admin,
+	// Routes and Samples are then unused: each source has its own.
+	Sources []Source
 	// Tokens are the bearer tokens mutations need. Default nil: every
 	// mutation is refused with 403, saying how to enable them.
 	Tokens *Tokens
@@ -57,6 +69,22 @@ type Config struct {
 	// Logger receives the audit log (one line per mutation). Default
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Source is one outbox of a multi-source process.
+type Source struct {
+	// Name names the source: 1-63 lower-case letters, digits, '.', '_'
+	// or '-', unique among the sources. Requests name it in their
+	// source parameter.
+	Name string
+	// Admin runs the operator actions on the source's outbox. Required.
+	Admin *operator.Admin
+	// Routes describe the source's routes, sinks redacted.
+	Routes []Route
+	// Samples holds the source's backlog history. Default nil: no charts.
+	Samples *Sampler
+	// State reports the source's state (relay.Sources.States); nil: not shown.
+	State func() relay.SourceState
 }
 
 // Identity names the relay process that answers.
@@ -96,18 +124,21 @@ const (
 // Console serves the API and the UI. It is an http.Handler for the paths
 // /api/v1/... and /ui/...
 type Console struct {
-	cfg  Config
-	log  *slog.Logger
-	mux  *http.ServeMux
-	cop  *http.CrossOriginProtection
-	tmpl *templates
+	cfg Config
+	// srcs are the outboxes served: Config.Sources, or one unnamed source
+	// of Config.Admin, Routes and Samples (single); byName finds a
+	// source of Config.Sources by its name.
+	srcs   []*Source
+	byName map[string]*Source
+	single *Source
+	log    *slog.Logger
+	mux    *http.ServeMux
+	cop    *http.CrossOriginProtection
+	tmpl   *templates
 }
 
 // New returns the console for cfg.
 func New(cfg Config) (*Console, error) {
-	if cfg.Admin == nil {
-		return nil, errors.New("outbox: console: Admin is required")
-	}
 	if cfg.ProtectReads && cfg.Tokens == nil {
 		return nil, errors.New("outbox: console: protecting reads needs tokens (--admin-token-file)")
 	}
@@ -120,6 +151,9 @@ func New(cfg Config) (*Console, error) {
 	cfg.Relay.PID = cmp.Or(cfg.Relay.PID, os.Getpid())
 	cfg.FailingAfter = cmp.Or(cfg.FailingAfter, DefaultFailingAfter)
 	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), mux: http.NewServeMux()}
+	if err := c.setSources(); err != nil {
+		return nil, err
+	}
 	c.cop = http.NewCrossOriginProtection()
 	c.cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, "cross-origin request refused: mutations must come from the console's own origin or from a client that sends no Origin header")
@@ -136,24 +170,25 @@ func New(cfg Config) (*Console, error) {
 func (c *Console) routes() {
 	m := c.mux
 	m.Handle("GET /api/v1/openapi.json", c.read(http.HandlerFunc(c.openAPI)))
-	m.Handle("GET /api/v1/status", c.read(http.HandlerFunc(c.apiStatus)))
-	m.Handle("GET /api/v1/dead-letters", c.payloads(http.HandlerFunc(c.apiList)))
-	m.Handle("GET /api/v1/dead-letters/{id}", c.payloads(http.HandlerFunc(c.apiShow)))
-	m.Handle("POST /api/v1/dead-letters/replay", c.write(c.apiReplay))
-	m.Handle("POST /api/v1/dead-letters/purge", c.write(c.apiPurge))
-	m.Handle("POST /api/v1/archive/replay", c.write(c.apiArchiveReplay))
+	m.Handle("GET /api/v1/sources", c.read(http.HandlerFunc(c.apiSources)))
+	m.Handle("GET /api/v1/status", c.read(c.scoped(c.apiStatus)))
+	m.Handle("GET /api/v1/dead-letters", c.payloads(c.scoped(c.apiList)))
+	m.Handle("GET /api/v1/dead-letters/{id}", c.payloads(c.scoped(c.apiShow)))
+	m.Handle("POST /api/v1/dead-letters/replay", c.write(c.scopedWrite(c.apiReplay)))
+	m.Handle("POST /api/v1/dead-letters/purge", c.write(c.scopedWrite(c.apiPurge)))
+	m.Handle("POST /api/v1/archive/replay", c.write(c.scopedWrite(c.apiArchiveReplay)))
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path+" (see /api/v1/openapi.json)")
 	})
 
 	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticFiles()))
-	m.Handle("GET /ui/{$}", c.read(http.HandlerFunc(c.uiOverview)))
-	m.Handle("GET /ui/dead-letters", c.payloads(http.HandlerFunc(c.uiDeadLetters)))
-	m.Handle("GET /ui/dead-letters/{id}", c.payloads(http.HandlerFunc(c.uiDeadLetter)))
-	m.Handle("GET /ui/confirm", c.read(http.HandlerFunc(c.uiConfirm)))
+	m.Handle("GET /ui/{$}", c.read(c.scoped(c.uiOverview)))
+	m.Handle("GET /ui/dead-letters", c.payloads(c.scoped(c.uiDeadLetters)))
+	m.Handle("GET /ui/dead-letters/{id}", c.payloads(c.scoped(c.uiDeadLetter)))
+	m.Handle("GET /ui/confirm", c.read(c.scoped(c.uiConfirm)))
 	m.Handle("POST /ui/dead-letters/{action}", c.cop.Handler(http.HandlerFunc(c.uiAct)))
-	m.Handle("GET /ui/relays", c.read(http.HandlerFunc(c.uiRelays)))
-	m.Handle("GET /ui/routes", c.read(http.HandlerFunc(c.uiRoutes)))
+	m.Handle("GET /ui/relays", c.read(c.scoped(c.uiRelays)))
+	m.Handle("GET /ui/routes", c.read(c.scoped(c.uiRoutes)))
 	m.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 }
 

@@ -72,7 +72,7 @@ func cmpOr(s, def string) string {
 
 func parseTemplates() (*templates, error) {
 	t := &templates{pages: map[string]*template.Template{}}
-	for _, page := range []string{"overview", "deadletters", "deadletter", "confirm", "done", "relays", "routes", "error"} {
+	for _, page := range []string{"overview", "deadletters", "deadletter", "confirm", "done", "relays", "routes", "error", "sources"} {
 		tp, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("outbox: console template %s: %w", page, err)
@@ -90,11 +90,22 @@ type pageData struct {
 	Refresh    int
 	Writable   bool
 	Data       any
+	// Multi is true for a process of several sources (Config.Sources);
+	// Source names the page's source then ("" on the summary of all).
+	// SrcQ ("?source=NAME") and SrcAmp ("&source=NAME") keep the source
+	// in the page's links; both are empty for a single outbox.
+	Multi        bool
+	Source       string
+	SrcQ, SrcAmp template.URL
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, title string, data any) {
 	var buf bytes.Buffer
-	pd := pageData{Title: title, Nav: page, AnsweredBy: c.cfg.Relay, Writable: c.cfg.Tokens != nil, Data: data}
+	pd := pageData{Title: title, Nav: page, AnsweredBy: c.cfg.Relay, Writable: c.cfg.Tokens != nil, Data: data, Multi: c.multi()}
+	if s := c.src(r); pd.Multi && s != nil {
+		q := url.Values{"source": {s.Name}}.Encode()
+		pd.Source, pd.SrcQ, pd.SrcAmp = s.Name, template.URL("?"+q), template.URL("&"+q)
+	}
 	if v, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && v >= 5 && v <= 3600 {
 		pd.Refresh = v
 	}
@@ -401,12 +412,17 @@ func oneLine(s string, n int) string {
 }
 
 func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
+	src := c.src(r)
+	if src == nil {
+		c.uiSummary(w, r)
+		return
+	}
 	st, err := c.status(r)
 	if err != nil {
 		c.failErr(w, r, err)
 		return
 	}
-	series, span := c.cfg.Samples.series()
+	series, span := src.Samples.series()
 	var rows []topicRow
 	tbl := toTable(st.Topics, "topic")
 	for i, t := range st.Topics {
@@ -416,7 +432,7 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 			lag = append(lag, int64(p.OldestAge))
 		}
 		tr := topicRow{Topic: t.Topic, Backlog: table{Columns: tbl.Columns, Rows: [][]any{tbl.Rows[i]}}}
-		if c.cfg.Samples != nil {
+		if src.Samples != nil {
 			tr.Spark = sparkline(pending)
 			tr.LagSpark = spark(lag, "oldest pending age", func(v int64, _ int) string { return age(time.Duration(v)) })
 			if len(pending) > 1 {
@@ -440,7 +456,7 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 	health, banners := routeHealth(st.Status)
 	errs, retryBanners := c.retryErrors(st.Status)
 	banners = append(banners, retryBanners...)
-	if grew, over := c.cfg.Samples.deadGrowth(); grew > 0 {
+	if grew, over := src.Samples.deadGrowth(); grew > 0 {
 		noun := "dead letters"
 		if grew == 1 {
 			noun = "dead letter"
@@ -463,7 +479,7 @@ func (c *Console) uiOverview(w http.ResponseWriter, r *http.Request) {
 		Errors   []retryErrorRow
 		Banners  []string
 		Health   []routeHealthRow
-	}{st, totals, tbl.Columns, rows, c.cfg.Samples != nil, spanText, toTable(st.DeadByReason), unworked, errs, banners, health})
+	}{st, totals, tbl.Columns, rows, src.Samples != nil, spanText, toTable(st.DeadByReason), unworked, errs, banners, health})
 }
 
 // filterForm is the dead-letter filter as the form shows it.
@@ -649,6 +665,11 @@ func (c *Console) uiAct(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// A mutation names its source: without one, it is refused (400)
+	// while there are several, as the API's are.
+	if r, ok = c.resolve(w, r, r.Form.Get("source")); !ok {
+		return
+	}
 	s, err := selectorFromQuery(r.PostForm)
 	if err != nil {
 		c.failErr(w, r, err)
@@ -695,5 +716,5 @@ func (c *Console) uiRelays(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) uiRoutes(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, http.StatusOK, "routes", "Routes and sinks", c.cfg.Routes)
+	c.render(w, r, http.StatusOK, "routes", "Routes and sinks", c.src(r).Routes)
 }
