@@ -810,15 +810,16 @@ type adminParts struct {
 	reg     *prometheus.Registry
 	relays  adminhttp.Checker
 	// sources are the outboxes of a run with a sources list (pool is
-	// then nil).
+	// then nil), states what they do.
 	sources []sourceParts
+	states  func() []relay.SourceState
 }
 
 // console builds the operator console of p and the samplers behind its
 // charts.
 func (p adminParts) console(g *globals, o runOptions) (*console.Console, []*console.Sampler, error) {
-	if p.pool == nil {
-		return nil, nil, nil
+	if p.sources != nil {
+		return newSourcesConsole(g, p.sources, p.states, p.base, o, p.tokens, p.routes, p.planned)
 	}
 	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
 	if err != nil {

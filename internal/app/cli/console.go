@@ -48,6 +48,63 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 	if err != nil {
 		return nil, nil, &usageError{err}
 	}
+	sampler := console.NewSampler(admin, o.consoleSample, g.log)
+	c, err := console.New(consoleConfig(g, base, o, tokens, console.Config{
+		Admin:   admin,
+		Routes:  consoleRoutes(routes, planned, o),
+		Samples: sampler,
+	}))
+	if err != nil {
+		return nil, nil, &usageError{err}
+	}
+	return c, sampler, nil
+}
+
+// newSourcesConsole builds the console of a run with a sources list: a
+// source each, with its own outbox and sampler (the caller runs them).
+func newSourcesConsole(g *globals, parts []sourceParts, states func() []relay.SourceState, base relay.Config, o runOptions,
+	tokens *console.Tokens, routes []route, planned []relay.Config) (*console.Console, []*console.Sampler, error) {
+	shown := consoleRoutes(routes, planned, o)
+	var sources []console.Source
+	var samplers []*console.Sampler
+	for _, p := range parts {
+		admin, err := operator.New(p.pool, p.schema)
+		if err != nil {
+			return nil, nil, &usageError{err}
+		}
+		sampler := console.NewSampler(admin, o.consoleSample, g.log.With("source", p.name))
+		samplers = append(samplers, sampler)
+		sources = append(sources, console.Source{Name: p.name, Admin: admin, Routes: shown, Samples: sampler,
+			State: func() relay.SourceState {
+				for _, st := range states() {
+					if st.Name == p.name {
+						return st
+					}
+				}
+				return relay.SourceState{Name: p.name}
+			}})
+	}
+	c, err := console.New(consoleConfig(g, base, o, tokens, console.Config{Sources: sources}))
+	if err != nil {
+		return nil, nil, &usageError{err}
+	}
+	return c, samplers, nil
+}
+
+// consoleConfig completes c with what every console of a run shares.
+func consoleConfig(g *globals, base relay.Config, o runOptions, tokens *console.Tokens, c console.Config) console.Config {
+	c.Tokens = tokens
+	c.ProtectReads = o.adminReadToken
+	c.OpenPayloads = o.adminOpenPay
+	c.FailingAfter = o.consoleFailing
+	c.Relay = console.Identity{ID: base.ID, Version: version()}
+	c.Logger = g.log
+	return c
+}
+
+// consoleRoutes describes the planned relays' routes for the console,
+// sinks redacted.
+func consoleRoutes(routes []route, planned []relay.Config, o runOptions) []console.Route {
 	var shown []console.Route
 	for _, cfg := range planned {
 		rt := describe(routes, cfg.Route)
@@ -66,20 +123,5 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 		}
 		shown = append(shown, cr)
 	}
-	sampler := console.NewSampler(admin, o.consoleSample, g.log)
-	c, err := console.New(console.Config{
-		Admin:        admin,
-		Tokens:       tokens,
-		ProtectReads: o.adminReadToken,
-		OpenPayloads: o.adminOpenPay,
-		Routes:       shown,
-		Samples:      sampler,
-		FailingAfter: o.consoleFailing,
-		Relay:        console.Identity{ID: base.ID, Version: version()},
-		Logger:       g.log,
-	})
-	if err != nil {
-		return nil, nil, &usageError{err}
-	}
-	return c, sampler, nil
+	return shown
 }

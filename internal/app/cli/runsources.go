@@ -80,7 +80,7 @@ func (g *globals) runSources(parent context.Context, o runOptions) error {
 	}
 	if o.adminAddr != "" {
 		stopAdmin, err := g.serveAdmin(parent, o, adminParts{base: base, tokens: tokens, routes: routes,
-			planned: planned, reg: reg, relays: srcs, sources: parts}, closing)
+			planned: planned, reg: reg, relays: srcs, sources: parts, states: srcs.States}, closing)
 		defer stopAdmin()
 		if err != nil {
 			return err
