@@ -1,0 +1,179 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks/memory"
+)
+
+// outboxOf is one outbox of a sources test: where it is and how to write
+// to it.
+type outboxOf struct {
+	name   string
+	url    string
+	pool   *pgxpool.Pool // the test's own, for writing
+	schema string
+}
+
+// writeKeys commits n messages to ob, spread over keys k0..k4, each
+// payload "<source>:<key>:<seq>".
+func (ob outboxOf) writeKeys(t *testing.T, n int) {
+	t.Helper()
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: ob.schema})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range n {
+		key := fmt.Sprintf("k%d", i%5)
+		tx, err := ob.pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: key, Payload: fmt.Appendf(nil, "%s:%s:%06d", ob.name, key, i)}))
+		require.NoError(t, tx.Commit(ctx))
+	}
+}
+
+// relayPool opens the relay's own pool to ob's database.
+func (ob outboxOf) relayPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := relay.NewPool(context.Background(), relay.PoolConfig{URL: ob.url, Workers: 1})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// delivered returns, per source, the payloads sink received of it, in
+// order.
+func delivered(sink *memory.Sink) map[string][]string {
+	out := map[string][]string{}
+	for _, m := range sink.Delivered() {
+		src, _, _ := strings.Cut(string(m.Payload), ":")
+		out[src] = append(out[src], string(m.Payload))
+	}
+	return out
+}
+
+// payloadsInKeyOrder reports the first payload of got that comes before an
+// earlier one of its key.
+func payloadsInKeyOrder(got []string) error {
+	last := map[string]string{}
+	for _, p := range got {
+		parts := strings.Split(p, ":")
+		key := parts[0] + ":" + parts[1]
+		if prev, ok := last[key]; ok && prev >= p {
+			return fmt.Errorf("%s after %s", p, prev)
+		}
+		last[key] = p
+	}
+	return nil
+}
+
+func stateOf(s *relay.Sources, name string) relay.SourceState {
+	for _, st := range s.States() {
+		if st.Name == name {
+			return st
+		}
+	}
+	return relay.SourceState{}
+}
+
+// Two outboxes on the shared server and one on a server that is down:
+// the first two deliver, in order per key, while the third is reported
+// down; once its server is back, its messages, committed before it
+// stopped, are delivered too, and no source's relays ever stopped the
+// others.
+func TestSourcesIsolateADatabaseThatIsDown(t *testing.T) {
+	srv := pgtest.Server(t)
+	var obs []outboxOf
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		obs = append(obs, outboxOf{name: name, url: pgtest.URL(), pool: pool, schema: schema})
+	}
+	cPool, cSchema := srv.Schema(t)
+	c := outboxOf{name: "c", url: srv.URL(), pool: cPool, schema: cSchema}
+	c.writeKeys(t, 40)
+	ctx := context.Background()
+	require.NoError(t, srv.Stop(ctx))
+
+	sink := memory.New()
+	var list []relay.Source
+	for _, ob := range append(obs, c) {
+		cfg := relay.Config{Schema: ob.schema, Workers: 1, BatchSize: 20, PollInterval: 50 * time.Millisecond,
+			LeaseTTL: 3 * time.Second, Heartbeat: 200 * time.Millisecond, ConnectTimeout: 300 * time.Millisecond, Logger: testLogger(t)}
+		list = append(list, relay.Source{Name: ob.name, Pool: ob.relayPool(t), Set: relay.SetConfig{Config: cfg}, Sink: sink})
+	}
+	srcs, err := relay.NewSources(relay.SourcesConfig{Sources: list, RestartMax: 200 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	finished := make(chan struct{})
+	var runErr error
+	go func() { defer close(finished); runErr = srcs.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-finished })
+
+	for _, ob := range obs {
+		ob.writeKeys(t, 100)
+	}
+	eventually(t, 30*time.Second, func() bool {
+		d := delivered(sink)
+		return len(d["a"]) >= 100 && len(d["b"]) >= 100 && stateOf(srcs, "c").State == relay.SourceDown
+	}, "a and b delivered while c is down")
+	require.Empty(t, delivered(sink)["c"])
+	down := stateOf(srcs, "c")
+	require.Error(t, down.Err)
+	require.Equal(t, relay.SourceRunning, stateOf(srcs, "a").State)
+	degraded, err := srcs.Readiness(ctx)
+	require.NoError(t, err, "ready while some source delivers")
+	require.Contains(t, degraded, "source c: down since")
+	require.NotContains(t, degraded, "source a")
+
+	require.NoError(t, srv.Start(ctx))
+	eventually(t, 30*time.Second, func() bool { return len(delivered(sink)["c"]) >= 40 }, "c delivered once its server is back")
+	eventually(t, 10*time.Second, func() bool { return stateOf(srcs, "c").State == relay.SourceRunning }, "c running")
+	require.Positive(t, stateOf(srcs, "c").Restarts)
+	degraded, err = srcs.Readiness(ctx)
+	require.NoError(t, err)
+	require.Empty(t, degraded)
+
+	d := delivered(sink)
+	for _, name := range []string{"a", "b", "c"} {
+		require.NoError(t, payloadsInKeyOrder(d[name]), "source %s", name)
+	}
+	require.Len(t, d["a"], 100)
+	require.Len(t, d["b"], 100)
+	require.Len(t, d["c"], 40)
+	stop()
+	<-finished
+	require.NoError(t, runErr)
+	for _, st := range srcs.States() {
+		require.Equal(t, relay.SourceStopped, st.State, st.Name)
+	}
+}
+
+func TestNewSourcesChecksNames(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused") // connects lazily: never here
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	sink := memory.New()
+	for _, c := range []struct {
+		srcs []relay.Source
+		want string
+	}{
+		{nil, "sources: at least one source"},
+		{[]relay.Source{{Name: "A", Pool: pool, Sink: sink}}, `sources[0].name: "A" must be`},
+		{[]relay.Source{{Name: "a", Pool: pool, Sink: sink}, {Name: "a", Pool: pool, Sink: sink}}, `sources[1].name: "a" used twice`},
+		{[]relay.Source{{Name: "a", Sink: sink}}, "sources[0].pool: required"},
+		{[]relay.Source{{Name: "a", Pool: pool}}, "sources[0]: outbox: sink: required"},
+	} {
+		_, err := relay.NewSources(relay.SourcesConfig{Sources: c.srcs})
+		require.ErrorContains(t, err, c.want)
+	}
+}
