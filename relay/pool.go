@@ -49,6 +49,11 @@ type PoolConfig struct {
 	// do). Errors must not carry the password. Default nil: URL's
 	// password.
 	Password func(ctx context.Context) (string, error)
+	// IdleTime is how long a connection no worker uses stays open before
+	// the pool closes it. Default pgxpool's, 30 minutes; a process of many
+	// sources (Sources) closes them sooner, so that a source holds
+	// sessions only while it has work.
+	IdleTime time.Duration
 }
 
 // NewPool connects to the database with the session settings the relay
@@ -80,6 +85,9 @@ func NewPool(ctx context.Context, pc PoolConfig) (*pgxpool.Pool, error) {
 	}
 	cfg.MaxConns = int32(pc.MaxConns)
 	cfg.MinConns = 0
+	if pc.IdleTime > 0 {
+		cfg.MaxConnIdleTime = pc.IdleTime
+	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-relay"
 	}

@@ -16,6 +16,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
+// sourceIdleTime is how long a source's pool keeps a connection that no
+// worker uses: a source holds its lease and wake-up sessions, and others
+// only while it has work.
+const sourceIdleTime = time.Minute
+
 // sourceParts are what run builds for one source of a sources list.
 type sourceParts struct {
 	source
@@ -61,7 +66,7 @@ func (g *globals) runSources(parent context.Context, o runOptions) error {
 	defer flushOTel()
 	relayprom.RegisterBuildInfo(reg, version())
 	parts, closePools, err := g.openSources(ctx, parent, o, reg, relay.PoolConfig{Workers: workers, MaxConns: maxConns,
-		PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit})
+		PublishTimeout: base.PublishTimeout, SynchronousCommit: o.syncCommit, IdleTime: sourceIdleTime})
 	defer closePools()
 	if err != nil {
 		return err
