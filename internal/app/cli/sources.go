@@ -102,7 +102,7 @@ func (g *globals) resolveSource(field string, sp sourceSpec) (source, error) {
 		s.schema = g.schema
 	}
 	if err := migrations.ValidateSchema(s.schema); err != nil {
-		return s, usagef("outbox: %s.schema: %v", field, err)
+		return s, usagef("outbox: %s.schema: %s", field, strings.TrimPrefix(err.Error(), "outbox: schema: "))
 	}
 	return s, nil
 }

@@ -1,0 +1,128 @@
+package cli_test
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// sourcesFile writes a config file of the sources named by schema and
+// returns its path.
+func sourcesFile(t *testing.T, extra string, schemas map[string]string, names ...string) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(extra)
+	b.WriteString("sources:\n")
+	for _, name := range names {
+		fmt.Fprintf(&b, "  - name: %s\n    database-url: %s\n    schema: %s\n", name, pgtest.URL(), schemas[name])
+	}
+	f := filepath.Join(t.TempDir(), "relay.yaml")
+	require.NoError(t, os.WriteFile(f, []byte(b.String()), 0o600))
+	return f
+}
+
+// One process relays from two outboxes into one webhook: every message
+// of each arrives once, in order per key of its outbox (told apart by
+// the outbox-producer header), each poison message is dead-lettered in
+// its own outbox, and the commands see each source.
+func TestRunSources(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	t.Setenv("OUTBOX_ADMIN_ADDR", "127.0.0.1:0")
+	t.Setenv("OUTBOX_POLL_INTERVAL", "20ms")
+	schemas := map[string]string{}
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		schemas[name] = schema
+		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+		require.NoError(t, err)
+		appOrders(t, pool, w, 100, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("{}")})
+	}
+	var mu sync.Mutex
+	byProducer := map[string][]string{}
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		if string(r.Body) == "{}" {
+			return http.StatusBadRequest, "poison"
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		p := r.Header.Get("outbox-producer")
+		byProducer[p] = append(byProducer[p], string(r.Body))
+		return http.StatusOK, ""
+	})
+	f := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, "a", "b")
+	code, _, stderr := run(t, "run", "--config", f, "--exit-when-empty")
+	require.Equal(t, 0, code, stderr)
+	mu.Lock()
+	require.Len(t, byProducer, 2, "one producer per source: %v", keys(byProducer))
+	for p, got := range byProducer {
+		require.Len(t, got, 101, "producer %s: every committed message but the poison one", p)
+		checkSeqOrder(t, got)
+	}
+	mu.Unlock()
+	require.Contains(t, stderr, "source=a")
+	require.Contains(t, stderr, "source=b")
+
+	code, out, stderr := run(t, "status", "--config", f)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "== source a ==")
+	require.Contains(t, out, "== source b ==")
+	require.Regexp(t, `(?m)^a\s+ok\s+0\s+0\s+\S+\s+1\s`, out, "a summary line a source, its dead letter counted")
+
+	code, _, stderr = run(t, "dlq", "list", "--config", f)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "give --source to pick the one this command acts on")
+	code, out, stderr = run(t, "dlq", "list", "--config", f, "--source", "b", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, 1, strings.Count(out, `"reason"`), out)
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Mistakes in a sources list exit 2 naming the field.
+func TestRunSourcesConfigErrors(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	dir := t.TempDir()
+	url := "postgres://x@127.0.0.1:1/d"
+	for _, tc := range []struct {
+		yaml string
+		args []string
+		want string
+	}{
+		{"sources: []\n", nil, "sources: empty list"},
+		{"sources:\n  - name: A\n    database-url: " + url + "\n", nil, `sources[0].name: "A" must be`},
+		{"sources:\n  - name: a\n", nil, "sources[0].database-url: required"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n    database-url-file: /x\n", nil, "give database-url or database-url-file, not both"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n  - name: a\n    database-url: " + url + "\n", nil, `sources[1].name: "a" used twice`},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n    colour: red\n", nil, `unknown key "colour"`},
+		{"sources:\n  - name: a\n    database-url: mysql://x/y\n", nil, `sources[0]: outbox: database-url: scheme "mysql"`},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n    schema: " + strings.Repeat("s", 70) + "\n", nil, "sources[0].schema: 70 bytes is longer"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--database-url", url}, "the config file lists sources"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--source", "z"}, `source: "z" is not one of the config file's sources (a)`},
+		{"sink: stdout\n", []string{"--source", "a", "--database-url", url}, "the config file lists no sources"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--producer", "p"}, "producer: names one outbox"},
+	} {
+		f := filepath.Join(dir, "c.yaml")
+		require.NoError(t, os.WriteFile(f, []byte(tc.yaml), 0o600))
+		code, _, stderr := run(t, append([]string{"run", "--config", f, "--sink", "stdout"}, tc.args...)...)
+		require.Equal(t, 2, code, "%s: %s", tc.yaml, stderr)
+		require.Contains(t, stderr, tc.want, tc.yaml)
+	}
+}
