@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
+	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -535,4 +536,74 @@ func get(t *testing.T, url string) (int, string) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, string(body)
+}
+
+// A relay process of three sources, one on a database that does not
+// answer, its console driven from a real browser: the summary lists each
+// source with its state, the one that is down with its error; a source's
+// link opens its own overview, whose pages keep the source.
+func TestConsoleSourcesInBrowser(t *testing.T) {
+	b := browser(t)
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	schemas := map[string]string{}
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		schemas[name] = schema
+		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+		require.NoError(t, err)
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "orders." + name, Key: "k", Payload: []byte("{}"), DeliverAt: time.Now().Add(time.Hour)}))
+		require.NoError(t, tx.Commit(ctx))
+	}
+	f := sourcesFile(t, "sink: discard\n", schemas, "a", "b")
+	cfg, err := os.ReadFile(f)
+	require.NoError(t, err)
+	down := "  - name: gone\n    database-url: postgres://x@127.0.0.1:1/none?connect_timeout=1\n"
+	require.NoError(t, os.WriteFile(f, append(cfg, down...), 0o600))
+
+	addr := freeAddr(t)
+	runCtx, stop := context.WithCancel(context.Background())
+	logs := &testkit.SyncBuffer{}
+	exited := make(chan int, 1)
+	go func() {
+		exited <- cli.MainContext(runCtx, []string{"run", "--config", f, "--admin-addr", addr, "--connect-timeout", "1s"}, io.Discard, logs)
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, 0, <-exited, logs.String())
+	}()
+
+	base := "http://" + addr
+	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
+	var last atomic.Value
+	last.Store("no page loaded")
+	shown := assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		defer cancel()
+		err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(css(`#sources tr[data-source="gone"]`)))
+		if err != nil {
+			last.Store("summary: " + err.Error())
+			return false
+		}
+		rows, err := chromedp.Run(ctx, chromedp.Text(css(`#sources`)))
+		last.Store(rows)
+		return err == nil && strings.Count(rows, "running") == 2 && strings.Contains(rows, "down")
+	}, 60*time.Second, 300*time.Millisecond)
+	require.True(t, shown, "a and b running, gone down; last look: %s", last.Load())
+	require.Contains(t, b.text(`#sources tr[data-source="gone"]`), "connect", "the down source's error")
+	require.Regexp(t, `(?s)a\s.*running.*\s1\s`, b.text(`#sources tr[data-source="a"]`), "a's pending message counted")
+
+	b.do(chromedp.Click(css(`#sources tr[data-source="b"] a`)), chromedp.WaitVisible(css(`#topics`)))
+	require.Contains(t, b.text(`#source`), "b")
+	require.Contains(t, b.text(`#topics`), "orders.b")
+	require.NotContains(t, b.text(`#topics`), "orders.a")
+	href := eval[[]string](b, `Array.from(document.querySelectorAll("header nav a")).map(a => a.getAttribute("href"))`)
+	for _, h := range href {
+		if h != "/ui/" {
+			require.Contains(t, h, "source=b", "header link %s keeps the source", h)
+		}
+	}
 }
