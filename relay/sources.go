@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -55,14 +56,25 @@ type SourcesConfig struct {
 // database down at start, its schema refused) is reported and started
 // again after a growing wait, while the others run on.
 type Sources struct {
-	srcs       []*sourceRun
 	log        *slog.Logger
 	restartMax time.Duration
+
+	mu   sync.Mutex
+	srcs []*sourceRun
+	// run is Run's context (nil before Run): a source added then starts
+	// at once.
+	run context.Context
+	wg  sync.WaitGroup
 }
 
 // sourceRun is one Source at run time.
 type sourceRun struct {
 	Source
+	// stop ends the source's loop; done is closed once it returned (nil
+	// before it started).
+	stop context.CancelFunc
+	done chan struct{}
+
 	mu       sync.Mutex
 	unit     unit // the running relay or Set; nil while down
 	state    SourceState
@@ -120,25 +132,88 @@ func NewSources(c SourcesConfig) (*Sources, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	seen := map[string]bool{}
 	for i, src := range c.Sources {
-		field := fmt.Sprintf("sources[%d]", i)
-		switch {
-		case !routeName.MatchString(src.Name):
-			return nil, fmt.Errorf("outbox: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", field, src.Name)
-		case seen[src.Name]:
-			return nil, fmt.Errorf("outbox: %s.name: %q used twice", field, src.Name)
-		case src.Pool == nil:
-			return nil, fmt.Errorf("outbox: %s.pool: required", field)
+		if err := s.add(fmt.Sprintf("sources[%d]", i), src); err != nil {
+			return nil, err
 		}
-		seen[src.Name] = true
-		src.Set = src.logged(s.log)
-		if _, err := src.build(); err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
-		s.srcs = append(s.srcs, &sourceRun{Source: src, state: SourceState{Name: src.Name, State: SourceStarting, Since: time.Now()}})
 	}
 	return s, nil
+}
+
+// Add adds a source, and starts it at once when Run runs: a relay
+// process takes a new tenant's database without a restart. Its schema
+// must be migrated first; until it is, the source is down and started
+// again, as any source that fails. The rules of SourcesConfig.Sources
+// apply, its name unique among the sources Sources runs.
+func (s *Sources) Add(src Source) error {
+	return s.add("source", src)
+}
+
+// add checks src, under the name field in errors, and adds it.
+func (s *Sources) add(field string, src Source) error {
+	switch {
+	case !routeName.MatchString(src.Name):
+		return fmt.Errorf("outbox: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", field, src.Name)
+	case src.Pool == nil:
+		return fmt.Errorf("outbox: %s.pool: required", field)
+	}
+	src.Set = src.logged(s.log)
+	if _, err := src.build(); err != nil {
+		return fmt.Errorf("%s: %w", field, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, other := range s.srcs {
+		if other.Name == src.Name {
+			return fmt.Errorf("outbox: %s.name: %q used twice", field, src.Name)
+		}
+	}
+	sr := &sourceRun{Source: src, state: SourceState{Name: src.Name, State: SourceStarting, Since: time.Now()}}
+	s.srcs = append(s.srcs, sr)
+	if s.run != nil {
+		s.start(sr)
+	}
+	return nil
+}
+
+// Remove stops source name, letting its in-flight batches finish (see
+// Relay.Run), and forgets it; its undelivered messages wait in its
+// outbox. It returns once the source's relays stopped, and an error when
+// no source has that name.
+func (s *Sources) Remove(name string) error {
+	s.mu.Lock()
+	i := slices.IndexFunc(s.srcs, func(sr *sourceRun) bool { return sr.Name == name })
+	if i < 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("outbox: source: no source named %q", name)
+	}
+	sr := s.srcs[i]
+	s.srcs = slices.Delete(s.srcs, i, i+1)
+	s.mu.Unlock()
+	if sr.stop != nil {
+		sr.stop()
+		<-sr.done
+	}
+	return nil
+}
+
+// start runs sr's loop under Run's context; s.mu is held.
+func (s *Sources) start(sr *sourceRun) {
+	ctx, stop := context.WithCancel(s.run)
+	sr.stop, sr.done = stop, make(chan struct{})
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(sr.done)
+		s.runSource(ctx, sr)
+	}()
+}
+
+// list returns the sources, in the order they were added.
+func (s *Sources) list() []*sourceRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.srcs)
 }
 
 // logged returns src.Set whose relays log with the source's name.
@@ -184,15 +259,18 @@ func (src Source) build() (unit, error) {
 // logged, reported as down (States, Readiness) and started again, after
 // a wait that grows from a second to RestartMax while it keeps failing.
 func (s *Sources) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	for _, src := range s.srcs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.runSource(ctx, src)
-		}()
+	s.mu.Lock()
+	if s.run != nil {
+		s.mu.Unlock()
+		return errors.New("outbox: Sources.Run called twice")
 	}
-	wg.Wait()
+	s.run = ctx
+	for _, sr := range s.srcs {
+		s.start(sr)
+	}
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.wg.Wait()
 	return nil
 }
 
@@ -280,8 +358,9 @@ func (src *sourceRun) current() (SourceState, unit) {
 // States returns every source's state, in the order of
 // SourcesConfig.Sources.
 func (s *Sources) States() []SourceState {
-	out := make([]SourceState, len(s.srcs))
-	for i, src := range s.srcs {
+	srcs := s.list()
+	out := make([]SourceState, len(srcs))
+	for i, src := range srcs {
 		out[i], _ = src.current()
 	}
 	return out
@@ -290,7 +369,7 @@ func (s *Sources) States() []SourceState {
 // SourceRelays returns the relays that source name runs now (none while
 // it is down), in the order of SetConfig.Plan.
 func (s *Sources) SourceRelays(name string) []*Relay {
-	for _, src := range s.srcs {
+	for _, src := range s.list() {
 		if src.Name != name {
 			continue
 		}
@@ -305,7 +384,7 @@ func (s *Sources) SourceRelays(name string) []*Relay {
 // Relay.Live). A source that is down is not a liveness failure: Sources
 // starts it again, and restarting the process would not help the others.
 func (s *Sources) Live() error {
-	for _, src := range s.srcs {
+	for _, src := range s.list() {
 		if _, u := src.current(); u != nil {
 			if err := u.Live(); err != nil {
 				return fmt.Errorf("source %s: %w", src.Name, err)
@@ -327,7 +406,8 @@ func (s *Sources) Ready(ctx context.Context) error {
 // none is).
 func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
 	var down, strained []string
-	for _, src := range s.srcs {
+	srcs := s.list()
+	for _, src := range srcs {
 		st, u := src.current()
 		var why string
 		var slow string
@@ -350,7 +430,10 @@ func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
 			strained = append(strained, "source "+src.Name+": "+slow)
 		}
 	}
-	if len(down) == len(s.srcs) {
+	if len(srcs) == 0 {
+		return "", errors.New("outbox: no source to relay from")
+	}
+	if len(down) == len(srcs) {
 		return "", errors.New(strings.Join(down, "\n"))
 	}
 	return strings.Join(append(down, strained...), "\n"), nil

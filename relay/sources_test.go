@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
@@ -155,6 +156,52 @@ func TestSourcesIsolateADatabaseThatIsDown(t *testing.T) {
 	for _, st := range srcs.States() {
 		require.Equal(t, relay.SourceStopped, st.State, st.Name)
 	}
+}
+
+// Sources added to a running process start at once and deliver; a source
+// removed stops (its relays drain) and its later messages wait in its
+// outbox; a name cannot be added twice.
+func TestSourcesAddAndRemoveWhileRunning(t *testing.T) {
+	var obs []outboxOf
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		obs = append(obs, outboxOf{name: name, url: pgtest.URL(), pool: pool, schema: schema})
+	}
+	sink := memory.New()
+	source := func(ob outboxOf) relay.Source {
+		cfg := relay.Config{Schema: ob.schema, Workers: 1, BatchSize: 20, PollInterval: 50 * time.Millisecond,
+			LeaseTTL: 3 * time.Second, Heartbeat: 200 * time.Millisecond, Logger: testLogger(t)}
+		return relay.Source{Name: ob.name, Pool: ob.relayPool(t), Set: relay.SetConfig{Config: cfg}, Sink: sink}
+	}
+	// Both pools before the stop below: cleanups run last first, and a
+	// pool closes only once its source stopped.
+	a, b := source(obs[0]), source(obs[1])
+	srcs, err := relay.NewSources(relay.SourcesConfig{Sources: []relay.Source{a}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() { defer close(finished); _ = srcs.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-finished })
+
+	obs[0].writeKeys(t, 20)
+	obs[1].writeKeys(t, 30)
+	eventually(t, 20*time.Second, func() bool { return len(delivered(sink)["a"]) == 20 }, "a delivered")
+	require.Empty(t, delivered(sink)["b"], "b is not a source yet")
+
+	require.NoError(t, srcs.Add(b))
+	require.ErrorContains(t, srcs.Add(b), `source.name: "b" used twice`)
+	eventually(t, 20*time.Second, func() bool { return len(delivered(sink)["b"]) == 30 }, "b delivered once added")
+
+	require.NoError(t, srcs.Remove("a"))
+	require.ErrorContains(t, srcs.Remove("a"), `no source named "a"`)
+	require.Len(t, srcs.States(), 1)
+	obs[0].writeKeys(t, 5)
+	obs[1].writeKeys(t, 5)
+	eventually(t, 20*time.Second, func() bool { return len(delivered(sink)["b"]) == 35 }, "b goes on")
+	var left int
+	require.NoError(t, obs[0].pool.QueryRow(context.Background(), "SELECT count(*) FROM "+migrations.Ident(obs[0].schema)+".messages").Scan(&left))
+	require.Equal(t, 5, left, "a's later messages wait in its outbox")
+	require.Len(t, delivered(sink)["a"], 20)
 }
 
 func TestNewSourcesChecksNames(t *testing.T) {
