@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
@@ -197,6 +200,7 @@ func TestHelmLint(t *testing.T) {
 	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/full-values.yaml")
 	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/keda-values.yaml")
 	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/hpa-values.yaml")
+	helm(t, "lint", "--strict", chartDir, "-f", chartDir+"/ci/sources-values.yaml")
 }
 
 // The chart's alert rules are those of deploy/prometheus (a copy, since a
@@ -218,6 +222,7 @@ func TestHelmTemplate(t *testing.T) {
 		values  []string
 		full    bool
 		secrets bool
+		sources bool
 	}{
 		// No --kube-version: the Kubernetes version helm assumes by
 		// itself must satisfy the chart's kubeVersion (a helm built with
@@ -229,6 +234,9 @@ func TestHelmTemplate(t *testing.T) {
 		// Secrets for the sink URL and the console's tokens too: each is
 		// mounted so that the relay does not warn (checkSecretFileModes).
 		{name: "secrets", values: []string{"--set", "sink.url=", "--set", "sink.existingSecret=relay-sink", "--set", "console.tokensSecret=relay-console"}, secrets: true},
+		// Many databases: a sources list, each source's URL from its own
+		// Secret, and no database URL.
+		{name: "sources", values: []string{"--kube-version", "1.29.0", "-f", chartDir + "/ci/sources-values.yaml"}, sources: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -236,6 +244,10 @@ func TestHelmTemplate(t *testing.T) {
 			m := parseManifests(t, "helm template "+tc.name, out)
 			if tc.secrets {
 				checkChartSecrets(t, m)
+				return
+			}
+			if tc.sources {
+				checkChartSources(t, m)
 				return
 			}
 			checkChart(t, m, tc.full)
@@ -260,6 +272,208 @@ func checkChartSecrets(t *testing.T, m manifests) {
 	require.Len(t, m.jobs, 1, "the migration hook Job")
 	checkPod(t, m.file+": Job", m.jobs[0].Spec.Template.Spec)
 	require.NotNil(t, m.jobs[0].Spec.Template.Spec.SecurityContext.FSGroup)
+}
+
+// checkChartSources checks a rendering of ci/sources-values.yaml: the
+// config file holds the sources list, in the relays' ConfigMap and in a
+// hook copy the migration reads (the hook Job runs before the release's
+// own objects exist); no database URL is set (the relay refuses one
+// beside the list); each source's database-url-file is a file of a Secret
+// mounted in both pods (the migration's own for tenant-b) that the relay
+// reads without warning. Then the relay binary runs as each container
+// would, the files in temporary places and the databases unreachable:
+// run starts relaying from both sources, and migrate tries both.
+func checkChartSources(t *testing.T, m manifests) {
+	require.Len(t, m.deployments, 1, "one Deployment")
+	spec := m.deployments[0].Spec.Template.Spec
+	runs := checkPod(t, m.file+": Deployment", spec)
+	require.Len(t, runs, 1)
+	relay := runs[0]
+	require.Len(t, m.jobs, 1, "the migration hook Job")
+	job := m.jobs[0]
+	checkPod(t, m.file+": Job", job.Spec.Template.Spec)
+	migrate := job.Spec.Template.Spec.Containers[0]
+	require.Equal(t, "migrate", subcommand(migrate))
+	for _, c := range []container{relay, migrate} {
+		for _, env := range []string{"OUTBOX_DATABASE_URL", "OUTBOX_DATABASE_URL_FILE", "DATABASE_URL", "DATABASE_URL_FILE"} {
+			_, ok := c.env(env)
+			require.False(t, ok, "container %s sets %s beside the sources list, which the relay refuses", c.Name, env)
+		}
+	}
+
+	cms := map[string]k8sConfigMap{}
+	for _, cm := range m.configMaps {
+		cms[cm.Metadata.Name] = cm
+	}
+	require.Len(t, cms, 2, "the relays' config file and the migration's copy")
+	hook := cms[chartRelease+"-migrate"]
+	require.Equal(t, job.Metadata.Annotations["helm.sh/hook"], hook.Metadata.Annotations["helm.sh/hook"], "the migration's config file is a hook of the Job's")
+	cmWeight, _ := strconv.Atoi(hook.Metadata.Annotations["helm.sh/hook-weight"])
+	jobWeight, _ := strconv.Atoi(job.Metadata.Annotations["helm.sh/hook-weight"])
+	require.Less(t, cmWeight, jobWeight, "the config file is created before the Job")
+	require.Equal(t, cms[chartRelease].Data, hook.Data)
+	configs := map[string]string{"relay": chartRelease, "migrate": chartRelease + "-migrate"}
+	var file map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(cms[chartRelease].Data["relay.yaml"]), &file))
+	list, _ := file["sources"].([]any)
+	require.Len(t, list, 2, "the config file's sources")
+
+	// Each source's URL file, then as the pod would read it: an
+	// unreachable database of the source's name.
+	dir := t.TempDir()
+	local := map[string]string{}
+	want := map[string][]string{"relay": {"tenant-a-db", "tenant-b-db"}, "migrate": {"tenant-a-db", "tenant-b-db-owner"}}
+	for i, entry := range list {
+		src, _ := entry.(map[string]any)
+		name, _ := src["name"].(string)
+		path, _ := src["database-url-file"].(string)
+		require.NotEmpty(t, path, "source %s has no database-url-file", name)
+		for _, pod := range []struct {
+			name string
+			spec podSpec
+			c    container
+		}{{"relay", spec, relay}, {"migrate", job.Spec.Template.Spec, migrate}} {
+			secret, mode, ok := secretFile(pod.spec, pod.c, path)
+			require.True(t, ok, "%s: source %s's database-url-file %s is not a file of a mounted Secret", pod.name, name, path)
+			require.Equal(t, want[pod.name][i], secret, "%s: source %s", pod.name, name)
+			checkSecretMode(t, m.file+": "+pod.name, pod.spec, "source "+name+"'s database-url-file "+path, mode)
+		}
+		local[path] = filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(local[path], []byte("postgres://relay@127.0.0.1:1/"+name+"\n"), 0o600))
+		src["database-url-file"] = local[path]
+	}
+	b, err := yaml.Marshal(file)
+	require.NoError(t, err)
+	localCfg := filepath.Join(dir, "relay.yaml")
+	require.NoError(t, os.WriteFile(localCfg, b, 0o600))
+
+	for _, tc := range []struct {
+		name string
+		spec podSpec
+		c    container
+	}{{"relay", spec, relay}, {"migrate", job.Spec.Template.Spec, migrate}} {
+		s := tc.c.settings()
+		path, ok := s.flag("config")
+		require.True(t, ok, "%s reads no config file", tc.name)
+		require.Equal(t, configs[tc.name], configMapOf(tc.spec, tc.c, path), "%s: --config %s is not a file of its ConfigMap", tc.name, path)
+		args := slices.Clone(s.args)
+		for i, a := range args {
+			args[i] = strings.ReplaceAll(a, path, localCfg)
+		}
+		env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "OUTBOX_") || strings.HasPrefix(kv, "DATABASE_URL")
+		})
+		for k, v := range s.env {
+			switch k {
+			case "OUTBOX_CONFIG":
+				v = localCfg
+			case "OUTBOX_ADMIN_ADDR":
+				v = "127.0.0.1:0"
+			}
+			env = append(env, k+"="+v)
+		}
+		cmd := exec.Command(relaybin.Binary(t), append([]string{subcommand(tc.c)}, args...)...)
+		cmd.Env = env
+		if tc.name == "migrate" {
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "migrate:\n%s", out)
+			require.Equal(t, 1, exit.ExitCode(), "migrate failed otherwise than on the databases:\n%s", out)
+			for _, name := range []string{"tenant-a", "tenant-b"} {
+				require.Contains(t, string(out), "source "+name+": ", "migrate did not try source %s", name)
+			}
+			continue
+		}
+		relayStarts(t, cmd, len(list))
+	}
+}
+
+// relayStarts runs cmd, outbox-relay run with a sources list, until it
+// logs that it starts relaying from n sources, then stops it.
+func relayStarts(t *testing.T, cmd *exec.Cmd, n int) {
+	t.Helper()
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	started := regexp.MustCompile(fmt.Sprintf(`"msg":"starting","sources":%d\b|msg=starting sources=%d\b`, n, n))
+	deadline := time.After(30 * time.Second)
+	for !started.MatchString(out.String()) {
+		select {
+		case err := <-done:
+			t.Fatalf("run exited (%v) before starting its %d sources:\n%s", err, n, out.String())
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("run did not start its %d sources in 30s:\n%s", n, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while a test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// configMapOf returns the name of the ConfigMap whose volume, mounted in
+// c, holds file ("" when none does).
+func configMapOf(spec podSpec, c container, file string) string {
+	for _, vm := range c.VolumeMounts {
+		rel, err := filepath.Rel(vm.MountPath, file)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == vm.Name && v.ConfigMap != nil {
+				return v.ConfigMap.Name
+			}
+		}
+	}
+	return ""
+}
+
+// The chart refuses, naming the value, database URL Secrets of sources
+// without a sources list or of a source the list does not have, and no
+// database at all.
+func TestHelmSourcesRefusals(t *testing.T) {
+	t.Parallel()
+	sources := []string{"-f", chartDir + "/ci/sources-values.yaml"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--set", "database.existingSecret="}, "database.existingSecret: the Secret holding the database URL (or, with many databases, a sources list in config.sources)"},
+		{[]string{"--set", "database.sourceSecrets[0].name=a", "--set", "database.sourceSecrets[0].existingSecret=a-db"}, "database.sourceSecrets[0]: mounts the database URL of a source, and config.sources lists none"},
+		{append(sources, "--set", "database.sourceSecrets[1].name=tenant-c"), `database.sourceSecrets[1].name: "tenant-c" is not a source of config.sources (tenant-a, tenant-b)`},
+		{append(sources, "--set", "migration.database.sourceSecrets[0].existingSecret="), "migration.database.sourceSecrets[0].existingSecret: the Secret holding source tenant-b's database URL"},
+	} {
+		out := helmFails(t, append([]string{"template", "relay", chartDir}, tc.args...)...)
+		require.Contains(t, out, tc.want, "helm template %s", strings.Join(tc.args, " "))
+	}
+	// Without the database's Secret, the sources list suffices.
+	renderChart(t, "sources, no database Secret", append(sources, "--set", "database.existingSecret=")...)
 }
 
 // The image tag the docs build and push is the one the chart deploys by

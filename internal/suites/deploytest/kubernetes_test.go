@@ -478,9 +478,44 @@ func checkDatabaseSecret(t *testing.T, at string, spec podSpec, c container) {
 			t.Errorf("%s: %s_FILE=%s is not a file of a mounted Secret volume", at, name, file)
 		}
 	}
-	if !found {
+	if _, config := c.settings().flag("config"); !found && !config {
+		// With a config file, its sources list may name the databases
+		// instead (checkChartSources checks the chart's).
 		t.Errorf("%s: no OUTBOX_DATABASE_URL(_FILE) or DATABASE_URL(_FILE)", at)
 	}
+}
+
+// secretFile reports whether file is a file of a Secret volume mounted
+// in c, and the Secret's name and the file's mode (Kubernetes' 0644
+// unless the volume or its item sets one).
+func secretFile(spec podSpec, c container, file string) (secret string, mode int, ok bool) {
+	for _, vm := range c.VolumeMounts {
+		rel, err := filepath.Rel(vm.MountPath, file)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			mode = 0o644
+			if v.Secret.DefaultMode != nil {
+				mode = *v.Secret.DefaultMode
+			}
+			if len(v.Secret.Items) == 0 {
+				return v.Secret.SecretName, mode, true
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path == rel {
+					if it.Mode != nil {
+						mode = *it.Mode
+					}
+					return v.Secret.SecretName, mode, true
+				}
+			}
+		}
+	}
+	return "", 0, false
 }
 
 // checkSecretFileModes holds every *_FILE the relay reads from a mounted
@@ -497,34 +532,24 @@ func checkSecretFileModes(t *testing.T, at string, spec podSpec, c container) {
 		if !strings.HasSuffix(e.Name, "_FILE") || e.Value == nil {
 			continue
 		}
-		for _, vm := range c.VolumeMounts {
-			rel, err := filepath.Rel(vm.MountPath, *e.Value)
-			if err != nil || strings.HasPrefix(rel, "..") {
-				continue
-			}
-			for _, v := range spec.Volumes {
-				if v.Name != vm.Name || v.Secret == nil {
-					continue
-				}
-				mode := 0o644 // Kubernetes' default
-				if v.Secret.DefaultMode != nil {
-					mode = *v.Secret.DefaultMode
-				}
-				for _, it := range v.Secret.Items {
-					if it.Path == rel && it.Mode != nil {
-						mode = *it.Mode
-					}
-				}
-				switch {
-				case mode&0o004 != 0:
-					t.Errorf("%s: %s=%s is mounted with mode %#o, readable by every user (the relay warns): set the Secret volume's defaultMode to 0440 and the pod's fsGroup", at, e.Name, *e.Value, mode)
-				case mode&0o040 != 0 && (spec.SecurityContext == nil || spec.SecurityContext.FSGroup == nil):
-					t.Errorf("%s: %s=%s is group-readable (mode %#o) but the pod sets no fsGroup: the file's group is not the relay's (the relay warns)", at, e.Name, *e.Value, mode)
-				case mode&0o044 == 0:
-					t.Errorf("%s: %s=%s has mode %#o: Secret files belong to root, so the non-root relay cannot read it; use 0440 with the pod's fsGroup", at, e.Name, *e.Value, mode)
-				}
-			}
+		if _, mode, ok := secretFile(spec, c, *e.Value); ok {
+			checkSecretMode(t, at, spec, e.Name+"="+*e.Value, mode)
 		}
+	}
+}
+
+// checkSecretMode holds the mode of a file mounted from a Secret (what
+// names it) to what the relay reads without warning: see
+// checkSecretFileModes.
+func checkSecretMode(t *testing.T, at string, spec podSpec, what string, mode int) {
+	t.Helper()
+	switch {
+	case mode&0o004 != 0:
+		t.Errorf("%s: %s is mounted with mode %#o, readable by every user (the relay warns): set the Secret volume's defaultMode to 0440 and the pod's fsGroup", at, what, mode)
+	case mode&0o040 != 0 && (spec.SecurityContext == nil || spec.SecurityContext.FSGroup == nil):
+		t.Errorf("%s: %s is group-readable (mode %#o) but the pod sets no fsGroup: the file's group is not the relay's (the relay warns)", at, what, mode)
+	case mode&0o044 == 0:
+		t.Errorf("%s: %s has mode %#o: Secret files belong to root, so the non-root relay cannot read it; use 0440 with the pod's fsGroup", at, what, mode)
 	}
 }
 

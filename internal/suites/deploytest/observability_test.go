@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -114,7 +115,7 @@ func TestDashboardQueriesParse(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("groups:\n  - name: dashboard\n    rules:\n")
 	for i, e := range dashboardExprs(t) {
-		e = strings.NewReplacer("$__rate_interval", "5m", "$instance", ".*", "$route", ".*").Replace(e)
+		e = strings.NewReplacer("$__rate_interval", "5m", "$instance", ".*", "$source", ".*", "$route", ".*").Replace(e)
 		q, err := json.Marshal(e)
 		require.NoError(t, err)
 		fmt.Fprintf(&b, "      - record: dashboard:query_%d\n        expr: %s\n", i, q)
@@ -130,11 +131,13 @@ var metricName = regexp.MustCompile(`\boutbox_relay_[a-z0-9_]+`)
 // Every metric the dashboard and the alert rules query is one a running
 // relay exports: the test runs the relay binary against real Postgres and
 // a webhook that accepts, retries and refuses messages, then reads its
-// /metrics. (Grafana itself cannot be installed here; this is what stands
-// for it.)
+// /metrics, once for a database and once with a sources list (which adds
+// the outbox_relay_source_ metrics). (Grafana itself cannot be installed
+// here; this is what stands for it.)
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	t.Parallel()
-	exported := liveMetrics(t)
+	exported := liveMetrics(t, false)
+	maps.Copy(exported, liveMetrics(t, true))
 	used := map[string][]string{}
 	for _, e := range dashboardExprs(t) {
 		for _, m := range metricName.FindAllString(e, -1) {
@@ -162,8 +165,9 @@ func keys(m map[string]bool) []string {
 
 // liveMetrics runs `outbox-relay run` with its admin listener and returns
 // the sample names of its /metrics once it has delivered, retried and
-// dead-lettered messages.
-func liveMetrics(t *testing.T) map[string]bool {
+// dead-lettered messages; with sources, from a sources list of one
+// source instead of --database-url.
+func liveMetrics(t *testing.T, sources bool) map[string]bool {
 	t.Helper()
 	pool, schema := pgtest.Schema(t)
 	var calls atomic.Int64
@@ -197,7 +201,7 @@ func liveMetrics(t *testing.T) map[string]bool {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	cfg := filepath.Join(t.TempDir(), "relay.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`routes:
+	conf := fmt.Sprintf(`routes:
   - name: orders
     topics: ["orders"]
     sink: %s/hook/orders
@@ -207,10 +211,20 @@ func liveMetrics(t *testing.T) map[string]bool {
     on-dead-letter: hold
 http:
   allow_insecure_http: true
-`, hook.URL, hook.URL)), 0o600))
+`, hook.URL, hook.URL)
+	// No database URL beside a sources list: the relay refuses both.
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "DATABASE_URL") || strings.HasPrefix(kv, "OUTBOX_DATABASE_URL")
+	})
+	if sources {
+		conf += fmt.Sprintf("sources:\n  - name: main\n    database-url: %q\n", pgtest.URL())
+	} else {
+		env = append(env, "DATABASE_URL="+pgtest.URL())
+	}
+	require.NoError(t, os.WriteFile(cfg, []byte(conf), 0o600))
 	cmd := exec.Command(relaybin.Binary(t), "run", "--config", cfg, "--schema", schema, "--admin-addr", addr,
 		"--retry-initial", "10ms", "--poll-interval", "50ms", "--metrics-interval", "200ms")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.URL())
+	cmd.Env = env
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())

@@ -127,3 +127,54 @@ the choice includes it first, so this error comes before any other.
 {{- fail "keda.enabled and hpa.enabled: enable one autoscaler (KEDA runs its own HorizontalPodAutoscaler for the ScaledObject, and two would fight over the relays' replicas)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The Secrets holding the database URLs of the config file's sources list
+(config.sources), as a JSON list of {name, existingSecret, secretKey}:
+database.sourceSecrets, and in the migration Job (migration true) each
+replaced by the migration.database.sourceSecrets entry of the same name.
+Each is mounted at /var/run/secrets/outbox-relay/sources/<name>, the
+directory of the file a source's database-url-file names. Fails on an
+entry without a name of the list or a Secret, and on entries without a
+list. Called with (dict "ctx" $ "migration" true|false).
+*/}}
+{{- define "outbox-relay.sourceSecrets" -}}
+{{- $v := .ctx.Values -}}
+{{- $names := list -}}
+{{- range (dig "sources" (list) $v.config) -}}
+{{- if kindIs "map" . }}{{ $names = append $names (dig "name" "" . | toString) }}{{ end -}}
+{{- end -}}
+{{- $lists := list (list "database.sourceSecrets" ($v.database.sourceSecrets | default list)) -}}
+{{- if .migration -}}
+{{- $lists = append $lists (list "migration.database.sourceSecrets" (dig "sourceSecrets" (list) $v.migration.database)) -}}
+{{- end -}}
+{{- $byName := dict -}}
+{{- $order := list -}}
+{{- range $lists -}}
+{{- $value := index . 0 -}}
+{{- $seen := dict -}}
+{{- range $i, $s := index . 1 -}}
+{{- $field := printf "%s[%d]" $value $i -}}
+{{- if not $names -}}
+{{- fail (printf "%s: mounts the database URL of a source, and config.sources lists none (docs/operations.md#many-databases)" $field) -}}
+{{- end -}}
+{{- $name := dig "name" "" $s | toString -}}
+{{- if not (has $name $names) -}}
+{{- fail (printf "%s.name: %q is not a source of config.sources (%s)" $field $name (join ", " $names)) -}}
+{{- end -}}
+{{- if not (dig "existingSecret" "" $s) -}}
+{{- fail (printf "%s.existingSecret: the Secret holding source %s's database URL" $field $name) -}}
+{{- end -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "%s.name: %q is given twice" $field $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name true -}}
+{{- if not (hasKey $byName $name) }}{{ $order = append $order $name }}{{ end -}}
+{{- $_ := set $byName $name (dict "name" $name "existingSecret" $s.existingSecret "secretKey" (dig "secretKey" "database-url" $s)) -}}
+{{- end -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $order }}{{ $out = append $out (get $byName .) }}{{ end -}}
+{{- toJson $out -}}
+{{- end -}}
+
