@@ -668,7 +668,7 @@ func (g *globals) run(parent context.Context, o runOptions) error {
 	if o.adminAddr != "" || otelOn.Metrics {
 		// The backlog gauges count the outbox (0.85 s of database time
 		// on a 1M backlog here): only when something reads them.
-		defer g.watchOutbox(parent, pool, g.schema, metrics, o.metricsInterval)()
+		defer g.watchOutbox(parent, pool, g.schema, metrics, o.metricsInterval, g.log)()
 	}
 	// Each relay says "relay running" once it has reached the database and
 	// checked the schema; nothing here has connected yet.
@@ -874,12 +874,12 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 }
 
 // watchOutbox keeps the backlog gauges fresh until stop is called.
-func (g *globals) watchOutbox(parent context.Context, pool *pgxpool.Pool, schema string, metrics *relayprom.Metrics, every time.Duration) (stop func()) {
+func (g *globals) watchOutbox(parent context.Context, pool *pgxpool.Pool, schema string, metrics *relayprom.Metrics, every time.Duration, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		metrics.WatchOutbox(ctx, pool, schema, every, g.log)
+		metrics.WatchOutbox(ctx, pool, schema, every, log)
 	}()
 	return func() { cancel(); <-done }
 }

@@ -93,7 +93,7 @@ func (g *globals) runSources(parent context.Context, o runOptions) error {
 	}
 	if o.adminAddr != "" || otelOn.Metrics {
 		for _, p := range parts {
-			defer g.watchOutbox(parent, p.pool, p.schema, p.metrics, o.metricsInterval)()
+			defer g.watchOutbox(parent, p.pool, p.schema, p.metrics, o.metricsInterval, g.log.With("source", p.name))()
 		}
 	}
 	g.log.Info("starting", "sources", len(parts), "routes", len(planned), "max_conns_per_source", maxConns)
