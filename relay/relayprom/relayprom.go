@@ -58,6 +58,11 @@ type Metrics struct {
 	heldMu       sync.Mutex
 	heldRoutes   map[string]bool // routes with held-key series, for deleting them
 	scrapeErrors prometheus.Counter
+
+	// reg and registered are where and what newMetrics registered, for
+	// Unregister.
+	reg        prometheus.Registerer
+	registered []prometheus.Collector
 }
 
 // New registers the relay metrics on reg. Series about deliveries are
@@ -74,6 +79,15 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 // process's. Its WatchOutbox counts that source's outbox.
 func NewSource(reg prometheus.Registerer, source string) *Metrics {
 	return newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"source": source}, reg))
+}
+
+// Unregister removes m's series from the registerer they were registered
+// on: those of a source that relay.Sources.Remove stopped, so that the
+// source's name can be used again. m's hooks must no longer be called.
+func (m *Metrics) Unregister() {
+	for _, c := range m.registered {
+		m.reg.Unregister(c)
+	}
 }
 
 // RegisterBuildInfo registers outbox_relay_build_info, the gauge that
@@ -174,9 +188,11 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		scrapeErrors: newCounter("outbox_check_errors_total",
 			"Failed periodic outbox checks (the backlog gauges keep their last value)."),
 	}
-	reg.MustRegister(m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
+	m.reg = reg
+	m.registered = []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.retried, m.untouched, m.commitFails, m.cycleErrors,
 		m.destDown, m.outages, m.routeState, m.publishDur, m.latency, m.batchSize, m.claimDur, m.settleDur, m.lanes, m.unworked, m.routeConfigs,
-		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors)
+		m.wakeSource, m.wakeFallbacks, m.pending, m.oldestAge, m.retrying, m.delayed, m.deadLetters, m.heldKeys, m.oldestHold, m.scrapeErrors}
+	reg.MustRegister(m.registered...)
 	return m
 }
 

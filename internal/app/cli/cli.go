@@ -128,6 +128,8 @@ type globals struct {
 	// (only the chosen one with --source).
 	sourceName string
 	sources    []source
+	// known are the config file's keys (for reading it again).
+	known map[string]bool
 
 	file    *fileConfig
 	files   envFiles          // what was read through *_FILE variables
@@ -224,7 +226,8 @@ func (g *globals) prepare(cmd *cobra.Command) error {
 			g.configPath = v
 		}
 	}
-	fc, err := loadFile(g.configPath, allFlagNames(cmd.Root()))
+	g.known = allFlagNames(cmd.Root())
+	fc, err := loadFile(g.configPath, g.known)
 	if err != nil {
 		return err
 	}
@@ -809,17 +812,17 @@ type adminParts struct {
 	planned []relay.Config
 	reg     *prometheus.Registry
 	relays  adminhttp.Checker
-	// sources are the outboxes of a run with a sources list (pool is
-	// then nil), states what they do.
-	sources []sourceParts
-	states  func() []relay.SourceState
+	// fleet holds the sources of a run with a sources list (pool is
+	// then nil).
+	fleet *fleet
 }
 
 // console builds the operator console of p and the samplers behind its
 // charts.
-func (p adminParts) console(g *globals, o runOptions) (*console.Console, []*console.Sampler, error) {
-	if p.sources != nil {
-		return newSourcesConsole(g, p.sources, p.states, p.base, o, p.tokens, p.routes, p.planned)
+func (p adminParts) console(g *globals, o runOptions) (http.Handler, []*console.Sampler, error) {
+	if p.fleet != nil {
+		h, err := p.fleet.serveConsole()
+		return h, nil, err // the fleet runs each source's sampler
 	}
 	con, sampler, err := newConsole(g, p.pool, p.base, o, p.tokens, p.routes, p.planned)
 	if err != nil {
@@ -853,11 +856,7 @@ func (g *globals) serveAdmin(parent context.Context, o runOptions, p adminParts,
 	if o.pprof {
 		opts = append(opts, adminhttp.WithPprof())
 	}
-	var handler http.Handler
-	if con != nil {
-		handler = con
-	}
-	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, handler, opts...)
+	srv, err := adminhttp.Start(o.adminAddr, p.reg, p.relays, g.log, con, opts...)
 	if err != nil {
 		return stop, &usageError{err}
 	}

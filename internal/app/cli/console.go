@@ -60,21 +60,14 @@ func newConsole(g *globals, pool *pgxpool.Pool, base relay.Config, o runOptions,
 	return c, sampler, nil
 }
 
-// newSourcesConsole builds the console of a run with a sources list: a
-// source each, with its own outbox and sampler (the caller runs them).
-func newSourcesConsole(g *globals, parts []sourceParts, states func() []relay.SourceState, base relay.Config, o runOptions,
-	tokens *console.Tokens, routes []route, planned []relay.Config) (*console.Console, []*console.Sampler, error) {
+// sourcesConsole builds the console of a run with a sources list: a
+// source each, with its own outbox and sampler.
+func sourcesConsole(g *globals, parts []*sourceParts, states func() []relay.SourceState, base relay.Config, o runOptions,
+	tokens *console.Tokens, routes []route, planned []relay.Config) (*console.Console, error) {
 	shown := consoleRoutes(routes, planned, o)
 	var sources []console.Source
-	var samplers []*console.Sampler
 	for _, p := range parts {
-		admin, err := operator.New(p.pool, p.schema)
-		if err != nil {
-			return nil, nil, &usageError{err}
-		}
-		sampler := console.NewSampler(admin, o.consoleSample, g.log.With("source", p.name))
-		samplers = append(samplers, sampler)
-		sources = append(sources, console.Source{Name: p.name, Admin: admin, Routes: shown, Samples: sampler,
+		sources = append(sources, console.Source{Name: p.name, Admin: p.admin, Routes: shown, Samples: p.sampler,
 			State: func() relay.SourceState {
 				for _, st := range states() {
 					if st.Name == p.name {
@@ -86,9 +79,9 @@ func newSourcesConsole(g *globals, parts []sourceParts, states func() []relay.So
 	}
 	c, err := console.New(consoleConfig(g, base, o, tokens, console.Config{Sources: sources}))
 	if err != nil {
-		return nil, nil, &usageError{err}
+		return nil, &usageError{err}
 	}
-	return c, samplers, nil
+	return c, nil
 }
 
 // consoleConfig completes c with what every console of a run shares.

@@ -1,16 +1,21 @@
 package cli_test
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-relay/outbox-relay/internal/app/cli"
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -125,4 +130,85 @@ func TestRunSourcesConfigErrors(t *testing.T) {
 		require.Equal(t, 2, code, "%s: %s", tc.yaml, stderr)
 		require.Contains(t, stderr, tc.want, tc.yaml)
 	}
+}
+
+// SIGHUP makes a running process read its sources list again: a source
+// added starts and delivers, a source removed stops and its later
+// messages wait in its outbox, a list that cannot run is refused and the
+// running sources go on.
+func TestRunSourcesReloadOnHangup(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	t.Setenv("OUTBOX_POLL_INTERVAL", "20ms")
+	schemas := map[string]string{}
+	writers := map[string]func(n int){}
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		schemas[name] = schema
+		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+		require.NoError(t, err)
+		writers[name] = func(n int) {
+			ctx := context.Background()
+			for i := range n {
+				tx, err := pool.Begin(ctx)
+				require.NoError(t, err)
+				require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: fmt.Appendf(nil, "%s:%d", name, i)}))
+				require.NoError(t, tx.Commit(ctx))
+			}
+		}
+	}
+	var mu sync.Mutex
+	got := map[string]int{}
+	srv := testkit.NewTestReceiver(t, func(r *testkit.Request) (int, string) {
+		src, _, _ := strings.Cut(string(r.Body), ":")
+		mu.Lock()
+		got[src]++
+		mu.Unlock()
+		return http.StatusOK, ""
+	})
+	count := func(src string) int { mu.Lock(); defer mu.Unlock(); return got[src] }
+	f := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, "a")
+	rewrite := func(names ...string) {
+		next := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, names...)
+		b, err := os.ReadFile(next)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(f, b, 0o600))
+	}
+	logs := &testkit.SyncBuffer{}
+	runCtx, stop := context.WithCancel(context.Background())
+	exited := make(chan int, 1)
+	go func() {
+		exited <- cli.MainContext(runCtx, []string{"run", "--config", f, "--admin-addr", ""}, io.Discard, logs)
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, 0, <-exited, logs.String())
+	}()
+	inLogs := func(s string) func() bool { return func() bool { return strings.Contains(logs.String(), s) } }
+	require.Eventually(t, inLogs("msg=starting"), 20*time.Second, 10*time.Millisecond, "started: %s", logs.String())
+	hangup := func() { require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP)) }
+
+	writers["a"](10)
+	writers["b"](10)
+	require.Eventually(t, func() bool { return count("a") == 10 }, 20*time.Second, 10*time.Millisecond)
+	require.Zero(t, count("b"))
+
+	rewrite("a", "b")
+	hangup()
+	require.Eventually(t, func() bool { return count("b") == 10 }, 20*time.Second, 10*time.Millisecond, "b added: %s", logs.String())
+	require.Contains(t, logs.String(), `added=[b]`)
+
+	rewrite("b")
+	hangup()
+	require.Eventually(t, inLogs(`removed=[a]`), 20*time.Second, 10*time.Millisecond, logs.String())
+	writers["a"](5)
+	writers["b"](5)
+	require.Eventually(t, func() bool { return count("b") == 15 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, 10, count("a"), "a's later messages wait in its outbox")
+
+	require.NoError(t, os.WriteFile(f, []byte("sink: "+srv.URL()+"\nsources: []\n"), 0o600))
+	hangup()
+	require.Eventually(t, inLogs("sources not reloaded"), 20*time.Second, 10*time.Millisecond, logs.String())
+	writers["b"](1)
+	require.Eventually(t, func() bool { return count("b") == 16 }, 20*time.Second, 10*time.Millisecond, "b goes on")
 }
