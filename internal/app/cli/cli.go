@@ -590,15 +590,21 @@ func (o runOptions) relayConfig(g *globals) (relay.Config, error) {
 	return base, nil
 }
 
+// run runs the relays of one database, or of a sources list.
 func (g *globals) run(parent context.Context, o runOptions) error {
 	if g.sourceName == "" && len(g.sources) > 0 {
 		return g.runSources(parent, o)
 	}
-	if err := o.check(); err != nil {
-		return err
-	}
 	if g.sourceName != "" && o.producer == "" {
 		o.producer = g.sources[0].producer // --source: that source's
+	}
+	return g.runOne(parent, o)
+}
+
+// runOne runs the relays of one database.
+func (g *globals) runOne(parent context.Context, o runOptions) error {
+	if err := o.check(); err != nil {
+		return err
 	}
 	base, err := o.relayConfig(g)
 	if err != nil {
