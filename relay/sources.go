@@ -110,7 +110,9 @@ type SourceState struct {
 	Since time.Time
 	// Err is why it is down (nil otherwise).
 	Err error
-	// Retry is when a source that is down starts again.
+	// Retry is when a source that is down starts again (past once it
+	// runs its start-up checks again: it stays down until its relays
+	// run).
 	Retry time.Time
 	// Restarts counts its starts after the first.
 	Restarts int
@@ -313,7 +315,7 @@ func (s *Sources) runOnce(ctx context.Context, src *sourceRun) error {
 	if err != nil {
 		return err
 	}
-	src.set(SourceState{State: SourceStarting}, u)
+	src.starting(u)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -336,6 +338,9 @@ func (src *sourceRun) set(st SourceState, u unit) {
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	st.Name, st.Since, st.Restarts = src.Name, time.Now(), src.restarts
+	if st.State == SourceDown && src.state.State == SourceDown {
+		st.Since = src.state.Since // down since its first failure in a row
+	}
 	src.state, src.unit = st, u
 }
 
@@ -343,8 +348,21 @@ func (src *sourceRun) set(st SourceState, u unit) {
 func (src *sourceRun) promote(u unit) {
 	src.mu.Lock()
 	defer src.mu.Unlock()
-	if src.unit == u && src.state.State == SourceStarting {
-		src.state.State, src.state.Since = SourceRunning, time.Now()
+	if src.unit == u && src.state.State != SourceRunning {
+		src.state = SourceState{Name: src.Name, State: SourceRunning, Since: time.Now(), Restarts: src.restarts}
+	}
+}
+
+// starting records that src runs u's start-up checks. A source that is
+// down stays down until its relays run, so that its state does not flip
+// between down and starting while it keeps failing (an alert on "down
+// for 5 minutes" would never fire).
+func (src *sourceRun) starting(u unit) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	src.unit = u
+	if src.state.State != SourceDown {
+		src.state = SourceState{Name: src.Name, State: SourceStarting, Since: time.Now(), Restarts: src.restarts}
 	}
 }
 
@@ -413,7 +431,11 @@ func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
 		var slow string
 		switch {
 		case st.State == SourceDown:
-			why = fmt.Sprintf("down since %s (starts again at %s): %v", st.Since.UTC().Format(time.RFC3339), st.Retry.UTC().Format(time.RFC3339), st.Err)
+			again := "starts again at " + st.Retry.UTC().Format(time.RFC3339)
+			if time.Now().After(st.Retry) {
+				again = "starting again"
+			}
+			why = fmt.Sprintf("down since %s (%s): %v", st.Since.UTC().Format(time.RFC3339), again, st.Err)
 		case u == nil || st.State == SourceStarting:
 			why = "starting"
 		default:

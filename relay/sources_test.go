@@ -129,6 +129,11 @@ func TestSourcesIsolateADatabaseThatIsDown(t *testing.T) {
 	require.Empty(t, delivered(sink)["c"])
 	down := stateOf(srcs, "c")
 	require.Error(t, down.Err)
+	// It stays down, since its first failure, while it keeps failing.
+	eventually(t, 30*time.Second, func() bool { return stateOf(srcs, "c").Restarts >= down.Restarts+2 }, "c restarted twice more")
+	again := stateOf(srcs, "c")
+	require.Equal(t, relay.SourceDown, again.State)
+	require.Equal(t, down.Since, again.Since)
 	require.Equal(t, relay.SourceRunning, stateOf(srcs, "a").State)
 	degraded, err := srcs.Readiness(ctx)
 	require.NoError(t, err, "ready while some source delivers")
