@@ -96,7 +96,7 @@ func (r *Relay) Relays() []*Relay { return []*Relay{r} }
 const (
 	SourceStarting = "starting" // its relays run their start-up checks
 	SourceRunning  = "running"  // its relays run
-	SourceDown     = "down"     // its relays stopped with an error; they start again at Retry
+	SourceDown     = "down"     // its relays stopped with an error (they start again at Retry), or run but cannot reach its database
 	SourceStopped  = "stopped"  // Run returned
 )
 
@@ -112,7 +112,9 @@ type SourceState struct {
 	Err error
 	// Retry is when a source that is down starts again (past once it
 	// runs its start-up checks again: it stays down until its relays
-	// run).
+	// run); zero for a source whose relays run but cannot renew their
+	// lane lease (its database went away while they ran): they retry by
+	// themselves.
 	Retry time.Time
 	// Restarts counts its starts after the first.
 	Restarts int
@@ -366,11 +368,34 @@ func (src *sourceRun) starting(u unit) {
 	}
 }
 
-// current returns src's state and running unit.
+// current returns src's state and running unit. A source whose relays
+// run but have not renewed their lane lease for longer than its TTL (its
+// database went away, or stopped answering) is down meanwhile, though
+// its relays keep running and retrying.
 func (src *sourceRun) current() (SourceState, unit) {
 	src.mu.Lock()
-	defer src.mu.Unlock()
-	return src.state, src.unit
+	st, u := src.state, src.unit
+	src.mu.Unlock()
+	if st.State == SourceRunning && u != nil {
+		if since, err := lapsed(u); err != nil {
+			st.State, st.Since, st.Err = SourceDown, since, err
+		}
+	}
+	return st, u
+}
+
+// lapsed reports the first relay of u whose lane lease has not been
+// renewed for longer than its TTL: since when that holds, and why.
+func lapsed(u unit) (time.Time, error) {
+	for _, r := range u.Relays() {
+		last := r.lease.LastRenewed()
+		if last.IsZero() || time.Since(last) <= r.cfg.LeaseTTL {
+			continue
+		}
+		return last.Add(r.cfg.LeaseTTL), fmt.Errorf("outbox: database: the lane lease has not been renewed since %s (lease TTL %s); the relays retry",
+			last.UTC().Format(time.RFC3339), r.cfg.LeaseTTL)
+	}
+	return time.Time{}, nil
 }
 
 // States returns every source's state, in the order of
@@ -432,7 +457,10 @@ func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
 		switch {
 		case st.State == SourceDown:
 			again := "starts again at " + st.Retry.UTC().Format(time.RFC3339)
-			if time.Now().After(st.Retry) {
+			switch {
+			case st.Retry.IsZero():
+				again = "its relays run and retry"
+			case time.Now().After(st.Retry):
 				again = "starting again"
 			}
 			why = fmt.Sprintf("down since %s (%s): %v", st.Since.UTC().Format(time.RFC3339), again, st.Err)

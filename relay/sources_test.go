@@ -148,6 +148,17 @@ func TestSourcesIsolateADatabaseThatIsDown(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, degraded)
 
+	// Its server stopping under running relays makes it down too, once
+	// its lease lapses, and running again once the server is back.
+	require.NoError(t, srv.Stop(ctx))
+	eventually(t, 30*time.Second, func() bool { return stateOf(srcs, "c").State == relay.SourceDown }, "c down while its relays run")
+	require.ErrorContains(t, stateOf(srcs, "c").Err, "lane lease has not been renewed")
+	degraded, err = srcs.Readiness(ctx)
+	require.NoError(t, err)
+	require.Contains(t, degraded, "source c: down since")
+	require.NoError(t, srv.Start(ctx))
+	eventually(t, 30*time.Second, func() bool { return stateOf(srcs, "c").State == relay.SourceRunning }, "c running again")
+
 	d := delivered(sink)
 	for _, name := range []string{"a", "b", "c"} {
 		require.NoError(t, payloadsInKeyOrder(d[name]), "source %s", name)

@@ -654,6 +654,15 @@ func (l *Leaser) noteUnworked(n int) {
 	l.hooks.UnworkedLanes(stuck)
 }
 
+// LastRenewed is when the lease heartbeat last succeeded (zero before
+// the first).
+func (l *Leaser) LastRenewed() time.Time {
+	if last := l.leaseOK.Load(); last != 0 {
+		return time.Unix(0, last)
+	}
+	return time.Time{}
+}
+
 // Healthy reports an error before the first heartbeat has taken lanes
 // (or found that the relay must wait: then Conflict says why), and when
 // the lease heartbeat has not succeeded for longer than a lease TTL: this
