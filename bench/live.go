@@ -215,7 +215,8 @@ func procCPU(pid int) (time.Duration, error) {
 type backendCPU struct {
 	b            *bench
 	admin        *pgxpool.Pool // on the database's server, outside the database
-	db, app      string
+	dbs          []string      // the databases whose backends count
+	app          string
 	mu           sync.Mutex
 	last         map[int]time.Duration
 	query        map[int]string // each backend's last statement seen (not BEGIN or COMMIT)
@@ -227,7 +228,12 @@ type backendCPU struct {
 }
 
 func (b *bench) followBackends(admin *pgxpool.Pool, db, app string) *backendCPU {
-	c := &backendCPU{b: b, admin: admin, db: db, app: app, last: map[int]time.Duration{}, query: map[int]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+	return b.followBackendsIn(admin, []string{db}, app)
+}
+
+// followBackendsIn follows the backends of several databases at once.
+func (b *bench) followBackendsIn(admin *pgxpool.Pool, dbs []string, app string) *backendCPU {
+	c := &backendCPU{b: b, admin: admin, dbs: dbs, app: app, last: map[int]time.Duration{}, query: map[int]string{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		t := time.NewTicker(250 * time.Millisecond)
@@ -249,7 +255,7 @@ func (c *backendCPU) close() { close(c.stop); <-c.done }
 // sample reads the backends' pids (from the bench's own database, so as
 // not to count in the measured one) and their CPU times.
 func (c *backendCPU) sample(ctx context.Context) error {
-	rows, err := c.admin.Query(ctx, "SELECT pid, left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 60) FROM pg_stat_activity WHERE datname = $1 AND starts_with(application_name, $2)", c.db, c.app)
+	rows, err := c.admin.Query(ctx, "SELECT pid, left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 60) FROM pg_stat_activity WHERE datname = ANY($1) AND starts_with(application_name, $2)", c.dbs, c.app)
 	if err != nil {
 		return err
 	}

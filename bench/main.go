@@ -18,6 +18,11 @@
 //     100k drain's per-message cost and against a floor (a raw poll loop,
 //     or a logical-replication reader where the relay follows the WAL) in
 //     the same run;
+//   - many sources (sources.go, sourceslat.go, on throwaway clusters): the
+//     CPU of one relay process idle on 50 sources against a relay of one
+//     database idle beside it; and 3 quiet sources' commit-to-webhook
+//     p99 in one process while a 4th is idle, drains a 200k backlog or
+//     has its database stopped;
 //   - 1..16 relay processes draining a 1,000-key and a single-key backlog,
 //     with per-key order checked on the output;
 //   - River and Watermill's SQL subscriber draining the same backlog.
@@ -32,7 +37,7 @@
 //	BENCH_WORKERS     the relay's --workers, and the raw loops' connections (default 2)
 //	BENCH_N           backlog size (default 1,000,000, quick 200,000)
 //	BENCH_KEYS        distinct keys in the backlog (default 1,000; scaling adds a one-key backlog)
-//	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,live,scaling,together,rebalance,peers,brokers
+//	BENCH_ONLY        comma-separated groups: raw,drain,writertax,idle,latency,live,sources,scaling,together,rebalance,peers,brokers
 //	BENCH_AMQP_URL    RabbitMQ (default amqp://guest:guest@127.0.0.1:5672/); "off" skips
 //	BENCH_NATS_URL    NATS with JetStream for the brokers group (default nats://127.0.0.1:4222); "off" skips
 //	BENCH_REDIS_URL   Redis for the brokers group (default redis://127.0.0.1:6379/0); "off" skips
@@ -250,55 +255,8 @@ func run() error {
 	}
 	b.rep = rep
 
-	if cfg.want("raw") || cfg.want("drain") {
-		if err := b.drains(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("writertax") {
-		if err := b.writerTax(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("idle") {
-		if err := b.idleCost(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("latency") {
-		if err := b.latencies(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("live") {
-		if err := b.live(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("scaling") {
-		if err := b.scaling(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("together") {
-		if err := b.together(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("rebalance") {
-		if err := b.rebalance(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("peers") {
-		if err := b.peers(ctx); err != nil {
-			return err
-		}
-	}
-	if cfg.want("brokers") {
-		if err := b.brokers(ctx); err != nil {
-			return err
-		}
+	if err := b.runGroups(ctx); err != nil {
+		return err
 	}
 	rep.Duration = time.Since(started).Round(time.Second).String()
 	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
@@ -317,6 +275,43 @@ func run() error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(cfg.outDir, "latest.json"), js, 0o644)
+}
+
+// benchGroup is a group of rows and what runs it; names are the
+// BENCH_ONLY names that select it.
+type benchGroup struct {
+	names []string
+	run   func(context.Context) error
+}
+
+// groups are the benchmark groups in the order they run (raw and drain
+// run together).
+func (b *bench) groups() []benchGroup {
+	return []benchGroup{
+		{[]string{"raw", "drain"}, b.drains},
+		{[]string{"writertax"}, b.writerTax},
+		{[]string{"idle"}, b.idleCost},
+		{[]string{"latency"}, b.latencies},
+		{[]string{"live"}, b.live},
+		{[]string{"sources"}, b.sources},
+		{[]string{"scaling"}, b.scaling},
+		{[]string{"together"}, b.together},
+		{[]string{"rebalance"}, b.rebalance},
+		{[]string{"peers"}, b.peers},
+		{[]string{"brokers"}, b.brokers},
+	}
+}
+
+// runGroups runs the groups that BENCH_ONLY asks for (all without it).
+func (b *bench) runGroups(ctx context.Context) error {
+	for _, g := range b.groups() {
+		if slices.ContainsFunc(g.names, b.cfg.want) {
+			if err := g.run(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func commandLine(cfg config) string {
@@ -348,7 +343,7 @@ func render(path string) error {
 		}
 	}
 	for _, r := range rows {
-		if r.Group != "writertax" && r.Group != "idle" && r.Group != "live" { // not divided by raw SQL
+		if r.Group != "writertax" && r.Group != "idle" && r.Group != "live" && r.Group != "sources" { // not divided by raw SQL
 			r.Ratio, r.RatioBest = 0, 0
 		}
 		rep.add(r)

@@ -34,6 +34,13 @@ type relayProc struct {
 // startRelay starts `outbox-relay run` on schema with the given sink and
 // extra flags. Its stdout goes to stdout (nil: discarded).
 func (b *bench) startRelay(ctx context.Context, schema, sinkURL string, stdout io.Writer, extra ...string) (*relayProc, error) {
+	// The bench's own environment (OUTBOX_* included) plus the database.
+	env := append(os.Environ(), "DATABASE_URL="+b.cfg.databaseURL)
+	return b.startRelayEnv(ctx, env, schema, sinkURL, stdout, extra...)
+}
+
+// startRelayEnv is startRelay with the process's whole environment.
+func (b *bench) startRelayEnv(ctx context.Context, env []string, schema, sinkURL string, stdout io.Writer, extra ...string) (*relayProc, error) {
 	args := []string{"run", "--schema", schema, "--log-level", "warn",
 		"--workers", strconv.Itoa(b.cfg.workers), "--batch-size", strconv.Itoa(b.cfg.batch)}
 	if path, ok := strings.CutPrefix(sinkURL, "config:"); ok {
@@ -49,9 +56,7 @@ func (b *bench) startRelay(ctx context.Context, schema, sinkURL string, stdout i
 	args = append(args, extra...)
 	p := &relayProc{stderr: &tailBuffer{max: 8 << 10}}
 	r, err := testkit.StartRelay(ctx, testkit.RelayConfig{
-		Bin: b.cfg.relayBin, Args: args,
-		// The bench's own environment (OUTBOX_* included) plus the database.
-		Env:    append(os.Environ(), "DATABASE_URL="+b.cfg.databaseURL),
+		Bin: b.cfg.relayBin, Args: args, Env: env,
 		Stdout: stdout, Stderr: p.stderr,
 	})
 	if err != nil {

@@ -43,6 +43,9 @@ type row struct {
 	Note       string      `json:"note,omitempty"`
 	// Live rows (live.go).
 	Live *liveStats `json:"live,omitempty"`
+	// Rows of the sources group (sources.go, sourceslat.go).
+	SrcIdle *srcIdleStats `json:"sources_idle,omitempty"`
+	SrcLat  *srcLatStats  `json:"sources_latency,omitempty"`
 }
 
 func (r *row) addRun(rate, rss float64) {
@@ -112,7 +115,7 @@ type report struct {
 
 func (rep *report) add(r *row) {
 	switch {
-	case r.Group == "writertax" || r.Group == "idle" || r.Group == "live":
+	case r.Group == "writertax" || r.Group == "idle" || r.Group == "live" || r.Group == "sources":
 		// Divided by the plain table of the same run (writertax.go).
 	case rep.RawRate > 0 && r.Rate > 0 && !strings.HasPrefix(r.Name, "raw SQL"):
 		r.Ratio = r.Rate / rep.RawRate
@@ -184,6 +187,7 @@ func (rep *report) markdown() string {
 		{"together", "Relays started together on a full backlog (clock from the processes' start; default lease settings)", "Target: N = 2, 4, 16 each ≥ 0.9 × one relay of the same binary in the same run (see each row's note); rebalance ≤ 200 ms."},
 		{"live", "Live rates: one relay (binary, default settings) at the rates services run, against its own 100k drain in the same run", "Targets (issue 36): at 1,000 msg/s relay CPU and database-session CPU per message each ≤ 6 × the drain's per-message cost, p99 ≤ 10 ms; at 100 msg/s each ≤ 40 ×, p99 ≤ 10 ms; idle ≤ 0.01 of a core each. CPU from /proc: the relay process, and its database backends (application_name outbox-relay*); transactions from pg_stat_database of a database of the group's own, the writers' commits and the bench's own queries taken out; batches from the relay's /metrics (claims that returned rows; empty claims and wake-ups are not exported). Targets (issue 49): at 1,000 msg/s relay + DB CPU per message ≤ 2 × floor A's, DB ≤ 1.5 × floor A's, own statements ≤ 0.5 a message; at 100 msg/s ≤ 1.5 × floor B's, own statements ≤ 1.5 a message. \"× floor\" divides by the floor row of the same set and rate: floor A (a raw poll loop) where the relay polls, floor B (a logical-replication reader) where it follows the WAL, and there floor A of the polling set on the same server too. Own statements: pg_stat_statements calls of the database less the writers' (3 a commit) and the bench's own."},
 		{"peers", "Peers (same Postgres, same message count and size)", "Target: faster than every peer."},
+		{"sources", "Many sources: one relay process with a sources list (`--wakeup poll`, throwaway clusters)", "Targets: an idle source ≤ 0.002 of a core of relay CPU, over 50 idle sources in one process (the first table: three processes idle at once over the same windows; \"per source\" divides by the sources, \"× single\" by the single relay's figure); a 200k backlog in one source, or its database stopped, does not raise the other sources' commit → webhook p99 above 2 × their p99 alone (the second table: one process, 3 quiet sources at 100 msg/s each and a 4th, all into the HTTP sink; the control row drains the backlog in a second process, to tell the shared cores from the shared process)."},
 		{"brokers", "NATS JetStream and Redis Streams against their raw publishers (alternating raw, relay per run; the relay rows' notes give the ratio)", "Target: ≥ 0.8 × the raw publisher."},
 	}
 	for _, g := range groups {
@@ -207,6 +211,8 @@ func (rep *report) markdown() string {
 			}
 		case "live":
 			liveTable(&b, rs)
+		case "sources":
+			sourcesTable(&b, rs)
 		case "latency":
 			b.WriteString("| workload | messages/run | payload B | keys | batch | workers × procs | runs | commits/s achieved | p50 ms | p95 ms | p99 ms | max ms | notes |\n")
 			b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -323,5 +329,56 @@ func liveSetTable(b *strings.Builder, rs []*row) {
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f | %s | %s | %s | %d | %s | %s | %s |\n",
 			l.Sink, l.Load, fmtRate(l.Achieved), us(l.RelayCPUUs), us(l.DBCPUUs), x, fx, l.RelayCores, l.DBCores,
 			per(l.TxPerMsg), l.TxPerS, per(l.StmtPerMsg), per(l.OwnStmtPerMsg), per(l.BatchesPerMsg), l.DBSessions, fmtMS(r.P50), fmtMS(r.P99), orDash(r.Note))
+	}
+}
+
+// sourcesTable writes the sources group's idle rows, then its latency
+// rows.
+func sourcesTable(b *strings.Builder, rs []*row) {
+	var idle, lat, other []*row
+	for _, r := range rs {
+		switch {
+		case r.SrcIdle != nil:
+			idle = append(idle, r)
+		case r.SrcLat != nil:
+			lat = append(lat, r)
+		default:
+			other = append(other, r)
+		}
+	}
+	x := func(v float64) string {
+		if v == 0 {
+			return "1 (yardstick)"
+		}
+		return fmt.Sprintf("**%.2f×**", v)
+	}
+	if len(idle) > 0 {
+		b.WriteString("| idle relay | sources | relay cores | per source | × single | DB sessions cores | per source | × single | DB sessions (per source) | database tx/s | notes |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range idle {
+			st := r.SrcIdle
+			n, srcs := max(st.Sources, 1), "–"
+			if st.Sources > 0 {
+				srcs = fmt.Sprint(st.Sources)
+			}
+			fmt.Fprintf(b, "| %s | %s | %.4f | **%.4f** | %s | %.4f | %.4f | %s | %d (%.1f) | %.1f | %s |\n", r.Name, srcs,
+				st.RelayCores, st.PerSource, x(st.XSingle), st.DBCores, st.DBPerSource, x(st.DBXSingle), st.Sessions,
+				float64(st.Sessions)/float64(n), st.TxPerS, orDash(r.Note))
+		}
+		b.WriteString("\n")
+	}
+	if len(lat) > 0 {
+		b.WriteString("| quiet sources' latency | runs | messages/run | msg/s achieved | p50 ms | p95 ms | p99 ms | max ms | p99 × alone (per run) | notes |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range lat {
+			xa := "1 (yardstick)"
+			if r.SrcLat.Case != "alone" {
+				xa = fmt.Sprintf("**%.2f×** (%s)", r.SrcLat.XAlone, fmtList(r.SrcLat.XAloneRuns, "%.2f"))
+			}
+			fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.Name, r.Runs, r.Messages, fmtRate(r.Rate),
+				fmtMS(r.P50), fmtMS(r.P95), fmtMS(r.P99), fmtMS(r.Max), xa, orDash(r.Note))
+		}
+		b.WriteString("\n")
+	}
+	for _, r := range other {
+		fmt.Fprintf(b, "%s: %s\n\n", r.Name, orDash(r.Note))
 	}
 }
