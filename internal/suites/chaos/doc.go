@@ -1,6 +1,7 @@
 // Package chaos holds the end-to-end chaos and scale-out tests of
 // outbox-relay. They build the real outbox-relay binary, run several relay
-// processes against one database and a real HTTP webhook receiver, and
+// processes against one database (or one relay against 50 databases,
+// TestChaosManyDatabases) and a real HTTP webhook receiver, and
 // break things while applications write: relays are SIGKILLed, paused and
 // restarted, their database sessions are terminated, the receiver fails,
 // and in the long form (CHAOS_LONG=1, `make chaos`) PostgreSQL itself is

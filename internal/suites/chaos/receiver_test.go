@@ -25,6 +25,10 @@ type payload struct {
 	// amounts of one transaction sum to zero (a transfer between the
 	// accounts it locks). TestChaosInbox checks the consumer's balances.
 	Amount int64 `json:"amount"`
+	// Source names the database the message was written in, where a
+	// test writes in several (TestChaosManyDatabases): keys and tags are
+	// a source's own.
+	Source string `json:"source,omitempty"`
 }
 
 // delivery is one message the receiver accepted (answered 2xx), in arrival
@@ -33,6 +37,9 @@ type delivery struct {
 	id  string    // webhook-id: the stable message id
 	key string    // outbox-key header, decoded
 	at  time.Time // when the receiver accepted it (zero where not recorded)
+	// producer is the outbox-producer header: the outbox the relay read
+	// the message from.
+	producer string
 	payload
 }
 
@@ -79,7 +86,7 @@ func (rc *receiver) serve(r *testkit.Request) (int, string) {
 		f.caught.Do(func() { close(f.first) })
 		return http.StatusServiceUnavailable, "receiver outage (chaos test)"
 	}
-	d := delivery{id: r.Header.Get("webhook-id"), at: time.Now()}
+	d := delivery{id: r.Header.Get("webhook-id"), at: time.Now(), producer: r.Header.Get("outbox-producer")}
 	var problem string
 	key, kerr := url.PathUnescape(r.Header.Get("outbox-key"))
 	d.key = key

@@ -52,6 +52,10 @@ type cluster struct {
 	// slotURL, when set for a slot, is its database URL instead of dbURL
 	// (relays through a PgBouncer beside direct ones).
 	slotURL map[string]string
+	// sources, when set, is a config file with a sources list: the
+	// relays run with --config sources instead of --database-url and
+	// --schema, and relay from every source in it.
+	sources string
 
 	mu         sync.Mutex
 	current    map[string]*proc
@@ -169,7 +173,11 @@ func (c *cluster) launch(slot string) (*proc, error) {
 	if u, ok := c.slotURL[slot]; ok {
 		dbURL = u
 	}
-	args := append([]string{"run", "--id", id, "--database-url", dbURL, "--schema", c.schema}, c.args...)
+	args := []string{"run", "--id", id, "--database-url", dbURL, "--schema", c.schema}
+	if c.sources != "" {
+		args = []string{"run", "--id", id, "--config", c.sources}
+	}
+	args = append(args, c.args...)
 	r, err := testkit.StartRelay(context.Background(), testkit.RelayConfig{
 		Bin: c.bin, Args: args, Stdout: f, Stderr: f, SysProcAttr: sysProcAttr(),
 	})

@@ -49,6 +49,9 @@ type workload struct {
 	// rollbackEvery: one transaction in rollbackEvery rolls back.
 	rollbackEvery int
 	seed          uint64
+	// source, when set, goes into every payload: the database written to,
+	// where a test writes in several.
+	source string
 
 	written, committed atomic.Int64 // messages
 	txCommitted        atomic.Int64
@@ -213,7 +216,7 @@ func (wl *workload) txn(ctx context.Context, tag string, keys []string, counts [
 	var sum int64
 	for i, k := range keys {
 		for j := range int(counts[i]) {
-			p := payload{Key: k, Seq: cur[k] + 1 + j, Tag: fmt.Sprintf("%s.%d", tag, len(msgs))}
+			p := payload{Key: k, Seq: cur[k] + 1 + j, Tag: fmt.Sprintf("%s.%d", tag, len(msgs)), Source: wl.source}
 			// A transfer: every message but the last moves an amount
 			// derived from its tag, the last balances the transaction.
 			if len(msgs) < total-1 {
