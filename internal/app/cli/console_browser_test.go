@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testkit"
-	"github.com/outbox-relay/outbox-relay/internal/testkit/pgtest"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -544,21 +543,11 @@ func get(t *testing.T, url string) (int, string) {
 // link opens its own overview, whose pages keep the source.
 func TestConsoleSourcesInBrowser(t *testing.T) {
 	b := browser(t)
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("OUTBOX_DATABASE_URL", "")
-	schemas := map[string]string{}
-	for _, name := range []string{"a", "b"} {
-		pool, schema := pgtest.Schema(t)
-		schemas[name] = schema
-		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-		require.NoError(t, err)
-		ctx := context.Background()
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "orders." + name, Key: "k", Payload: []byte("{}"), DeliverAt: time.Now().Add(time.Hour)}))
-		require.NoError(t, tx.Commit(ctx))
+	obs := sourceOutboxes(t, "a", "b")
+	for name, ob := range obs {
+		ob.write(t, outbox.Message{Topic: "orders." + name, Key: "k", Payload: []byte("{}"), DeliverAt: time.Now().Add(time.Hour)})
 	}
-	f := sourcesFile(t, "sink: discard\n", schemas, "a", "b")
+	f := sourcesFile(t, "sink: discard\n", obs, "a", "b")
 	cfg, err := os.ReadFile(f)
 	require.NoError(t, err)
 	down := "  - name: gone\n    database-url: postgres://x@127.0.0.1:1/none?connect_timeout=1\n"

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/internal/app/cli"
@@ -21,15 +22,49 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
-// sourcesFile writes a config file of the sources named by schema and
-// returns its path.
-func sourcesFile(t *testing.T, extra string, schemas map[string]string, names ...string) string {
+// testOutbox is an outbox of a sources test: a migrated schema of the
+// test database, its pool and a writer.
+type testOutbox struct {
+	pool   *pgxpool.Pool
+	schema string
+	w      *outbox.Writer
+}
+
+// write commits msgs to ob in one transaction.
+func (ob testOutbox) write(t *testing.T, msgs ...outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := ob.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.w.Write(ctx, tx, msgs...))
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// sourceOutboxes makes an outbox for each name, and takes the database
+// URL out of the environment (a sources list refuses one beside it).
+func sourceOutboxes(t *testing.T, names ...string) map[string]testOutbox {
+	t.Helper()
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("OUTBOX_DATABASE_URL", "")
+	obs := map[string]testOutbox{}
+	for _, name := range names {
+		pool, schema := pgtest.Schema(t)
+		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+		require.NoError(t, err)
+		obs[name] = testOutbox{pool: pool, schema: schema, w: w}
+	}
+	return obs
+}
+
+// sourcesFile writes a config file of the outboxes named and returns its
+// path.
+func sourcesFile(t *testing.T, extra string, obs map[string]testOutbox, names ...string) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(extra)
 	b.WriteString("sources:\n")
 	for _, name := range names {
-		fmt.Fprintf(&b, "  - name: %s\n    database-url: %s\n    schema: %s\n", name, pgtest.URL(), schemas[name])
+		fmt.Fprintf(&b, "  - name: %s\n    database-url: %s\n    schema: %s\n", name, pgtest.URL(), obs[name].schema)
 	}
 	f := filepath.Join(t.TempDir(), "relay.yaml")
 	require.NoError(t, os.WriteFile(f, []byte(b.String()), 0o600))
@@ -41,17 +76,11 @@ func sourcesFile(t *testing.T, extra string, schemas map[string]string, names ..
 // the outbox-producer header), each poison message is dead-lettered in
 // its own outbox, and the commands see each source.
 func TestRunSources(t *testing.T) {
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("OUTBOX_DATABASE_URL", "")
 	t.Setenv("OUTBOX_ADMIN_ADDR", "127.0.0.1:0")
 	t.Setenv("OUTBOX_POLL_INTERVAL", "20ms")
-	schemas := map[string]string{}
-	for _, name := range []string{"a", "b"} {
-		pool, schema := pgtest.Schema(t)
-		schemas[name] = schema
-		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-		require.NoError(t, err)
-		appOrders(t, pool, w, 100, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("{}")})
+	obs := sourceOutboxes(t, "a", "b")
+	for _, ob := range obs {
+		appOrders(t, ob.pool, ob.w, 100, outbox.Message{Topic: "orders", Key: "poison", Payload: []byte("{}")})
 	}
 	var mu sync.Mutex
 	byProducer := map[string][]string{}
@@ -65,7 +94,7 @@ func TestRunSources(t *testing.T) {
 		byProducer[p] = append(byProducer[p], string(r.Body))
 		return http.StatusOK, ""
 	})
-	f := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, "a", "b")
+	f := sourcesFile(t, "sink: "+srv.URL()+"\n", obs, "a", "b")
 	code, _, stderr := run(t, "run", "--config", f, "--exit-when-empty")
 	require.Equal(t, 0, code, stderr)
 	mu.Lock()
@@ -137,23 +166,13 @@ func TestRunSourcesConfigErrors(t *testing.T) {
 // messages wait in its outbox, a list that cannot run is refused and the
 // running sources go on.
 func TestRunSourcesReloadOnHangup(t *testing.T) {
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("OUTBOX_DATABASE_URL", "")
 	t.Setenv("OUTBOX_POLL_INTERVAL", "20ms")
-	schemas := map[string]string{}
+	obs := sourceOutboxes(t, "a", "b")
 	writers := map[string]func(n int){}
-	for _, name := range []string{"a", "b"} {
-		pool, schema := pgtest.Schema(t)
-		schemas[name] = schema
-		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-		require.NoError(t, err)
+	for name, ob := range obs {
 		writers[name] = func(n int) {
-			ctx := context.Background()
 			for i := range n {
-				tx, err := pool.Begin(ctx)
-				require.NoError(t, err)
-				require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: fmt.Appendf(nil, "%s:%d", name, i)}))
-				require.NoError(t, tx.Commit(ctx))
+				ob.write(t, outbox.Message{Topic: "t", Key: "k", Payload: fmt.Appendf(nil, "%s:%d", name, i)})
 			}
 		}
 	}
@@ -167,9 +186,9 @@ func TestRunSourcesReloadOnHangup(t *testing.T) {
 		return http.StatusOK, ""
 	})
 	count := func(src string) int { mu.Lock(); defer mu.Unlock(); return got[src] }
-	f := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, "a")
+	f := sourcesFile(t, "sink: "+srv.URL()+"\n", obs, "a")
 	rewrite := func(names ...string) {
-		next := sourcesFile(t, "sink: "+srv.URL()+"\n", schemas, names...)
+		next := sourcesFile(t, "sink: "+srv.URL()+"\n", obs, names...)
 		b, err := os.ReadFile(next)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(f, b, 0o600))

@@ -362,20 +362,7 @@ func runChaos(t *testing.T, p plan) {
 	killsDone := make(chan struct{})
 	go func() {
 		defer close(killsDone)
-		n := 0
-		for {
-			d := p.killEvery[0] + time.Duration(rng.Int64N(int64(p.killEvery[1]-p.killEvery[0])))
-			tm := time.NewTimer(d)
-			select {
-			case <-stopKills:
-				tm.Stop()
-				return
-			case <-ctx.Done():
-				tm.Stop()
-				return
-			case <-tm.C:
-			}
-			n++
+		atRandomIntervals(ctx, rng, p.killEvery, stopKills, func(n int) {
 			victims := 1
 			if p.killPair > 0 && n%p.killPair == 0 {
 				victims = 2
@@ -385,7 +372,7 @@ func runChaos(t *testing.T, p plan) {
 					note("SIGKILL %s", id)
 				}
 			}
-		}
+		})
 	}()
 
 	// The long form reports its progress.
@@ -650,15 +637,8 @@ func killsWhileWriting(ctx context.Context, t *testing.T, rng *rand.Rand, pool *
 	var ended atomic.Int64
 	go func() {
 		defer close(killsDone)
-		for n := 0; ; n++ {
-			tm := time.NewTimer(500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))))
-			select {
-			case <-stopKills:
-				tm.Stop()
-				return
-			case <-tm.C:
-			}
-			if n%2 == 1 {
+		atRandomIntervals(ctx, rng, [2]time.Duration{500 * time.Millisecond, 2 * time.Second}, stopKills, func(n int) {
+			if n%2 == 0 {
 				// Every relay session ends mid-batch: the batches in flight
 				// reached the broker (some of them) and are sent again.
 				k, err := terminateBackends(ctx, pool, c.appName)
@@ -666,12 +646,12 @@ func killsWhileWriting(ctx context.Context, t *testing.T, rng *rand.Rand, pool *
 					t.Errorf("pg_terminate_backend: %v", err)
 				}
 				ended.Add(k)
-				continue
+				return
 			}
 			for _, slot := range pick(rng, slots, 1, &paused) {
 				c.kill(slot)
 			}
-		}
+		})
 	}()
 	wl.run(ctx, writers, func() bool { return wl.committed.Load() >= messages })
 	close(stopKills)

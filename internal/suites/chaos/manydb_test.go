@@ -296,26 +296,15 @@ func (f *fleet) chaos(ctx context.Context, rng *rand.Rand) {
 // once) every killEvery until stop is closed; the cluster starts each
 // again.
 func (f *fleet) kills(ctx context.Context, rng *rand.Rand, slots []string, stop <-chan struct{}) {
-	for n := 1; ; n++ {
-		d := f.p.killEvery[0] + time.Duration(rng.Int64N(int64(f.p.killEvery[1]-f.p.killEvery[0])))
-		tm := time.NewTimer(d)
-		select {
-		case <-stop:
-			tm.Stop()
-			return
-		case <-ctx.Done():
-			tm.Stop()
-			return
-		case <-tm.C:
-		}
+	atRandomIntervals(ctx, rng, f.p.killEvery, stop, func(n int) {
 		if f.p.killPair > 0 && n%f.p.killPair == 0 {
 			f.note("SIGKILL all %d relays", f.c.killAll())
-			continue
+			return
 		}
 		if id := f.c.kill(slots[rng.IntN(len(slots))]); id != "" {
 			f.note("SIGKILL %s (%d messages committed, %d delivered)", id, f.committed(), f.rc.count())
 		}
-	}
+	})
 }
 
 // deliveredBySource counts the receiver's deliveries per source.

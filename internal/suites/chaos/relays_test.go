@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"os/exec"
@@ -68,6 +69,25 @@ type cluster struct {
 	wg           sync.WaitGroup
 	kills        int
 	pauses       int
+}
+
+// atRandomIntervals calls act(n), n = 1, 2, …, each time after a random
+// wait in [span[0], span[1]), until stop is closed or ctx ends: the pace
+// of the tests' kills.
+func atRandomIntervals(ctx context.Context, rng *rand.Rand, span [2]time.Duration, stop <-chan struct{}, act func(n int)) {
+	for n := 1; ; n++ {
+		tm := time.NewTimer(span[0] + time.Duration(rng.Int64N(int64(span[1]-span[0]))))
+		select {
+		case <-stop:
+			tm.Stop()
+			return
+		case <-ctx.Done():
+			tm.Stop()
+			return
+		case <-tm.C:
+		}
+		act(n)
+	}
 }
 
 // relayArgs is how the relays run in every test: small batches and fast

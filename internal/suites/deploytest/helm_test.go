@@ -10,13 +10,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/internal/testkit"
 	"github.com/outbox-relay/outbox-relay/internal/testkit/relaybin"
 )
 
@@ -392,7 +392,7 @@ func checkChartSources(t *testing.T, m manifests) {
 // logs that it starts relaying from n sources, then stops it.
 func relayStarts(t *testing.T, cmd *exec.Cmd, n int) {
 	t.Helper()
-	var out syncBuffer
+	var out testkit.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	done := make(chan error, 1)
@@ -417,24 +417,6 @@ func relayStarts(t *testing.T, cmd *exec.Cmd, n int) {
 		_ = cmd.Process.Kill()
 		<-done
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a process writes while a test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // configMapOf returns the name of the ConfigMap whose volume, mounted in
