@@ -448,43 +448,53 @@ func (s *Sources) Ready(ctx context.Context) error {
 // nil, and the sources that are down or slowed, one a line ("" when
 // none is).
 func (s *Sources) Readiness(ctx context.Context) (degraded string, err error) {
-	var down, strained []string
 	srcs := s.list()
-	for _, src := range srcs {
-		st, u := src.current()
-		var why string
-		var slow string
-		switch {
-		case st.State == SourceDown:
-			again := "starts again at " + st.Retry.UTC().Format(time.RFC3339)
-			switch {
-			case st.Retry.IsZero():
-				again = "its relays run and retry"
-			case time.Now().After(st.Retry):
-				again = "starting again"
-			}
-			why = fmt.Sprintf("down since %s (%s): %v", st.Since.UTC().Format(time.RFC3339), again, st.Err)
-		case u == nil || st.State == SourceStarting:
-			why = "starting"
-		default:
-			d, err := u.Readiness(ctx)
-			if err != nil {
-				why = err.Error()
-			}
-			slow = d
-		}
-		switch {
-		case why != "":
-			down = append(down, "source "+src.Name+": "+why)
-		case slow != "":
-			strained = append(strained, "source "+src.Name+": "+slow)
-		}
-	}
 	if len(srcs) == 0 {
 		return "", errors.New("outbox: no source to relay from")
+	}
+	// Each source's database is asked at once: one that does not answer
+	// must not use up the others' share of ctx.
+	whys, slows := make([]string, len(srcs)), make([]string, len(srcs))
+	var wg sync.WaitGroup
+	for i, src := range srcs {
+		wg.Go(func() { whys[i], slows[i] = src.readiness(ctx) })
+	}
+	wg.Wait()
+	var down, strained []string
+	for i, src := range srcs {
+		switch {
+		case whys[i] != "":
+			down = append(down, "source "+src.Name+": "+whys[i])
+		case slows[i] != "":
+			strained = append(strained, "source "+src.Name+": "+slows[i])
+		}
 	}
 	if len(down) == len(srcs) {
 		return "", errors.New(strings.Join(down, "\n"))
 	}
 	return strings.Join(append(down, strained...), "\n"), nil
+}
+
+// readiness says why src cannot deliver ("" when it can), and what slows
+// it.
+func (src *sourceRun) readiness(ctx context.Context) (why, slow string) {
+	st, u := src.current()
+	switch {
+	case st.State == SourceDown:
+		again := "starts again at " + st.Retry.UTC().Format(time.RFC3339)
+		switch {
+		case st.Retry.IsZero():
+			again = "its relays run and retry"
+		case time.Now().After(st.Retry):
+			again = "starting again"
+		}
+		return fmt.Sprintf("down since %s (%s): %v", st.Since.UTC().Format(time.RFC3339), again, st.Err), ""
+	case u == nil || st.State == SourceStarting:
+		return "starting", ""
+	}
+	slow, err := u.Readiness(ctx)
+	if err != nil {
+		return err.Error(), ""
+	}
+	return "", slow
 }

@@ -302,7 +302,7 @@ func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := g.requireDatabase(); err != nil {
 		return nil, err
 	}
-	password, _, err := g.databasePassword(ctx)
+	password, _, err := g.databasePassword(ctx, g.databaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -625,7 +625,7 @@ func (g *globals) runOne(parent context.Context, o runOptions) error {
 	if err := g.requireDatabase(); err != nil {
 		return err
 	}
-	password, passwordFrom, err := g.databasePassword(parent)
+	password, passwordFrom, err := g.databasePassword(parent, g.databaseURL)
 	if err != nil {
 		return err
 	}

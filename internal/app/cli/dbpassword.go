@@ -25,11 +25,11 @@ const (
 )
 
 // databasePassword returns the password source the database options
-// choose, checked, and the option that chose it; nil and "" when none
+// choose for the database at url, checked, and the option that chose it; nil and "" when none
 // is set (the URL's password, PGPASSWORD or .pgpass, as pgx finds them).
 // A password file is read once here, so that a wrong path or an empty
 // file is a usage error at start, not a connection failure later.
-func (g *globals) databasePassword(ctx context.Context) (func(context.Context) (string, error), string, error) {
+func (g *globals) databasePassword(ctx context.Context, url string) (func(context.Context) (string, error), string, error) {
 	var set []string
 	for _, o := range []struct{ name, value string }{{optPasswordFile, g.passwordFile}, {optPasswordCommand, g.passwordCommand}, {optIAMAuth, g.iamAuth}} {
 		if o.value != "" {
@@ -42,9 +42,9 @@ func (g *globals) databasePassword(ctx context.Context) (func(context.Context) (
 	if len(set) > 1 {
 		return nil, "", usagef("outbox: %s: each gives the database password; set one of them", strings.Join(set, " and "))
 	}
-	cc, err := pgconn.ParseConfig(g.databaseURL) // requireDatabase parsed it already
+	cc, err := pgconn.ParseConfig(url) // requireDatabase, or the sources list's check, parsed it already
 	if err != nil {
-		return nil, "", usagef("outbox: database-url: cannot parse %s", redactURL(g.databaseURL))
+		return nil, "", usagef("outbox: database-url: cannot parse %s", redactURL(url))
 	}
 	var src *dbcred.Source
 	switch {

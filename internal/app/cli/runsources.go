@@ -309,10 +309,7 @@ func (g *globals) sourcesRunnable(o runOptions) error {
 // --database-password-file, --database-password-command or
 // --database-iam-auth give (nil: its URL's).
 func (g *globals) sourcePassword(ctx context.Context, s source) (func(context.Context) (string, error), error) {
-	url := g.databaseURL
-	defer func() { g.databaseURL = url }()
-	g.databaseURL = s.url
-	password, _, err := g.databasePassword(ctx)
+	password, _, err := g.databasePassword(ctx, s.url)
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", s.name, err)
 	}
