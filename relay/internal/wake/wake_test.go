@@ -50,6 +50,27 @@ func TestGapList(t *testing.T) {
 }
 
 // New names each field it refuses, and fills in the optional ones.
+func TestOnGrid(t *testing.T) {
+	d := 100 * time.Millisecond
+	for _, t0 := range []time.Time{
+		time.Now(),
+		time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),                        // on the grid: the next point
+		time.Date(2026, 1, 2, 3, 4, 5, int(99*time.Millisecond), time.UTC), // a moment before one
+	} {
+		at := onGrid(t0, d)
+		require.True(t, at.After(t0), "%v: %v is not after it", t0, at)
+		require.LessOrEqual(t, at.Sub(t0), d, "%v: %v is farther than one step", t0, at)
+		require.True(t, at.Equal(at.Truncate(d)), "%v: %v is not on the grid", t0, at)
+	}
+	// Two sources' looks, 37 ms apart, meet on the grid.
+	a := time.Now()
+	require.True(t, onGrid(a, d).Equal(onGrid(a.Add(37*time.Millisecond), d)) ||
+		onGrid(a, d).Add(d).Equal(onGrid(a.Add(37*time.Millisecond), d)))
+	// The monotonic clock is kept: the point is a time.Now's, not a wall
+	// clock's.
+	require.Contains(t, onGrid(a, d).String(), "m=+")
+}
+
 func TestNewNamesTheField(t *testing.T) {
 	t.Parallel()
 	// A pool that never connects: New does no I/O.
