@@ -54,6 +54,8 @@
 //	BENCH_PROFILE=live  instead of benchmarking, a 20 s CPU profile of the relay binary at 100 msg/s (live.go)
 //	BENCH_PROFILE_RATE  the rate of BENCH_PROFILE=live, messages a second (default 100)
 //	BENCH_RENDER=f    re-render the markdown of a results JSON file (after a format change)
+//	BENCH_SRC_ARGS    sources group: more arguments for every relay it starts (e.g. "--source-batches 1000")
+//	BENCH_SRC_NOIDLE=1  sources group: only its latency rows
 //
 // Nothing here is pass/fail: targets are printed next to the figures.
 package main

@@ -77,6 +77,9 @@ func (b *bench) sources(ctx context.Context) error {
 		return nil
 	}
 	defer a.close(b)
+	if os.Getenv("BENCH_SRC_NOIDLE") != "" {
+		return b.sourcesLatency(ctx, a)
+	}
 	if err := b.sourcesIdle(ctx, a); err != nil {
 		return err
 	}
@@ -206,6 +209,9 @@ func (b *bench) startSrcProc(ctx context.Context, c *srcCluster, what string, li
 	}
 	sp := &srcProc{admin: addr}
 	args := []string{"--wakeup", "poll", "--admin-addr", addr}
+	if v := os.Getenv("BENCH_SRC_ARGS"); v != "" {
+		args = append(args, strings.Fields(v)...)
+	}
 	if list {
 		path, names, err := b.sourcesConfig(what, dbs)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lease"
+	"github.com/outbox-relay/outbox-relay/relay/internal/share"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
 	"github.com/outbox-relay/outbox-relay/topic"
 )
@@ -163,6 +164,9 @@ type Config struct {
 	// sig receives the components' test signals (see signal.go): nil
 	// outside the package's tests.
 	sig *testsig.Bus
+	// share is the relay's source's part of the batches of a Sources
+	// (nil: not a source's relay): a claim waits for it (see claim).
+	share *share.Member
 }
 
 // Router reports whether c is the configuration of a Set's fan-out

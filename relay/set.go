@@ -205,7 +205,7 @@ func (c SetConfig) routeConfig(base Config, i int, earlier []string, seen map[st
 	// The producer names the outbox, which the routes share like the
 	// schema: one name, whichever route a key's messages take.
 	cfg.Schema, cfg.Producer, cfg.Route, cfg.Topics = base.Schema, base.Producer, rt.Name, rt.Topics
-	cfg.ExcludeTopics, cfg.deliveries, cfg.fanOut = nil, false, nil
+	cfg.ExcludeTopics, cfg.deliveries, cfg.fanOut, cfg.share = nil, false, nil, base.share
 	if !rt.FanOut {
 		cfg.ExcludeTopics = append([]string(nil), earlier...)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
+	"github.com/outbox-relay/outbox-relay/relay/internal/share"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -34,6 +35,10 @@ type Source struct {
 	// Sink receives the source's messages when Set has no routes. Several
 	// sources may share a sink; Sources does not close it.
 	Sink sinks.Sink
+	// Weight is the source's part of SourcesConfig.Batches beside the
+	// other sources that have work: a source of weight 2 may have twice
+	// the batches under way of a source of weight 1. Default 1.
+	Weight int
 }
 
 // SourcesConfig configures a Sources.
@@ -47,7 +52,21 @@ type SourcesConfig struct {
 	// RestartMax caps the wait before a source whose relays stopped with
 	// an error starts again (the waits grow from a second). Default 1 min.
 	RestartMax time.Duration
+	// Batches is how many batches the sources have under way at once,
+	// all together, while several of them have work (a batch is under
+	// way from its claim until its sink answered; a source has work while
+	// it has one, and for 100 ms after): each source may have its part of
+	// them by Weight, at least one, and its workers' next claims wait for
+	// one of its own to end. A source draining a backlog then takes its
+	// part of its database, the sinks and the process's cores, not all
+	// of them. A source alone, the others idle, is not held back: its
+	// relays' Workers × Pipeline apply. Default DefaultSourceBatches.
+	Batches int
 }
+
+// DefaultSourceBatches is SourcesConfig.Batches by default: one relay's
+// batches in flight by default (DefaultWorkers × DefaultPipeline).
+const DefaultSourceBatches = DefaultWorkers * DefaultPipeline
 
 // Sources relays from several outboxes in one process: a database per
 // service, per tenant or per region, each source with its own pool,
@@ -58,6 +77,7 @@ type SourcesConfig struct {
 type Sources struct {
 	log        *slog.Logger
 	restartMax time.Duration
+	gate       *share.Gate // the sources' batches (SourcesConfig.Batches)
 
 	mu   sync.Mutex
 	srcs []*sourceRun
@@ -74,6 +94,8 @@ type sourceRun struct {
 	// before it started).
 	stop context.CancelFunc
 	done chan struct{}
+	// member is the source's part of the batches.
+	member *share.Member
 
 	mu       sync.Mutex
 	unit     unit // the running relay or Set; nil while down
@@ -126,7 +148,13 @@ func NewSources(c SourcesConfig) (*Sources, error) {
 	if len(c.Sources) == 0 {
 		return nil, errors.New("outbox: sources: at least one source is required")
 	}
-	s := &Sources{log: c.Logger, restartMax: c.RestartMax}
+	if c.Batches < 0 {
+		return nil, fmt.Errorf("outbox: sources: batches: must be 1 or more (0: %d), got %d", DefaultSourceBatches, c.Batches)
+	}
+	if c.Batches == 0 {
+		c.Batches = DefaultSourceBatches
+	}
+	s := &Sources{log: c.Logger, restartMax: c.RestartMax, gate: share.New(c.Batches)}
 	if s.restartMax <= 0 {
 		s.restartMax = time.Minute
 	}
@@ -160,9 +188,11 @@ func (s *Sources) add(field string, src Source) error {
 		return fmt.Errorf("outbox: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", field, src.Name)
 	case src.Pool == nil:
 		return fmt.Errorf("outbox: %s.pool: required", field)
+	case src.Weight < 0:
+		return fmt.Errorf("outbox: %s.weight: must be 1 or more (0: 1), got %d", field, src.Weight)
 	}
 	src.Set = src.logged(s.log)
-	if _, err := src.build(); err != nil {
+	if _, err := src.build(nil); err != nil {
 		return fmt.Errorf("%s: %w", field, err)
 	}
 	s.mu.Lock()
@@ -173,6 +203,7 @@ func (s *Sources) add(field string, src Source) error {
 		}
 	}
 	sr := &sourceRun{Source: src, state: SourceState{Name: src.Name, State: SourceStarting, Since: time.Now()}}
+	sr.member = s.gate.Join(src.Weight)
 	s.srcs = append(s.srcs, sr)
 	if s.run != nil {
 		s.start(sr)
@@ -198,6 +229,7 @@ func (s *Sources) Remove(name string) error {
 		sr.stop()
 		<-sr.done
 	}
+	sr.member.Leave()
 	return nil
 }
 
@@ -241,8 +273,10 @@ func (src Source) logged(fallback *slog.Logger) SetConfig {
 	return sc
 }
 
-// build makes the source's relays: a Set, or one relay without routes.
-func (src Source) build() (unit, error) {
+// build makes the source's relays, their batches under member (nil: not
+// shared): a Set, or one relay without routes.
+func (src Source) build(member *share.Member) (unit, error) {
+	src.Set.Config.share = member
 	if len(src.Set.Routes) > 0 {
 		return NewSet(src.Pool, src.Set)
 	}
@@ -313,7 +347,7 @@ func (s *Sources) runSource(ctx context.Context, src *sourceRun) {
 
 // runOnce builds src's relays and runs them until they return.
 func (s *Sources) runOnce(ctx context.Context, src *sourceRun) error {
-	u, err := src.build()
+	u, err := src.build(src.member)
 	if err != nil {
 		return err
 	}

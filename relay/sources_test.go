@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
 	"github.com/outbox-relay/outbox-relay/sinks/memory"
 )
 
@@ -238,5 +241,123 @@ func TestNewSourcesChecksNames(t *testing.T) {
 	} {
 		_, err := relay.NewSources(relay.SourcesConfig{Sources: c.srcs})
 		require.ErrorContains(t, err, c.want)
+	}
+}
+
+// heldSink holds each Send until the test lets one of its source's go
+// (let), and counts each source's sends under way, the most at once, and
+// those that ended.
+type heldSink struct {
+	mu                   sync.Mutex
+	sending, most, ended map[string]int
+	let                  map[string]chan struct{}
+	out                  *memory.Sink
+}
+
+func newHeldSink(names ...string) *heldSink {
+	s := &heldSink{sending: map[string]int{}, most: map[string]int{}, ended: map[string]int{}, let: map[string]chan struct{}{}, out: memory.New()}
+	for _, n := range names {
+		s.let[n] = make(chan struct{})
+	}
+	return s
+}
+
+func (s *heldSink) Send(ctx context.Context, msgs []sinks.Message) error {
+	src, _, _ := strings.Cut(string(msgs[0].Payload), ":")
+	s.mu.Lock()
+	s.sending[src]++
+	s.most[src] = max(s.most[src], s.sending[src])
+	let := s.let[src]
+	s.mu.Unlock()
+	var err error
+	select {
+	case <-let:
+		err = s.out.Send(ctx, msgs)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.mu.Lock()
+	s.sending[src]--
+	s.ended[src]++
+	s.mu.Unlock()
+	return err
+}
+
+func (s *heldSink) Close(ctx context.Context) error { return s.out.Close(ctx) }
+
+// counts returns src's sends under way, the most at once since the last
+// call, and those that ended.
+func (s *heldSink) counts(src string) (under, most, ended int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	under, most, ended = s.sending[src], s.most[src], s.ended[src]
+	s.most[src] = under
+	return under, most, ended
+}
+
+func (s *heldSink) under(src string) int {
+	under, _, _ := s.counts(src)
+	return under
+}
+
+// TestSourcesShareTheBatches: a source alone is not held back by
+// SourcesConfig.Batches; once another source has work, each has its part
+// of them, and the one with a backlog waits for its own batches to end
+// before it claims again.
+func TestSourcesShareTheBatches(t *testing.T) {
+	var obs []outboxOf
+	for _, name := range []string{"a", "b"} {
+		pool, schema := pgtest.Schema(t)
+		obs = append(obs, outboxOf{name: name, url: pgtest.URL(), pool: pool, schema: schema})
+	}
+	sink := newHeldSink("a", "b")
+	var list []relay.Source
+	for _, ob := range obs {
+		cfg := relay.Config{Schema: ob.schema, Workers: 2, Pipeline: 1, BatchSize: 5, PollInterval: 50 * time.Millisecond,
+			PublishTimeout: time.Minute, LeaseTTL: 3 * time.Second, Heartbeat: 200 * time.Millisecond, Logger: testLogger(t)}
+		list = append(list, relay.Source{Name: ob.name, Pool: ob.relayPool(t), Set: relay.SetConfig{Config: cfg}, Sink: sink})
+	}
+	srcs, err := relay.NewSources(relay.SourcesConfig{Sources: list, Batches: 1, Logger: testLogger(t)})
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() { defer close(finished); _ = srcs.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-finished })
+
+	// a alone: both its workers send at once, beyond Batches (20 keys: both
+	// workers' lanes have some).
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: obs[0].schema})
+	require.NoError(t, err)
+	for i := range 100 {
+		key := fmt.Sprintf("k%d", i%20)
+		require.NoError(t, pgx.BeginFunc(ctx, obs[0].pool, func(tx pgx.Tx) error {
+			return w.Write(ctx, tx, outbox.Message{Topic: "t", Key: key, Payload: fmt.Appendf(nil, "a:%s:%06d", key, i)})
+		}))
+	}
+	eventually(t, 20*time.Second, func() bool { return sink.under("a") == 2 }, "a's two workers send at once")
+
+	// b has work: it sends at once, its part being at least one.
+	obs[1].writeKeys(t, 10)
+	eventually(t, 20*time.Second, func() bool { return sink.under("b") == 1 }, "b sends beside a")
+
+	// While b's send is under way, a has one at a time: as each of a's
+	// ends, its other worker's send, which waited, starts.
+	sink.let["a"] <- struct{}{}
+	eventually(t, 20*time.Second, func() bool { u, _, e := sink.counts("a"); return u == 1 && e == 1 }, "one of a's sends ended")
+	for i := 2; i <= 10; i++ {
+		sink.let["a"] <- struct{}{}
+		eventually(t, 20*time.Second, func() bool { _, _, e := sink.counts("a"); return e == i }, "a's send %d ended", i)
+		eventually(t, 20*time.Second, func() bool { return sink.under("a") == 1 }, "a's next send started")
+		_, most, _ := sink.counts("a")
+		require.Equal(t, 1, most, "a had more than its part under way beside b")
+	}
+	close(sink.let["b"])
+	close(sink.let["a"])
+	eventually(t, 30*time.Second, func() bool {
+		d := delivered(sink.out)
+		return len(d["a"]) == 100 && len(d["b"]) == 10
+	}, "everything delivered")
+	for src, got := range delivered(sink.out) {
+		require.NoError(t, payloadsInKeyOrder(got), src)
 	}
 }

@@ -171,7 +171,19 @@ func (w *worker) claim(probe bool) next {
 	if probe {
 		limit = 1
 	}
+	share := r.cfg.share
+	if share != nil {
+		// The source's part of the batches of a Sources (see
+		// SourcesConfig.Batches): a batch under way until its sink
+		// answered (see fly).
+		if share.Acquire(w.ctx) != nil {
+			return stop
+		}
+	}
 	f, err := w.begin(limit, busy, only)
+	if share != nil && f == nil {
+		share.Release(true)
+	}
 	if errors.Is(err, errClaimAgain) {
 		w.claimNow, w.full = true, true
 		return claimAgain
@@ -225,6 +237,9 @@ func (w *worker) fly(f *flight) {
 	w.flying = append(w.flying, f)
 	go func() {
 		f.err = w.r.finish(w.hard, f)
+		if m := w.r.cfg.share; m != nil {
+			m.Release(false) // its settlement may wait for the next claim
+		}
 		w.done <- f
 	}()
 }

@@ -390,6 +390,7 @@ type runOptions struct {
 	batchBytes      int64
 	maxMessageBytes int64
 	maxConns        int
+	sourceBatches   int
 	pollInterval    time.Duration
 	wakeup          string
 	watchInterval   time.Duration
@@ -462,6 +463,7 @@ Sinks (--sink): ` + strings.Join(sinkSchemes, ", ") + `.`,
 	f.StringVar(&o.sink, "sink", "", "where to publish, as a URL: stdout, discard, kafka://host:9092,host2:9092, amqp://user:pass@host:5672/vhost?exchange=x, https://host/path (each sink's options: docs/sinks/)")
 	f.IntVar(&o.workers, "workers", relay.DefaultWorkers, "claim loops in this process (each holds one connection)")
 	f.IntVar(&o.pipeline, "pipeline", relay.DefaultPipeline, "most batches each worker has in flight: it claims the next from its other lanes while the sink takes one (each holds a connection; 1: one batch at a time)")
+	f.IntVar(&o.sourceBatches, "source-batches", relay.DefaultSourceBatches, "with a sources list: how many batches all sources have under way at once (claimed, not yet answered by the sink) while several have work, each source its part by its weight (at least one); a source alone is not held back (docs/operations.md, \"Many databases\")")
 	f.IntVar(&o.maxConns, "max-conns", 0, "most database connections this process opens, LISTEN and lane leases included (default: what the workers' batches in flight, leases and LISTEN need, plus one for health checks and metrics)")
 	f.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published at once")
 	f.Int64Var(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, "most payload bytes claimed and published at once (16 MiB); a larger message goes alone")
@@ -535,6 +537,9 @@ func (o runOptions) check() error {
 	}
 	if o.maxConns < 0 {
 		return usagef("outbox: max-conns: must not be negative (0: what the configuration needs, plus one)")
+	}
+	if o.sourceBatches < 1 {
+		return usagef("outbox: source-batches: must be 1 or more, got %d", o.sourceBatches)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func (f *fleet) reloadOnHangup(ctx context.Context) (stop func()) {
 // reload makes the running sources those of the config file's sources
 // list now: a source no longer listed stops (its relays drain) and is
 // closed; a new one is opened and started; one whose database URL,
-// schema or producer changed is both. Only the sources list is read
+// schema, producer or weight changed is both. Only the sources list is read
 // again: every other option, the routes included, keeps its value.
 func (f *fleet) reload(ctx context.Context) error {
 	fc, err := loadFile(f.g.configPath, f.g.known)

@@ -152,7 +152,7 @@ func (f *fleet) start(ctx context.Context) error {
 		}
 		list = append(list, rs)
 	}
-	srcs, err := relay.NewSources(relay.SourcesConfig{Sources: list, Logger: f.g.log})
+	srcs, err := relay.NewSources(relay.SourcesConfig{Sources: list, Logger: f.g.log, Batches: f.o.sourceBatches})
 	if err != nil {
 		return &usageError{err}
 	}
@@ -228,7 +228,7 @@ func (f *fleet) relaySource(p *sourceParts) (relay.Source, error) {
 	if err != nil {
 		return relay.Source{}, err
 	}
-	src := relay.Source{Name: p.name, Pool: p.pool}
+	src := relay.Source{Name: p.name, Pool: p.pool, Weight: p.weight}
 	if f.single {
 		src.Set = relay.SetConfig{Config: f.routes[0].cfg, Hooks: hooks}
 		src.Set.Config.Schema, src.Set.Config.Producer = p.schema, p.producer

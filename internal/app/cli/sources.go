@@ -25,6 +25,7 @@ type sourceSpec struct {
 	DatabaseURLFile string `yaml:"database-url-file"`
 	Schema          string `yaml:"schema"`
 	Producer        string `yaml:"producer"`
+	Weight          int    `yaml:"weight"`
 }
 
 // source is a resolved source.
@@ -33,6 +34,7 @@ type source struct {
 	url      string
 	schema   string
 	producer string
+	weight   int // its part of --source-batches (0: 1)
 }
 
 // sourceName is the rule of relay.Sources for a source's name.
@@ -72,8 +74,10 @@ func (g *globals) parseSources() ([]source, error) {
 // resolveSource checks one entry of the sources list and reads its
 // database-url-file.
 func (g *globals) resolveSource(field string, sp sourceSpec) (source, error) {
-	s := source{name: sp.Name, url: sp.DatabaseURL, schema: sp.Schema, producer: sp.Producer}
+	s := source{name: sp.Name, url: sp.DatabaseURL, schema: sp.Schema, producer: sp.Producer, weight: sp.Weight}
 	switch {
+	case sp.Weight < 0:
+		return s, usagef("outbox: config %s: %s.weight: must be 1 or more, got %d", g.file.path, field, sp.Weight)
 	case !sourceName.MatchString(sp.Name):
 		return s, usagef("outbox: config %s: %s.name: %q must be 1-63 lower-case letters, digits, '.', '_' or '-'", g.file.path, field, sp.Name)
 	case sp.DatabaseURL != "" && sp.DatabaseURLFile != "":

@@ -152,6 +152,8 @@ func TestRunSourcesConfigErrors(t *testing.T) {
 		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--source", "z"}, `source: "z" is not one of the config file's sources (a)`},
 		{"sink: stdout\n", []string{"--source", "a", "--database-url", url}, "the config file lists no sources"},
 		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--producer", "p"}, "producer: names one outbox"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n    weight: -1\n", nil, "sources[0].weight: must be 1 or more, got -1"},
+		{"sources:\n  - name: a\n    database-url: " + url + "\n", []string{"--source-batches", "0"}, "source-batches: must be 1 or more, got 0"},
 	} {
 		f := filepath.Join(dir, "c.yaml")
 		require.NoError(t, os.WriteFile(f, []byte(tc.yaml), 0o600))
