@@ -129,7 +129,7 @@ func relayMin(m sqlmigrate.Migration) (int, error) {
 func publicationComment(schema string) string {
 	return "\n-- Where wal_level = logical, `outbox-relay migrate` also creates the\n" +
 		"-- publication the relays follow to learn of new rows (run --wakeup auto|wal):\n" +
-		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id) WITH (publish = 'insert');\n" +
+		"-- CREATE PUBLICATION " + Ident(Publication(schema)) + " FOR TABLE " + Ident(schema) + ".messages (id, key) WITH (publish = 'insert');\n" +
 		"-- (the column list, PostgreSQL 15+, keeps payloads out of the stream; before 15, leave \"(id)\" out)\n"
 }
 
@@ -210,11 +210,13 @@ func Publication(schema string) string { return schema + "_relay" }
 // the same name would otherwise be followed through it in vain) gets the
 // table and the inserts back.
 //
-// The stream is only a wake-up: the relays read the id of an inserted row
-// and nothing else. Where the server has column lists (PostgreSQL 15+),
-// the publication carries the id alone, so that payloads (up to the
-// outbox's limit each) are not sent to every following relay; an older
-// publication gets its column list at the next migrate.
+// The stream is only a wake-up: the relays read the id and the key of an
+// inserted row (the key gives its lane) and nothing else. Where the
+// server has column lists (PostgreSQL 15+), the publication carries those
+// two alone, so that payloads (up to the outbox's limit each) are not
+// sent to every following relay; an older publication (every column, or
+// the id alone as releases up to 0.1 made it) gets this column list at
+// the next migrate.
 func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
 	var logical, exists, covers, inserts, columnLists bool
 	err := tx.QueryRow(ctx, `SELECT current_setting('wal_level') = 'logical',
@@ -226,28 +228,28 @@ func ensurePublication(ctx context.Context, tx pgx.Tx, schema string) error {
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: publication: %w", err)
 	}
-	idOnly := !columnLists // nothing to do where there are no column lists
+	listed := !columnLists // nothing to do where there are no column lists
 	if columnLists && covers {
 		// attnames (15+): the published columns, all of them without a list.
-		err := tx.QueryRow(ctx, `SELECT attnames = ARRAY['id']::name[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'`,
-			Publication(schema), schema).Scan(&idOnly)
+		err := tx.QueryRow(ctx, `SELECT attnames = ARRAY['id', 'key']::name[] FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'messages'`,
+			Publication(schema), schema).Scan(&listed)
 		if err != nil {
 			return fmt.Errorf("outbox: migrate: publication: %w", err)
 		}
 	}
-	if !logical || (exists && covers && inserts && idOnly) {
+	if !logical || (exists && covers && inserts && listed) {
 		return nil
 	}
 	pub, table := Ident(Publication(schema)), Ident(schema)+".messages"
 	if columnLists {
-		table += " (id)"
+		table += " (id, key)"
 	}
 	var stmts []string
 	switch {
 	case !exists:
 		stmts = []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + table + " WITH (publish = 'insert')"}
 	default:
-		if !covers || !idOnly {
+		if !covers || !listed {
 			stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET TABLE "+table)
 		}
 		if !inserts {

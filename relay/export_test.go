@@ -34,6 +34,8 @@ const (
 	SigWAL          = testsig.WAL
 	SigPolling      = testsig.Polling
 	SigWatcherIdle  = testsig.WatcherIdle
+	SigWALMissed    = testsig.WALMissed
+	SigLooked       = testsig.Looked
 	SigSchemaHold   = testsig.SchemaHold
 	SigOutage       = testsig.Outage
 	SigProbed       = testsig.Probed
@@ -105,7 +107,7 @@ func ListenConfig(ctx context.Context, pool *pgxpool.Pool, cfg Config, wake, mem
 	if members != nil {
 		notified = func(bool) { members() }
 	}
-	stop := listen(ctx, pool, cfg, func(lanes.Set) { wake() }, notified)
+	_, stop := listen(ctx, pool, cfg, func(lanes.Set) { wake() }, notified)
 	<-ctx.Done()
 	stop()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/internal/service"
 	"github.com/outbox-relay/outbox-relay/relay/internal/settle"
 	"github.com/outbox-relay/outbox-relay/relay/internal/testsig"
+	"github.com/outbox-relay/outbox-relay/relay/internal/wake"
 	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
@@ -45,6 +46,10 @@ type Relay struct {
 	// lease keeps the relay's share of the lanes, and owns the lane
 	// state (see package lease).
 	lease *lease.Leaser
+	// waker is the process's wake-up (its own, or its Set's), which hears
+	// the ids each claim returned (see claimed); nil: none, or not
+	// started. Set before the workers start.
+	waker *wake.Waker
 	// brk is the route's outage breaker (see breaker).
 	brk *breaker
 	// dests holds the outages of the sink's destinations when it has
@@ -313,7 +318,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if !r.cfg.sharedListener {
 		cfg := r.cfg
 		cfg.Logger = r.log
-		stopListen = listen(ctx, r.pool, cfg, r.wakeSet, r.lease.MembersNotified)
+		r.waker, stopListen = listen(ctx, r.pool, cfg, r.wakeSet, r.lease.MembersNotified)
 	}
 
 	var wg sync.WaitGroup

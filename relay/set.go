@@ -298,12 +298,15 @@ func (s *Set) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if len(s.relays) > 1 {
-		stopListen := listen(ctx, s.pool, s.cfgs[0], func(ls lanes.Set) {
+		k, stopListen := listen(ctx, s.pool, s.cfgs[0], func(ls lanes.Set) {
 			for _, r := range s.relays {
 				r.wakeSet(ls)
 			}
 		}, s.membersNotified)
 		defer stopListen()
+		for _, r := range s.relays {
+			r.waker = k
+		}
 	}
 	for i, r := range s.relays {
 		wg.Add(1)

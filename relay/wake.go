@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 	"github.com/outbox-relay/outbox-relay/relay/internal/wake"
 )
@@ -57,8 +58,10 @@ func (r *Relay) wakeSet(ls lanes.Set) {
 // this process follows the WAL, a replication connection of its own.
 //
 // members is called with freed false when relays came or went, and true
-// when lanes were handed back (store.FreedPayload).
-func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wakeUp func(lanes.Set), members func(freed bool)) (stop func()) {
+// when lanes were handed back (store.FreedPayload). The Waker it returns
+// (nil when it could not start) hears what the workers claim (see
+// Relay.waker).
+func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wakeUp func(lanes.Set), members func(freed bool)) (_ *wake.Waker, stop func()) {
 	cfg = cfg.WithDefaults()
 	k, err := wake.New(wake.Config{
 		Pool: pool, Schema: cfg.Schema, Mode: cfg.Wakeup, WatchInterval: cfg.WatchInterval, Heartbeat: cfg.Heartbeat,
@@ -70,9 +73,24 @@ func listen(ctx context.Context, pool *pgxpool.Pool, cfg Config, wakeUp func(lan
 	if err != nil {
 		// The workers' safety poll still finds every row.
 		cfg.Logger.Error("cannot listen for notifications; polling", "error", err)
-		return func() {}
+		return nil, func() {}
 	}
-	return k.Stop
+	return k, k.Stop
+}
+
+// claimed tells the wake-up which rows a claim returned (see
+// wake.Waker.Claimed).
+func (r *Relay) claimed(batch []claim.Row) {
+	if r.waker == nil {
+		return
+	}
+	r.waker.Claimed(func(yield func(int64) bool) {
+		for i := range batch {
+			if !yield(batch[i].Msg.Seq) {
+				return
+			}
+		}
+	})
 }
 
 // wakeLanes wakes the workers that claim any of ls, naming those lanes to

@@ -92,16 +92,51 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 	require.Greater(t, after, streamTxns, "the outbox's transaction was streamed (it is over logical_decoding_work_mem)")
 
 	if version >= 150000 {
-		// The stream is a wake-up: it carries the id, not the payload.
+		// The stream is a wake-up: it carries the id and the key (the
+		// lane), not the payload.
 		var cols []string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT attnames::text[] FROM pg_publication_tables WHERE pubname = $1`, migrations.Publication(schema)).Scan(&cols))
-		require.Equal(t, []string{"id"}, cols, "the publication's column list")
+		require.Equal(t, []string{"id", "key"}, cols, "the publication's column list")
 	}
 }
 
-// A publication made by an earlier migrate carries every column: the next
-// migrate gives it the column list (id) where the server has column lists
-// (15+), so that payloads leave the stream.
+// A relay alone following the WAL wakes the lane of each reported row
+// straight from the stream and claims it without a look for it: its
+// workers tell the watcher which rows they claimed, and only a row no
+// claim returned within a few milliseconds (one claimed before the
+// writer's transaction was visible) is looked for.
+func TestWakeupWALClaimsReportedRowsWithoutALook(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
+	h := &wakeHooks{}
+	cfg := idleConfig(e, relay.WakeupWAL, h)
+	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
+	r, _ := startOn(t, srv.URL(), cfg, e.sink)
+	waitSource(t, h, "wal")
+	e.deliveredWithin(r, e.sink, 1, "k1")
+	awaitNext(t, r, relay.SigWatcherIdle)
+	looks, missed := r.SignalCount(relay.SigLooked), r.SignalCount(relay.SigWALMissed)
+	const n = 8
+	for i := 2; i <= n+1; i++ {
+		e.deliveredWithin(r, e.sink, i, fmt.Sprint("k", i))
+	}
+	awaitNext(t, r, relay.SigWatcherIdle)
+	looks, missed = r.SignalCount(relay.SigLooked)-looks, r.SignalCount(relay.SigWALMissed)-missed
+	t.Logf("%d messages written one at a time: %d looks, %d rows not claimed in time", n, looks, missed)
+	require.Less(t, missed, n, "rows woken straight from the stream and claimed (the workers tell the watcher)")
+	if missed == 0 {
+		require.Zero(t, looks, "looks for rows the claims returned")
+	}
+}
+
+// A publication made by an earlier migrate carries every column, or the
+// id alone: the next migrate gives it the column list (id, key) where the
+// server has column lists (15+), so that payloads leave the stream and
+// the key (the row's lane) is in it.
 func TestMigrateGivesThePublicationItsColumnList(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
@@ -123,5 +158,11 @@ func TestMigrateGivesThePublicationItsColumnList(t *testing.T) {
 	require.Contains(t, columns(), "payload", "the publication of an earlier release")
 	_, err = migrations.Apply(ctx, pool, schema)
 	require.NoError(t, err)
-	require.Equal(t, []string{"id"}, columns())
+	require.Equal(t, []string{"id", "key"}, columns())
+
+	_, err = pool.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+migrations.Ident(schema)+".messages (id)")
+	require.NoError(t, err)
+	_, err = migrations.Apply(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, []string{"id", "key"}, columns(), "the publication of release 0.1.0")
 }

@@ -566,6 +566,7 @@ func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err 
 		return nil, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
+	r.claimed(batch)
 	open = false
 	return &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now,
 		ev: BatchEvent{Worker: w.id, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/md5" //nolint:gosec // the lane hash of migration 001, not a security measure
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,6 +12,22 @@ import (
 // NumLanes is how many lanes every route has: fixed by migration 001 (the
 // lanes table and the lane column).
 const NumLanes = 256
+
+// LaneOf is the lane of the row id with key (nil: no key), as the lane
+// column computes it (migration 001): the first byte of the key's md5, or
+// the id modulo NumLanes for a keyless row. The key is hashed as UTF-8,
+// the server's bytes in a UTF-8 database. -1 for a negative id without
+// a key (the column's value is then no lane).
+func LaneOf(id int64, key *string) int {
+	if key == nil {
+		if id < 0 {
+			return -1
+		}
+		return int(id % NumLanes)
+	}
+	sum := md5.Sum([]byte(*key)) //nolint:gosec // see above
+	return int(sum[0])
+}
 
 // Source is where a relay's claims come from.
 type Source int

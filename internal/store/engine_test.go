@@ -878,3 +878,26 @@ func TestWALStateOfAMissingPublication(t *testing.T) {
 		t.Fatalf("WALState = %+v with wal_level %s and no publication", st, level)
 	}
 }
+
+// LaneOf computes in Go the lane the messages table's generated column
+// computes (the WAL wake-up wakes lanes from the stream's keys with it).
+func TestLaneOfMatchesTheLaneColumn(t *testing.T) {
+	t.Parallel()
+	pool, name := pgtest.Schema(t)
+	ctx := context.Background()
+	keys := []*string{nil}
+	for _, k := range []string{"", "k", "order-42", "é", "ключ", "键", strings.Repeat("x", 200), "a'b\"c"} {
+		keys = append(keys, &k)
+	}
+	for i, key := range keys {
+		var id int64
+		var lane int
+		err := pool.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{name, "messages"}.Sanitize()+` (topic, key, payload) VALUES ('t', $1, '\x00') RETURNING id, lane`, key).Scan(&id, &lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := LaneOf(id, key); got != lane {
+			t.Errorf("key %d: LaneOf(%d, …) = %d, the column says %d", i, id, got, lane)
+		}
+	}
+}

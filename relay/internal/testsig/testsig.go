@@ -34,6 +34,8 @@ const (
 	WAL         // the watcher follows the WAL
 	Polling     // the watcher polls for new rows
 	WatcherIdle // the watcher has woken nobody for a while
+	WALMissed   // claims did not return rows woken from the WAL stream in time (value: how many)
+	Looked      // the watcher looked for new rows (value: 1 when it found some)
 
 	// A worker (value: its id).
 	SchemaHold // the worker stopped claiming: the schema needs a newer relay
@@ -49,7 +51,7 @@ const (
 )
 
 var names = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle", "schema hold", "outage", "probed", "route state"}
+	"elected", "following", "WAL", "polling", "watcher idle", "WAL missed", "looked", "schema hold", "outage", "probed", "route state"}
 
 func (s Signal) String() string {
 	if s < numSignals {

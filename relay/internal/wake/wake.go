@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"slices"
 	"sync"
@@ -136,7 +137,7 @@ func New(cfg Config) (*Waker, error) {
 	if cfg.Members == nil {
 		cfg.Members = func(bool) {}
 	}
-	return &Waker{cfg: cfg, log: cfg.Logger, s: s, w: store.NewWaker(s), source: "-"}, nil
+	return &Waker{cfg: cfg, log: cfg.Logger, s: s, w: store.NewWaker(s), source: "-", expect: map[int64]time.Time{}}, nil
 }
 
 type nopHooks struct{}
@@ -203,6 +204,18 @@ const (
 	// not 10,000; a gap further down in a burst is left to the safety
 	// poll, like those past maxGaps.
 	gapSpan = 2 * maxGaps
+	// walClaimWait is how long a lone watcher that woke a row's lane
+	// straight from the WAL stream's report waits for a claim of its
+	// process to return the row before it looks for it (the claim
+	// looked before the writer's transaction was visible, or the row is
+	// in a lane this process does not hold). walMergeGap is the least
+	// time between two such wake-ups: reports closer than that wake one
+	// claim for their lanes together.
+	walClaimWait = 5 * time.Millisecond
+	walMergeGap  = notifyGap
+	// maxExpect bounds the rows the watcher waits for a claim of: past
+	// it, reports are looked for as without lanes.
+	maxExpect = 4096
 	// walRecheck is how soon the watcher looks again when its look
 	// after the WAL stream's report found no new row: the writer's
 	// transaction becomes visible a moment after the stream carries it
@@ -243,14 +256,23 @@ type Waker struct {
 	// The WAL follower asks the LISTEN loop to notify the other processes
 	// about some lanes (pending: all of them when pendLanes is empty) and
 	// interrupts its wait (cancelWait).
-	pendMu     sync.Mutex
-	pending    bool
-	pendLanes  lanes.Set
-	walDone    atomic.Pointer[error]
-	walUp      atomic.Bool // the WAL stream has started (see loop)
-	walRows    atomic.Bool // the WAL stream reported rows committed
-	walMu      sync.Mutex
-	walIDs     []int64 // the ids of those rows (see walReportIDs)
+	pendMu    sync.Mutex
+	pending   bool
+	pendLanes lanes.Set
+	walDone   atomic.Pointer[error]
+	walUp     atomic.Bool // the WAL stream has started (see loop)
+	walRows   atomic.Bool // the WAL stream reported rows committed
+	walMu     sync.Mutex
+	walIDs    []int64   // the ids of those rows (see walReportIDs)
+	walLns    lanes.Set // and their lanes
+	// walPart: some row of those reports is not in walIDs, or its lane
+	// is not in walLns.
+	walPart bool
+	// expect: the rows the watcher woke their lanes for straight from the
+	// stream's report, by id, with when; a claim of this process that
+	// returns one takes it out (Claimed). expecting: expect is not empty.
+	expect     map[int64]time.Time
+	expecting  atomic.Bool
 	cancelWait atomic.Pointer[context.CancelFunc]
 
 	// wokeAt is when the LISTEN loop last woke this process's workers
@@ -277,6 +299,23 @@ func (k *Waker) run(ctx context.Context) {
 		k.setSource("-", false, err)
 		service.Sleep(ctx, d)
 	}
+}
+
+// Claimed tells the wake-up which rows a claim of this process returned
+// (their ids): the watcher stops waiting for those it woke a lane for
+// straight from the WAL stream (see followStream). Cheap while it waits
+// for none: the relay's workers call it after every claim that returned
+// rows.
+func (k *Waker) Claimed(ids iter.Seq[int64]) {
+	if !k.expecting.Load() {
+		return
+	}
+	k.walMu.Lock()
+	defer k.walMu.Unlock()
+	for id := range ids {
+		delete(k.expect, id)
+	}
+	k.expecting.Store(len(k.expect) > 0)
 }
 
 // wakeUp wakes this process's workers of lanes (an empty set: all lanes).

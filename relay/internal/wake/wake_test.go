@@ -163,3 +163,88 @@ func TestWakerWakesTheLaneOfANewRow(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "lane %d woken", lane)
 
 }
+
+// Following the WAL alone, the watcher wakes the lane of a reported row
+// straight from the stream, without a look for it; it looks only when no
+// claim of its process returned the row in time (the claim looked before
+// the writer's transaction was visible, say), and then wakes the lane
+// again.
+func TestWakerWakesReportedLanesWithoutALook(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	ctx := context.Background()
+	bus := testsig.New()
+	var mu sync.Mutex
+	var woken []lanes.Set
+	var written []int64
+	claim := true
+	var k *Waker
+	k, err := New(Config{
+		Pool: pool, Schema: schema, Mode: ModeWAL, WatchInterval: time.Hour, Heartbeat: time.Second,
+		Logger: testkit.Logger(t, slog.LevelDebug), Signals: bus,
+		Wake: func(ls lanes.Set) {
+			mu.Lock()
+			defer mu.Unlock()
+			woken = append(woken, ls)
+			if claim && !ls.Empty() {
+				// What the relay's workers do: claim, and say what.
+				k.Claimed(slices.Values(written))
+			}
+		},
+	})
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
+	defer k.Stop()
+	await := func(sig testsig.Signal, after int) int {
+		t.Helper()
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := bus.Await(actx, sig, after, nil)
+		require.NoError(t, err, "signal %s", sig)
+		return n
+	}
+	await(testsig.WAL, 0)
+	await(testsig.WatcherIdle, 0)
+	write := func(key string) (lane int16) {
+		t.Helper()
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+ident.Quote(schema)+".messages (topic, key, payload) VALUES ('t', $1, 'x') RETURNING id, lane", key).Scan(&id, &lane))
+		mu.Lock()
+		written = append(written, id)
+		mu.Unlock()
+		return lane
+	}
+	// wokenFor: lane woken times since the mark.
+	mark := 0
+	wokenFor := func(lane int16, times int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, ls := range woken[mark:] {
+				if ls.Has(int(lane)) {
+					n++
+				}
+			}
+			return n >= times
+		}
+	}
+
+	looks := bus.Count(testsig.Looked)
+	for _, key := range []string{"a", "b", "c"} {
+		require.Eventually(t, wokenFor(write(key), 1), 10*time.Second, time.Millisecond, "lane of key %s woken", key)
+	}
+	idle := bus.Count(testsig.WatcherIdle)
+	await(testsig.WatcherIdle, idle) // past walClaimWait: a miss would have looked
+	require.Equal(t, looks, bus.Count(testsig.Looked), "looks for rows that claims returned")
+	require.Zero(t, bus.Count(testsig.WALMissed))
+
+	mu.Lock()
+	claim, mark = false, len(woken)
+	mu.Unlock()
+	lane := write("d")
+	await(testsig.WALMissed, 0)
+	await(testsig.Looked, looks)
+	require.Eventually(t, wokenFor(lane, 2), 10*time.Second, time.Millisecond, "lane %d woken from the stream, then by the look", lane)
+}

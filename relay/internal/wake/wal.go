@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/outbox-relay/outbox-relay/internal/store"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
+
 	"github.com/outbox-relay/outbox-relay/internal/ident"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -34,23 +37,26 @@ import (
 // of unpublished tables from the segments, and the watcher wakes on the
 // Stream Commit. See docs/design.md, "WAL wake-up".
 //
-// The stream says when rows were committed, not which lanes to wake: it
-// carries a commit once its WAL record is flushed, a moment before the
-// writer's transaction is visible to other sessions, so a claim woken by
-// it could look too early and, visiting only the lanes it was woken
-// about, leave the row for the safety poll (seen: a message in a hundred
-// 100 ms late at 1,000 msg/s, some 10 s). The watcher looks for the rows
-// themselves at each report instead (see Waker.loop).
+// The stream says which rows were committed and, where the publication
+// carries the key (migrate publishes (id, key)), their lanes. It carries
+// a commit once its WAL record is flushed, a moment before the writer's
+// transaction is visible to other sessions, so a claim woken by it may
+// look too early and, visiting only the lanes it was woken about, miss
+// the row (seen: a message in a hundred 100 ms late at 1,000 msg/s when
+// nothing looked again). A watcher alone wakes the reported lanes at
+// once and looks only for the reported rows that no claim of its process
+// returned within walClaimWait; otherwise it looks for the rows
+// themselves at each report (see followStream).
 
 // walStatusEvery is how often the follower confirms what it has read, so
 // that the server may recycle the WAL behind it.
 const walStatusEvery = 5 * time.Second
 
-// followWAL streams the outbox's inserts and calls committed with the
-// ids of the rows (at most walReportIDs of them) after each transaction that
-// inserted rows, until ctx ends or the stream fails. started is called
-// once the stream runs: what commits from then on is in it.
-func (k *Waker) followWAL(ctx context.Context, committed func(ids []int64), started func()) error {
+// followWAL streams the outbox's inserts and calls committed with what
+// the stream said of each transaction that inserted rows, until ctx ends
+// or the stream fails. started is called once the stream runs: what
+// commits from then on is in it.
+func (k *Waker) followWAL(ctx context.Context, committed func(walReport), started func()) error {
 	version, err := k.walAllowed(ctx)
 	if err != nil {
 		return err
@@ -63,7 +69,7 @@ func (k *Waker) followWAL(ctx context.Context, committed func(ids []int64), star
 		return err
 	}
 	started()
-	st := &walStream{conn: conn, pos: pos, committed: committed, streamed: map[uint32]*walTxn{}, idCol: map[uint32]int{}}
+	st := &walStream{conn: conn, pos: pos, committed: committed, streamed: map[uint32]*walTxn{}, cols: map[uint32]walCols{}}
 	return st.run(ctx)
 }
 
@@ -145,7 +151,7 @@ type walStream struct {
 	conn       *pgconn.PgConn
 	pos        pglogrepl.LSN // read up to here (confirmed to the server)
 	nextStatus time.Time     // when to confirm pos next
-	committed  func(ids []int64)
+	committed  func(walReport)
 
 	txn walTxn // the transaction being sent whole, at its commit
 	// Transactions streamed while in progress (PostgreSQL 14+), by
@@ -154,8 +160,12 @@ type walStream struct {
 	streamed  map[uint32]*walTxn
 	inStream  bool
 	streamXid uint32
-	idCol     map[uint32]int // the position of id in each relation's tuples
+	cols      map[uint32]walCols // where id and key are in each relation's tuples
 }
+
+// walCols is where a relation's tuples carry id and key (-1: they do
+// not; a publication of migrate before (id, key) carries the id alone).
+type walCols struct{ id, key int }
 
 // run reads the stream until ctx ends or it fails, confirming what it
 // read every walStatusEvery (or when the server asks).
@@ -233,14 +243,17 @@ func (st *walStream) pgoutput(data []byte) error {
 	case pglogrepl.MessageTypeRelation:
 		if m, err := pglogrepl.ParseV2(data, st.inStream); err == nil {
 			if rm, ok := m.(*pglogrepl.RelationMessageV2); ok {
-				st.idCol[rm.RelationID] = slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == "id" })
+				col := func(name string) int {
+					return slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == name })
+				}
+				st.cols[rm.RelationID] = walCols{id: col("id"), key: col("key")}
 			}
 		}
 	case pglogrepl.MessageTypeInsert:
 		st.inserted(data)
 	case pglogrepl.MessageTypeCommit:
 		if st.txn.inserted {
-			st.committed(st.txn.ids)
+			st.committed(st.txn.report())
 		}
 		st.txn = walTxn{}
 	case pglogrepl.MessageTypeStreamStart:
@@ -258,7 +271,7 @@ func (st *walStream) pgoutput(data []byte) error {
 		}
 		xid := m.(*pglogrepl.StreamCommitMessageV2).Xid
 		if t := st.streamed[xid]; t != nil && t.inserted {
-			st.committed(t.ids)
+			st.committed(t.report())
 		}
 		delete(st.streamed, xid)
 	case pglogrepl.MessageTypeStreamAbort:
@@ -285,11 +298,23 @@ func (st *walStream) inserted(data []byte) {
 			st.streamed[st.streamXid] = t
 		}
 	}
-	t.inserted = true
-	if len(t.ids) < walReportIDs {
-		if id, ok := insertedID(data, st.inStream, st.idCol); ok {
-			t.ids = append(t.ids, id)
-		}
+	if !t.inserted {
+		t.inserted, t.whole = true, true
+	}
+	if len(t.ids) == walReportIDs {
+		t.whole = false
+		return
+	}
+	id, lane, ok := insertedRow(data, st.inStream, st.cols)
+	switch {
+	case !ok:
+		t.whole = false
+	case lane < 0:
+		t.whole = false
+		t.ids = append(t.ids, id)
+	default:
+		t.ids = append(t.ids, id)
+		t.lanes.Add(lane)
 	}
 }
 
@@ -309,27 +334,55 @@ const walStreamingVersion = 140000
 // walTxn is what the stream said of one transaction so far.
 type walTxn struct {
 	inserted bool
-	ids      []int64 // of its first inserts (walReportIDs)
+	ids      []int64   // of its first inserts (walReportIDs)
+	lanes    lanes.Set // of those rows
+	// whole: ids has every row the transaction inserted, and lanes the
+	// lane of each.
+	whole bool
 }
 
-// insertedID reads the id of an inserted row (inStream: the message is
-// part of a streamed transaction, and carries its xid).
-func insertedID(data []byte, inStream bool, idCol map[uint32]int) (int64, bool) {
+// walReport is what the stream said of one committed transaction that
+// inserted rows.
+type walReport struct {
+	ids   []int64
+	lanes lanes.Set
+	whole bool // ids and lanes name every row it inserted
+}
+
+func (t *walTxn) report() walReport { return walReport{ids: t.ids, lanes: t.lanes, whole: t.whole} }
+
+// insertedRow reads the id of an inserted row and its lane (-1 where the
+// tuple does not carry the key) (inStream: the message is part of a
+// streamed transaction, and carries its xid).
+func insertedRow(data []byte, inStream bool, cols map[uint32]walCols) (id int64, lane int, ok bool) {
 	m, err := pglogrepl.ParseV2(data, inStream)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	im2, ok := m.(*pglogrepl.InsertMessageV2)
 	if !ok || im2.Tuple == nil {
-		return 0, false
+		return 0, 0, false
 	}
 	im := &im2.InsertMessage
-	c, ok := idCol[im.RelationID]
-	if !ok || c < 0 || c >= len(im.Tuple.Columns) || im.Tuple.Columns[c].DataType != pglogrepl.TupleDataTypeText {
-		return 0, false
+	c, ok := cols[im.RelationID]
+	tc := im.Tuple.Columns
+	if !ok || c.id < 0 || c.id >= len(tc) || tc[c.id].DataType != pglogrepl.TupleDataTypeText {
+		return 0, 0, false
 	}
-	id, err := strconv.ParseInt(string(im.Tuple.Columns[c].Data), 10, 64)
-	return id, err == nil
+	if id, err = strconv.ParseInt(string(tc[c.id].Data), 10, 64); err != nil {
+		return 0, 0, false
+	}
+	lane = -1
+	if c.key >= 0 && c.key < len(tc) {
+		switch tc[c.key].DataType {
+		case pglogrepl.TupleDataTypeNull:
+			lane = store.LaneOf(id, nil)
+		case pglogrepl.TupleDataTypeText:
+			k := string(tc[c.key].Data)
+			lane = store.LaneOf(id, &k)
+		}
+	}
+	return id, lane, true
 }
 
 // walRefusedError: the server does not allow this relay to follow the WAL

@@ -48,6 +48,14 @@ type watch struct {
 	walLogged  bool
 	stopWAL    func()
 
+	// Lanes woken straight from the stream's reports (see mayWakeFromStream):
+	// those waiting for walMergeGap since the last such wake-up, and when
+	// to check that claims returned the reported rows.
+	direct     lanes.Set
+	directDue  bool
+	directAt   time.Time // the last such wake-up
+	claimCheck time.Time
+
 	// Looks for new rows.
 	polling  bool
 	seen     int64 // the newest id the looks have passed; -1: none yet
@@ -84,6 +92,7 @@ func newWatch(k *Waker, pc *pgx.Conn, wal, rows bool) *watch {
 // and the server allows it, else by polling.
 func (k *Waker) loop(ctx context.Context, pc *pgx.Conn, wal, rows bool) error {
 	w := newWatch(k, pc, wal, rows)
+	w.forgetExpected() // a session before this one's
 	defer func() { w.stopWAL() }()
 	for {
 		now := k.now()
@@ -112,6 +121,8 @@ func (w *watch) step(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	w.followStream(ctx, now)
+	w.wakeDirect(now)
+	w.checkClaims(now)
 	if err := w.sendPending(ctx, now); err != nil {
 		return err
 	}
@@ -177,13 +188,14 @@ func (w *watch) startWAL(ctx context.Context) {
 	w.walStarted = k.now()
 	go func() {
 		defer close(done)
-		err := k.followWAL(walCtx, func(ids []int64) {
+		err := k.followWAL(walCtx, func(rep walReport) {
 			k.walMu.Lock()
-			if len(k.walIDs) < maxGaps {
-				k.walIDs = append(k.walIDs, ids[:min(len(ids), maxGaps-len(k.walIDs))]...)
-			}
-			k.walMu.Unlock()
+			n := min(len(rep.ids), maxGaps-len(k.walIDs))
+			k.walIDs = append(k.walIDs, rep.ids[:n]...)
+			k.walLns.Union(rep.lanes)
+			k.walPart = k.walPart || !rep.whole || n < len(rep.ids)
 			k.walRows.Store(true)
+			k.walMu.Unlock()
 			k.kick()
 		}, func() {
 			k.walUp.Store(true)
@@ -216,32 +228,26 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		k.setSource("wal", false, nil)
 		k.wakeAndTell(lanes.Set{})
 	}
-	if k.walRows.Swap(false) && w.streaming {
-		// Rows were committed. The stream carries a commit as soon as its
-		// WAL record is flushed, a moment before the writer's transaction
-		// is visible to other sessions: a claim woken by the report itself
-		// could miss the row, and a claim visits only the lanes it was
-		// woken about. The look sees only visible rows, and keeps looking
-		// while reports come (a row not visible yet is found by the next
-		// look, or looked for again as a gap). Reports closer than
-		// notifyGap share a look. A reported row below the ids the looks
-		// have passed (its writer took its id long before it committed) is
-		// looked for by id. (Most reported rows below it were found by a
-		// look before their report came: those are not looked for again.)
+	if k.walRows.Load() {
 		k.walMu.Lock()
-		for _, id := range k.walIDs {
-			w.walNewest = max(w.walNewest, id)
+		k.walRows.Store(false)
+		ids, ls, part := k.walIDs, k.walLns, k.walPart
+		k.walIDs, k.walLns, k.walPart = nil, lanes.Set{}, false
+		if w.streaming && w.mayWakeFromStream(ids, part) {
+			for _, id := range ids {
+				k.expect[id] = now
+			}
+			k.expecting.Store(true)
+			ids = nil
 		}
-		if w.seen >= 0 {
-			w.gaps.addIDs(slices.DeleteFunc(k.walIDs, func(id int64) bool { return id > w.seen || w.recent.has(id, now) }), now)
-		}
-		k.walIDs = nil
 		k.walMu.Unlock()
-		w.walRowsAt = now
-		if !w.polling {
-			w.polling, w.interval = true, watchFast
+		switch {
+		case !w.streaming:
+		case ids == nil:
+			w.wokeFromStream(now, ls)
+		default:
+			w.lookForReported(now, ids)
 		}
-		w.nextPoll = w.lastLook.Add(notifyGap)
 	}
 	if errp := k.walDone.Swap(nil); errp != nil {
 		w.streamEnded(ctx, now, *errp)
@@ -252,6 +258,120 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 	}
 }
 
+// mayWakeFromStream reports whether the watcher may wake the lanes of the rows the
+// stream reported (ids, and with part some not named or without a lane)
+// straight away, rather than look for the rows first: it is alone (the
+// other processes' workers are woken by NOTIFYs, which go out after a
+// look saw the rows), its looks have caught up with the stream (not
+// polling), and every reported row is named with its lane. Called with
+// walMu held.
+func (w *watch) mayWakeFromStream(ids []int64, part bool) bool {
+	return w.alone && !w.k.pooled && !w.polling && w.seen >= 0 && !part && len(ids) > 0 &&
+		len(w.k.expect)+len(ids) <= maxExpect
+}
+
+// wokeFromStream records rows the stream reported and whose lanes (ls)
+// are woken straight away (see wakeDirect): the looks need not find
+// them, and checkClaims looks for those no claim returned.
+func (w *watch) wokeFromStream(now time.Time, ls lanes.Set) {
+	w.direct.Union(ls)
+	w.directDue = true
+	if w.claimCheck.IsZero() {
+		w.claimCheck = now.Add(walClaimWait)
+	}
+}
+
+// lookForReported makes the looks find the rows the stream reported (ids,
+// at most maxGaps of them) before their lanes are woken. The stream
+// carries a commit as soon as its WAL record is flushed, a moment before
+// the writer's transaction is visible to other sessions: a claim woken by
+// the report itself could miss the row, and a claim visits only the
+// lanes it was woken about. The look sees only visible rows, and keeps
+// looking while reports come (a row not visible yet is found by the next
+// look, or looked for again as a gap). Reports closer than notifyGap
+// share a look. A reported row below the ids the looks have passed (its
+// writer took its id long before it committed) is looked for by id.
+// (Most reported rows below it were found by a look before their report
+// came: those are not looked for again.)
+func (w *watch) lookForReported(now time.Time, ids []int64) {
+	for _, id := range ids {
+		w.walNewest = max(w.walNewest, id)
+	}
+	if w.seen >= 0 {
+		w.gaps.addIDs(slices.DeleteFunc(ids, func(id int64) bool { return id > w.seen || w.recent.has(id, now) }), now)
+	}
+	w.walRowsAt = now
+	if !w.polling {
+		w.polling, w.interval = true, watchFast
+	}
+	w.nextPoll = w.lastLook.Add(notifyGap)
+}
+
+// wakeDirect wakes the lanes of the rows the stream reported (see
+// direct), no sooner than walMergeGap after the last such wake-up.
+func (w *watch) wakeDirect(now time.Time) {
+	if !w.directDue || now.Before(w.directAt.Add(walMergeGap)) {
+		return
+	}
+	w.k.wakeUp(w.direct)
+	w.direct, w.directDue, w.directAt = lanes.Set{}, false, now
+}
+
+// checkClaims looks for the rows woken straight from the stream that no
+// claim of this process returned within walClaimWait: the claim looked
+// before the writer's transaction was visible, or the row is in a lane
+// of another process (which its look then tells), or held back behind
+// its key's retry. The look finds them as reported gaps.
+func (w *watch) checkClaims(now time.Time) {
+	if w.claimCheck.IsZero() || now.Before(w.claimCheck) {
+		return
+	}
+	k := w.k
+	var missed []int64
+	var next time.Time
+	k.walMu.Lock()
+	for id, at := range k.expect {
+		switch {
+		case !now.Before(at.Add(walClaimWait)):
+			missed = append(missed, id)
+			delete(k.expect, id)
+		case next.IsZero() || at.Before(next):
+			next = at
+		}
+	}
+	k.expecting.Store(len(k.expect) > 0)
+	k.walMu.Unlock()
+	w.claimCheck = time.Time{}
+	if !next.IsZero() {
+		w.claimCheck = next.Add(walClaimWait)
+	}
+	if len(missed) == 0 {
+		return
+	}
+	slices.Sort(missed)
+	k.log.Debug("rows the WAL stream reported were not claimed in time; looking for them", "rows", len(missed))
+	k.cfg.Signals.Emit(testsig.WALMissed, len(missed))
+	if len(missed) <= maxGaps {
+		w.gaps.addIDs(missed, now)
+	} else {
+		w.seen = min(w.seen, missed[0]-1) // too many to look for by id
+	}
+	w.walNewest = max(w.walNewest, missed[len(missed)-1])
+	w.walRowsAt = now
+	w.polling, w.interval, w.nextPoll = true, watchFast, now
+}
+
+// forgetExpected drops the rows woken straight from the stream: the
+// looks from -1 find what is left of them.
+func (w *watch) forgetExpected() {
+	k := w.k
+	k.walMu.Lock()
+	clear(k.expect)
+	k.expecting.Store(false)
+	k.walMu.Unlock()
+	w.direct, w.directDue, w.claimCheck = lanes.Set{}, false, time.Time{}
+}
+
 // streamEnded falls back to polling after the WAL stream ended with err,
 // and sets when to try the WAL again.
 func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
@@ -259,6 +379,7 @@ func (w *watch) streamEnded(ctx context.Context, now time.Time, err error) {
 	w.streaming = false
 	w.stopWAL()
 	w.stopWAL = func() {}
+	w.forgetExpected()
 	if now.Sub(w.walStarted) > time.Minute {
 		w.walRetry = walRetryMin // it ran for a while: a break, not a refusal
 	}
@@ -407,6 +528,11 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 		w.interval = min(2*w.interval, max(w.interval, watchTrickle))
 	}
 	found := id > w.seen || filled
+	if found {
+		k.cfg.Signals.Emit(testsig.Looked, 1)
+	} else {
+		k.cfg.Signals.Emit(testsig.Looked, 0)
+	}
 	// Every row committed past the last look was read (see caughtUp).
 	whole := id-w.seen < store.NewRowsLimit
 	w.seen = id
@@ -496,6 +622,12 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	}
 	if k.isPending() {
 		deadline = w.lastNotify.Add(notifyGap)
+	}
+	if t := w.directAt.Add(walMergeGap); w.directDue && t.Before(deadline) {
+		deadline = t
+	}
+	if !w.claimCheck.IsZero() && w.claimCheck.Before(deadline) {
+		deadline = w.claimCheck
 	}
 	if w.idle(now) {
 		k.cfg.Signals.Emit(testsig.WatcherIdle, 0)
