@@ -194,9 +194,12 @@ func (w *watch) startWAL(ctx context.Context) {
 			k.walIDs = append(k.walIDs, rep.ids[:n]...)
 			k.walLns.Union(rep.lanes)
 			k.walPart = k.walPart || !rep.whole || n < len(rep.ids)
-			k.walRows.Store(true)
+			// A report the watcher has not taken yet kicked it already.
+			kicked := k.walRows.Swap(true)
 			k.walMu.Unlock()
-			k.kick()
+			if !kicked {
+				k.kick()
+			}
 		}, func() {
 			k.walUp.Store(true)
 			k.kick()
@@ -233,19 +236,18 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		k.walRows.Store(false)
 		ids, ls, part := k.walIDs, k.walLns, k.walPart
 		k.walIDs, k.walLns, k.walPart = nil, lanes.Set{}, false
-		if w.streaming && w.mayWakeFromStream(ids, part) {
+		direct := w.streaming && w.mayWakeFromStream(ids, part)
+		if direct {
 			for _, id := range ids {
 				k.expect[id] = now
 			}
 			k.expecting.Store(true)
-			ids = nil
 		}
 		k.walMu.Unlock()
 		switch {
-		case !w.streaming:
-		case ids == nil:
-			w.wokeFromStream(now, ls)
-		default:
+		case direct:
+			w.wokeFromStream(now, ids, ls)
+		case w.streaming:
 			w.lookForReported(now, ids)
 		}
 	}
@@ -258,22 +260,27 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 	}
 }
 
-// mayWakeFromStream reports whether the watcher may wake the lanes of the rows the
-// stream reported (ids, and with part some not named or without a lane)
-// straight away, rather than look for the rows first: it is alone (the
-// other processes' workers are woken by NOTIFYs, which go out after a
-// look saw the rows), its looks have caught up with the stream (not
-// polling), and every reported row is named with its lane. Called with
-// walMu held.
+// mayWakeFromStream reports whether the watcher may wake the lanes of
+// the rows the stream reported (ids, and with part some not named or
+// without a lane) straight away, rather than look for the rows first: it
+// is alone (the other processes' workers are woken by NOTIFYs, which go
+// out after a look saw the rows), its looks have a baseline and no
+// reported row above it is left for them to find, and every reported row
+// is named with its lane. Called with walMu held.
 func (w *watch) mayWakeFromStream(ids []int64, part bool) bool {
-	return w.alone && !w.k.pooled && !w.polling && w.seen >= 0 && !part && len(ids) > 0 &&
+	return w.alone && !w.k.pooled && w.seen >= 0 && w.walNewest <= w.seen && !part && len(ids) > 0 &&
 		len(w.k.expect)+len(ids) <= maxExpect
 }
 
-// wokeFromStream records rows the stream reported and whose lanes (ls)
-// are woken straight away (see wakeDirect): the looks need not find
-// them, and checkClaims looks for those no claim returned.
-func (w *watch) wokeFromStream(now time.Time, ls lanes.Set) {
+// wokeFromStream records rows the stream reported (ids) and whose lanes
+// (ls) are woken straight away (see wakeDirect): the looks need not find
+// them (they pass them), and checkClaims looks for those no claim
+// returned, by id.
+func (w *watch) wokeFromStream(now time.Time, ids []int64, ls lanes.Set) {
+	for _, id := range ids {
+		w.seen = max(w.seen, id)
+	}
+	w.walNewest = max(w.walNewest, w.seen)
 	w.direct.Union(ls)
 	w.directDue = true
 	if w.claimCheck.IsZero() {
@@ -333,7 +340,9 @@ func (w *watch) checkClaims(now time.Time) {
 	for id, at := range k.expect {
 		switch {
 		case !now.Before(at.Add(walClaimWait)):
-			missed = append(missed, id)
+			if !k.claimedLately(id) { // else claimed before it was reported
+				missed = append(missed, id)
+			}
 			delete(k.expect, id)
 		case next.IsZero() || at.Before(next):
 			next = at
@@ -636,7 +645,7 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	// Waker's clock (see Waker.now).
 	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(k.now()))
 	k.cancelWait.Store(&cancel)
-	if (k.isPending() && k.now().Sub(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil {
+	if (k.isPending() && k.now().Sub(w.lastNotify) >= notifyGap) || k.walDone.Load() != nil || k.walRows.Load() || k.walUp.Load() {
 		cancel() // kicked before the wait could be interrupted
 	}
 	n, err := w.pc.WaitForNotification(wctx)
