@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/sinks/wire"
 )
 
 // latencySpec is one steady-state load: rate commits per second for dur;
@@ -250,6 +252,30 @@ FROM ` + s + `.lanes`
 // kafkaConsumer starts a kfake cluster and a franz-go consumer of its
 // "bench" topic that hands every record to recv, and returns the relay's
 // sink URL and a stop function.
+// natsConsumer makes a JetStream stream for the relay's NATS sink and
+// records the messages of its subject as a core subscriber receives them
+// (they reach it as the stream stores them, before the relay's ack).
+func (b *bench) natsConsumer(ctx context.Context, recv *receiver) (string, func(), error) {
+	nc, js, name, err := b.natsStream(ctx, 0, "live")
+	if err != nil {
+		return "", nil, err
+	}
+	subject := strings.ToLower(name) + ".bench"
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		recv.record(time.Now().UnixNano(), m.Header.Get(wire.Key), m.Data)
+	})
+	if err == nil {
+		err = sub.SetPendingLimits(-1, -1)
+	}
+	if err != nil {
+		_ = js.DeleteStream(context.Background(), name)
+		nc.Close()
+		return "", nil, err
+	}
+	url := b.cfg.natsURL + "?stream=" + name + "&subject=" + strings.ToLower(name) + ".{topic}"
+	return url, func() { _ = sub.Unsubscribe(); _ = js.DeleteStream(context.Background(), name); nc.Close() }, nil
+}
+
 func (b *bench) kafkaConsumer(ctx context.Context, recv *receiver) (string, func(), error) {
 	url, _, cleanup, err := b.kafkaSetup(ctx, 0)
 	if err != nil {

@@ -557,7 +557,7 @@ func liveChoice[T comparable](name string, all []T, parse func(string) (T, error
 	return out
 }
 
-// live runs the live group into the discard sink and into Kafka (kfake),
+// live runs the live group into the discard sink, into Kafka (kfake) and NATS,
 // on the shared server and, with BENCH_LIVE_WAL, on a throwaway logical
 // cluster (livewal.go). The sets of one sink run one after the other
 // before the next sink's, so that a slow patch of the machine hits the
@@ -596,7 +596,11 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	defer recv.close()
-	sinkNames := liveChoice("BENCH_LIVE_SINKS", []string{"discard", "kafka"}, func(s string) (string, error) { return s, nil })
+	all := []string{"discard", "kafka"}
+	if b.cfg.natsURL != "off" {
+		all = append(all, "nats")
+	}
+	sinkNames := liveChoice("BENCH_LIVE_SINKS", all, func(s string) (string, error) { return s, nil })
 	for _, sink := range sinkNames {
 		for _, set := range ready {
 			if err := b.liveSink(ctx, set, recv, sink); err != nil {
@@ -630,8 +634,9 @@ func (b *bench) liveFailed(set *liveSet, sink string, err error) {
 func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink string) error {
 	d := set.db
 	sinkURL, stopSink := "discard", func() {}
-	if sink == "kafka" {
-		u, stop, err := b.kafkaConsumer(ctx, recv)
+	consumer := map[string]func(context.Context, *receiver) (string, func(), error){"kafka": b.kafkaConsumer, "nats": b.natsConsumer}[sink]
+	if consumer != nil {
+		u, stop, err := consumer(ctx, recv)
 		if err != nil {
 			return err
 		}
@@ -710,8 +715,8 @@ func (b *bench) liveSink(ctx context.Context, set *liveSet, recv *receiver, sink
 		return err
 	}
 	drain.fill(s0, s1, 0)
-	if sink == "kafka" && !recv.waitCount(ctx, liveDrainN, 30*time.Second) {
-		return fmt.Errorf("kafka consumer got %d of %d drained messages", recv.count.Load(), liveDrainN)
+	if sink != "discard" && !recv.waitCount(ctx, liveDrainN, 30*time.Second) {
+		return fmt.Errorf("%s consumer got %d of %d drained messages", sink, recv.count.Load(), liveDrainN)
 	}
 	if err := lr.ready(ctx); err != nil {
 		return err
@@ -775,7 +780,7 @@ const liveWriters = 16
 // liveRate offers rate single-message transactions a second, open loop,
 // for 1s of warm-up, the window, and 0.5s after it; the window's
 // snapshots are taken while the load runs. Latency covers every message
-// of the run (Kafka only: the discard sink has no consumer).
+// of the run (Kafka and NATS: the discard sink has no consumer).
 func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sink string, rate float64, window time.Duration) (*liveStats, float64, float64, []string, error) {
 	const warm, tail = time.Second, 500 * time.Millisecond
 	total := warm + window + tail
@@ -863,7 +868,7 @@ func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sin
 	notes := []string{fmt.Sprintf("%d writers offering single-message transactions open loop; %d committed in %s (%.0f/s); window %s in the middle of it",
 		liveWriters, n, elapsed.Round(100*time.Millisecond), float64(n)/elapsed.Seconds(), window), fmt.Sprintf("%d writer commits in the window taken out of the transactions", st.WriterCommits),
 		lr.be.sessions(s0, s1)}
-	if sink != "kafka" {
+	if sink == "discard" {
 		// Wait for delivery all the same, so the next rate starts clean.
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
@@ -875,7 +880,7 @@ func (b *bench) liveRate(ctx context.Context, lr *liveRelay, recv *receiver, sin
 		return st, 0, 0, notes, nil
 	}
 	if !recv.waitCount(ctx, n, 30*time.Second) {
-		return nil, 0, 0, nil, fmt.Errorf("kafka consumer got %d of %d", recv.count.Load(), n)
+		return nil, 0, 0, nil, fmt.Errorf("%s consumer got %d of %d", sink, recv.count.Load(), n)
 	}
 	var lat []float64
 	for i := range capacity {

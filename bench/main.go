@@ -47,7 +47,7 @@
 //	BENCH_BASE_BIN    together group: also run this (baseline) binary, alternating
 //	BENCH_SINKS       together group: sinks (default discard,kafka)
 //	BENCH_OUT         results directory (default results)
-//	BENCH_LIVE_SINKS, BENCH_LIVE_RATES  live group: only these sinks (discard, kafka) and offered rates (100, 1000, 5000)
+//	BENCH_LIVE_SINKS, BENCH_LIVE_RATES  live group: only these sinks (discard, kafka, nats) and offered rates (100, 1000, 5000)
 //	BENCH_LIVE_WAL    live group: 1 adds its rows on a throwaway cluster with wal_level = logical,
 //	                  relay --wakeup wal and --wakeup poll (livewal.go); "only" runs just those
 //	BENCH_PROFILE=1   instead of benchmarking, profile the relay's drain (see profile.go)

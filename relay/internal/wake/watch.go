@@ -315,7 +315,8 @@ func (w *watch) lookForReported(now time.Time, ids []int64) {
 }
 
 // wakeDirect wakes the lanes of the rows the stream reported (see
-// direct), no sooner than walMergeGap after the last such wake-up.
+// mayWakeFromStream), no sooner than walMergeGap after the last such
+// wake-up.
 func (w *watch) wakeDirect(now time.Time) {
 	if !w.directDue || now.Before(w.directAt.Add(walMergeGap)) {
 		return
