@@ -191,20 +191,12 @@ func TestWakeupConfigValidation(t *testing.T) {
 // when the stream breaks, and leaves no slot behind.
 func TestWakeupWAL(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
-	pool, schema := srv.Schema(t)
+	wr := startWALRelay(t)
+	e, pool, h, r, stop, w := wr.env, wr.pool, wr.h, wr.r, wr.stop, wr.w
 	ctx := context.Background()
 	var pub bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, migrations.Publication(schema)).Scan(&pub))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, migrations.Publication(e.schema)).Scan(&pub))
 	require.True(t, pub, "migrate creates the publication where wal_level = logical")
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-	require.NoError(t, err)
-	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
-	h := &wakeHooks{}
-	cfg := idleConfig(e, relay.WakeupWAL, h)
-	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
-	r, stop := startOn(t, srv.URL(), cfg, e.sink)
-	waitSource(t, h, "wal")
 	slots := func() int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots`).Scan(&n))
@@ -220,7 +212,7 @@ func TestWakeupWAL(t *testing.T) {
 
 	// Break the stream: the watcher polls (and says so), then follows the
 	// WAL again.
-	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay-wal'`)
+	_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay-wal'`)
 	require.NoError(t, err)
 	eventually(t, wakeBound, func() bool { _, f := h.get(); return f >= 1 }, "a fallback reported")
 	e.deliveredWithin(r, e.sink, 4, "k")

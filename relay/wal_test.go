@@ -24,25 +24,44 @@ import (
 // large transaction's changes as they come instead of keeping them until
 // its commit, and pgoutput drops those of unpublished tables. The slot's
 // own counters (pg_stat_replication_slots) say what was spilled.
+// walRelay is a relay following the WAL of a throwaway cluster of its
+// own (wal_level = logical), into a memory sink, with no polling that
+// could explain a wake-up.
+type walRelay struct {
+	*env
+	h    *wakeHooks
+	r    *relay.Relay
+	stop func()
+}
+
+// startWALRelay starts the cluster (with conf besides what the WAL
+// needs), migrates a schema on it and starts the relay; it returns once
+// the relay follows the WAL.
+func startWALRelay(t *testing.T, conf ...string) *walRelay {
+	t.Helper()
+	srv := pgtest.ServerConf(t, append([]string{"wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4"}, conf...)...)
+	pool, schema := srv.Schema(t)
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	require.NoError(t, err)
+	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
+	h := &wakeHooks{}
+	cfg := idleConfig(e, relay.WakeupWAL, h)
+	cfg.WatchInterval = time.Hour
+	r, stop := startOn(t, srv.URL(), cfg, e.sink)
+	waitSource(t, h, "wal")
+	return &walRelay{env: e, h: h, r: r, stop: stop}
+}
+
 func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4",
-		"logical_decoding_work_mem = 64kB")
-	pool, schema := srv.Schema(t)
+	wr := startWALRelay(t, "logical_decoding_work_mem = 64kB")
+	e, pool, r := wr.env, wr.pool, wr.r
 	ctx := context.Background()
 	var version int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version))
 	if version < 140000 {
 		t.Skipf("PostgreSQL %d cannot stream in-progress transactions (14+ can): large transactions spill", version)
 	}
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-	require.NoError(t, err)
-	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
-	h := &wakeHooks{}
-	cfg := idleConfig(e, relay.WakeupWAL, h)
-	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
-	r, _ := startOn(t, srv.URL(), cfg, e.sink)
-	waitSource(t, h, "wal")
 	var slot string
 	eventually(t, wakeBound, func() bool {
 		return pool.QueryRow(ctx, "SELECT slot_name FROM pg_replication_slots WHERE temporary").Scan(&slot) == nil
@@ -52,7 +71,7 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 	// An unrelated transaction of 200k rows (about 20 MB decoded), with an
 	// outbox message written while it runs: the relay is woken for the
 	// message at its commit, not after the big one's.
-	_, err = pool.Exec(ctx, "CREATE TABLE unrelated (id int, pad text)")
+	_, err := pool.Exec(ctx, "CREATE TABLE unrelated (id int, pad text)")
 	require.NoError(t, err)
 	big, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -95,7 +114,7 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 		// The stream is a wake-up: it carries the id and the key (the
 		// lane), not the payload.
 		var cols []string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT attnames::text[] FROM pg_publication_tables WHERE pubname = $1`, migrations.Publication(schema)).Scan(&cols))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT attnames::text[] FROM pg_publication_tables WHERE pubname = $1`, migrations.Publication(e.schema)).Scan(&cols))
 		require.Equal(t, []string{"id", "key"}, cols, "the publication's column list")
 	}
 }
@@ -107,16 +126,8 @@ func TestWakeupWALDoesNotSpillLargeTransactions(t *testing.T) {
 // writer's transaction was visible) is looked for.
 func TestWakeupWALClaimsReportedRowsWithoutALook(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
-	pool, schema := srv.Schema(t)
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
-	require.NoError(t, err)
-	e := &env{t: t, pool: pool, schema: schema, w: w, sink: memory.New()}
-	h := &wakeHooks{}
-	cfg := idleConfig(e, relay.WakeupWAL, h)
-	cfg.WatchInterval = time.Hour // polling could not explain a wake-up
-	r, _ := startOn(t, srv.URL(), cfg, e.sink)
-	waitSource(t, h, "wal")
+	wr := startWALRelay(t)
+	e, r := wr.env, wr.r
 	e.deliveredWithin(r, e.sink, 1, "k1")
 	awaitNext(t, r, relay.SigWatcherIdle)
 	looks, missed := r.SignalCount(relay.SigLooked), r.SignalCount(relay.SigWALMissed)
