@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -247,4 +248,50 @@ func TestWakerWakesReportedLanesWithoutALook(t *testing.T) {
 	await(testsig.WALMissed, 0)
 	await(testsig.Looked, looks)
 	require.Eventually(t, wokenFor(lane, 2), 10*time.Second, time.Millisecond, "lane %d woken from the stream, then by the look", lane)
+}
+
+// A publication of an earlier migrate carries the id alone: the watcher
+// says so once, and looks for each reported row before it wakes the
+// row's lane, as it did then.
+func TestWakerLooksWhereTheStreamCarriesNoKey(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.ServerConf(t, "wal_level = logical", "max_wal_senders = 4", "max_replication_slots = 4")
+	pool, schema := srv.Schema(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "ALTER PUBLICATION "+ident.Quote(schema+"_relay")+" SET TABLE "+ident.Quote(schema)+".messages (id)")
+	require.NoError(t, err)
+	bus := testsig.New()
+	var logs testkit.SyncBuffer
+	var mu sync.Mutex
+	var named lanes.Set
+	k, err := New(Config{
+		Pool: pool, Schema: schema, Mode: ModeWAL, WatchInterval: time.Hour, Heartbeat: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Signals: bus,
+		Wake: func(ls lanes.Set) {
+			mu.Lock()
+			defer mu.Unlock()
+			named.Union(ls)
+		},
+	})
+	require.NoError(t, err)
+	require.NoError(t, k.Start(ctx))
+	defer k.Stop()
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = bus.Await(actx, testsig.WAL, 0, nil)
+	require.NoError(t, err)
+	_, err = bus.Await(actx, testsig.WatcherIdle, 0, nil)
+	require.NoError(t, err)
+	looks := bus.Count(testsig.Looked)
+	var lane int16
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+ident.Quote(schema)+".messages (topic, key, payload) VALUES ('t', 'k', 'x') RETURNING lane").Scan(&lane))
+	_, err = bus.Await(actx, testsig.Looked, looks, func(found int) bool { return found == 1 })
+	require.NoError(t, err, "a look that found the reported row")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return named.Has(int(lane))
+	}, 10*time.Second, time.Millisecond, "lane %d woken", lane)
+	require.Zero(t, bus.Count(testsig.WALMissed), "nothing woken straight from the stream, nothing missed")
+	require.Equal(t, 1, strings.Count(logs.String(), "carries no key"), "said once: %s", logs.String())
 }

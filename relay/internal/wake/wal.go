@@ -69,7 +69,11 @@ func (k *Waker) followWAL(ctx context.Context, committed func(walReport), starte
 		return err
 	}
 	started()
-	st := &walStream{conn: conn, pos: pos, committed: committed, streamed: map[uint32]*walTxn{}, cols: map[uint32]walCols{}}
+	st := &walStream{conn: conn, pos: pos, committed: committed, streamed: map[uint32]*walTxn{}, cols: map[uint32]walCols{},
+		noKey: func() {
+			k.log.Info("the WAL stream carries no key (a publication of an earlier migrate): every reported row is looked for before its lane is woken; `outbox-relay migrate` publishes (id, key)",
+				"publication", migrations.Publication(k.s.Name()))
+		}}
 	return st.run(ctx)
 }
 
@@ -161,6 +165,7 @@ type walStream struct {
 	inStream  bool
 	streamXid uint32
 	cols      map[uint32]walCols // where id and key are in each relation's tuples
+	noKey     func()             // called once if a relation comes without the key
 }
 
 // walCols is where a relation's tuples carry id and key (-1: they do
@@ -246,7 +251,12 @@ func (st *walStream) pgoutput(data []byte) error {
 				col := func(name string) int {
 					return slices.IndexFunc(rm.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == name })
 				}
-				st.cols[rm.RelationID] = walCols{id: col("id"), key: col("key")}
+				c := walCols{id: col("id"), key: col("key")}
+				st.cols[rm.RelationID] = c
+				if c.key < 0 && st.noKey != nil {
+					st.noKey()
+					st.noKey = nil
+				}
 			}
 		}
 	case pglogrepl.MessageTypeInsert:
