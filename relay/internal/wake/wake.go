@@ -212,8 +212,9 @@ const (
 	// time between two such wake-ups: reports closer than that wake one
 	// claim for their lanes together. At 1,000 msg/s 2 ms cost 0.65
 	// claims a message and 1.2 × the relay and session CPU of polling;
-	// 4 ms 0.46 claims and 0.93 × (docs/benchmarks.md, "Live rates"). A
-	// trickle's rows, farther apart, are woken at once.
+	// 4 ms 0.46 claims and 0.93–1.03 × (docs/benchmarks.md, "What bounds
+	// a trickle's cost"). A trickle's rows, farther apart, are woken at
+	// once.
 	walClaimWait = 5 * time.Millisecond
 	walMergeGap  = 4 * time.Millisecond
 	// maxExpect bounds the rows the watcher waits for a claim of: past
