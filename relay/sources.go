@@ -140,6 +140,10 @@ type SourceState struct {
 	Retry time.Time
 	// Restarts counts its starts after the first.
 	Restarts int
+	// ShareWait is how long its workers have waited, in all, for its
+	// part of the batches under way while other sources had work (see
+	// SourcesConfig.Batches): time a busy source was held back.
+	ShareWait time.Duration
 }
 
 // NewSources validates c and prepares its sources; nothing connects
@@ -410,6 +414,9 @@ func (src *sourceRun) current() (SourceState, unit) {
 	src.mu.Lock()
 	st, u := src.state, src.unit
 	src.mu.Unlock()
+	if src.member != nil {
+		st.ShareWait = src.member.Waited()
+	}
 	if st.State == SourceRunning && u != nil {
 		if since, err := lapsed(u); err != nil {
 			st.State, st.Since, st.Err = SourceDown, since, err

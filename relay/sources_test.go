@@ -353,6 +353,12 @@ func TestSourcesShareTheBatches(t *testing.T) {
 	}
 	close(sink.let["b"])
 	close(sink.let["a"])
+	// a's workers waited for its part (and so may b's, its part being one).
+	for _, st := range srcs.States() {
+		if st.Name == "a" {
+			require.Positive(t, st.ShareWait, "a's wait for its part (SourceState.ShareWait)")
+		}
+	}
 	eventually(t, 30*time.Second, func() bool {
 		d := delivered(sink.out)
 		return len(d["a"]) == 100 && len(d["b"]) == 10

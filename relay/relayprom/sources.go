@@ -12,7 +12,10 @@ import (
 //   - outbox_relay_source_state{source, state}: 1 for the source's state
 //     (starting, running, down or stopped), 0 for the others;
 //   - outbox_relay_source_restarts_total{source}: times the source's
-//     relays started again after stopping with an error.
+//     relays started again after stopping with an error;
+//   - outbox_relay_source_share_wait_seconds_total{source}: how long the
+//     source's workers waited for its part of the batches under way
+//     while other sources had work (relay.SourcesConfig.Batches).
 func NewSourcesCollector(states func() []relay.SourceState) prometheus.Collector {
 	return &sourcesCollector{
 		states: states,
@@ -22,17 +25,21 @@ func NewSourcesCollector(states func() []relay.SourceState) prometheus.Collector
 		restarts: prometheus.NewDesc(ns+"_source_restarts_total",
 			"Times the source's relays started again after stopping with an error.",
 			[]string{"source"}, nil),
+		shareWait: prometheus.NewDesc(ns+"_source_share_wait_seconds_total",
+			"How long the source's workers waited for its part of the batches under way while other sources had work (--source-batches, weight:): time the source was held back.",
+			[]string{"source"}, nil),
 	}
 }
 
 type sourcesCollector struct {
-	states          func() []relay.SourceState
-	state, restarts *prometheus.Desc
+	states                     func() []relay.SourceState
+	state, restarts, shareWait *prometheus.Desc
 }
 
 func (c *sourcesCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.state
 	ch <- c.restarts
+	ch <- c.shareWait
 }
 
 func (c *sourcesCollector) Collect(ch chan<- prometheus.Metric) {
@@ -41,6 +48,7 @@ func (c *sourcesCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, one(s == st.State), st.Name, s)
 		}
 		ch <- prometheus.MustNewConstMetric(c.restarts, prometheus.CounterValue, float64(st.Restarts), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.shareWait, prometheus.CounterValue, st.ShareWait.Seconds(), st.Name)
 	}
 }
 

@@ -45,10 +45,11 @@ func New(n int) *Gate {
 type Member struct {
 	g      *Gate
 	weight int
-	// Under the Gate's mu: batches under way, waiters, and when the last
-	// batch ended.
+	// Under the Gate's mu: batches under way, waiters, when the last
+	// batch ended, and how long its Acquires waited, in all.
 	under, waiting int
 	lastEnd        time.Time
+	waited         time.Duration
 }
 
 // Join adds a member of weight weight (at least 1).
@@ -75,24 +76,36 @@ func (m *Member) Leave() {
 func (m *Member) Acquire(ctx context.Context) error {
 	g := m.g
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	m.waiting++
+	defer func() { m.waiting-- }()
+	var since time.Time
 	for !m.mayLocked(g.now()) {
+		if since.IsZero() {
+			since = g.now()
+		}
 		freed := g.freed
 		g.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			g.mu.Lock()
-			m.waiting--
-			g.mu.Unlock()
-			return ctx.Err()
 		case <-freed:
 		}
 		g.mu.Lock()
+		m.waited += g.now().Sub(since)
+		since = g.now()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
-	m.waiting--
 	m.under++
-	g.mu.Unlock()
 	return nil
+}
+
+// Waited is how long m's Acquires have waited for its share, in all.
+func (m *Member) Waited() time.Duration {
+	m.g.mu.Lock()
+	defer m.g.mu.Unlock()
+	return m.waited
 }
 
 // Release ends a batch that Acquire let start; empty: it found nothing

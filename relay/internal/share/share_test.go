@@ -2,6 +2,7 @@ package share
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,4 +99,39 @@ func TestAWaitEndsWithItsContextOrWhenAMemberLeaves(t *testing.T) {
 	go func() { done <- a.Acquire(context.Background()) }()
 	b.Leave()
 	require.NoError(t, <-done)
+}
+
+// A member's waits for its share add up (Waited: the sources' metric),
+// on the Gate's clock; a wait that its context ends counts too.
+func TestWaitsForTheShareAddUp(t *testing.T) {
+	g := New(2)
+	var now atomic.Int64
+	start := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+	g.now = func() time.Time { return start.Add(time.Duration(now.Load())) }
+	a, b := g.Join(1), g.Join(1)
+	require.True(t, acquired(t, b))
+	require.True(t, acquired(t, a))
+	require.Zero(t, a.Waited(), "no wait yet")
+
+	waiting := func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return a.waiting > 0
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Acquire(context.Background()) }()
+	require.Eventually(t, waiting, 5*time.Second, time.Millisecond)
+	now.Add(int64(3 * time.Second))
+	a.Release(false)
+	require.NoError(t, <-done)
+	require.Equal(t, 3*time.Second, a.Waited())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { done <- a.Acquire(ctx) }()
+	require.Eventually(t, waiting, 5*time.Second, time.Millisecond)
+	now.Add(int64(2 * time.Second))
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.Equal(t, 5*time.Second, a.Waited())
+	require.Zero(t, b.Waited())
 }
