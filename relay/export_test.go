@@ -35,7 +35,7 @@ const (
 	SigPolling      = testsig.Polling
 	SigWatcherIdle  = testsig.WatcherIdle
 	SigWALMissed    = testsig.WALMissed
-	SigLooked       = testsig.Looked
+	SigFoundRows    = testsig.FoundRows
 	SigSchemaHold   = testsig.SchemaHold
 	SigOutage       = testsig.Outage
 	SigProbed       = testsig.Probed

@@ -130,14 +130,14 @@ func TestWakeupWALClaimsReportedRowsWithoutALook(t *testing.T) {
 	e, r := wr.env, wr.r
 	e.deliveredWithin(r, e.sink, 1, "k1")
 	awaitNext(t, r, relay.SigWatcherIdle)
-	looks, missed := r.SignalCount(relay.SigLooked), r.SignalCount(relay.SigWALMissed)
+	looks, missed := r.SignalCount(relay.SigFoundRows), r.SignalCount(relay.SigWALMissed)
 	const n = 8
 	for i := 2; i <= n+1; i++ {
 		e.deliveredWithin(r, e.sink, i, fmt.Sprint("k", i))
 	}
 	awaitNext(t, r, relay.SigWatcherIdle)
-	looks, missed = r.SignalCount(relay.SigLooked)-looks, r.SignalCount(relay.SigWALMissed)-missed
-	t.Logf("%d messages written one at a time: %d looks, %d rows not claimed in time", n, looks, missed)
+	looks, missed = r.SignalCount(relay.SigFoundRows)-looks, r.SignalCount(relay.SigWALMissed)-missed
+	t.Logf("%d messages written one at a time: %d looks found rows, %d rows not claimed in time", n, looks, missed)
 	require.Less(t, missed, n, "rows woken straight from the stream and claimed (the workers tell the watcher)")
 	if missed == 0 {
 		require.Zero(t, looks, "looks for rows the claims returned")

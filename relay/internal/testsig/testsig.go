@@ -35,7 +35,8 @@ const (
 	Polling     // the watcher polls for new rows
 	WatcherIdle // the watcher has woken nobody for a while
 	WALMissed   // claims did not return rows woken from the WAL stream in time (value: how many)
-	Looked      // the watcher looked for new rows (value: 1 when it found some)
+	FoundRows   // a look for new rows found some
+	CaughtUp    // the looks found what the WAL stream reported; the watcher stops looking until the next report
 
 	// A worker (value: its id).
 	SchemaHold // the worker stopped claiming: the schema needs a newer relay
@@ -51,7 +52,7 @@ const (
 )
 
 var names = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle", "WAL missed", "looked", "schema hold", "outage", "probed", "route state"}
+	"elected", "following", "WAL", "polling", "watcher idle", "WAL missed", "found rows", "caught up", "schema hold", "outage", "probed", "route state"}
 
 func (s Signal) String() string {
 	if s < numSignals {

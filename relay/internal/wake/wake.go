@@ -280,12 +280,10 @@ type Waker struct {
 	walPart bool
 	// expect: the rows the watcher woke their lanes for straight from the
 	// stream's report, by id, with when; a claim of this process that
-	// returns one takes it out (Claimed). expecting: expect is not empty.
-	// claimed: the ids the last claims returned (claimedN of them so
+	// returns one takes it out (Claimed). claimed: the ids the last claims returned (claimedN of them so
 	// far, the newest at claimedN-1 modulo its length): a claim woken
 	// for another row may take a row before the stream reports it.
 	expect     map[int64]time.Time
-	expecting  atomic.Bool
 	claimed    [claimedRing]int64
 	claimedN   uint64
 	cancelWait atomic.Pointer[context.CancelFunc]
@@ -324,16 +322,13 @@ func (k *Waker) run(ctx context.Context) {
 func (k *Waker) Claimed(ids iter.Seq[int64]) {
 	k.walMu.Lock()
 	defer k.walMu.Unlock()
-	expecting := k.expecting.Load()
+	expecting := len(k.expect) > 0
 	for id := range ids {
 		k.claimed[k.claimedN%claimedRing] = id
 		k.claimedN++
 		if expecting {
 			delete(k.expect, id)
 		}
-	}
-	if expecting {
-		k.expecting.Store(len(k.expect) > 0)
 	}
 }
 

@@ -14,11 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/outbox-relay/outbox-relay/internal/store"
-	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
-
 	"github.com/outbox-relay/outbox-relay/internal/ident"
+	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay/internal/lanes"
 )
 
 // WAL wake-up. The watcher follows the outbox's inserts through logical

@@ -241,7 +241,6 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 			for _, id := range ids {
 				k.expect[id] = now
 			}
-			k.expecting.Store(true)
 		}
 		k.walMu.Unlock()
 		switch {
@@ -349,7 +348,6 @@ func (w *watch) checkClaims(now time.Time) {
 			next = at
 		}
 	}
-	k.expecting.Store(len(k.expect) > 0)
 	k.walMu.Unlock()
 	w.claimCheck = time.Time{}
 	if !next.IsZero() {
@@ -377,7 +375,6 @@ func (w *watch) forgetExpected() {
 	k := w.k
 	k.walMu.Lock()
 	clear(k.expect)
-	k.expecting.Store(false)
 	k.walMu.Unlock()
 	w.direct, w.directDue, w.claimCheck = lanes.Set{}, false, time.Time{}
 }
@@ -539,9 +536,7 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 	}
 	found := id > w.seen || filled
 	if found {
-		k.cfg.Signals.Emit(testsig.Looked, 1)
-	} else {
-		k.cfg.Signals.Emit(testsig.Looked, 0)
+		k.cfg.Signals.Emit(testsig.FoundRows, 0)
 	}
 	// Every row committed past the last look was read (see caughtUp).
 	whole := id-w.seen < store.NewRowsLimit
@@ -558,6 +553,7 @@ func (w *watch) lookNew(ctx context.Context, now time.Time) error {
 	}
 	if w.streaming && w.caughtUp(now, whole) {
 		w.polling = false // until the stream reports rows again
+		k.cfg.Signals.Emit(testsig.CaughtUp, 0)
 	}
 	return nil
 }
