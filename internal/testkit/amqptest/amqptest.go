@@ -84,13 +84,15 @@ func Server(t testing.TB) *Broker {
 	})
 	start := time.Now()
 	// Ports free a moment ago may be taken by the time the node binds
-	// them: try others.
+	// them (seen: the distribution port, by the ephemeral port of the
+	// rabbitmqctl that waits for the node, "dist_port_already_used"):
+	// try others.
 	for attempt := 1; ; attempt++ {
 		err := b.start()
 		if err == nil {
 			break
 		}
-		if attempt == 3 || !strings.Contains(testproc.Tail(b.log, 50), "eaddrinuse") {
+		if tail := testproc.Tail(b.log, 50); attempt == 3 || !(strings.Contains(tail, "eaddrinuse") || strings.Contains(tail, "dist_port_already_used")) {
 			t.Fatalf("throwaway RabbitMQ: %v", err)
 		}
 		if err := proc.KillAll(); err != nil {
