@@ -48,11 +48,12 @@ type watch struct {
 	walLogged  bool
 	stopWAL    func()
 
-	// Lanes woken straight from the stream's reports (see mayWakeFromStream):
-	// those waiting for walMergeGap since the last such wake-up, and when
-	// to check that claims returned the reported rows.
+	// Rows woken straight from the stream's reports (see
+	// mayWakeFromStream): those waiting for walMergeGap since the last
+	// such wake-up (their ids and lanes), and when to check that claims
+	// returned the rows woken.
 	direct     lanes.Set
-	directDue  bool
+	directIDs  []int64
 	directAt   time.Time // the last such wake-up
 	claimCheck time.Time
 
@@ -237,11 +238,6 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		ids, ls, part := k.walIDs, k.walLns, k.walPart
 		k.walIDs, k.walLns, k.walPart = nil, lanes.Set{}, false
 		direct := w.streaming && w.mayWakeFromStream(ids, part)
-		if direct {
-			for _, id := range ids {
-				k.expect[id] = now
-			}
-		}
 		k.walMu.Unlock()
 		switch {
 		case direct:
@@ -281,10 +277,7 @@ func (w *watch) wokeFromStream(now time.Time, ids []int64, ls lanes.Set) {
 	}
 	w.walNewest = max(w.walNewest, w.seen)
 	w.direct.Union(ls)
-	w.directDue = true
-	if w.claimCheck.IsZero() {
-		w.claimCheck = now.Add(walClaimWait)
-	}
+	w.directIDs = append(w.directIDs, ids...)
 }
 
 // lookForReported makes the looks find the rows the stream reported (ids,
@@ -317,15 +310,25 @@ func (w *watch) lookForReported(now time.Time, ids []int64) {
 // mayWakeFromStream), no sooner than walMergeGap after the last such
 // wake-up.
 func (w *watch) wakeDirect(now time.Time) {
-	if !w.directDue || now.Before(w.directAt.Add(walMergeGap)) {
+	if len(w.directIDs) == 0 || now.Before(w.directAt.Add(walMergeGap)) {
 		return
 	}
-	w.k.wakeUp(w.direct)
-	w.direct, w.directDue, w.directAt = lanes.Set{}, false, now
+	k := w.k
+	k.walMu.Lock()
+	for _, id := range w.directIDs {
+		k.expect[id] = now
+	}
+	k.walMu.Unlock()
+	k.wakeUp(w.direct)
+	w.direct, w.directIDs, w.directAt = lanes.Set{}, w.directIDs[:0], now
+	if w.claimCheck.IsZero() {
+		w.claimCheck = now.Add(walClaimWait)
+	}
 }
 
 // checkClaims looks for the rows woken straight from the stream that no
-// claim of this process returned within walClaimWait: the claim looked
+// claim of this process returned within walClaimWait of their wake-up
+// (not of their report: a wake-up may wait walMergeGap): the claim looked
 // before the writer's transaction was visible, or the row is in a lane
 // of another process (which its look then tells), or held back behind
 // its key's retry. The look finds them as reported gaps.
@@ -376,7 +379,7 @@ func (w *watch) forgetExpected() {
 	k.walMu.Lock()
 	clear(k.expect)
 	k.walMu.Unlock()
-	w.direct, w.directDue, w.claimCheck = lanes.Set{}, false, time.Time{}
+	w.direct, w.directIDs, w.claimCheck = lanes.Set{}, nil, time.Time{}
 }
 
 // streamEnded falls back to polling after the WAL stream ended with err,
@@ -629,7 +632,7 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	if k.isPending() {
 		deadline = w.lastNotify.Add(notifyGap)
 	}
-	if t := w.directAt.Add(walMergeGap); w.directDue && t.Before(deadline) {
+	if t := w.directAt.Add(walMergeGap); len(w.directIDs) > 0 && t.Before(deadline) {
 		deadline = t
 	}
 	if !w.claimCheck.IsZero() && w.claimCheck.Before(deadline) {
