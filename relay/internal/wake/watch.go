@@ -264,7 +264,7 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 // is named with its lane. Called with walMu held.
 func (w *watch) mayWakeFromStream(ids []int64, part bool) bool {
 	return w.alone && !w.k.pooled && w.seen >= 0 && w.walNewest <= w.seen && !part && len(ids) > 0 &&
-		len(w.k.expect)+len(ids) <= maxExpect
+		len(w.k.expect)+len(w.directIDs)+len(ids) <= maxExpect
 }
 
 // wokeFromStream records rows the stream reported (ids) and whose lanes
