@@ -284,12 +284,15 @@ type Waker struct {
 	walPart bool
 	// expect: the rows the watcher woke their lanes for straight from the
 	// stream's report, by id, with when; a claim of this process that
-	// returns one takes it out (Claimed). claimed: the ids the last claims returned (claimedN of them so
-	// far, the newest at claimedN-1 modulo its length): a claim woken
-	// for another row may take a row before the stream reports it.
+	// returns one takes it out (Claimed). claimed: the ids the last
+	// claims returned (claimedN of them so far, the newest at claimedN-1
+	// modulo its length): a claim woken for another row may take a row
+	// before the stream reports it. streaming: the watcher follows the
+	// stream, so Claimed has something to record.
 	expect     map[int64]time.Time
 	claimed    [claimedRing]int64
 	claimedN   uint64
+	streaming  atomic.Bool
 	cancelWait atomic.Pointer[context.CancelFunc]
 
 	// wokeAt is when the LISTEN loop last woke this process's workers
@@ -321,9 +324,13 @@ func (k *Waker) run(ctx context.Context) {
 // Claimed tells the wake-up which rows a claim of this process returned
 // (their ids): the watcher stops waiting for those it woke a lane for
 // straight from the WAL stream (see followStream). The relay's workers
-// call it after every claim that returned rows: a store into a ring a
-// row, and a map delete while the watcher waits for some.
+// call it after every claim that returned rows: while the watcher follows
+// the stream, a store into a ring a row, and a map delete while it waits
+// for some; otherwise nothing.
 func (k *Waker) Claimed(ids iter.Seq[int64]) {
+	if !k.streaming.Load() {
+		return
+	}
 	k.walMu.Lock()
 	defer k.walMu.Unlock()
 	expecting := len(k.expect) > 0

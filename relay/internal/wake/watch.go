@@ -229,6 +229,7 @@ func (w *watch) followStream(ctx context.Context, now time.Time) {
 		// looks once for what was committed between the last look and the
 		// slot's consistent point.
 		w.streaming = true
+		k.streaming.Store(true)
 		k.setSource("wal", false, nil)
 		k.wakeAndTell(lanes.Set{})
 	}
@@ -372,10 +373,11 @@ func (w *watch) checkClaims(now time.Time) {
 	w.polling, w.interval, w.nextPoll = true, watchFast, now
 }
 
-// forgetExpected drops the rows woken straight from the stream: the
-// looks from -1 find what is left of them.
+// forgetExpected drops the rows woken straight from the stream (no stream
+// runs): the looks from -1 find what is left of them.
 func (w *watch) forgetExpected() {
 	k := w.k
+	k.streaming.Store(false)
 	k.walMu.Lock()
 	clear(k.expect)
 	k.walMu.Unlock()
