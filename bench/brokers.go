@@ -149,12 +149,21 @@ func (b *bench) natsStream(ctx context.Context, run int, kind string) (*nats.Con
 		return nil, nil, "", err
 	}
 	name := fmt.Sprintf("OBBENCH_%d_%d_%s", os.Getpid(), run, kind)
-	subject := strings.ToLower(name) + ".bench"
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{natsSubject(name)}, Storage: jetstream.FileStorage}); err != nil {
 		nc.Close()
 		return nil, nil, "", err
 	}
 	return nc, js, name, nil
+}
+
+// natsSubject is the subject of the bench's messages (topic "bench") in
+// stream name.
+func natsSubject(name string) string { return strings.ToLower(name) + ".bench" }
+
+// natsSinkURL is the relay's NATS sink into stream name, a subject per
+// topic.
+func (b *bench) natsSinkURL(name string) string {
+	return b.cfg.natsURL + "?stream=" + name + "&subject=" + strings.ToLower(name) + ".{topic}"
 }
 
 // natsRaw publishes the messages with a raw async publisher and returns
@@ -167,7 +176,7 @@ func (b *bench) natsRaw(ctx context.Context, run int) (float64, error) {
 	defer nc.Close()
 	defer func() { _ = js.DeleteStream(context.Background(), name) }()
 	ids, keys, payloads := b.benchMessages()
-	subject := strings.ToLower(name) + ".bench"
+	subject := natsSubject(name)
 	start := time.Now()
 	for i := range ids {
 		m := &nats.Msg{Subject: subject, Data: payloads[i], Header: nats.Header{"Nats-Msg-Id": {ids[i]}, wire.Key: {keys[i]}}}
@@ -216,7 +225,7 @@ func (b *bench) natsSetup(ctx context.Context, run int) (string, func() string, 
 		return ""
 	}
 	cleanup := func() { _ = js.DeleteStream(context.Background(), name); nc.Close() }
-	return b.cfg.natsURL + "?stream=" + name + "&subject=" + strings.ToLower(name) + ".{topic}", check, cleanup, nil
+	return b.natsSinkURL(name), check, cleanup, nil
 }
 
 func (b *bench) redisClient() (*redis.Client, error) {

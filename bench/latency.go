@@ -260,8 +260,7 @@ func (b *bench) natsConsumer(ctx context.Context, recv *receiver) (string, func(
 	if err != nil {
 		return "", nil, err
 	}
-	subject := strings.ToLower(name) + ".bench"
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+	sub, err := nc.Subscribe(natsSubject(name), func(m *nats.Msg) {
 		recv.record(time.Now().UnixNano(), m.Header.Get(wire.Key), m.Data)
 	})
 	if err == nil {
@@ -272,8 +271,7 @@ func (b *bench) natsConsumer(ctx context.Context, recv *receiver) (string, func(
 		nc.Close()
 		return "", nil, err
 	}
-	url := b.cfg.natsURL + "?stream=" + name + "&subject=" + strings.ToLower(name) + ".{topic}"
-	return url, func() { _ = sub.Unsubscribe(); _ = js.DeleteStream(context.Background(), name); nc.Close() }, nil
+	return b.natsSinkURL(name), func() { _ = sub.Unsubscribe(); _ = js.DeleteStream(context.Background(), name); nc.Close() }, nil
 }
 
 func (b *bench) kafkaConsumer(ctx context.Context, recv *receiver) (string, func(), error) {
