@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
 	"github.com/outbox-relay/outbox-relay/relay/internal/claim"
@@ -52,9 +53,10 @@ func (r *Relay) source() *source {
 	return r.src
 }
 
-// claimRows begins the batch's transaction on pc and claims up to BatchSize
-// rows (and BatchBytes of payload) from src, in the lanes of the worker
-// (its rotation chooses the first lane, handover are lanes no longer to be
+// claimRows begins the batch's transaction on pc (or goes on in the
+// parked batch's, see worker.chain) and claims up to BatchSize rows (and
+// BatchBytes of payload) from src, in the lanes of the worker (its
+// rotation chooses the first lane, handover are lanes no longer to be
 // claimed). BEGIN, the priority probe and the claim go out in one round
 // trip, after what cb already holds (the settlement of the session's
 // previous batch, see worker.parked). The transaction stays open: the
@@ -70,15 +72,16 @@ func (r *Relay) source() *source {
 // cut says the byte limit cut the batch: the transaction then also holds
 // rows it did not return, whose lanes may not be among the batch's.
 //
-// skip are lanes not to claim: those being handed over, and those of
-// the worker's batches in flight. only, unless nil, are the only lanes
-// visited. probe: the claim probes for priority messages (see
-// store.ClaimParams.NoProbe).
-func (w *worker) claimRows(pc *pgx.Conn, cb *pgx.Batch, src *source, limit int, skip, only []int16, probe bool) (_ []claim.Row, more, cut bool, _ error) {
+// a says which lanes, how many rows, and whether the claim goes on in
+// the transaction of the batch it settles (see claimArgs).
+func (w *worker) claimRows(pc *pgx.Conn, cb *pgx.Batch, src *source, a claimArgs) (_ []claim.Row, more, cut bool, _ error) {
 	r, hard := w.r, w.hard
+	limit := a.limit
 	partial := w.priority
 	found := 0
-	cb.Queue(store.Begin)
+	if !a.chained {
+		cb.Queue(store.Begin)
+	}
 	// What the probe finds chooses the claim of the worker's next cycle
 	// (the one with a priority phase costs more, so it runs only while
 	// there are priority messages).
@@ -90,13 +93,14 @@ func (w *worker) claimRows(pc *pgx.Conn, cb *pgx.Batch, src *source, limit int, 
 	src.QueueClaim(cb, store.ClaimParams{
 		Relay: r.cfg.ID, Workers: r.cfg.Workers, Worker: w.id, Rotation: w.rotation,
 		Limit: limit, LaneLimit: laneLimit, MaxBytes: r.cfg.BatchBytes, MaxMessage: r.cfg.MaxMessageBytes,
-		Topics: src.topics, Exclude: src.exclude, Handover: skip, Only: only,
+		Topics: src.topics, Exclude: src.exclude, Handover: a.skip, Only: a.only,
 		Priority: w.priority, Settings: r.claimSettings,
 		// A claim of the lanes wake-ups named: the worker's claims of
 		// all its lanes (at least every fullEvery while it is woken, and
 		// every claim of a backlog) probe for priorities.
-		NoProbe: !probe && !w.priority,
+		NoProbe: !a.probe && !w.priority,
 		Session: r.claimSettings == "" && store.ClaimsPrepared(pc),
+		Settle:  a.settle,
 	}, &w.priority, func(row store.ClaimedRow) error {
 		headers, err := decodeHeaders(row.Headers)
 		if err != nil {
@@ -122,6 +126,24 @@ func (w *worker) claimRows(pc *pgx.Conn, cb *pgx.Batch, src *source, limit int, 
 	}
 	n := len(batch)
 	return batch, n >= laneLimit || found > n || (partial && n > 0), found > n, nil
+}
+
+// claimArgs are a claim's arguments besides its source.
+type claimArgs struct {
+	// limit is the most rows claimed.
+	limit int
+	// skip are lanes not to claim: those being handed over, and those of
+	// the worker's batches in flight. only, unless nil, are the only
+	// lanes visited.
+	skip, only []int16
+	// probe: the claim probes for priority messages (see
+	// store.ClaimParams.NoProbe).
+	probe bool
+	// chained: the claim goes on in the open transaction of the worker's
+	// parked batch (no BEGIN), and deletes settle, that batch's rows, in
+	// its statement (see worker.chain).
+	chained bool
+	settle  []pgtype.TID
 }
 
 // keySerialLanes: a sink that sends a key's messages one round trip after

@@ -167,6 +167,9 @@ type Config struct {
 	// share is the relay's source's part of the batches of a Sources
 	// (nil: not a source's relay): a claim waits for it (see claim).
 	share *share.Member
+	// linger replaces settleLinger when positive: only the package's
+	// tests set it, to decide when a settlement goes alone.
+	linger time.Duration
 }
 
 // Router reports whether c is the configuration of a Set's fan-out

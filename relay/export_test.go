@@ -37,6 +37,7 @@ const (
 	SigWALMissed    = testsig.WALMissed
 	SigFoundRows    = testsig.FoundRows
 	SigSchemaHold   = testsig.SchemaHold
+	SigChained      = testsig.Chained
 	SigOutage       = testsig.Outage
 	SigProbed       = testsig.Probed
 	SigRouteState   = testsig.RouteState
@@ -88,6 +89,10 @@ func WithFanOut(cfg Config, dests ...Destination) Config { cfg.fanOut = dests; r
 
 // WithDeliveries makes cfg take the fan-out copies made for its route.
 func WithDeliveries(cfg Config) Config { cfg.deliveries = true; return cfg }
+
+// WithSettleLinger makes a delivered batch's settlement wait up to d for
+// the worker's next claim (see settleLinger).
+func WithSettleLinger(cfg Config, d time.Duration) Config { cfg.linger = d; return cfg }
 
 // WithSharedListener makes cfg rely on a ListenConfig run beside it.
 func WithSharedListener(cfg Config) Config { cfg.sharedListener = true; return cfg }

@@ -1,13 +1,16 @@
 package relay_test
 
 import (
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sinks"
 )
 
 // batchLog records the batches a relay reports settled.
@@ -98,4 +101,78 @@ func TestSettlementsRideWithTheNextClaims(t *testing.T) {
 	for i, m := range e.sink.Delivered() {
 		require.Equal(t, string(rune('a'+i)), string(m.Payload), "key order")
 	}
+}
+
+// At a trickle each batch is a message or a few, and its settlement was
+// a DELETE of its own: the worker's next claim now deletes the batch
+// before it in the claim's own statement, in the same transaction, which
+// ends once its oldest delivered batch has waited long enough (here a
+// minute: only the stop ends it). Nothing is delivered twice, every
+// batch is reported once committed, and the key's order holds.
+func TestClaimsSettleTheBatchBeforeThem(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := relay.WithSettleLinger(e.config(), time.Minute)
+	cfg.Workers = 1
+	hooks := &batchLog{}
+	cfg.Hooks = hooks
+	r, stop := e.start(cfg, e.sink)
+	const n = 10
+	for i := range n {
+		e.write(msg("t", "k", string(rune('a'+i))))
+		require.NoError(t, e.sink.WaitFor(waitCtx(t, signalBound), i+1))
+	}
+	chained := r.SignalCount(relay.SigChained)
+	require.GreaterOrEqual(t, chained, 1, "claims that settled the batch before them")
+	d, _ := hooks.delivered()
+	require.Less(t, d, n, "the batches riding in the open transaction are not reported before it commits")
+	stop()
+	require.Zero(t, e.count("messages"), "the stop commits the transaction and its deletes")
+	d, committed := hooks.delivered()
+	require.Equal(t, n, d, "every batch reported once")
+	require.True(t, committed)
+	require.Len(t, e.sink.Delivered(), n, "nothing delivered twice")
+	for i, m := range e.sink.Delivered() {
+		require.Equal(t, string(rune('a'+i)), string(m.Payload), "key order")
+	}
+	t.Logf("%d messages one at a time: %d claims settled the batch before them", n, chained)
+}
+
+// A batch whose destination turns out down goes back untouched, its
+// transaction rolled back, but the batches that rode in that transaction
+// were delivered: it commits for them instead, and they are not
+// delivered again.
+func TestADownDestinationKeepsTheSettlementsRidingWithIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := relay.WithSettleLinger(e.config(), time.Minute)
+	cfg.Workers = 1
+	hooks := &batchLog{}
+	cfg.Hooks = hooks
+	r, stop := e.start(cfg, e.sink)
+	defer stop()
+	for i, p := range []string{"a", "b"} {
+		e.write(msg("t", "k"+p, p))
+		require.NoError(t, e.sink.WaitFor(waitCtx(t, signalBound), i+1))
+	}
+	var down atomic.Bool
+	down.Store(true)
+	e.sink.SetFail(func(m sinks.Message) error {
+		if down.Load() {
+			return sinks.NotSent(errors.New("connection refused"))
+		}
+		return nil
+	})
+	chained, opened := r.SignalCount(relay.SigChained), r.SignalCount(relay.SigOutage)
+	e.write(msg("t", "kc", "c"), msg("t", "kd", "d"))
+	r.AwaitSignal(t, signalBound, relay.SigOutage, opened, func(v int) bool { return v == 1 })
+	require.Greater(t, r.SignalCount(relay.SigChained), chained, "the failed batch's claim settled the one before it")
+	require.Equal(t, 2, e.count("messages"), "the delivered batches left the outbox; the failed one is back")
+	d, committed := hooks.delivered()
+	require.Equal(t, 2, d)
+	require.True(t, committed)
+	down.Store(false)
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, 20*time.Second), 4))
+	stop()
+	require.Len(t, e.sink.Delivered(), 4, "nothing delivered twice")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/store"
@@ -83,6 +84,9 @@ type worker struct {
 	// gate: the outage breaker let no claim through; the worker waits
 	// for it as wait says (see breaker).
 	gate admission
+	// chainOff: until then, no claim settles the batch before it (see
+	// chain).
+	chainOff time.Time
 }
 
 // next is what a worker's loop does after a claim.
@@ -180,7 +184,7 @@ func (w *worker) claim(probe bool) next {
 			return stop
 		}
 	}
-	f, err := w.begin(limit, busy, only)
+	f, err := w.begin(limit, busy, only, probe)
 	if share != nil && f == nil {
 		share.Release(true)
 	}
@@ -301,7 +305,7 @@ func (w *worker) wait() bool {
 			w.settleParked()
 			return true
 		}
-		lt := time.NewTimer(time.Until(w.parked.parkedAt.Add(settleLinger)))
+		lt := time.NewTimer(time.Until(w.parked.oldest().Add(r.linger())))
 		defer lt.Stop()
 		linger = lt.C
 	}
@@ -445,6 +449,25 @@ type flight struct {
 	// the batch goes to finish, says how long it took).
 	claimed time.Time
 	err     error
+	// riders are earlier batches of the worker, all delivered, whose
+	// rows the claims of this transaction deleted (see worker.chain),
+	// oldest first: settled when it commits, or delivered again if it
+	// does not. foldedAt: when the claim that deleted this batch's rows
+	// went out (once it rides).
+	riders   []*flight
+	foldedAt time.Time
+	// riderLanes are the lanes of riders, as the claim left them (read
+	// by the worker's loop while the batch is in flight: see busyLanes).
+	riderLanes lanes.Set
+}
+
+// oldest is when the oldest delivered batch of f's transaction was
+// parked: its riders', or f's own.
+func (f *flight) oldest() time.Time {
+	if len(f.riders) > 0 {
+		return f.riders[0].parkedAt
+	}
+	return f.parkedAt
 }
 
 // sinkBound reports whether the sink took at least a third of the time
@@ -466,10 +489,24 @@ func (f *flight) sinkBound() bool {
 // within milliseconds while others were written.
 const fullEvery = time.Second
 
-// busyLanes is the set of the lanes of the batches in flight.
+// busyLanes is the set of the lanes of the batches in flight, and of
+// those riding in their transactions: their rows are deleted there, not
+// yet committed, and a claim on another session would wait for them.
 func busyLanes(flying []*flight) lanes.Set {
 	var s lanes.Set
 	for _, f := range flying {
+		for i := range f.batch {
+			s.Add(int(f.batch[i].Lane))
+		}
+		s.Union(f.riderLanes)
+	}
+	return s
+}
+
+// lanesOf is the set of the lanes of the batches fs.
+func lanesOf(fs []*flight) lanes.Set {
+	var s lanes.Set
+	for _, f := range fs {
 		for i := range f.batch {
 			s.Add(int(f.batch[i].Lane))
 		}
@@ -501,7 +538,7 @@ func nextRotation(rotation, workers int, f *flight) int {
 // ahead of the claim in the same round trip, or else on a connection it
 // acquires. A claim that finds nothing returns a nil flight, its empty
 // transaction parked in turn (its COMMIT goes with the next claim).
-func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err error) {
+func (w *worker) begin(limit int, busy lanes.Set, only []int16, probe bool) (_ *flight, err error) {
 	r, hard := w.r, w.hard
 	start := time.Now()
 	prev := w.parked
@@ -531,10 +568,33 @@ func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err 
 	}
 	cb := &pgx.Batch{}
 	var settling *settle.Pending
+	a := claimArgs{limit: limit, skip: skip, only: visit, probe: only == nil}
+	var riders []*flight
 	if prev != nil {
-		settling = r.settler.Queue(cb, prev.src.Engine, prev.batch, prev.settlement, prev.ev.SendErr)
+		if a.settle, a.chained = w.chain(prev, src, probe, limit); a.chained {
+			riders = prev.ridersAfter(start)
+			// The transaction holds no more rows than a batch: what a
+			// relay killed in it delivers again stays a batch's worth.
+			a.limit -= rowsOf(riders)
+		} else {
+			settling = r.settler.Queue(cb, prev.src.Engine, prev.batch, prev.settlement, prev.ev.SendErr)
+		}
 	}
-	batch, more, cut, err := w.claimRows(pc, cb, src, limit, skip, visit, only == nil)
+	batch, more, cut, err := w.claimRows(pc, cb, src, a)
+	if a.chained && err == nil && len(a.settle) > 0 {
+		r.cfg.sig.Emit(testsig.Chained, w.id)
+	}
+	if a.chained && err != nil {
+		// The transaction failed: so did the deletes of the batches that
+		// rode in it (delivered again: the at-least-once bound).
+		r.ridersSettled(riders, err)
+		if settle.Refused(err) {
+			// A row the claim's DELETE cannot remove (a trigger, a
+			// constraint): settle alone for a while, where a refused
+			// settlement goes row by row.
+			w.chainOff = time.Now().Add(chainOffFor)
+		}
+	}
 	if settling != nil {
 		if again, serr := w.settledAhead(prev, settling, err); serr != nil || again {
 			open = false
@@ -562,14 +622,77 @@ func (w *worker) begin(limit int, busy lanes.Set, only []int16) (_ *flight, err 
 			return nil, nil // released by the deferred release
 		}
 		open = false
-		w.parked = &flight{conn: conn, src: src, claimed: now, parkedAt: now}
+		w.parked = &flight{conn: conn, src: src, claimed: now, parkedAt: now, riders: riders}
 		return nil, nil
 	}
 	r.stats.Claimed.Add(int64(len(batch)))
 	r.claimed(batch)
 	open = false
-	return &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now,
+	return &flight{conn: conn, src: src, batch: batch, more: more, cut: cut, claimed: now, riders: riders, riderLanes: lanesOf(riders),
 		ev: BatchEvent{Worker: w.id, Claimed: len(batch), ClaimDuration: now.Sub(start)}}, nil
+}
+
+// chain decides whether the worker's next claim, from src, goes on in
+// the open transaction of its parked batch prev, deleting prev's rows in
+// its own statement (settle; see store.ClaimParams.Settle), rather than
+// after prev's DELETE and COMMIT: at live rates a batch is a message or
+// a few, and its DELETE was a statement a message. The transaction then
+// spans batches, and ends (its COMMIT with a settlement, see
+// flight.riders) once its oldest delivered batch has waited
+// settleLinger, like a parked batch: what a relay killed meanwhile
+// delivers again is what it delivered in that time, and no more than a
+// batch's worth of rows, since the claim takes fewer by as many (a
+// backlog's full batches do not chain; limit is the claim's). Not for
+// the breaker's probe, a claim with a priority phase, the fan-out router
+// or the archive (their settlements have no such form), while the
+// leaser hands lanes over (they wait for the transaction), nor for a
+// while after the database refused such a claim (see chainOff).
+func (w *worker) chain(prev *flight, src *source, probe bool, limit int) (settle []pgtype.TID, ok bool) {
+	r := w.r
+	if probe || w.priority || prev.src != src || time.Since(prev.oldest()) >= r.linger() || time.Now().Before(w.chainOff) ||
+		len(r.handoverLanes()) > 0 || rowsOf(prev.riders)+len(prev.batch) >= limit {
+		return nil, false
+	}
+	if len(prev.batch) == 0 {
+		// An empty claim's transaction: worth going on only for the
+		// batches riding in it.
+		return nil, len(prev.riders) > 0
+	}
+	return r.settler.Foldable(src.Engine, prev.settlement)
+}
+
+// rowsOf counts the rows of the batches fs.
+func rowsOf(fs []*flight) int {
+	n := 0
+	for _, f := range fs {
+		n += len(f.batch)
+	}
+	return n
+}
+
+// chainOffFor is how long a worker settles alone after the database
+// refused a claim that settled the batch before it (see chain).
+const chainOffFor = time.Minute
+
+// ridersAfter returns the batches riding in f's transaction once a claim
+// (sent at) deleted f's rows in it: f's riders and f itself.
+func (f *flight) ridersAfter(at time.Time) []*flight {
+	riders := f.riders
+	f.riders = nil
+	if len(f.batch) > 0 {
+		f.foldedAt = at
+		riders = append(riders, f)
+	}
+	return riders
+}
+
+// ridersSettled reports the end of the transaction the batches riders
+// rode in (see flight.riders): err is nil when it committed, and their
+// rows with it.
+func (r *Relay) ridersSettled(riders []*flight, err error) {
+	for _, f := range riders {
+		r.parkedSettled(f, settle.Result{Settled: f.settlement, Duration: time.Since(f.foldedAt)}, err)
+	}
 }
 
 // session returns the connection of the worker's next claim: that of its
@@ -633,7 +756,7 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 		s = settle.Route(f.batch, r.cfg.routesOf)
 	} else if s, err = r.publish(hard, f.batch, f.probe, &f.ev); err != nil {
 		r.inFlight.Add(-n)
-		release(hard, f.conn, err)
+		r.abandon(hard, f, err)
 		return err
 	}
 	f.settlement = s
@@ -644,6 +767,21 @@ func (r *Relay) finish(hard context.Context, f *flight) (err error) {
 		return nil
 	}
 	return r.settleParked(hard, f)
+}
+
+// abandon ends f's transaction after its batch failed to publish (err):
+// its rows go back untouched. When batches ride in it (see
+// flight.riders), delivered and deleted there, it commits for them
+// instead of rolling back: its own rows are only locked in it.
+func (r *Relay) abandon(hard context.Context, f *flight, err error) {
+	if riders := f.riders; len(riders) > 0 {
+		f.riders = nil
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
+		_, err = f.conn.Conn().Exec(ctx, "COMMIT")
+		cancel()
+		r.ridersSettled(riders, err)
+	}
+	release(hard, f.conn, err)
 }
 
 // settleParked settles f's batch alone in its transaction, commits it
@@ -661,6 +799,13 @@ func (r *Relay) settleParked(hard context.Context, f *flight) error {
 // flight (alone or ahead of a claim); an empty claim's transaction, with
 // no batch, is no batch to report.
 func (r *Relay) parkedSettled(f *flight, res settle.Result, err error) {
+	if riders := f.riders; len(riders) > 0 {
+		f.riders = nil
+		if err == nil && res.Apart {
+			err = errRolledBackForApart
+		}
+		r.ridersSettled(riders, err)
+	}
 	r.inFlight.Add(-int64(len(f.batch)))
 	if len(f.batch) > 0 {
 		r.settled(&f.ev, res, err)
@@ -674,6 +819,15 @@ func (r *Relay) parkedSettled(f *flight, res settle.Result, err error) {
 // killed then delivers them again (the at-least-once bound, longer by
 // this much).
 const settleLinger = 50 * time.Millisecond
+
+// linger is how long the relay's settlements wait for a next claim:
+// settleLinger, unless a test set another.
+func (r *Relay) linger() time.Duration {
+	if r.cfg.linger > 0 {
+		return r.cfg.linger
+	}
+	return settleLinger
+}
 
 // parks reports whether the relay's batches wait for the next claim to
 // settle with (see worker.parked): not through a transaction-pooling
@@ -706,6 +860,12 @@ func (w *worker) settleParked() {
 	}
 	w.r.handoverMayGoOn()
 }
+
+// errRolledBackForApart: the transaction that the batches riding in it
+// (see flight.riders) needed was rolled back so that a settlement the
+// database refused went row by row (see settle.Result.Apart): their messages
+// are delivered again.
+var errRolledBackForApart = errors.New("outbox: transaction rolled back to settle a refused batch row by row")
 
 // errClaimAgain: the settlement that went ahead of a claim was refused
 // and carried out row by row (see settle.Pending), so the claim did not

@@ -100,6 +100,12 @@ type ClaimParams struct {
 	// whole session (PrepareClaims), and Settings is empty: the claim
 	// sets nothing in its transaction.
 	Session bool
+	// Settle are rows of an earlier batch of the same transaction, all
+	// delivered: the claim deletes them in its own statement (see
+	// claimSettle) instead of a DELETE of their own. The claim then runs
+	// in the transaction that claimed them, which the caller has not
+	// ended (it queues no BEGIN); empty settles nothing.
+	Settle []pgtype.TID
 }
 
 // claimsReady is the key of PgConn.CustomData that marks a session
@@ -275,6 +281,16 @@ func (e *Engine) QueueClaim(b *pgx.Batch, p ClaimParams, priority *bool, row fun
 		"handover": handover, "lanes": p.lanes(), "max_message": maxMessage,
 	}
 	claim := e.claim
+	if len(p.Settle) > 0 {
+		if e.source == Router || p.Priority {
+			// Neither claim has the settling form: the DELETE goes ahead
+			// of it, in the same transaction.
+			e.QueueDelete(b, p.Settle)
+		} else {
+			claim = e.claimSettle
+			args["settle"] = p.Settle
+		}
+	}
 	if e.source != Router && !p.NoProbe {
 		b.Queue(e.hasPriority.sql, e.args(e.hasPriority, args)...).QueryRow(func(r pgx.Row) error {
 			if err := r.Scan(priority); err != nil {
@@ -346,34 +362,7 @@ func (e *Engine) notHeld(src string) string {
 
 func (e *Engine) renderClaim(s Schema) {
 	src := e.table(s)
-	// The plain claim's source rows, without a LIMIT: this worker's lanes
-	// in rotation order (pos), each lane's deliverable messages in id
-	// order. Shared by the claim, the gated branch of the priority claim
-	// and the router's claim. (256 is NumLanes.)
-	from := `
-FROM (
-    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM unnest(@lanes::int2[]) l(lane)
-    WHERE l.lane % @workers = @worker AND NOT (l.lane = ANY(@handover::int2[]))
-    ORDER BY pos
-) o
-CROSS JOIN LATERAL (
-    SELECT k.lane FROM ` + s.Table("lanes") + ` k
-    WHERE k.route = @route AND k.lane = o.lane AND k.owner = @relay AND k.lease_until > now()
-      AND (SELECT true FROM ` + src + ` e
-          WHERE ` + e.ofRoute("e") + `e.lane = o.lane AND ` + Ready("e") + ` AND ` + topicFilter("e") + `
-          ORDER BY e.id LIMIT 1)
-    FOR KEY SHARE
-) k
-CROSS JOIN LATERAL (
-    SELECT m.*, m.ctid AS row_ctid, ` + msgSize("m") + ` AS msg_size FROM ` + src + ` m
-    WHERE ` + e.ofRoute("m") + `m.lane = o.lane
-      AND ` + Ready("m") + `
-      AND ` + topicFilter("m") + `
-      AND ` + e.notHeld(src) + `
-    ORDER BY m.id
-    LIMIT @lane_limit
-    FOR UPDATE
-) m`
+	from := e.claimFrom(s, "")
 	if e.source == Router {
 		// The router copies rows inside the database: it reads neither
 		// payloads nor headers, and weighs nothing.
@@ -395,6 +384,8 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
 	weighed := rows + `, o.pos, ` + readSize("m") + ` AS size`
 	e.claim = newStmt(byteCut(weighed + from + `
 LIMIT @limit`))
+	e.claimSettle = newStmt(claimSettle(src, byteCut(weighed+e.claimFrom(s, "@settle")+`
+LIMIT @limit`)))
 	e.claimPriority = newStmt(e.priorityClaim(s, rows, weighed+from))
 
 	// The probe of the partial priority index (empty unless someone sets
@@ -403,6 +394,59 @@ LIMIT @limit`))
     WHERE ` + e.ofRoute("p") + `p.priority > 0 AND p.lane % @workers = @worker
       AND ` + Ready("p") + `
       AND ` + topicFilter("p") + `)`)
+}
+
+// claimSettle is the claim whose statement also deletes the rows
+// @settle, delivered from an earlier batch of its transaction: the
+// delete is a statement of its own otherwise, one a batch, as many as
+// the claims at live rates (where a batch is a message or a few). The
+// claim passes over those rows itself (claim renders it with them
+// excluded): a data-modifying WITH runs beside the query, in no set
+// order, and the transaction already holds their locks, so the claim's
+// FOR UPDATE would take them again if it came first.
+func claimSettle(src, claim string) string {
+	return `
+WITH settled AS (DELETE FROM ` + src + ` WHERE ctid = ANY(@settle::tid[]))` + claim
+}
+
+// claimFrom renders the plain claim's source rows, without a LIMIT:
+// this worker's lanes in rotation order (pos), each lane's deliverable
+// messages in id order. Shared by the claim, the gated branch of the
+// priority claim and the router's claim. (256 is NumLanes.) passOver,
+// unless empty, is the parameter of rows to leave out (see
+// claimSettle).
+func (e *Engine) claimFrom(s Schema, passOver string) string {
+	src := e.table(s)
+	notSettled := func(a string) string {
+		if passOver == "" {
+			return ""
+		}
+		return ` AND NOT (` + a + `.ctid = ANY(` + passOver + `::tid[]))`
+	}
+	return `
+FROM (
+    SELECT l.lane, (l.lane + 256 - @rotation) % 256 AS pos FROM unnest(@lanes::int2[]) l(lane)
+    WHERE l.lane % @workers = @worker AND NOT (l.lane = ANY(@handover::int2[]))
+    ORDER BY pos
+) o
+CROSS JOIN LATERAL (
+    SELECT k.lane FROM ` + s.Table("lanes") + ` k
+    WHERE k.route = @route AND k.lane = o.lane AND k.owner = @relay AND k.lease_until > now()
+      AND (SELECT true FROM ` + src + ` e
+          WHERE ` + e.ofRoute("e") + `e.lane = o.lane AND ` + Ready("e") + ` AND ` + topicFilter("e") + notSettled("e") + `
+          ORDER BY e.id LIMIT 1)
+    FOR KEY SHARE
+) k
+CROSS JOIN LATERAL (
+    SELECT m.*, m.ctid AS row_ctid, ` + msgSize("m") + ` AS msg_size FROM ` + src + ` m
+    WHERE ` + e.ofRoute("m") + `m.lane = o.lane
+      AND ` + Ready("m") + `
+      AND ` + topicFilter("m") + notSettled("m") + `
+      AND ` + e.notHeld(src) + `
+    ORDER BY m.id
+    LIMIT @lane_limit
+    FOR UPDATE
+) m`
 }
 
 // priorityClaim is the claim with a first phase: when the worker's lanes hold

@@ -64,10 +64,10 @@ type Engine struct {
 	route  string
 	hold   bool
 
-	claim, claimPriority, hasPriority            stmt
-	deleteDelivered, archiveDelivered            stmt
-	scheduleRetry, deferRows, deadLetter, relock stmt
-	copyToRoutes, copiesLeft                     stmt
+	claim, claimSettle, claimPriority, hasPriority stmt
+	deleteDelivered, archiveDelivered              stmt
+	scheduleRetry, deferRows, deadLetter, relock   stmt
+	copyToRoutes, copiesLeft                       stmt
 }
 
 // NewEngine renders the statements of source for schema s and route.

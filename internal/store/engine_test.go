@@ -35,6 +35,7 @@ func TestEngineGolden(t *testing.T) {
 			continue
 		}
 		golden(t, p+"claim_priority", e.claimPriority.named)
+		golden(t, p+"claim_settle", e.claimSettle.named)
 		golden(t, p+"has_priority", e.hasPriority.named)
 		golden(t, p+"archive", e.archiveDelivered.named)
 		golden(t, p+"retry", e.scheduleRetry.named)
@@ -261,6 +262,86 @@ func TestSettleDeleteRetryDeadLetter(t *testing.T) {
 	if c := e.claim(en, ClaimParams{}, nil); len(c.Rows) != 0 {
 		t.Fatalf("claimed %v while the only message waits for its retry", ids(c.Rows))
 	}
+}
+
+// A claim can settle the batch its transaction claimed before (all of it
+// delivered) in its own statement: it deletes those rows, and never
+// returns them, although the transaction holds their locks. With
+// priorities, and for the router, the DELETE goes ahead of the claim.
+func TestClaimSettlesTheEarlierBatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		src      Source
+		priority bool
+	}{{"outbox", Outbox, false}, {"priority claim", Outbox, true}, {"router", Router, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setupEngine(t)
+			msgs := e.s.Table("messages")
+			// Keyless messages 1..6 fall in lanes 1..6, 257 in lane 1
+			// after 1.
+			e.exec(`INSERT INTO ` + msgs + ` (id, topic, payload) SELECT g, 'orders', '' FROM generate_series(1, 6) g`)
+			e.exec(`INSERT INTO ` + msgs + ` (id, topic, payload) VALUES (257, 'orders', '')`)
+			en := NewEngine(e.s, tc.src, "", false)
+			ctx := context.Background()
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			claimIn := func(p ClaimParams) []ClaimedRow {
+				var got []ClaimedRow
+				var prio bool
+				b := &pgx.Batch{}
+				p.Relay, p.Workers, p.MaxBytes, p.Priority = "me", 1, 1<<20, tc.priority
+				en.QueueClaim(b, p, &prio, func(r ClaimedRow) error { got = append(got, r); return nil })
+				if err := tx.SendBatch(ctx, b).Close(); err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			first := claimIn(ClaimParams{Limit: 3, Rotation: 1, Only: []int16{1, 2, 3}})
+			if got := ids(first); !slices.Equal(got, []int64{1, 257, 2}) && !slices.Equal(got, []int64{1, 2, 3}) {
+				t.Fatalf("first claim %v", got)
+			}
+			settled := make([]pgtype.TID, len(first))
+			for i, r := range first {
+				settled[i] = r.CTID
+			}
+			// Every lane again: the rows of the first batch are the
+			// transaction's, locked, and must not come back.
+			second := claimIn(ClaimParams{Limit: 100, Rotation: 1, Settle: settled})
+			for _, r := range second {
+				if slices.Contains(ids(first), r.Seq) {
+					t.Fatalf("the settling claim returned %d, a row it deletes (second claim %v)", r.Seq, ids(second))
+				}
+			}
+			if got, want := len(second), 7-len(first); got != want {
+				t.Fatalf("second claim %v, want the %d other rows", ids(second), want)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var left []int64
+			rows, err := e.pool.Query(ctx, `SELECT id FROM `+msgs+` ORDER BY id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := left, ids(second); !slices.Equal(got, sortedIDs(want)) {
+				t.Fatalf("left %v, want the second batch %v (the first deleted)", got, want)
+			}
+		})
+	}
+}
+
+func sortedIDs(s []int64) []int64 {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 func TestFanOutCopiesAndTheirRoute(t *testing.T) {
@@ -522,10 +603,10 @@ func TestStmtMatchesNamedArgs(t *testing.T) {
 // claimArgs are the arguments of the claim statement st for relay "me" in
 // route "": worker of workers visiting only (nil: every lane of the
 // worker), a 500-row batch, no topic filter, nothing handed over.
-func claimArgs(st stmt, workers, worker int, only []int16) []any {
+func claimArgs(st stmt, workers, worker int, only []int16, settle ...pgtype.TID) []any {
 	return st.args(pgx.NamedArgs{"relay": "me", "workers": workers, "worker": worker, "rotation": 0,
 		"limit": 500, "lane_limit": 500, "max_bytes": int64(16 << 20), "max_message": int64(17 << 20), "topics": []string(nil), "exclude": []string(nil),
-		"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: workers, Worker: worker, Only: only}.lanes()})
+		"handover": []int16{}, "route": "", "lanes": ClaimParams{Workers: workers, Worker: worker, Only: only}.lanes(), "settle": settle})
 }
 
 // executeClaimPlan executes the prepared claim_plan with n arguments.
@@ -595,6 +676,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 		setup           string // committed before the claim
 		priority        bool
 		only            []int16 // the lanes a wake-up named
+		settle          bool    // the claim deletes 100 rows of an earlier batch
 		want            int
 	}
 	scenarios := []scenario{
@@ -603,6 +685,7 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 		{name: "16 workers", workers: 16, want: 500},
 		{name: "64 workers", workers: 64, want: 500},
 		{name: "woken lanes", workers: 2, only: []int16{0, 2, 4, 6, 8, 10}, want: 500},
+		{name: "settling an earlier batch", workers: 2, settle: true, want: 500},
 		{name: "one hot key", workers: 256, hotLane: true, want: 500},
 		{name: "retries waiting", workers: 2, want: 500,
 			setup: `UPDATE MESSAGES SET available_at = now() + interval '1 hour', attempts = 1 WHERE id % 10 = 0 AND key <> 'hot'`},
@@ -634,7 +717,22 @@ SELECT 'orders', 'hot', convert_to(repeat('x', 200), 'UTF8') FROM generate_serie
 			if sc.priority {
 				st = en.claimPriority
 			}
-			plan := explainGeneric(t, tx, st, claimArgs(st, sc.workers, sc.worker, sc.only))
+			args := claimArgs(st, sc.workers, sc.worker, sc.only)
+			if sc.settle {
+				// The first 100 rows of the worker's lanes, claimed
+				// earlier in the transaction.
+				rows, err := tx.Query(ctx, `SELECT ctid FROM `+e.s.Table("messages")+` WHERE lane % 2 = 0 ORDER BY id LIMIT 100 FOR UPDATE`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				settled, err := pgx.CollectRows(rows, pgx.RowTo[pgtype.TID])
+				if err != nil {
+					t.Fatal(err)
+				}
+				st = en.claimSettle
+				args = claimArgs(st, sc.workers, sc.worker, sc.only, settled...)
+			}
+			plan := explainGeneric(t, tx, st, args)
 			t.Logf("%s:\n%s", sc.name, strings.Join(plan, "\n"))
 			// The rows claimed (the top node's) and the outbox rows the
 			// claim read (scans of the claim's own alias, m or m_n, with

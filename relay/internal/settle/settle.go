@@ -246,7 +246,26 @@ type Result struct {
 	Settled Settlement
 	// Duration is how long the settlement took, COMMIT included.
 	Duration time.Duration
+	// Apart: the database refused the settlement as a whole, and it was
+	// carried out row by row in a transaction of its own (see apart):
+	// what else the claim's transaction held was rolled back.
+	Apart bool
 }
+
+// Foldable returns the rows whose deletion settles s when a claim can
+// carry it (store.ClaimParams.Settle): every row of its batch delivered,
+// read from the outbox or the fan-out copies, and deleted rather than
+// archived. ok is false otherwise: s goes through Queue or Settle.
+func (st *Settler) Foldable(src *store.Engine, s Settlement) (_ []pgtype.TID, ok bool) {
+	if st.cfg.Archive || src.Source() == store.Router || s.Failed() > 0 || s.untouched > 0 || len(s.defers.Seqs) > 0 {
+		return nil, false
+	}
+	return s.deliveredTIDs, true
+}
+
+// Refused reports whether err is the database refusing a statement
+// because of what a row holds (see refusedRow).
+func Refused(err error) bool { return refusedRow(err) }
 
 // Settle carries s out in the claim's transaction on pc (reading from
 // src), commits it, and logs what the batch's messages need said
@@ -297,13 +316,15 @@ func (p *Pending) Committed() bool { return p.committed }
 // committed, whatever became of the statements queued after it.
 func (p *Pending) Done(ctx context.Context, pc *pgx.Conn, err error) (Result, error) {
 	st, s := p.st, p.s
+	apart := false
 	if p.committed {
 		err = nil
 	} else if refusedRow(err) {
 		st.cfg.Log.Warn("the database refused to settle the batch; settling its messages one by one", "messages", len(p.batch), "error", err)
 		s, err = st.apart(ctx, pc, p.src, s)
+		apart = true
 	}
-	res := Result{Settled: s, Duration: time.Since(p.start)}
+	res := Result{Settled: s, Duration: time.Since(p.start), Apart: apart}
 	if err != nil {
 		return res, fmt.Errorf("outbox: settle batch of %d (%d delivered messages will be delivered again): %w", len(p.batch), len(s.delivered), err)
 	}

@@ -40,6 +40,7 @@ const (
 
 	// A worker (value: its id).
 	SchemaHold // the worker stopped claiming: the schema needs a newer relay
+	Chained    // a claim deleted the rows of the worker's batch before it, in that batch's transaction
 
 	// The outage breaker.
 	Outage // it opened (value 1) or closed (value 0)
@@ -52,7 +53,7 @@ const (
 )
 
 var names = [numSignals]string{"", "started", "stopped", "lease held", "lease lost", "rebalanced", "balanced", "members heard",
-	"elected", "following", "WAL", "polling", "watcher idle", "WAL missed", "found rows", "caught up", "schema hold", "outage", "probed", "route state"}
+	"elected", "following", "WAL", "polling", "watcher idle", "WAL missed", "found rows", "caught up", "schema hold", "chained", "outage", "probed", "route state"}
 
 func (s Signal) String() string {
 	if s < numSignals {
