@@ -176,3 +176,34 @@ func TestADownDestinationKeepsTheSettlementsRidingWithIt(t *testing.T) {
 	stop()
 	require.Len(t, e.sink.Delivered(), 4, "nothing delivered twice")
 }
+
+// A claim that goes on in an earlier claim's transaction judges which
+// rows are due by its own clock, not the transaction's: a retry that
+// came due after that transaction began, and whose lane the watcher
+// woke, is claimed then (with the transaction's clock it waited for the
+// safety poll, an hour here).
+func TestAChainedClaimSeesTheRetriesThatCameDue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := relay.WithSettleLinger(e.config(), time.Minute)
+	cfg.Workers = 1
+	cfg.PollInterval = time.Hour
+	cfg.RetryInitial, cfg.RetryMax, cfg.RetryJitter = 300*time.Millisecond, 300*time.Millisecond, -1
+	var refused atomic.Bool
+	e.sink.SetFail(func(m sinks.Message) error {
+		if string(m.Payload) == "retried" && refused.CompareAndSwap(false, true) {
+			return errors.New("refused once")
+		}
+		return nil
+	})
+	r, _ := e.start(cfg, e.sink)
+	e.write(msg("t", "kr", "retried"))
+	eventually(t, signalBound, refused.Load, "the first attempt")
+	// Delivered while the retry waits: its transaction stays open (the
+	// linger is a minute) and the retry's claim goes on in it.
+	chained := r.SignalCount(relay.SigChained)
+	e.write(msg("t", "ko", "other"))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, signalBound), 1))
+	require.NoError(t, e.sink.WaitFor(waitCtx(t, signalBound), 2), "the retry delivered when it came due")
+	require.Greater(t, r.SignalCount(relay.SigChained), chained, "the retry's claim went on in the open transaction")
+}

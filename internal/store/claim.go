@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -366,10 +367,10 @@ func (e *Engine) renderClaim(s Schema) {
 	if e.source == Router {
 		// The router copies rows inside the database: it reads neither
 		// payloads nor headers, and weighs nothing.
-		e.claim = newStmt(`
+		e.claim = newStmt(atStatement(`
 SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS key, '\x'::bytea AS payload, '{}'::jsonb AS headers,
        m.created_at, m.attempts, now() AS claimed_at, m.row_ctid, m.lane` + from + `
-LIMIT @limit`)
+LIMIT @limit`))
 		return
 	}
 	// rows are the columns a claim returns (ClaimedRow's). A message over
@@ -382,18 +383,31 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
 	// What byteCut orders and weighs the rows by: pos and lane (the claim
 	// order, with id), size (what the claim reads of the payload).
 	weighed := rows + `, o.pos, ` + readSize("m") + ` AS size`
-	e.claim = newStmt(byteCut(weighed + from + `
-LIMIT @limit`))
-	e.claimSettle = newStmt(claimSettle(src, byteCut(weighed+e.claimFrom(s, "@settle")+`
+	e.claim = newStmt(atStatement(byteCut(weighed + from + `
 LIMIT @limit`)))
-	e.claimPriority = newStmt(e.priorityClaim(s, rows, weighed+from))
+	e.claimSettle = newStmt(atStatement(claimSettle(src, byteCut(weighed+e.claimFrom(s, "@settle")+`
+LIMIT @limit`))))
+	e.claimPriority = newStmt(atStatement(e.priorityClaim(s, rows, weighed+from)))
 
 	// The probe of the partial priority index (empty unless someone sets
 	// priorities) for this worker's lanes.
-	e.hasPriority = newStmt(`SELECT EXISTS (SELECT 1 FROM ` + src + ` p
+	e.hasPriority = newStmt(atStatement(`SELECT EXISTS (SELECT 1 FROM ` + src + ` p
     WHERE ` + e.ofRoute("p") + `p.priority > 0 AND p.lane % @workers = @worker
       AND ` + Ready("p") + `
-      AND ` + topicFilter("p") + `)`)
+      AND ` + topicFilter("p") + `)`))
+}
+
+// atStatement makes a claim's clock the statement's start
+// (statement_timestamp()) instead of its transaction's (now()): which
+// rows are due, which are held back behind a waiting retry, whether a
+// lease still holds. A claim may run in a transaction that began with an
+// earlier claim (see claimSettle): with the transaction's clock a retry
+// that came due since then was not due to it, while the watcher, which
+// woke the lane for that row, had moved on (a lane left waiting until
+// the safety poll). In a transaction of its own both clocks are the same
+// instant but for the round trip's BEGIN.
+func atStatement(sql string) string {
+	return strings.ReplaceAll(sql, "now()", "statement_timestamp()")
 }
 
 // claimSettle is the claim whose statement also deletes the rows

@@ -1,4 +1,4 @@
 SELECT EXISTS (SELECT 1 FROM "outbox"."messages" p
     WHERE p.priority > 0 AND p.lane % @workers = @worker
-      AND (p.available_at IS NULL OR p.available_at <= now())
+      AND (p.available_at IS NULL OR p.available_at <= statement_timestamp())
       AND (@topics::text[] IS NULL OR p.topic LIKE ANY(@topics)) AND (@exclude::text[] IS NULL OR NOT p.topic LIKE ANY(@exclude)))
