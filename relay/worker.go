@@ -85,8 +85,10 @@ type worker struct {
 	// for it as wait says (see breaker).
 	gate admission
 	// chainOff: until then, no claim settles the batch before it (see
-	// chain).
+	// chain). lastSend: how long the send of the last batch that ended
+	// took.
 	chainOff time.Time
+	lastSend time.Duration
 }
 
 // next is what a worker's loop does after a claim.
@@ -366,6 +368,7 @@ func (w *worker) landed(f *flight) bool {
 	}
 	w.bo.Reset()
 	w.overlap = f.sinkBound()
+	w.lastSend = f.ev.SendDuration
 	// Claim again when the batch's claim may have left some behind, a
 	// later claim of every lane passed over its lanes, or a wake-up named
 	// them while it held them.
@@ -639,18 +642,20 @@ func (w *worker) begin(limit int, busy lanes.Set, only []int16, probe bool) (_ *
 // a few, and its DELETE was a statement a message. The transaction then
 // spans batches, and ends (its COMMIT with a settlement, see
 // flight.riders) once its oldest delivered batch has waited
-// settleLinger, like a parked batch: what a relay killed meanwhile
-// delivers again is what it delivered in that time, and no more than a
-// batch's worth of rows, since the claim takes fewer by as many (a
-// backlog's full batches do not chain; limit is the claim's). Not for
-// the breaker's probe, a claim with a priority phase, the fan-out router
-// or the archive (their settlements have no such form), while the
-// leaser hands lanes over (they wait for the transaction), nor for a
-// while after the database refused such a claim (see chainOff).
+// settleLinger, like a parked batch, or with the settlement of the batch
+// it claims. What a relay killed meanwhile delivers again is no more
+// than a batch's worth of rows, since the claim takes fewer by as many
+// (a backlog's full batches do not chain; limit is the claim's). Only
+// while sends are quick (see chainSendMax). Not for the breaker's probe,
+// a claim with a priority phase, the fan-out router or the archive
+// (their settlements have no such form), while the leaser hands lanes
+// over (they wait for the transaction), nor for a while after the
+// database refused such a claim (see chainOff).
 func (w *worker) chain(prev *flight, src *source, probe bool, limit int) (settle []pgtype.TID, ok bool) {
 	r := w.r
 	if probe || w.priority || prev.src != src || time.Since(prev.oldest()) >= r.linger() || time.Now().Before(w.chainOff) ||
-		len(r.handoverLanes()) > 0 || rowsOf(prev.riders)+len(prev.batch) >= limit {
+		len(r.handoverLanes()) > 0 || rowsOf(prev.riders)+len(prev.batch) >= limit ||
+		r.limiter != nil || w.lastSend > chainSendMax {
 		return nil, false
 	}
 	if len(prev.batch) == 0 {
@@ -660,6 +665,14 @@ func (w *worker) chain(prev *flight, src *source, probe bool, limit int) (settle
 	}
 	return r.settler.Foldable(src.Engine, prev.settlement)
 }
+
+// chainSendMax: a worker chains claims (see chain) only while its last
+// batch's send took at most this long. The batches riding in a
+// transaction commit with the settlement of the batch it claims next,
+// after that batch's send: a slow sink (or a rate limit's wait, which
+// never chains) would keep them uncommitted, and so to be delivered
+// again by a relay killed meanwhile, for as long as it takes.
+const chainSendMax = 10 * time.Millisecond
 
 // rowsOf counts the rows of the batches fs.
 func rowsOf(fs []*flight) int {
