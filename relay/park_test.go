@@ -188,7 +188,7 @@ func TestAChainedClaimSeesTheRetriesThatCameDue(t *testing.T) {
 	cfg := relay.WithSettleLinger(e.config(), time.Minute)
 	cfg.Workers = 1
 	cfg.PollInterval = time.Hour
-	cfg.RetryInitial, cfg.RetryMax, cfg.RetryJitter = 300*time.Millisecond, 300*time.Millisecond, -1
+	cfg.RetryInitial, cfg.RetryMax, cfg.RetryJitter = time.Second, time.Second, -1
 	var refused atomic.Bool
 	e.sink.SetFail(func(m sinks.Message) error {
 		if string(m.Payload) == "retried" && refused.CompareAndSwap(false, true) {

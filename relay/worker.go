@@ -790,7 +790,11 @@ func (r *Relay) abandon(hard context.Context, f *flight, err error) {
 	if riders := f.riders; len(riders) > 0 {
 		f.riders = nil
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(hard), 5*time.Second)
-		_, err = f.conn.Conn().Exec(ctx, "COMMIT")
+		var tag pgconn.CommandTag
+		if tag, err = f.conn.Conn().Exec(ctx, "COMMIT"); err == nil && tag.String() != "COMMIT" {
+			// An aborted transaction answers COMMIT with ROLLBACK.
+			err = errors.New("outbox: the transaction was rolled back")
+		}
 		cancel()
 		r.ridersSettled(riders, err)
 	}
