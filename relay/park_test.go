@@ -103,6 +103,17 @@ func TestSettlementsRideWithTheNextClaims(t *testing.T) {
 	}
 }
 
+// lingering is the configuration of a relay of one worker whose
+// delivered batches wait up to a minute for the next claim (only the
+// next claim or the stop settles them), with the batches it reports.
+func lingering(e *env) (relay.Config, *batchLog) {
+	cfg := relay.WithSettleLinger(e.config(), time.Minute)
+	cfg.Workers = 1
+	hooks := &batchLog{}
+	cfg.Hooks = hooks
+	return cfg, hooks
+}
+
 // At a trickle each batch is a message or a few, and its settlement was
 // a DELETE of its own: the worker's next claim now deletes the batch
 // before it in the claim's own statement, in the same transaction, which
@@ -112,10 +123,7 @@ func TestSettlementsRideWithTheNextClaims(t *testing.T) {
 func TestClaimsSettleTheBatchBeforeThem(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	cfg := relay.WithSettleLinger(e.config(), time.Minute)
-	cfg.Workers = 1
-	hooks := &batchLog{}
-	cfg.Hooks = hooks
+	cfg, hooks := lingering(e)
 	r, stop := e.start(cfg, e.sink)
 	const n = 10
 	for i := range n {
@@ -145,10 +153,7 @@ func TestClaimsSettleTheBatchBeforeThem(t *testing.T) {
 func TestADownDestinationKeepsTheSettlementsRidingWithIt(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	cfg := relay.WithSettleLinger(e.config(), time.Minute)
-	cfg.Workers = 1
-	hooks := &batchLog{}
-	cfg.Hooks = hooks
+	cfg, hooks := lingering(e)
 	r, stop := e.start(cfg, e.sink)
 	defer stop()
 	for i, p := range []string{"a", "b"} {
@@ -185,8 +190,7 @@ func TestADownDestinationKeepsTheSettlementsRidingWithIt(t *testing.T) {
 func TestAChainedClaimSeesTheRetriesThatCameDue(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	cfg := relay.WithSettleLinger(e.config(), time.Minute)
-	cfg.Workers = 1
+	cfg, _ := lingering(e)
 	cfg.PollInterval = time.Hour
 	cfg.RetryInitial, cfg.RetryMax, cfg.RetryJitter = time.Second, time.Second, -1
 	var refused atomic.Bool
