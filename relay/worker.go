@@ -496,11 +496,8 @@ const fullEvery = time.Second
 // those riding in their transactions: their rows are deleted there, not
 // yet committed, and a claim on another session would wait for them.
 func busyLanes(flying []*flight) lanes.Set {
-	var s lanes.Set
+	s := lanesOf(flying)
 	for _, f := range flying {
-		for i := range f.batch {
-			s.Add(int(f.batch[i].Lane))
-		}
 		s.Union(f.riderLanes)
 	}
 	return s

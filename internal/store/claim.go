@@ -363,7 +363,7 @@ func (e *Engine) notHeld(src string) string {
 
 func (e *Engine) renderClaim(s Schema) {
 	src := e.table(s)
-	from := e.claimFrom(s, "")
+	from := e.claimFrom(s, false)
 	if e.source == Router {
 		// The router copies rows inside the database: it reads neither
 		// payloads nor headers, and weighs nothing.
@@ -385,7 +385,7 @@ SELECT m.id, m.message_id::text AS message_id, m.topic, coalesce(m.key, '') AS k
 	weighed := rows + `, o.pos, ` + readSize("m") + ` AS size`
 	e.claim = newStmt(atStatement(byteCut(weighed + from + `
 LIMIT @limit`)))
-	e.claimSettle = newStmt(atStatement(claimSettle(src, byteCut(weighed+e.claimFrom(s, "@settle")+`
+	e.claimSettle = newStmt(atStatement(claimSettle(src, byteCut(weighed+e.claimFrom(s, true)+`
 LIMIT @limit`))))
 	e.claimPriority = newStmt(atStatement(e.priorityClaim(s, rows, weighed+from)))
 
@@ -426,16 +426,15 @@ WITH settled AS (DELETE FROM ` + src + ` WHERE ctid = ANY(@settle::tid[]))` + cl
 // claimFrom renders the plain claim's source rows, without a LIMIT:
 // this worker's lanes in rotation order (pos), each lane's deliverable
 // messages in id order. Shared by the claim, the gated branch of the
-// priority claim and the router's claim. (256 is NumLanes.) passOver,
-// unless empty, is the parameter of rows to leave out (see
-// claimSettle).
-func (e *Engine) claimFrom(s Schema, passOver string) string {
+// priority claim and the router's claim. (256 is NumLanes.) settling:
+// the rows @settle are left out (see claimSettle).
+func (e *Engine) claimFrom(s Schema, settling bool) string {
 	src := e.table(s)
 	notSettled := func(a string) string {
-		if passOver == "" {
+		if !settling {
 			return ""
 		}
-		return ` AND NOT (` + a + `.ctid = ANY(` + passOver + `::tid[]))`
+		return ` AND NOT (` + a + `.ctid = ANY(@settle::tid[]))`
 	}
 	return `
 FROM (

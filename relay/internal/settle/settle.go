@@ -257,7 +257,7 @@ type Result struct {
 // read from the outbox or the fan-out copies, and deleted rather than
 // archived. ok is false otherwise: s goes through Queue or Settle.
 func (st *Settler) Foldable(src *store.Engine, s Settlement) (_ []pgtype.TID, ok bool) {
-	if st.cfg.Archive || src.Source() == store.Router || s.Failed() > 0 || s.untouched > 0 || len(s.defers.Seqs) > 0 {
+	if _, retried, dead, untouched := s.Counts(); st.cfg.Archive || src.Source() == store.Router || retried+dead+untouched > 0 {
 		return nil, false
 	}
 	return s.deliveredTIDs, true
