@@ -212,6 +212,9 @@ func (b *bench) startSrcProc(ctx context.Context, c *srcCluster, what string, li
 	if v := os.Getenv("BENCH_SRC_ARGS"); v != "" {
 		args = append(args, strings.Fields(v)...)
 	}
+	if v := os.Getenv("BENCH_SRC_LOADED_ARGS"); v != "" && !list {
+		args = append(args, strings.Fields(v)...)
+	}
 	if list {
 		path, names, err := b.sourcesConfig(what, dbs)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -26,8 +27,14 @@ import (
 // database stopped just before the window (stopped). A control row
 // (apart) drains the same backlog with a second relay process, the quiet
 // sources in the first: what the two cores shared with the backlog cost
-// the quiet sources without sharing a process with it. Each row runs
-// fresh relay processes; the cases alternate within each run.
+// the quiet sources without sharing a process with it. A second control
+// (inert) commits the same backlog and serves the quiet sources only:
+// what the backlog's commit and its database cost them with nothing
+// draining it. Each row runs fresh relay processes; the cases alternate
+// within each run. BENCH_SRC_CASES (a comma-separated list of the cases)
+// runs some of them; BENCH_SRC_LOADED_ARGS are more arguments for the
+// relay process of the loaded source alone in case apart (a rate limit,
+// say).
 
 const (
 	srcQuiet     = 3             // quiet sources
@@ -38,7 +45,7 @@ const (
 )
 
 // The latency rows' cases, in the order each run measures them.
-var srcCases = []string{"alone", "backlog", "apart", "stopped"}
+var srcCases = []string{"alone", "backlog", "apart", "inert", "stopped"}
 
 // srcLatStats is a latency row of the group.
 type srcLatStats struct {
@@ -86,8 +93,12 @@ func (b *bench) sourcesLatency(ctx context.Context, a *srcCluster) error {
 			Workers: b.cfg.workers, Processes: 1, TargetRate: srcQuietRate * srcQuiet,
 			SrcLat: &srcLatStats{Case: cs, Quiet: srcQuiet, Rate: srcQuietRate}}
 	}
+	cases := srcCases
+	if v := os.Getenv("BENCH_SRC_CASES"); v != "" {
+		cases = strings.Split(v, ",")
+	}
 	for run := 0; run < b.cfg.runs; run++ {
-		for _, cs := range srcCases {
+		for _, cs := range cases {
 			if err := b.srcLatRun(ctx, st, cs, rows[cs]); err != nil {
 				b.log.Warn("sources latency run failed", "case", cs, "error", err)
 				rows[cs].addNote("run %d failed: %v", run+1, shorten(err.Error()))
@@ -107,6 +118,8 @@ func srcCaseName(cs string) string {
 		return fmt.Sprintf("the same while the 4th source drains a %dk backlog", srcBacklogN/1000)
 	case "apart":
 		return "control: the same backlog drained by a second relay process (the 3 quiet sources in the first)"
+	case "inert":
+		return "control: the same backlog committed and left alone (no relay serves the 4th source)"
 	default:
 		return "the same while the 4th source's database is stopped"
 	}
@@ -191,13 +204,13 @@ func (b *bench) srcLatRun(ctx context.Context, st *srcLat, cs string, r *row) er
 	}
 	sp := procs[0]
 	capacity := srcQuiet * (int(srcQuietRate*window.Seconds()) + 1)
-	if err := st.warmUp(ctx, capacity); err != nil {
+	if err := st.warmUp(ctx, capacity, cs != "inert"); err != nil {
 		return fmt.Errorf("%w; relay stderr: %s", err, sp.p.stderr)
 	}
 	var early <-chan struct{}
 	var drainedAt *atomic.Int64
 	switch cs {
-	case "backlog", "apart":
+	case "backlog", "apart", "inert":
 		var stopWatch func()
 		if early, drainedAt, stopWatch, err = b.srcBacklog(ctx, st); err != nil {
 			return err
@@ -229,8 +242,11 @@ func (b *bench) srcLatRun(ctx context.Context, st *srcLat, cs string, r *row) er
 // loaded source.
 func (b *bench) startLatProcs(ctx context.Context, st *srcLat, cs string) ([]*srcProc, error) {
 	sets := [][]srcDB{st.dbs}
-	if cs == "apart" {
+	switch cs {
+	case "apart":
 		sets = [][]srcDB{st.dbs[:srcQuiet], st.dbs[srcQuiet:]}
+	case "inert":
+		sets = [][]srcDB{st.dbs[:srcQuiet]}
 	}
 	var procs []*srcProc
 	for i, dbs := range sets {
@@ -259,28 +275,32 @@ func (b *bench) resetLoaded(ctx context.Context, st *srcLat, cs string, stopped 
 		}
 		st.load.Reset()
 	}
-	if cs == "backlog" || cs == "apart" {
+	if cs == "backlog" || cs == "apart" || cs == "inert" {
 		if _, err := st.load.Exec(ctx, "TRUNCATE "+srcSchema+".messages"); err != nil {
 			b.log.Warn("emptying the loaded source", "error", err)
 		}
 	}
 }
 
-// warmUp writes a few messages into every source (numbered past
-// capacity: not measured) and waits for them, then clears the
-// receiver's order and counts.
-func (st *srcLat) warmUp(ctx context.Context, capacity int) error {
+// warmUp writes a few messages into every quiet source, and the loaded
+// one when loaded (numbered past capacity: not measured), and waits for
+// them, then clears the receiver's order and counts.
+func (st *srcLat) warmUp(ctx context.Context, capacity int, loaded bool) error {
 	st.recv.reset(capacity)
 	const each = 10
-	for s := range srcQuiet + 1 {
+	n := srcQuiet
+	if loaded {
+		n++
+	}
+	for s := range n {
 		for i := range each {
 			if err := st.write(ctx, s, fmt.Sprintf("warm-%d", s), int64(capacity+s*each+i)); err != nil {
 				return err
 			}
 		}
 	}
-	if !st.recv.waitCount(ctx, (srcQuiet+1)*each, 15*time.Second) {
-		return fmt.Errorf("warm-up: %d of %d messages received", st.recv.count.Load(), (srcQuiet+1)*each)
+	if !st.recv.waitCount(ctx, int64(n*each), 15*time.Second) {
+		return fmt.Errorf("warm-up: %d of %d messages received", st.recv.count.Load(), n*each)
 	}
 	st.recv.resetOrder()
 	return nil

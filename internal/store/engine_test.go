@@ -913,6 +913,79 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 	}
 }
 
+// The watcher's looks are prepared statements as well, on its session
+// under NoSeqScan's settings, planned mostly while the outbox is empty,
+// and must stay narrow when a backlog comes with no ANALYZE since. On an
+// empty outbox Postgres plans the look for the gaps' rows as a scan of
+// the whole (lane, id) index (an index-only scan costs least there):
+// with a backlog, 540 ms a look and the heap tuple of every row, for a
+// relay that was running when 200k rows were committed, its watcher's
+// session busy for as long as the backlog lasted. Counted here by the
+// index entries the looks read.
+func TestLooksPlannedOnAnEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, e.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	w := NewWaker(e.s)
+	if err := w.PrepareLooks(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	// The plans Postgres would settle on after five looks, at once.
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	msgs := e.s.Table("messages")
+	gapsFrom := func(first int64) []int64 {
+		gaps := make([]int64, 64) // maxGaps
+		for i := range gaps {
+			gaps[i] = first + 20000 + int64(i)*7
+		}
+		return gaps
+	}
+	looks := func(first int64) {
+		t.Helper()
+		for _, gaps := range [][]int64{nil, gapsFrom(first)} {
+			if _, err := w.NewRows(ctx, conn, first, gaps, 128); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := w.Due(ctx, conn, time.Now().Add(-time.Minute).UnixMicro()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Index entries read so far, once this session's counts are out.
+	read := func() (n int64) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+WHERE schemaname = $1 AND relname = 'messages' AND indexrelname <> 'messages_pkey'`, e.s.name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	looks(0) // planned on the empty outbox
+	e.exec(`INSERT INTO ` + msgs + ` (topic, key, payload)
+SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 50000) g`)
+	var first int64
+	if err := conn.QueryRow(ctx, `SELECT min(id) FROM `+msgs).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	before := read()
+	looks(first)
+	// The looks read 10,000 new rows and the 64 gaps' by the primary key;
+	// a scan of another index reads all 50,000 of its entries.
+	if got := read() - before; got > 1000 {
+		t.Errorf("the looks on a 50k backlog read %d entries of the outbox's other indexes: a plan made on the empty outbox scans one whole", got)
+	}
+}
+
 // NoSeqScan prices sequential scans out of the plans with a huge cost;
 // a statement that cannot avoid one (the relays table read whole) then
 // cost more than jit_above_cost, and Postgres compiled it, 100 ms each
