@@ -986,6 +986,69 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 	}
 }
 
+// A settlement runs as a prepared statement, planned once, mostly while
+// the outbox is empty: there Postgres finds ids through the (lane, id)
+// index as readily as through the primary key (m.id = ANY(@ids) was
+// planned so), and such a plan reads the whole index for each batch once
+// a backlog came. Each statement must reach its rows by their key or
+// their ctid. (Relock, which settles a refused batch again row by row,
+// still names them as m.id = ANY(@ids).)
+func TestSettlementsPlannedOnAnEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	e := setupEngine(t)
+	ctx := context.Background()
+	engines := map[string]*Engine{
+		"outbox":       NewEngine(e.s, Outbox, "", false),
+		"outbox, hold": NewEngine(e.s, Outbox, "", true),
+		"copies":       NewEngine(e.s, Copies, "orders", false),
+		"copies, hold": NewEngine(e.s, Copies, "orders", true),
+	}
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	ids := []int64{1, 2, 3}
+	for name, en := range engines {
+		for _, st := range []struct {
+			what string
+			st   stmt
+			args pgx.NamedArgs
+		}{
+			{"archive", en.archiveDelivered, pgx.NamedArgs{"ctids": []pgtype.TID{{BlockNumber: 0, OffsetNumber: 1, Valid: true}}}},
+			{"retry", en.scheduleRetry, pgx.NamedArgs{"ids": ids, "delay_ms": []int64{1, 1, 1}, "errors": []string{"a", "b", "c"}}},
+			{"defer", en.deferRows, pgx.NamedArgs{"ids": ids, "delay_ms": []int64{1, 1, 1}, "errors": []string{"a", "b", "c"}}},
+			{"dead letter", en.deadLetter, pgx.NamedArgs{"ids": ids, "reasons": []string{"a", "b", "c"}, "errors": []string{"a", "b", "c"}}},
+		} {
+			func() {
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Exec(ctx, `DEALLOCATE ALL`) //nolint:errcheck // after the rollback below
+				defer tx.Rollback(ctx)                 //nolint:errcheck
+				args := en.args(st.st, st.args)
+				for _, set := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, NoSeqScan, `PREPARE claim_plan AS ` + st.st.sql} {
+					if _, err := tx.Exec(ctx, set); err != nil {
+						t.Fatalf("%s, %s: %v", name, st.what, err)
+					}
+				}
+				rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) `+executeClaimPlan(len(args)), append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+				if err != nil {
+					t.Fatalf("%s, %s: %v", name, st.what, err)
+				}
+				plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Fatalf("%s, %s: %v", name, st.what, err)
+				}
+				if text := strings.Join(plan, "\n"); strings.Contains(text, "lane_id_idx") {
+					t.Errorf("%s, %s: planned on an empty outbox, it reads the (lane, id) index:\n%s", name, st.what, text)
+				}
+			}()
+		}
+	}
+}
+
 // NoSeqScan prices sequential scans out of the plans with a huge cost;
 // a statement that cannot avoid one (the relays table read whole) then
 // cost more than jit_above_cost, and Postgres compiled it, 100 ms each

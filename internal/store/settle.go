@@ -37,10 +37,11 @@ func (e *Engine) QueueDelete(b *pgx.Batch, ctids []pgtype.TID) {
 	b.Queue(e.deleteDelivered.sql, e.args(e.deleteDelivered, pgx.NamedArgs{"ctids": ctids})...)
 }
 
-// QueueArchive queues the move of the delivered rows ids to the day's
-// archive partition (with the archive on), recording the relay's route.
-func (e *Engine) QueueArchive(b *pgx.Batch, ids []int64) {
-	b.Queue(e.archiveDelivered.sql, e.args(e.archiveDelivered, pgx.NamedArgs{"ids": ids})...)
+// QueueArchive queues the move of the delivered rows at ctids to the
+// day's archive partition (with the archive on), recording the relay's
+// route; by ctid, as QueueDelete.
+func (e *Engine) QueueArchive(b *pgx.Batch, ctids []pgtype.TID) {
+	b.Queue(e.archiveDelivered.sql, e.args(e.archiveDelivered, pgx.NamedArgs{"ctids": ctids})...)
 }
 
 // QueueRetry queues the retries r: each row counts one more attempt,
@@ -96,9 +97,15 @@ func (e *Engine) renderSettle(s Schema) {
 
 	e.relock = newStmt(`SELECT m.id, m.ctid FROM ` + src + ` m WHERE m.id = ANY(@ids)` + e.andRoute("m") + ` FOR UPDATE SKIP LOCKED`)
 
+	// By ctid, as the delete (see QueueDelete; the rows are this
+	// transaction's, of this route, since the claim). Not by id: planned
+	// once while the outbox was empty, m.id = ANY(@ids) read the whole
+	// (lane, id) index for every batch once a backlog came, and a route's
+	// condition beside the ctids all of the route's rows
+	// (TestSettlementsPlannedOnAnEmptyOutbox).
 	e.archiveDelivered = newStmt(`
 WITH d AS (
-    DELETE FROM ` + src + ` m WHERE ` + e.ofRoute("m") + `id = ANY(@ids)
+    DELETE FROM ` + src + ` m WHERE m.ctid = ANY(@ctids::tid[])
     RETURNING id, message_id, topic, key, payload, headers, created_at
 )
 INSERT INTO ` + s.Table("archive") + ` (id, message_id, topic, key, payload, headers, created_at, delivered_at, route)

@@ -1,5 +1,5 @@
 WITH d AS (
-    DELETE FROM "outbox"."messages" m WHERE id = ANY(@ids)
+    DELETE FROM "outbox"."messages" m WHERE m.ctid = ANY(@ctids::tid[])
     RETURNING id, message_id, topic, key, payload, headers, created_at
 )
 INSERT INTO "outbox"."archive" (id, message_id, topic, key, payload, headers, created_at, delivered_at, route)

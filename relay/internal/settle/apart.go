@@ -158,7 +158,7 @@ func (a *apart) delivered(s Settlement) error {
 			a.src.QueueCopy(b, c)
 			a.src.QueueDelete(b, ts)
 		case a.st.cfg.Archive:
-			a.src.QueueArchive(b, ids)
+			a.src.QueueArchive(b, ts)
 		default:
 			a.src.QueueDelete(b, ts)
 		}

@@ -350,7 +350,7 @@ func (st *Settler) queue(b *pgx.Batch, src *store.Engine, s Settlement) {
 			src.QueueCopy(b, c)
 			src.QueueDelete(b, s.deliveredTIDs)
 		case st.cfg.Archive:
-			src.QueueArchive(b, s.delivered)
+			src.QueueArchive(b, s.deliveredTIDs)
 		default:
 			src.QueueDelete(b, s.deliveredTIDs)
 		}
