@@ -212,7 +212,8 @@ func (b *bench) startSrcProc(ctx context.Context, c *srcCluster, what string, li
 	if v := os.Getenv("BENCH_SRC_ARGS"); v != "" {
 		args = append(args, strings.Fields(v)...)
 	}
-	if v := os.Getenv("BENCH_SRC_LOADED_ARGS"); v != "" && !list {
+	if v := os.Getenv("BENCH_SRC_LOADED_ARGS"); v != "" && what == "lat" && !list {
+		// The latency rows' control: the relay of the loaded source alone.
 		args = append(args, strings.Fields(v)...)
 	}
 	if list {
