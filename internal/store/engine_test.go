@@ -992,7 +992,7 @@ SELECT 'orders', 'k' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM ge
 // planned so), and such a plan reads the whole index for each batch once
 // a backlog came. Each statement must reach its rows by their key or
 // their ctid. (Relock, which settles a refused batch again row by row,
-// still names them as m.id = ANY(@ids).)
+// names them as m.id = ANY(@ids) and is planned afresh each time.)
 func TestSettlementsPlannedOnAnEmptyOutbox(t *testing.T) {
 	t.Parallel()
 	e := setupEngine(t)

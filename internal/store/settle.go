@@ -71,7 +71,12 @@ func (e *Engine) QueueDeadLetter(b *pgx.Batch, d DeadLetters) {
 // again row by row this way (their ctids are unchanged unless another
 // relay took them).
 func (e *Engine) Relock(ctx context.Context, q Querier, ids []int64) (map[int64]pgtype.TID, error) {
-	rows, err := q.Query(ctx, e.relock.sql, e.args(e.relock, pgx.NamedArgs{"ids": ids})...)
+	// Planned for these ids each time (pgx's exec mode): the plan kept
+	// for a prepared m.id = ANY(@ids), made while the outbox was empty,
+	// reads the whole (lane, id) index once a backlog came (see
+	// archiveDelivered). A rare path: a settlement the database refused.
+	args := append([]any{pgx.QueryExecModeExec}, e.args(e.relock, pgx.NamedArgs{"ids": ids})...)
+	rows, err := q.Query(ctx, e.relock.sql, args...)
 	if err != nil {
 		return nil, err
 	}
