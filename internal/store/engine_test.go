@@ -931,6 +931,13 @@ func TestLooksPlannedOnAnEmptyOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d has no pg_stat_force_next_flush (15+ has): the looks' index reads cannot be counted when they end", version)
+	}
 	w := NewWaker(e.s)
 	if err := w.PrepareLooks(ctx, conn); err != nil {
 		t.Fatal(err)
