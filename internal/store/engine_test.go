@@ -1010,11 +1010,6 @@ func TestSettlementsPlannedOnAnEmptyOutbox(t *testing.T) {
 		"copies":       NewEngine(e.s, Copies, "orders", false),
 		"copies, hold": NewEngine(e.s, Copies, "orders", true),
 	}
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
 	ids := []int64{1, 2, 3}
 	for name, en := range engines {
 		for _, st := range []struct {
@@ -1028,26 +1023,12 @@ func TestSettlementsPlannedOnAnEmptyOutbox(t *testing.T) {
 			{"dead letter", en.deadLetter, pgx.NamedArgs{"ids": ids, "reasons": []string{"a", "b", "c"}, "errors": []string{"a", "b", "c"}}},
 		} {
 			func() {
-				tx, err := conn.Begin(ctx)
+				tx, err := e.pool.Begin(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer conn.Exec(ctx, `DEALLOCATE ALL`) //nolint:errcheck // after the rollback below
-				defer tx.Rollback(ctx)                 //nolint:errcheck
-				args := en.args(st.st, st.args)
-				for _, set := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, NoSeqScan, `PREPARE claim_plan AS ` + st.st.sql} {
-					if _, err := tx.Exec(ctx, set); err != nil {
-						t.Fatalf("%s, %s: %v", name, st.what, err)
-					}
-				}
-				rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) `+executeClaimPlan(len(args)), append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
-				if err != nil {
-					t.Fatalf("%s, %s: %v", name, st.what, err)
-				}
-				plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-				if err != nil {
-					t.Fatalf("%s, %s: %v", name, st.what, err)
-				}
+				defer tx.Rollback(ctx) //nolint:errcheck // nothing of it is kept
+				plan := explainGeneric(t, tx, st.st, en.args(st.st, st.args))
 				if text := strings.Join(plan, "\n"); strings.Contains(text, "lane_id_idx") {
 					t.Errorf("%s, %s: planned on an empty outbox, it reads the (lane, id) index:\n%s", name, st.what, text)
 				}

@@ -174,7 +174,7 @@ func Pooled(ctx context.Context, c *pgx.Conn) (bool, error) {
 // the outbox is empty).
 func (w *Waker) NewestID(ctx context.Context, c *pgx.Conn) (int64, error) {
 	var id int64
-	err := w.look(ctx, c, w.newest.sql, nil, &id)
+	err := w.look(ctx, c, w.newest.sql, false, nil, &id)
 	return id, err
 }
 
@@ -202,18 +202,17 @@ func (w *Waker) PrepareLooks(ctx context.Context, c *pgx.Conn) error {
 // a transaction of its own, in one round trip: BEGIN, the setting, the
 // look and COMMIT. (Not a session setting: behind
 // a transaction-pooling proxy it would stay on a server connection that
-// others then use.) An error leaves c in a failed transaction: the
-// watcher gives its session up on any error.
-func (w *Waker) look(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
+// others then use.) fresh: planned for args each time, not by the plan
+// Postgres keeps for the prepared statement (pgx's exec mode; a batch
+// runs in the session's own mode, which is exec through such a proxy,
+// the only sessions that take the batch). An error leaves c in a failed
+// transaction: the watcher gives its session up on any error.
+func (w *Waker) look(ctx context.Context, c *pgx.Conn, sql string, fresh bool, args []any, dest ...any) error {
 	if w.prepared.Load() == c {
-		return c.QueryRow(ctx, sql, args...).Scan(dest...)
-	}
-	if len(args) > 0 {
-		if _, ok := args[0].(pgx.QueryExecMode); ok {
-			// A batch runs in the session's own mode: exec through a
-			// transaction-pooling proxy, the only sessions that get here.
-			args = args[1:]
+		if fresh {
+			args = append([]any{pgx.QueryExecModeExec}, args...)
 		}
+		return c.QueryRow(ctx, sql, args...).Scan(dest...)
 	}
 	b := &pgx.Batch{}
 	b.Queue(Begin)
@@ -245,19 +244,14 @@ func (w *Waker) NewRows(ctx context.Context, c *pgx.Conn, seen int64, gaps []int
 	if gaps == nil {
 		gaps = []int64{}
 	}
-	args := w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span})
-	if len(gaps) > 0 {
-		// Planned for these gaps and the outbox as it is now. The plan
-		// Postgres keeps for the prepared look is made once, mostly on
-		// an empty outbox, and on one it reads the gaps' rows through
-		// the whole (lane, id) index (an index-only scan costs least
-		// there) and, once a backlog came, the heap tuple of every one
-		// of its rows: 540 ms a look on a 200k backlog
-		// (TestLooksPlannedOnAnEmptyOutbox). Without gaps that part of
-		// the plan does not run.
-		args = append([]any{pgx.QueryExecModeExec}, args...)
-	}
-	err := w.look(ctx, c, w.newRows.sql, args, &n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
+	// With gaps, planned for them and the outbox as it is now. The plan
+	// Postgres keeps for the prepared look is made once, mostly on an
+	// empty outbox, and on one it reads the gaps' rows through the whole
+	// (lane, id) index (an index-only scan costs least there) and, once
+	// a backlog came, the heap tuple of every one of its rows: 540 ms a
+	// look on a 200k backlog (TestLooksPlannedOnAnEmptyOutbox). Without
+	// gaps that part of the plan does not run.
+	err := w.look(ctx, c, w.newRows.sql, len(gaps) > 0, w.newRows.args(pgx.NamedArgs{"seen": seen, "gaps": gaps, "span": span}), &n.Newest, &n.IDs, &n.Lanes, &n.GapsFilled)
 	return n, err
 }
 
@@ -287,7 +281,7 @@ func (w *Waker) Due(ctx context.Context, c *pgx.Conn, since int64) (Due, error) 
 	var d Due
 	var next pgtype.Timestamptz
 	var last pgtype.Int8
-	err := w.look(ctx, c, w.due.sql, w.due.args(pgx.NamedArgs{"since": since, "table": w.table}), &d.Now, &d.Since, &d.Lanes, &next, &last)
+	err := w.look(ctx, c, w.due.sql, false, w.due.args(pgx.NamedArgs{"since": since, "table": w.table}), &d.Now, &d.Since, &d.Lanes, &next, &last)
 	d.LastID = last.Int64
 	if next.Valid && next.InfinityModifier == pgtype.Finite {
 		d.Next = next.Time
