@@ -28,7 +28,12 @@ func (e *env) slowHeartbeat() relay.Config {
 }
 
 // startBalanced starts two relays of cfg and waits (at most within) until
-// each holds half of the lanes; stop2 stops the second as SIGTERM does.
+// each holds half of the lanes, knows it (a heartbeat of its own ended at
+// its share: one that counted only itself may have taken 128 of a target
+// of 256, and it stays short until it hears of the other) and listens
+// (its wake-up session has tried the watcher's lock: a relay's leaser may
+// take its lanes before its LISTEN is up, and a notification sent before
+// that is not heard); stop2 stops the second as SIGTERM does.
 func (e *env) startBalanced(t *testing.T, cfg relay.Config, within time.Duration) (r1, r2 *relay.Relay, stop2 func()) {
 	t.Helper()
 	r1, _ = e.start(cfg, e.sink)
@@ -36,6 +41,13 @@ func (e *env) startBalanced(t *testing.T, cfg relay.Config, within time.Duration
 	eventually(t, within, func() bool {
 		return r1.OwnedLanes() == 128 && r2.OwnedLanes() == 128
 	}, "lanes not split evenly: %d and %d", r1.OwnedLanes(), r2.OwnedLanes())
+	for _, r := range []*relay.Relay{r1, r2} {
+		r.AwaitSignal(t, within, relay.SigBalanced, 0, func(v int) bool { return v == 128 })
+	}
+	listening := func(r *relay.Relay) bool {
+		return r.SignalCount(relay.SigElected)+r.SignalCount(relay.SigFollowing) > 0
+	}
+	eventually(t, within, func() bool { return listening(r1) && listening(r2) }, "a relay's LISTEN session is not up")
 	return r1, r2, stop2
 }
 
