@@ -137,7 +137,7 @@ func New(cfg Config) (*Waker, error) {
 	if cfg.Members == nil {
 		cfg.Members = func(bool) {}
 	}
-	return &Waker{cfg: cfg, log: cfg.Logger, s: s, w: store.NewWaker(s), source: "-", expect: map[int64]time.Time{}, kicked: make(chan struct{}, 1)}, nil
+	return &Waker{cfg: cfg, log: cfg.Logger, s: s, w: store.NewWaker(s), source: "-", expect: map[int64]time.Time{}}, nil
 }
 
 type nopHooks struct{}
@@ -246,12 +246,6 @@ const (
 	// what an idle relay costs, and why").
 	// A listener that joins says so at once (store.ListenerPayload).
 	othersEvery = time.Second
-	// sleepMax is the farthest off the next look of a polling watcher
-	// may be for it to sleep rather than wait on its connection (see
-	// watch.sleep): the notifications that come meanwhile (relays came
-	// or went, lanes were handed back, a listener started) are read with
-	// that look, at most this late.
-	sleepMax = watchLinger
 	// electGap is the least time between a follower's tries of the
 	// watcher's lock prompted by membership notifications.
 	electGap = service.NotificationGap
@@ -275,8 +269,7 @@ type Waker struct {
 
 	// The WAL follower asks the LISTEN loop to notify the other processes
 	// about some lanes (pending: all of them when pendLanes is empty) and
-	// interrupts its wait (cancelWait while it waits on the connection,
-	// kicked while it sleeps, see watch.sleep).
+	// interrupts its wait (cancelWait).
 	pendMu    sync.Mutex
 	pending   bool
 	pendLanes lanes.Set
@@ -301,7 +294,6 @@ type Waker struct {
 	claimedN   uint64
 	streaming  atomic.Bool
 	cancelWait atomic.Pointer[context.CancelFunc]
-	kicked     chan struct{} // one kick kept for the next sleep
 
 	// wokeAt is when the LISTEN loop last woke this process's workers
 	// (see watch.idle).
@@ -414,10 +406,6 @@ func (k *Waker) takePending() (string, bool) {
 // kick asks the LISTEN loop to act now (a NOTIFY to send, the WAL stream
 // ended).
 func (k *Waker) kick() {
-	select {
-	case k.kicked <- struct{}{}:
-	default: // a kick waits already
-	}
 	if c := k.cancelWait.Load(); c != nil {
 		(*c)()
 	}

@@ -79,8 +79,6 @@ type watch struct {
 	lastNotify time.Time
 	alone      bool
 	othersAt   time.Time
-
-	timer *time.Timer // sleep's, made at its first use
 }
 
 func newWatch(k *Waker, pc *pgx.Conn, wal, rows bool) *watch {
@@ -645,9 +643,6 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	if w.idle(now) {
 		k.cfg.Signals.Emit(testsig.WatcherIdle, 0)
 	}
-	if w.watching && w.polling && deadline.Sub(now) <= sleepMax {
-		return w.sleep(ctx, deadline.Sub(k.now()))
-	}
 	// A timeout rather than the deadline itself: the deadline is on the
 	// Waker's clock (see Waker.now).
 	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(k.now()))
@@ -672,50 +667,6 @@ func (w *watch) wait(ctx context.Context, now time.Time) (*pgconn.Notification, 
 	}
 	return n, nil
 }
-
-// sleep is the wait of a watcher that polls and looks again within
-// sleepMax: it hands out the notifications its last look read, one a
-// call (then the loop steps again, and sleeps again), and otherwise
-// sleeps for d or until kicked, without reading its connection. A wait on
-// the connection cost an idle source a fifth of its CPU (a context with
-// a timeout, pgx's watch of it, a read deadline, a read that returns
-// nothing and a timeout error unwound through pgx, ten times a second);
-// what arrives meanwhile is read with the next look, at most sleepMax
-// later.
-func (w *watch) sleep(ctx context.Context, d time.Duration) (*pgconn.Notification, error) {
-	for {
-		// With a context that is done, pgx hands out what it buffered and
-		// reads nothing.
-		n, _ := w.pc.WaitForNotification(doneCtx)
-		if n == nil {
-			break
-		}
-		if n.PID != w.pc.PgConn().PID() {
-			return n, nil
-		}
-	}
-	if w.timer == nil {
-		w.timer = time.NewTimer(d)
-	} else {
-		w.timer.Reset(d)
-	}
-	select {
-	case <-ctx.Done():
-		w.timer.Stop()
-		return nil, ctx.Err()
-	case <-w.timer.C:
-	case <-w.k.kicked:
-		w.timer.Stop()
-	}
-	return nil, nil
-}
-
-// doneCtx is a context that is done: see watch.sleep.
-var doneCtx = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
 
 // idle reports whether the watcher has gone quiet: it has woken nobody
 // for watchLinger (its looks for new rows, if it makes any, are backing
