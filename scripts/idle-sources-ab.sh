@@ -23,14 +23,16 @@ SOURCES=${SOURCES:-50} SETTLE=${SETTLE:-40} WINDOWS=${WINDOWS:-4} WINDOW=${WINDO
 throwaway_pg idle-sources-ab -c max_connections=$((8 * SOURCES + 50))
 base=${DB%/postgres}
 
-# configs SET writes $dir/SET.yaml, a sources list of SOURCES new,
-# migrated databases named SET-1 ….
+# configs SET writes $dir/SET.yaml, a sources list of SOURCES new
+# databases named SET-1 …, migrated by A and then B.
 configs() {
   local set=$1 i
   echo "sources:" >"$dir/$set.yaml"
   for i in $(seq 1 "$SOURCES"); do
     q "CREATE DATABASE \"$set-$i\"" >/dev/null
+    # Both binaries run on both sets: each migrates (B's may be newer).
     DATABASE_URL="$base/$set-$i" "$A" migrate --log-level error >/dev/null
+    DATABASE_URL="$base/$set-$i" "$B" migrate --log-level error >/dev/null
     printf '  - name: %s-%s\n    database-url: %s/%s-%s\n' "$set" "$i" "$base" "$set" "$i" >>"$dir/$set.yaml"
   done
 }
